@@ -1,0 +1,31 @@
+# The README's commands. `make demo` and `make test` do all set-up themselves (idempotent, quick when done).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup demo test bench clean
+
+setup: $(STAMP)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# torch first, pinned: the machine carries a CPU build of 2.13.0; an unpinned torch would pull CUDA wheels.
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+demo: setup
+	$(PY) -m autops.demo
+
+test: setup
+	$(PY) -m pytest -q -ra
+
+bench: setup
+	$(PY) bench/autops_pushpull.py --json bench/results/autops_pushpull.json
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,608 @@
+"""The agent inside each training worker: mapping table, async push/pull, iteration counters.
+
+The agent registers its job with pMaster, declares tensors, and caches the table
+``key -> aggregator`` that pMaster owns (refreshed when an aggregator answers REDIRECT).
+User threads (training loop, autograd hooks) enqueue operations; one I/O thread owns all
+ZeroMQ sockets, sends pushes and pulls without copying the tensors, batches small keys
+into one message per aggregator, copies pull replies into the caller's buffers, and fails
+requests that get no reply within the timeout with an error that says what it waited for.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import os
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import numpy as np
+import zmq
+
+from . import wire
+from .partition import KeySpec
+from .transport.zmq import choose_endpoint, make_context
+
+log = logging.getLogger("autops.agent")
+
+DEFAULT_TIMEOUT = 60.0
+
+
+class AutoPSError(RuntimeError):
+    """An error reply from the parameter service, or a failure to reach it."""
+
+
+class Handle:
+    """Completion of one asynchronous operation on one tensor (all its keys)."""
+
+    def __init__(self, name: str, agent: "Agent") -> None:
+        self.name = name
+        self._agent = agent
+        self._pending = 0
+        self._lock = threading.Lock()
+        self._event = threading.Event()
+        self.error: BaseException | None = None
+        self.batched = False     # has parts waiting in a small-key batch
+
+    def _add(self, n: int = 1) -> None:
+        with self._lock:
+            self._pending += n
+
+    def _part_done(self, error: BaseException | None = None) -> None:
+        with self._lock:
+            if error is not None and self.error is None:
+                self.error = error
+            self._pending -= 1
+            if self._pending <= 0:
+                self._event.set()
+
+    def _seal(self) -> None:
+        with self._lock:
+            if self._pending <= 0:
+                self._event.set()
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until complete; re-raises the service's error."""
+        if self.batched and not self._event.is_set():
+            self._agent.flush()
+        if not self._event.wait(timeout if timeout is not None else self._agent.timeout * 2 + 5):
+            raise TimeoutError(f"operation on {self.name!r} did not complete")
+        if self.error is not None:
+            raise self.error
+
+
+@dataclass
+class Part:
+    """One key of one operation in flight."""
+    spec: KeySpec
+    handle: Handle
+    iteration: int
+    data: np.ndarray | None = None     # push: the slice sent
+    out: np.ndarray | None = None      # pull: where the reply is copied
+    hp: dict | None = None             # push: changed hyper-parameters (server mode)
+
+
+@dataclass
+class Request:
+    kind: str
+    agg: str
+    parts: list
+    deadline: float
+    extra: dict = field(default_factory=dict)
+
+
+class MasterClient:
+    """Request/reply to pMaster over a DEALER with a timeout; one per thread."""
+
+    def __init__(self, ctx: zmq.Context, address: str, timeout: float) -> None:
+        self.address = address
+        self.timeout = timeout
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.connect(address)
+        self._reqs = itertools.count(1)
+
+    def call(self, op: str, **fields: Any) -> wire.Message:
+        req = next(self._reqs)
+        self.sock.send_multipart(wire.encode(op, req=req, **fields))
+        deadline = time.monotonic() + self.timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.sock.poll(int(left * 1000) + 1):
+                raise AutoPSError(f"AutoPS master at {self.address} did not answer {op} within "
+                                  f"{self.timeout:.0f}s; is `autops master` running there?")
+            reply = wire.decode(self.sock.recv_multipart())
+            if reply.get("req") != req:
+                continue      # a late reply to an earlier, timed-out request
+            if reply.op == wire.ERROR:
+                raise AutoPSError(f"master: {reply['message']}")
+            return reply
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+
+class Table:
+    """The cached assignment: tensor -> keys, key -> aggregator, aggregator -> endpoint."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, KeySpec] = {}
+        self.owner: dict[str, str] = {}
+        self.by_tensor: dict[str, list[KeySpec]] = {}
+        self.aggs: dict[str, dict] = {}
+        self.tensors: dict[str, tuple[tuple[int, ...], str]] = {}
+
+    def load(self, reply: wire.Message) -> None:
+        keys, owner, by_tensor = {}, {}, collections.defaultdict(list)
+        for item in reply["keys"]:
+            spec = KeySpec.from_wire(item)
+            keys[spec.key] = spec
+            owner[spec.key] = str(item[6])
+            by_tensor[spec.tensor].append(spec)
+        self.keys, self.owner, self.by_tensor = keys, owner, dict(by_tensor)
+        self.aggs = dict(reply["aggregators"])
+        self.tensors = {n: (tuple(s), d) for n, s, d in reply["tensors"]}
+
+    def small_keys_of(self, agg: str) -> set[str]:
+        return {k for k, s in self.keys.items() if s.small and self.owner[k] == agg}
+
+
+class Agent:
+    """A worker's client of the parameter service."""
+
+    def __init__(self, master: str, job: str, rank: int, world_size: int, mode: str = "sum",
+                 num_aggregators: int = 0, average: bool = True, optimizer: str | None = None,
+                 hp: dict | None = None, timeout: float = DEFAULT_TIMEOUT, transport: str = "auto",
+                 partition_bytes: int | None = None, small_bytes: int | None = None,
+                 secret: str | None = None) -> None:
+        self.master = master
+        self.job = job
+        self.rank = rank
+        self.world_size = world_size
+        self.mode = mode
+        self.timeout = timeout
+        self.transport = transport
+        self.ctx = make_context()
+        self._master = MasterClient(self.ctx, master, timeout)
+        self._master_lock = threading.Lock()
+        reply = self._master.call(
+            wire.REGISTER_JOB, job=job, world_size=world_size, rank=rank, num_aggregators=num_aggregators,
+            mode=mode, average=average, optimizer=optimizer, hp=hp or {}, partition_bytes=partition_bytes,
+            small_bytes=small_bytes, secret=secret)
+        self.secret: str = reply["secret"]
+        self.aggregators: list[str] = list(reply["aggregators"])
+        self.table = Table()
+        self.table.aggs = dict(reply.get("endpoints") or {})
+        self._table_lock = threading.Lock()
+        self._cmds: collections.deque = collections.deque()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._closed = False
+        self._io = threading.Thread(target=self._io_main, name=f"autops-agent-{rank}", daemon=True)
+        self._io_ready = threading.Event()
+        self._io.start()
+        self._io_ready.wait()
+        self._submit(("table", self.table))
+
+    # --- control (user thread) --------------------------------------------------------
+    def declare(self, tensors: Iterable[tuple]) -> None:
+        """Declare tensors ``(name, shape, dtype[, options])``; blocks until pMaster assigned them.
+
+        ``options`` may set ``mode`` ("sum"/"server"), ``average``, ``optimizer`` and ``hp`` per
+        tensor; the job's registration gives the defaults.
+        """
+        entries = []
+        for entry in tensors:
+            name, shape, dtype = entry[:3]
+            entries.append([name, [int(d) for d in shape], str(dtype), *([dict(entry[3])] if len(entry) > 3 else [])])
+        with self._master_lock:
+            reply = self._master.call(wire.DECLARE, job=self.job, secret=self.secret, tensors=entries)
+        self._set_table(reply)
+
+    def refresh_table(self) -> None:
+        with self._master_lock:
+            reply = self._master.call(wire.GET_TABLE, job=self.job, secret=self.secret)
+        self._set_table(reply)
+
+    def _set_table(self, reply: wire.Message) -> None:
+        table = Table()
+        table.load(reply)
+        with self._table_lock:
+            self.table = table
+        self._submit(("table", table))
+
+    def keys_of(self, name: str) -> list[KeySpec]:
+        with self._table_lock:
+            specs = self.table.by_tensor.get(name)
+        if specs is None:
+            raise AutoPSError(f"tensor {name!r} was not declared; declare it before push/pull")
+        return specs
+
+    def placement(self) -> dict[str, list[str]]:
+        """aggregator id -> keys it serves for this job."""
+        out: dict[str, list[str]] = {}
+        with self._table_lock:
+            for key, agg in self.table.owner.items():
+                out.setdefault(agg, []).append(key)
+        return out
+
+    # --- data (user thread -> I/O thread) --------------------------------------------
+    def _check(self, name: str, array: np.ndarray) -> tuple[list[KeySpec], np.ndarray]:
+        specs = self.keys_of(name)
+        shape, dtype = self.table.tensors[name]
+        flat = np.ascontiguousarray(array).reshape(-1)
+        if array.dtype != np.dtype(dtype) or flat.size != int(np.prod(shape, dtype=np.int64)):
+            raise AutoPSError(f"tensor {name!r} was declared {list(shape)} {dtype}, "
+                              f"got {list(array.shape)} {array.dtype}")
+        return specs, flat
+
+    def push(self, name: str, array: np.ndarray, iteration: int, hp: dict | None = None) -> Handle:
+        """Send ``array`` as this rank's contribution to ``iteration``; the handle completes on ack."""
+        specs, flat = self._check(name, array)
+        handle = Handle(name, self)
+        handle._add(len(specs))
+        self._submit(("push", specs, flat, iteration, handle, hp))
+        return handle
+
+    def pull(self, name: str, out: np.ndarray, iteration: int) -> Handle:
+        """Fill ``out`` (contiguous) with the published value of ``iteration``."""
+        if not out.flags.c_contiguous or not out.flags.writeable:
+            raise AutoPSError(f"pull of {name!r}: the output array must be contiguous and writeable")
+        specs, flat = self._check(name, out)
+        handle = Handle(name, self)
+        handle._add(len(specs))
+        self._submit(("pull", specs, flat, iteration, handle))
+        return handle
+
+    def push_pull(self, name: str, array: np.ndarray, out: np.ndarray, iteration: int,
+                  hp: dict | None = None) -> Handle:
+        """Push ``array`` for ``iteration`` and pull the result into ``out``: one handle for both."""
+        specs, flat = self._check(name, array)
+        if not out.flags.c_contiguous or not out.flags.writeable:
+            raise AutoPSError(f"push_pull of {name!r}: the output array must be contiguous and writeable")
+        _, out_flat = self._check(name, out)
+        handle = Handle(name, self)
+        handle._add(2 * len(specs))
+        self._submit(("push", specs, flat, iteration, handle, hp))
+        self._submit(("pull", specs, out_flat, iteration, handle))
+        return handle
+
+    def init(self, name: str, array: np.ndarray, hp: dict | None = None,
+             opt_state: dict[str, np.ndarray] | None = None, step: int = 0) -> Handle:
+        """Server mode: set the master copy (and optimizer state) of ``name`` on the aggregators."""
+        specs, flat = self._check(name, array)
+        state = {k: np.ascontiguousarray(v).reshape(-1) for k, v in (opt_state or {}).items()}
+        handle = Handle(name, self)
+        handle._add(len(specs))
+        self._submit(("init", specs, flat, handle, hp, state, step))
+        return handle
+
+    def broadcast(self, name: str, array: np.ndarray, root: int, seq: int) -> Handle:
+        """Copy ``array`` of rank ``root`` into ``array`` of every other rank (bytes, any dtype)."""
+        flat = np.ascontiguousarray(array).reshape(-1)
+        handle = Handle(name, self)
+        if self.world_size == 1:
+            handle._seal()
+            return handle
+        handle._add(1)
+        self._submit(("bcast", name, flat, root, seq, handle))
+        return handle
+
+    def flush(self) -> None:
+        """Send batched small keys now (a wait on a handle does this itself)."""
+        self._submit(("flush",))
+
+    def job_done(self) -> None:
+        with self._master_lock:
+            try:
+                self._master.call(wire.JOB_DONE, job=self.job, secret=self.secret, rank=self.rank)
+            except AutoPSError as exc:
+                log.warning("could not report job completion: %s", exc)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._submit(("stop",))
+        self._io.join(timeout=5)
+        self._master.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        self.ctx.term()
+
+    def _submit(self, cmd: tuple) -> None:
+        if self._closed and cmd[0] != "stop":
+            raise AutoPSError("agent is closed")
+        self._cmds.append(cmd)
+        os.write(self._wake_w, b"x")
+
+    # --- I/O thread ---------------------------------------------------------------------
+    def _io_main(self) -> None:
+        io = _IOLoop(self)
+        self._io_ready.set()
+        try:
+            io.run()
+        except Exception:  # surface instead of hanging the workers
+            log.exception("agent I/O thread failed")
+            io.fail_all(AutoPSError("agent I/O thread failed; see the log"))
+        finally:
+            io.close()
+
+
+class _IOLoop:
+    """State owned by the agent's I/O thread: sockets, requests in flight, small-key batches."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.table = Table()
+        self.socks: dict[str, zmq.Socket] = {}
+        self.sock_agg: dict[zmq.Socket, str] = {}
+        self.inflight: dict[int, Request] = {}
+        self.reqs = itertools.count(1)
+        self.poller = zmq.Poller()
+        self.poller.register(agent._wake_r, zmq.POLLIN)
+        self.batch_push: dict[str, list[Part]] = collections.defaultdict(list)
+        self.batch_pull: dict[str, list[Part]] = collections.defaultdict(list)
+        self.small: dict[str, set[str]] = {}
+        self.running = True
+        self.master = MasterClient(agent.ctx, agent.master, agent.timeout)
+
+    def close(self) -> None:
+        for sock in self.socks.values():
+            sock.close(0)
+        self.master.close()
+
+    def fail_all(self, exc: BaseException) -> None:
+        for req in list(self.inflight.values()):
+            for part in req.parts:
+                part.handle._part_done(exc)
+        self.inflight.clear()
+
+    def sock_for(self, agg: str) -> zmq.Socket:
+        sock = self.socks.get(agg)
+        if sock is None:
+            info = self.table.aggs.get(agg)
+            if info is None:
+                raise AutoPSError(f"aggregator {agg!r} is not in the table")
+            address = choose_endpoint(info["endpoints"], info["host"], self.agent.transport)
+            sock = self.agent.ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.RCVHWM, 0)
+            sock.connect(address)
+            self.socks[agg] = sock
+            self.sock_agg[sock] = agg
+            self.poller.register(sock, zmq.POLLIN)
+        return sock
+
+    def run(self) -> None:
+        agent = self.agent
+        while self.running:
+            events = dict(self.poller.poll(100))
+            if agent._wake_r in events:
+                try:
+                    os.read(agent._wake_r, 65536)
+                except BlockingIOError:
+                    pass
+            while agent._cmds:
+                self.command(agent._cmds.popleft())
+                if not self.running:
+                    return
+            for sock in list(self.socks.values()):
+                while True:
+                    try:
+                        frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    self.reply(sock, frames)
+            self.expire()
+
+    # commands ---------------------------------------------------------------------------
+    def command(self, cmd: tuple) -> None:
+        kind = cmd[0]
+        try:
+            if kind == "push":
+                self.do_push(*cmd[1:])
+            elif kind == "pull":
+                self.do_pull(*cmd[1:])
+            elif kind == "init":
+                self.do_init(*cmd[1:])
+            elif kind == "bcast":
+                self.do_bcast(*cmd[1:])
+            elif kind == "flush":
+                self.flush_all()
+            elif kind == "table":
+                self.table = cmd[1]
+                self.small = {}
+            elif kind == "stop":
+                self.flush_all()
+                self.running = False
+        except Exception as exc:  # report to the caller's handle instead of dying
+            handle = next((c for c in cmd if isinstance(c, Handle)), None)
+            if handle is None:
+                raise
+            err = exc if isinstance(exc, AutoPSError) else AutoPSError(f"{kind} failed: {exc}")
+            while handle._pending > 0:
+                handle._part_done(err)
+
+    def small_of(self, agg: str) -> set[str]:
+        if agg not in self.small:
+            self.small[agg] = self.table.small_keys_of(agg)
+        return self.small[agg]
+
+    def do_push(self, specs, flat, iteration, handle, hp) -> None:
+        for spec in specs:
+            agg = self.table.owner[spec.key]
+            part = Part(spec, handle, iteration, data=flat[spec.offset:spec.offset + spec.numel], hp=hp)
+            if spec.small:
+                pending = self.batch_push[agg]
+                if any(p.spec.key == spec.key for p in pending):
+                    self.flush(agg)
+                    pending = self.batch_push[agg]
+                pending.append(part)
+                handle.batched = True
+                self.maybe_flush(agg)
+            else:
+                self.send(agg, wire.PUSH, [part])
+
+    def do_pull(self, specs, flat, iteration, handle) -> None:
+        for spec in specs:
+            agg = self.table.owner[spec.key]
+            part = Part(spec, handle, iteration, out=flat[spec.offset:spec.offset + spec.numel])
+            if spec.small:
+                self.batch_pull[agg].append(part)
+                handle.batched = True
+                self.maybe_flush(agg)
+            else:
+                self.send(agg, wire.PULL, [part])
+
+    def maybe_flush(self, agg: str) -> None:
+        small = self.small_of(agg)
+        pushed = {p.spec.key for p in self.batch_push[agg]}
+        pulled = {p.spec.key for p in self.batch_pull[agg]}
+        if pushed >= small and (not pulled or pulled >= small):
+            self.flush(agg)
+        elif not pushed and pulled >= small:
+            self.flush(agg)
+
+    def flush(self, agg: str) -> None:
+        pushes, pulls = self.batch_push.pop(agg, []), self.batch_pull.pop(agg, [])
+        if pushes:
+            self.send(agg, wire.PUSH, pushes)
+        if pulls:
+            self.send(agg, wire.PULL, pulls)
+
+    def flush_all(self) -> None:
+        for agg in list(set(self.batch_push) | set(self.batch_pull)):
+            self.flush(agg)
+
+    def send(self, agg: str, op: str, parts: list[Part]) -> None:
+        req = next(self.reqs)
+        agent = self.agent
+        fields = dict(req=req, job=agent.job, secret=agent.secret, rank=agent.rank)
+        if op == wire.PUSH:
+            items = [[p.spec.key, p.iteration, i, 0, p.data.nbytes, p.hp] for i, p in enumerate(parts)]
+            frames = wire.encode(op, [p.data for p in parts], items=items, **fields)
+        else:
+            items = [[p.spec.key, p.iteration] for p in parts]
+            frames = wire.encode(op, items=items, **fields)
+        self.inflight[req] = Request(op, agg, parts, time.monotonic() + agent.timeout)
+        self.sock_for(agg).send_multipart(frames, copy=False)
+
+    def do_init(self, specs, flat, handle, hp, state, step) -> None:
+        per_agg: dict[str, list] = collections.defaultdict(list)
+        for spec in specs:
+            per_agg[self.table.owner[spec.key]].append(spec)
+        for agg, agg_specs in per_agg.items():
+            req = next(self.reqs)
+            payloads, items, parts = [], [], []
+            for spec in agg_specs:
+                sl = slice(spec.offset, spec.offset + spec.numel)
+                param_idx = len(payloads)
+                payloads.append(flat[sl])
+                extra: dict = {"step": int(step)}
+                if state:
+                    extra["state"] = {}
+                    for name, arr in state.items():
+                        extra["state"][name] = [len(payloads), 0, arr[sl].nbytes]
+                        payloads.append(arr[sl])
+                items.append([spec.key, param_idx, 0, flat[sl].nbytes, extra])
+                parts.append(Part(spec, handle, 0))
+            agent = self.agent
+            frames = wire.encode(wire.INIT, payloads, req=req, job=agent.job, secret=agent.secret,
+                                 rank=agent.rank, items=items, hp=hp)
+            self.inflight[req] = Request(wire.INIT, agg, parts, time.monotonic() + agent.timeout)
+            self.sock_for(agg).send_multipart(frames, copy=False)
+
+    def do_bcast(self, name, flat, root, seq, handle) -> None:
+        agent = self.agent
+        aggs = sorted(self.table.aggs) or sorted(agent.aggregators)
+        agg = aggs[(zlib.crc32(name.encode()) + seq) % len(aggs)]
+        req = next(self.reqs)
+        part = Part(KeySpec(name, name, 0, flat.size, str(flat.dtype), False), handle, seq,
+                    data=flat if agent.rank == root else None, out=None if agent.rank == root else flat)
+        fields = dict(req=req, job=agent.job, secret=agent.secret, rank=agent.rank, name=name, seq=seq)
+        if agent.rank == root:
+            raw = flat.view(np.uint8)
+            frames = wire.encode(wire.BCAST_PUT, [raw], dtype=str(flat.dtype), shape=[flat.size], **fields)
+            kind = wire.BCAST_PUT
+        else:
+            frames = wire.encode(wire.BCAST_GET, **fields)
+            kind = wire.BCAST_GET
+        self.inflight[req] = Request(kind, agg, [part], time.monotonic() + agent.timeout)
+        self.sock_for(agg).send_multipart(frames, copy=False)
+
+    # replies ----------------------------------------------------------------------------
+    def reply(self, sock: zmq.Socket, frames: list) -> None:
+        try:
+            msg = wire.decode(frames)
+        except wire.ProtocolError as exc:
+            log.warning("bad reply from aggregator %s: %s", self.sock_agg.get(sock), exc)
+            return
+        request = self.inflight.pop(msg.get("req"), None)
+        if request is None:
+            return      # timed out earlier
+        if msg.op == wire.ERROR:
+            err = AutoPSError(f"aggregator {request.agg}: {msg['message']}")
+            for part in request.parts:
+                part.handle._part_done(err)
+        elif msg.op == wire.REDIRECT:
+            self.redirect(request)
+        elif msg.op == wire.PULL_REPLY:
+            self.fill(request, msg)
+        else:
+            for part in request.parts:
+                part.handle._part_done()
+
+    def fill(self, request: Request, msg: wire.Message) -> None:
+        by_key = {p.spec.key: p for p in request.parts}
+        for item in msg["items"]:
+            part = by_key.pop(item[0], None)
+            if part is None:
+                continue
+            buf = wire.payload_view(msg.payloads[item[2]])
+            src = np.frombuffer(buf, dtype=part.out.dtype) if request.kind != wire.BCAST_GET else \
+                np.frombuffer(buf, dtype=np.uint8).view(part.out.dtype)
+            if src.size != part.out.size:
+                part.handle._part_done(AutoPSError(
+                    f"pull of {part.spec.key!r}: reply has {src.size} elements, expected {part.out.size}"))
+                continue
+            np.copyto(part.out, src)
+            part.handle._part_done()
+        for part in by_key.values():
+            part.handle._part_done(AutoPSError(f"pull reply from {request.agg} lacks {part.spec.key!r}"))
+
+    def redirect(self, request: Request) -> None:
+        """The key moved: fetch the table from pMaster and resend to the new owners."""
+        reply = self.master.call(wire.GET_TABLE, job=self.agent.job, secret=self.agent.secret)
+        table = Table()
+        table.load(reply)
+        self.table = table
+        self.small = {}
+        with self.agent._table_lock:
+            self.agent.table = table
+        per_agg: dict[str, list[Part]] = collections.defaultdict(list)
+        for part in request.parts:
+            per_agg[table.owner[part.spec.key]].append(part)
+        for agg, parts in per_agg.items():
+            self.send(agg, request.kind, parts)
+
+    def expire(self) -> None:
+        now = time.monotonic()
+        for req, request in list(self.inflight.items()):
+            if now > request.deadline:
+                del self.inflight[req]
+                keys = ", ".join(p.spec.key for p in request.parts[:4])
+                more = f" and {len(request.parts) - 4} more" if len(request.parts) > 4 else ""
+                its = sorted({p.iteration for p in request.parts})
+                err = TimeoutError(
+                    f"job {self.agent.job} rank {self.agent.rank}: {request.kind} of {keys}{more} "
+                    f"(iteration {its[0] if len(its) == 1 else its}) at aggregator {request.agg} got no reply "
+                    f"within {self.agent.timeout:.0f}s; another worker of the job may have died or the "
+                    f"aggregator is down (AUTOPS_TIMEOUT sets this limit)")
+                for part in request.parts:
+                    part.handle._part_done(err)

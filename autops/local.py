@@ -1,0 +1,106 @@
+"""An embedded pool on this machine: one pMaster and N aggregator processes on loopback.
+
+Used by ``autops local``, ``make demo``, the benchmarks and the integration tests.
+Children are started as separate processes and stopped by pid (SIGTERM, then SIGKILL),
+also when the caller fails.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import zmq
+
+from . import wire
+from .agent import MasterClient
+from .transport.zmq import make_context
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def query_status(master: str, timeout: float = 5.0) -> dict:
+    ctx = make_context()
+    client = MasterClient(ctx, master, timeout)
+    try:
+        return client.call(wire.STATUS)["status"]
+    finally:
+        client.close()
+        ctx.term()
+
+
+class LocalPool:
+    """Context manager: ``with LocalPool(2) as pool: pool.master`` is the address to use."""
+
+    def __init__(self, aggregators: int = 2, start_timeout: float = 30.0, log_level: str = "WARNING",
+                 env: dict | None = None) -> None:
+        self.n = aggregators
+        self.start_timeout = start_timeout
+        self.log_level = log_level
+        self.master = f"tcp://127.0.0.1:{free_port()}"
+        self.procs: list[subprocess.Popen] = []
+        self.env = {**os.environ, **(env or {})}
+
+    def _spawn(self, *args: str) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-m", "autops.cli", "--log-level", self.log_level, *args],
+                                env=self.env, stdin=subprocess.DEVNULL)
+        self.procs.append(proc)
+        return proc
+
+    def start(self) -> "LocalPool":
+        try:
+            self._spawn("master", "--bind", self.master)
+            for i in range(self.n):
+                self._spawn("aggregator", "--master", self.master, "--name", f"agg-{i}")
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self) -> dict:
+        deadline = time.monotonic() + self.start_timeout
+        last = None
+        while time.monotonic() < deadline:
+            for proc in self.procs:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"pool process {proc.args[4:]} exited with {proc.returncode}")
+            try:
+                status = query_status(self.master, timeout=1.0)
+                alive = [a for a in status["aggregators"] if a["alive"]]
+                if len(alive) >= self.n:
+                    return status
+                last = f"{len(alive)} of {self.n} aggregators registered"
+            except Exception as exc:  # master not up yet
+                last = str(exc)
+            time.sleep(0.1)
+        raise TimeoutError(f"local pool did not come up within {self.start_timeout:.0f}s: {last}")
+
+    def stop(self, timeout: float = 5.0) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for proc in self.procs:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs.clear()
+
+    def status(self) -> dict:
+        return query_status(self.master)
+
+    def __enter__(self) -> "LocalPool":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,353 @@
+"""The PyTorch swap-in (Horovod/BytePS shape): three lines turn a script into an AutoPS job.
+
+```python
+import autops.torch as aps
+aps.init()
+opt = aps.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+aps.broadcast_parameters(model.state_dict(), root_rank=0)
+```
+
+``init`` reads ``AUTOPS_MASTER``, ``AUTOPS_JOB`` and torchrun's ``RANK``/``WORLD_SIZE``; no
+``torch.distributed`` process group is used. Gradients are pushed from per-parameter
+post-accumulate-grad hooks, so communication overlaps the rest of backward. In ``sum`` mode
+the aggregators return the mean gradient and the wrapped optimizer steps locally; in
+``server`` mode the aggregators hold the master copy and run the same optimizer with the
+same hyper-parameters (read from the wrapped optimizer's param groups at every step, so
+LR schedulers keep working), and workers pull parameters. Without ``AUTOPS_MASTER`` and
+with a world size of 1 everything runs locally, so the same script trains alone.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Iterable, Mapping
+
+import torch
+
+from .agent import DEFAULT_TIMEOUT, Agent, AutoPSError, Handle
+from .optim import hp_from_torch_group, optimizer_name_of
+
+log = logging.getLogger("autops.torch")
+
+__all__ = ["init", "shutdown", "rank", "size", "DistributedOptimizer", "broadcast_parameters",
+           "broadcast_optimizer_state", "push_pull", "push_pull_async", "synchronize", "placement"]
+
+
+class _Context:
+    def __init__(self, agent: Agent | None, rank: int, size: int) -> None:
+        self.agent = agent
+        self.rank = rank
+        self.size = size
+        self.iterations: dict[str, int] = {}
+        self.bcast_seq: dict[str, int] = {}
+        self.declared: set[str] = set()
+        self.outstanding: list[tuple[Handle, Any]] = []
+
+
+_ctx: _Context | None = None
+
+
+def init(master: str | None = None, job: str | None = None, rank: int | None = None,
+         world_size: int | None = None, num_aggregators: int | None = None, timeout: float | None = None,
+         transport: str | None = None) -> None:
+    """Connect this worker to the parameter service (idempotent).
+
+    Fails within ``timeout`` seconds (``AUTOPS_TIMEOUT``, default 60) with the master's address
+    in the message when it cannot be reached.
+    """
+    global _ctx
+    if _ctx is not None:
+        return
+    master = master or os.environ.get("AUTOPS_MASTER")
+    rank = int(os.environ.get("RANK", 0)) if rank is None else rank
+    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+    if not master:
+        if world_size > 1:
+            raise AutoPSError("AUTOPS_MASTER is not set; start a pool (`autops local -- CMD` or "
+                              "`autops master` + `autops aggregator`) and point AUTOPS_MASTER at it")
+        log.info("AUTOPS_MASTER not set and world size 1: training locally without a parameter service")
+        _ctx = _Context(None, 0, 1)
+        return
+    job = job or os.environ.get("AUTOPS_JOB")
+    if not job:
+        if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
+            job = f"torchrun-{os.environ['MASTER_ADDR']}-{os.environ['MASTER_PORT']}"
+        else:
+            raise AutoPSError("AUTOPS_JOB is not set: give every job a unique id")
+    timeout = float(os.environ.get("AUTOPS_TIMEOUT", DEFAULT_TIMEOUT)) if timeout is None else timeout
+    n_aggs = int(os.environ.get("AUTOPS_AGGREGATORS", 0)) if num_aggregators is None else num_aggregators
+    agent = Agent(master, job, rank, world_size, mode="sum", num_aggregators=n_aggs, timeout=timeout,
+                  transport=transport or os.environ.get("AUTOPS_TRANSPORT", "auto"),
+                  secret=os.environ.get("AUTOPS_JOB_SECRET"))
+    _ctx = _Context(agent, rank, world_size)
+
+
+def _context() -> _Context:
+    if _ctx is None:
+        raise AutoPSError("call autops.torch.init() first")
+    return _ctx
+
+
+def shutdown() -> None:
+    """Tell pMaster this rank is done and close the connections."""
+    global _ctx
+    if _ctx is not None and _ctx.agent is not None:
+        _ctx.agent.job_done()
+        _ctx.agent.close()
+    _ctx = None
+
+
+def rank() -> int:
+    return _context().rank
+
+
+def size() -> int:
+    return _context().size
+
+
+def placement() -> dict[str, list[str]]:
+    """aggregator id -> keys of this job it serves (empty when training locally)."""
+    ctx = _context()
+    return ctx.agent.placement() if ctx.agent is not None else {}
+
+
+def _flat_numpy(t: torch.Tensor):
+    if t.device.type != "cpu":
+        raise AutoPSError(f"tensor on {t.device}: AutoPS moves CPU tensors; copy to CPU first")
+    if not t.is_contiguous():
+        raise AutoPSError("tensor must be contiguous")
+    return t.detach().reshape(-1).numpy()
+
+
+def _declare(ctx: _Context, entries: list[tuple]) -> None:
+    new = [e for e in entries if e[0] not in ctx.declared]
+    if new:
+        ctx.agent.declare(new)
+        ctx.declared.update(e[0] for e in new)
+
+
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+# --- collective-style helpers -------------------------------------------------------------
+def push_pull_async(tensor: torch.Tensor, name: str, average: bool = True) -> Handle | None:
+    """Start aggregating ``tensor`` over all workers; the result lands in ``tensor`` in place."""
+    ctx = _context()
+    if ctx.agent is None:
+        return None
+    key = f"push_pull.{name}" if average else f"push_pull_sum.{name}"
+    _declare(ctx, [(key, tuple(tensor.shape), _dtype_name(tensor), {"mode": "sum", "average": average})])
+    it = ctx.iterations.get(key, 0) + 1
+    ctx.iterations[key] = it
+    arr = _flat_numpy(tensor)
+    handle = ctx.agent.push_pull(key, arr, arr, it)
+    ctx.outstanding.append((handle, tensor))
+    return handle
+
+
+def push_pull(tensor: torch.Tensor, name: str, average: bool = True) -> torch.Tensor:
+    """Aggregate ``tensor`` (mean by default, sum with ``average=False``) over all workers.
+
+    Returns a new tensor; ``tensor`` is left unchanged.
+    """
+    out = tensor.detach().clone().contiguous()
+    handle = push_pull_async(out, name, average)
+    synchronize(handle)
+    return out
+
+
+def synchronize(handle: Handle | None = None) -> None:
+    """Wait for ``handle``, or for every outstanding asynchronous operation."""
+    ctx = _context()
+    if handle is not None:
+        handle.wait()
+        ctx.outstanding = [(h, t) for h, t in ctx.outstanding if h is not handle]
+        return
+    pending, ctx.outstanding = ctx.outstanding, []
+    for h, _ in pending:
+        h.wait()
+
+
+def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+                         root_rank: int = 0) -> None:
+    """Overwrite every worker's tensors with ``root_rank``'s values (in place)."""
+    ctx = _context()
+    if ctx.agent is None:
+        return
+    items = list(params.items()) if isinstance(params, Mapping) else list(params)
+    handles = []
+    for name, tensor in items:
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        seq = ctx.bcast_seq.get(name, 0)
+        ctx.bcast_seq[name] = seq + 1
+        handles.append(ctx.agent.broadcast(f"bcast.{name}", _flat_numpy(tensor.data), root_rank, seq))
+    for h in handles:
+        h.wait()
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
+    """Give every worker ``root_rank``'s optimizer state (e.g. after loading a checkpoint).
+
+    In ``server`` mode the aggregators hold the state, so root's state is sent to them.
+    """
+    ctx = _context()
+    if ctx.agent is None:
+        return
+    if isinstance(optimizer, _DistributedMixin) and optimizer._aps_mode == "server":
+        optimizer._aps_init(root_rank, with_state=True)
+        return
+    tensors = []
+    for gi, group in enumerate(optimizer.param_groups):
+        for pi, p in enumerate(group["params"]):
+            for key, value in sorted(optimizer.state.get(p, {}).items()):
+                if isinstance(value, torch.Tensor):
+                    tensors.append((f"opt.{gi}.{pi}.{key}", value))
+    broadcast_parameters(tensors, root_rank)
+
+
+# --- DistributedOptimizer -----------------------------------------------------------------
+class _DistributedMixin:
+    """Methods mixed into a dynamic subclass of the wrapped optimizer's class."""
+
+    _aps_mode: str
+
+    def _aps_setup(self, named_parameters, mode: str, class_name: str) -> None:
+        ctx = _context()
+        self._aps_ctx = ctx
+        self._aps_mode = mode
+        self._aps_handles: dict[torch.nn.Parameter, Handle] = {}
+        self._aps_staging: dict[torch.nn.Parameter, torch.Tensor] = {}
+        self._aps_iteration = 0
+        self._aps_hp_sent: dict[int, dict] = {}
+        self._aps_initialized = False
+        self._aps_optimizer = optimizer_name_of(class_name) if mode == "server" else None
+        if named_parameters is None:
+            named = [(f"param.{gi}.{pi}", p) for gi, g in enumerate(self.param_groups)
+                     for pi, p in enumerate(g["params"])]
+        else:
+            named = list(named_parameters)
+        names = {}
+        in_groups = {p for g in self.param_groups for p in g["params"] if p.requires_grad}
+        for name, p in named:
+            if p in in_groups and p.requires_grad:
+                if name in names.values():
+                    raise ValueError(f"parameter name {name!r} appears twice")
+                names[p] = name
+        missing = [p for p in in_groups if p not in names]
+        if missing:
+            raise ValueError(f"{len(missing)} optimizer parameters are missing from named_parameters")
+        self._aps_names = names
+        self._aps_group_of = {p: gi for gi, g in enumerate(self.param_groups) for p in g["params"]}
+        if ctx.agent is None:
+            return
+        entries = []
+        for p, name in names.items():
+            opts: dict[str, Any] = {"mode": mode, "average": True}
+            if mode == "server":
+                opts["optimizer"] = self._aps_optimizer
+                opts["hp"] = self._aps_hp(p)
+            entries.append((name, tuple(p.shape), _dtype_name(p), opts))
+        _declare(ctx, entries)
+        for p in names:
+            if mode == "server":
+                self._aps_staging[p] = torch.empty_like(p.data, memory_format=torch.contiguous_format)
+            p.register_post_accumulate_grad_hook(self._aps_hook)
+
+    def _aps_hp(self, p) -> dict:
+        group = self.param_groups[self._aps_group_of[p]]
+        return hp_from_torch_group(self._aps_optimizer, {k: v for k, v in group.items() if k != "params"})
+
+    def _aps_init(self, root_rank: int = 0, with_state: bool = False) -> None:
+        """Server mode: root sends the master copy (and optimizer state) to the aggregators."""
+        ctx = self._aps_ctx
+        self._aps_initialized = True
+        if ctx.rank != root_rank:
+            return
+        handles = []
+        for p, name in self._aps_names.items():
+            state, step = {}, 0
+            if with_state:
+                for key, value in self.state.get(p, {}).items():
+                    if key == "step":
+                        step = int(value.item() if isinstance(value, torch.Tensor) else value)
+                    elif isinstance(value, torch.Tensor):
+                        state[key] = _flat_numpy(value)
+            hp = self._aps_hp(p)
+            self._aps_hp_sent[id(p)] = hp
+            handles.append(ctx.agent.init(name, _flat_numpy(p.data), hp=hp, opt_state=state, step=step))
+        for h in handles:
+            h.wait()
+
+    def _aps_hook(self, p: torch.Tensor) -> None:
+        if p in self._aps_handles:
+            raise AutoPSError(f"gradient of {self._aps_names[p]!r} computed twice before step(); "
+                              "gradient accumulation over several backward passes is not supported")
+        self._aps_start(p)
+
+    def _aps_start(self, p: torch.Tensor) -> None:
+        ctx = self._aps_ctx
+        if self._aps_mode == "server" and not self._aps_initialized:
+            self._aps_init(root_rank=0)
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        grad = p.grad
+        if not grad.is_contiguous():
+            p.grad = grad = grad.contiguous()
+        it = self._aps_iteration + 1
+        g = _flat_numpy(grad)
+        if self._aps_mode == "sum":
+            handle = ctx.agent.push_pull(self._aps_names[p], g, g, it)
+        else:
+            hp = self._aps_hp(p)
+            changed = hp if self._aps_hp_sent.get(id(p)) != hp else None
+            if changed:
+                self._aps_hp_sent[id(p)] = hp
+            handle = ctx.agent.push_pull(self._aps_names[p], g, _flat_numpy(self._aps_staging[p]), it, hp=changed)
+        self._aps_handles[p] = handle
+
+    def synchronize(self) -> None:
+        """Push what backward did not (unused parameters) and wait for every result."""
+        if self._aps_ctx.agent is None:
+            return
+        for p in self._aps_names:
+            if p not in self._aps_handles:
+                self._aps_start(p)
+        self._aps_ctx.agent.flush()
+        handles, self._aps_handles = self._aps_handles, {}
+        for handle in handles.values():
+            handle.wait()
+        self._aps_iteration += 1
+
+    def step(self, closure=None):
+        if self._aps_ctx.agent is None:
+            return super().step(closure)
+        if closure is not None:
+            raise AutoPSError("step(closure) is not supported by DistributedOptimizer")
+        self.synchronize()
+        if self._aps_mode == "sum":
+            return super().step()
+        with torch.no_grad():
+            for p, staged in self._aps_staging.items():
+                p.copy_(staged)
+        return None
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None,
+                         mode: str = "sum") -> torch.optim.Optimizer:
+    """Wrap ``optimizer`` so that gradients are aggregated by the parameter service.
+
+    ``mode="sum"``: the mean gradient comes back and ``optimizer`` steps locally.
+    ``mode="server"``: the aggregators apply the same optimizer (SGD, Adam or AdamW) with the
+    hyper-parameters of ``optimizer``'s param groups; workers receive parameters.
+    The returned object is an instance of ``optimizer``'s class sharing its state, so LR
+    schedulers and ``state_dict()`` keep working.
+    """
+    if mode not in ("sum", "server"):
+        raise ValueError(f"mode must be 'sum' or 'server', got {mode!r}")
+    cls = type(optimizer.__class__.__name__, (_DistributedMixin, optimizer.__class__), {})
+    wrapped = object.__new__(cls)
+    wrapped.__dict__ = optimizer.__dict__
+    wrapped._aps_setup(named_parameters, mode, optimizer.__class__.__name__)
+    return wrapped

@@ -1,0 +1,34 @@
+"""Shared fixtures: an embedded pool (pMaster + aggregators as real processes on loopback)."""
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+
+
+@pytest.fixture
+def pool2():
+    """pMaster and 2 aggregators, always stopped by pid afterwards."""
+    from autops.local import LocalPool
+    pool = LocalPool(2)
+    pool.start()
+    try:
+        yield pool
+    finally:
+        pool.stop()
+
+
+@pytest.fixture
+def pool1():
+    from autops.local import LocalPool
+    pool = LocalPool(1)
+    pool.start()
+    try:
+        yield pool
+    finally:
+        pool.stop()
