@@ -24,6 +24,8 @@ import zmq
 
 from . import wire
 from .partition import KeySpec
+from .hostinfo import host_id
+from .transport import shm
 from .transport.zmq import choose_endpoint, make_context
 
 log = logging.getLogger("autops.agent")
@@ -86,6 +88,7 @@ class Part:
     data: np.ndarray | None = None     # push: the slice sent
     out: np.ndarray | None = None      # pull: where the reply is copied
     hp: dict | None = None             # push: changed hyper-parameters (server mode)
+    shm_ref: list | None = None        # push: the slice was staged in shared memory
 
 
 @dataclass
@@ -349,6 +352,11 @@ class _IOLoop:
         self.batch_push: dict[str, list[Part]] = collections.defaultdict(list)
         self.batch_pull: dict[str, list[Part]] = collections.defaultdict(list)
         self.small: dict[str, set[str]] = {}
+        self.shm_aggs: dict[str, bool] = {}
+        self.staging: dict[str, tuple[np.ndarray, list]] = {}    # key -> (shared buffer, reference)
+        self.staged_busy: dict[str, int] = {}                     # key -> iteration not yet pulled
+        self.arena = shm.Arena(f"autops-agent-{agent.rank}")
+        self.attached = shm.Attachments()
         self.running = True
         self.master = MasterClient(agent.ctx, agent.master, agent.timeout)
 
@@ -356,6 +364,32 @@ class _IOLoop:
         for sock in self.socks.values():
             sock.close(0)
         self.master.close()
+        self.staging.clear()
+        self.attached.close()
+        self.arena.close()
+
+    def uses_shm(self, agg: str) -> bool:
+        """Payloads through shared memory: same host, asked for (shm/auto) and available."""
+        found = self.shm_aggs.get(agg)
+        if found is None:
+            info = self.table.aggs.get(agg, {})
+            found = (self.agent.transport in ("auto", "shm") and shm.available()
+                     and info.get("host") == host_id() and "ipc" in info.get("endpoints", {}))
+            if self.agent.transport == "shm" and not found:
+                raise AutoPSError(f"transport shm asked for, but aggregator {agg} is not on this host")
+            self.shm_aggs[agg] = found
+        return found
+
+    def stage(self, spec: KeySpec) -> tuple[np.ndarray, list]:
+        """The shared buffer of a key; allocated for all not-yet-staged large keys at once."""
+        if spec.key not in self.staging:
+            todo = [s for k, s in self.table.keys.items()
+                    if not s.small and k not in self.staging and self.uses_shm(self.table.owner[k])]
+            if spec.key not in {s.key for s in todo}:
+                todo.append(spec)
+            for s, (arr, ref) in zip(todo, self.arena.allocate([(s.numel, s.dtype) for s in todo])):
+                self.staging[s.key] = (arr, ref)
+        return self.staging[spec.key]
 
     def fail_all(self, exc: BaseException) -> None:
         for req in list(self.inflight.values()):
@@ -418,6 +452,7 @@ class _IOLoop:
             elif kind == "table":
                 self.table = cmd[1]
                 self.small = {}
+                self.shm_aggs = {}
             elif kind == "stop":
                 self.flush_all()
                 self.running = False
@@ -447,6 +482,11 @@ class _IOLoop:
                 handle.batched = True
                 self.maybe_flush(agg)
             else:
+                if self.uses_shm(agg) and spec.key not in self.staged_busy:
+                    buf, ref = self.stage(spec)
+                    np.copyto(buf, part.data)
+                    part.shm_ref = ref
+                    self.staged_busy[spec.key] = iteration
                 self.send(agg, wire.PUSH, [part])
 
     def do_pull(self, specs, flat, iteration, handle) -> None:
@@ -485,11 +525,17 @@ class _IOLoop:
         agent = self.agent
         fields = dict(req=req, job=agent.job, secret=agent.secret, rank=agent.rank)
         if op == wire.PUSH:
-            items = [[p.spec.key, p.iteration, i, 0, p.data.nbytes, p.hp] for i, p in enumerate(parts)]
-            frames = wire.encode(op, [p.data for p in parts], items=items, **fields)
+            items, payloads = [], []
+            for p in parts:
+                if p.shm_ref is not None:
+                    items.append([p.spec.key, p.iteration, -1, 0, p.data.nbytes, p.hp, {"shm": p.shm_ref}])
+                else:
+                    items.append([p.spec.key, p.iteration, len(payloads), 0, p.data.nbytes, p.hp])
+                    payloads.append(p.data)
+            frames = wire.encode(op, payloads, items=items, **fields)
         else:
             items = [[p.spec.key, p.iteration] for p in parts]
-            frames = wire.encode(op, items=items, **fields)
+            frames = wire.encode(op, items=items, shm=op == wire.PULL and self.uses_shm(agg), **fields)
         self.inflight[req] = Request(op, agg, parts, time.monotonic() + agent.timeout)
         self.sock_for(agg).send_multipart(frames, copy=False)
 
@@ -564,14 +610,22 @@ class _IOLoop:
             part = by_key.pop(item[0], None)
             if part is None:
                 continue
-            buf = wire.payload_view(msg.payloads[item[2]])
-            src = np.frombuffer(buf, dtype=part.out.dtype) if request.kind != wire.BCAST_GET else \
-                np.frombuffer(buf, dtype=np.uint8).view(part.out.dtype)
+            try:
+                if item[2] == -1:
+                    src = self.attached.array(item[3], part.out.nbytes, str(part.out.dtype), tag=request.agg)
+                else:
+                    buf = wire.payload_view(msg.payloads[item[2]])
+                    src = np.frombuffer(buf, dtype=np.uint8).view(part.out.dtype)
+            except (ValueError, IndexError) as exc:
+                part.handle._part_done(AutoPSError(f"pull of {part.spec.key!r}: bad reply: {exc}"))
+                continue
             if src.size != part.out.size:
                 part.handle._part_done(AutoPSError(
                     f"pull of {part.spec.key!r}: reply has {src.size} elements, expected {part.out.size}"))
                 continue
             np.copyto(part.out, src)
+            if self.staged_busy.get(part.spec.key, 1 << 62) <= part.iteration:
+                del self.staged_busy[part.spec.key]     # the aggregator is done with our staged push
             part.handle._part_done()
         for part in by_key.values():
             part.handle._part_done(AutoPSError(f"pull reply from {request.agg} lacks {part.spec.key!r}"))

@@ -24,6 +24,7 @@ from . import wire
 from .hostinfo import host_id
 from .partition import KeySpec
 from .store import KeyState, Store, StoreError
+from .transport import shm
 from .transport.zmq import bound_address, ipc_address, make_context
 
 log = logging.getLogger("autops.aggregator")
@@ -38,6 +39,7 @@ class PendingPull:
     waiting: set = field(default_factory=set)   # id(KeyState) still unpublished
     iteration: dict = field(default_factory=dict)  # id(KeyState) -> iteration asked for
     finished: bool = False
+    shm: bool = False          # the agent reads published values from shared memory
 
 
 def default_advertise_host(bind_host: str) -> str:
@@ -61,7 +63,10 @@ class Aggregator:
         self.register_timeout = register_timeout
         self.name = name
         self.agg_id: str | None = None
-        self.store = Store()
+        self.shm = shm.available() and ipc
+        self.arenas: dict[str, shm.Arena] = {}
+        self.attached = shm.Attachments()
+        self.store = Store(self._allocate if self.shm else None)
         self.waiters: dict[int, list[PendingPull]] = {}
         self._stop = threading.Event()
         self.ctx = make_context()
@@ -82,6 +87,13 @@ class Aggregator:
         self.ctrl.connect(master)
         self.proc = psutil.Process()
         self.stats = {"pushes": 0, "pulls": 0, "errors": 0, "bytes_in": 0, "bytes_out": 0}
+
+    def _allocate(self, job: str, sizes: list) -> list:
+        """Published buffers in shared memory, so same-host agents read them with one memcpy."""
+        if not sizes:
+            return []
+        arena = self.arenas.setdefault(job, shm.Arena(f"autops-{job}"))
+        return arena.allocate(sizes)
 
     # --- lifecycle ------------------------------------------------------------------
     def stop(self) -> None:
@@ -120,6 +132,9 @@ class Aggregator:
             sock.close(0)
         self.ctrl.close(0)
         self.ctx.term()
+        self.attached.close()
+        for arena in self.arenas.values():
+            arena.close()
         for addr in self.endpoints.values():
             if addr.startswith("ipc://"):
                 try:
@@ -196,6 +211,10 @@ class Aggregator:
             for pending in self.waiters.pop(id(ks), []):
                 self._send_error(pending.sock, pending.identity, pending.req, f"job {job!r} was released")
         self.store.release(job)
+        self.attached.release(job)
+        arena = self.arenas.pop(job, None)
+        if arena is not None:
+            arena.close()
         log.info("released job %s", job)
 
     # --- data plane -----------------------------------------------------------------
@@ -257,19 +276,28 @@ class Aggregator:
                 raise wire.ProtocolError(f"push: hyper-parameters of {key!r} must be a map")
             seen.add(key)
             ks = self.store.key(state, key)
-            data = self._array(msg, frame_idx, offset, nbytes, ks.spec.dtype)
-            checked.append((self.store.check_push(state, rank, key, iteration, data), data, hp))
-        for ks, _, hp in checked:
+            ref = item[6].get("shm") if len(item) > 6 and isinstance(item[6], dict) else None
+            if ref is not None:
+                if not isinstance(nbytes, int):
+                    raise wire.ProtocolError("push: size must be an integer")
+                try:
+                    data = self.attached.array(ref, nbytes, ks.spec.dtype, tag=state.job)
+                except ValueError as exc:
+                    raise StoreError(f"push of {key!r}: {exc}") from None
+            else:
+                data = self._array(msg, frame_idx, offset, nbytes, ks.spec.dtype)
+            checked.append((self.store.check_push(state, rank, key, iteration, data), data, hp, ref is not None))
+        for ks, _, hp, _ in checked:
             if hp:
                 try:
                     self.store.set_hp(ks, hp)
                 except ValueError as exc:
                     raise StoreError(f"key {ks.spec.key!r}: bad hyper-parameters: {exc}") from None
         sock.send_multipart([identity, *wire.encode(wire.PUSH_ACK, req=msg.get("req"), items=list(seen))])
-        for ks, data, _ in checked:
+        for ks, data, _, deferred in checked:
             self.stats["pushes"] += 1
             self.stats["bytes_in"] += data.nbytes
-            if self.store.push(ks, rank, data):
+            if self.store.push(ks, rank, data, deferred=deferred):
                 self._published(ks)
 
     def _pull(self, sock: zmq.Socket, identity: bytes, msg: wire.Message) -> None:
@@ -284,7 +312,7 @@ class Aggregator:
             ks = self.store.key(state, key)
             items.append((ks, iteration))
         pending = PendingPull(sock, identity, msg.get("req"), items,
-                              iteration={id(ks): it for ks, it in items})
+                              iteration={id(ks): it for ks, it in items}, shm=bool(msg.get("shm")))
         for ks, iteration in items:
             if not self.store.pull_ready(ks, iteration):
                 pending.waiting.add(id(ks))
@@ -321,10 +349,14 @@ class Aggregator:
 
     def _reply_pull(self, pending: PendingPull) -> None:
         items, payloads = [], []
-        for i, (ks, iteration) in enumerate(pending.items):
+        for ks, iteration in pending.items:
             value = ks.value(iteration)
-            items.append([ks.spec.key, iteration, i])
-            payloads.append(value)
+            ref = ks.value_ref(iteration) if pending.shm else None
+            if ref is not None:
+                items.append([ks.spec.key, iteration, -1, ref])
+            else:
+                items.append([ks.spec.key, iteration, len(payloads)])
+                payloads.append(value)
             self.stats["bytes_out"] += value.nbytes
         self.stats["pulls"] += len(items)
         pending.sock.send_multipart(

@@ -10,6 +10,13 @@ in-place add after), the completed iteration counter, and the published value:
   pushes of ``i`` are in, the optimizer updates the master copy, which is what pulls of
   ``i`` return (pulls of ``0`` return the initial value set by ``INIT``).
 
+Pushes that arrive in shared memory (same-host workers) are not copied: the store keeps
+a view of the worker's buffer (the worker does not touch it before its pull of ``i``
+returns) and sums all views once, when the last push of ``i`` is in, straight into the
+published buffer (sum) or into one scratch buffer shared by all keys (server). Pushes
+that arrive as socket frames go to the accumulator at once. Published buffers come from
+an injectable allocator so the aggregator can place them in shared memory.
+
 A pull of iteration ``i`` is ready when ``i`` is published; the store never blocks, it
 tells the caller which keys became ready so the server loop can answer parked pulls.
 Every violation (unknown job or key, wrong secret, shape, dtype or iteration) raises
@@ -46,8 +53,13 @@ class KeyState:
     completed: int = 0                 # iterations whose aggregation is done
     ranks: set = field(default_factory=set)   # ranks that pushed the open iteration
     buffers: list = field(default_factory=list)  # sum: 2 alternating accumulators
-    param: np.ndarray | None = None    # server: master copy (None until INIT)
-    grad: np.ndarray | None = None     # server: gradient accumulator
+    buffer_refs: list = field(default_factory=list)  # their shared-memory references (or None)
+    param: np.ndarray | None = None    # server: master copy
+    param_ref: list | None = None
+    initialized: bool = False          # server: master copy set by INIT
+    grad: np.ndarray | None = None     # server: accumulator of socket pushes (allocated on first use)
+    inline: int = 0                    # pushes of the open iteration already in the accumulator
+    deferred: list = field(default_factory=list)   # shared-memory views of the open iteration
     optimizer: Any = None
     cpu_seconds: float = 0.0           # time spent aggregating this key (profiling)
     bytes_in: int = 0
@@ -59,14 +71,19 @@ class KeyState:
     @property
     def published(self) -> int:
         """Latest iteration a pull can read; -1 when nothing is readable yet."""
-        if self.mode == "server" and self.param is None:
+        if self.mode == "server" and not self.initialized:
             return -1
         return self.completed
 
     def accumulator(self) -> np.ndarray:
         if self.mode == "sum":
             return self.buffers[self.open_iteration % 2]
+        if self.grad is None:
+            self.grad = np.empty(self.spec.numel, self.spec.dtype)
         return self.grad
+
+    def value_ref(self, iteration: int) -> list | None:
+        return self.buffer_refs[iteration % 2] if self.mode == "sum" else self.param_ref
 
     def value(self, iteration: int) -> np.ndarray:
         if self.mode == "sum":
@@ -90,8 +107,17 @@ class JobState:
 class Store:
     """All jobs' keys held by one aggregator."""
 
-    def __init__(self) -> None:
+    def __init__(self, allocate=None) -> None:
         self.jobs: dict[str, JobState] = {}
+        self._allocate = allocate or (lambda job, sizes: [(np.empty(n, d), None) for n, d in sizes])
+        self._scratch: dict[str, np.ndarray] = {}
+
+    def scratch(self, numel: int, dtype: str) -> np.ndarray:
+        """One buffer per dtype, as large as the largest key, reused by every server-mode update."""
+        buf = self._scratch.get(dtype)
+        if buf is None or buf.size < numel:
+            buf = self._scratch[dtype] = np.empty(numel, dtype)
+        return buf[:numel]
 
     # --- control (from the master) ------------------------------------------------
     def assign(self, job: str, secret: str, world_size: int, mode: str, keys: list[KeySpec],
@@ -109,15 +135,18 @@ class Store:
             self.jobs[job] = state
         elif state.secret != secret or state.world_size != world_size:
             raise StoreError(f"job {job}: assignment with a different secret or world size")
-        for spec in keys:
-            if spec.key in state.keys:
-                continue
+        fresh = [spec for spec in dict((k.key, k) for k in keys).values() if spec.key not in state.keys]
+        copies = 2 if mode == "sum" else 1
+        arrays = iter(self._allocate(job, [(spec.numel, spec.dtype) for spec in fresh for _ in range(copies)]))
+        for spec in fresh:
             ks = KeyState(spec, mode, state.world_size, average)
             if mode == "sum":
-                ks.buffers = [np.empty(spec.numel, spec.dtype), np.empty(spec.numel, spec.dtype)]
+                (a0, r0), (a1, r1) = next(arrays), next(arrays)
+                ks.buffers, ks.buffer_refs = [a0, a1], [r0, r1]
             else:
-                ks.grad = np.empty(spec.numel, spec.dtype)
+                ks.param, ks.param_ref = next(arrays)
                 ks.optimizer = _optim().make_optimizer(optimizer, hp or {})
+                ks.optimizer.init_state(ks.param)
             state.keys[spec.key] = ks
 
     def release(self, job: str) -> None:
@@ -161,14 +190,22 @@ class Store:
             raise StoreError(f"job {state.job!r}: rank {rank} already pushed {key!r} iteration {iteration}")
         return ks
 
-    def push(self, ks: KeyState, rank: int, data: np.ndarray) -> bool:
-        """Apply a validated push; True when it completed the iteration (value published)."""
+    def push(self, ks: KeyState, rank: int, data: np.ndarray, deferred: bool = False) -> bool:
+        """Apply a validated push; True when it completed the iteration (value published).
+
+        ``deferred``: ``data`` is a view of the worker's shared memory that stays valid until
+        this iteration is published; it is summed at completion instead of copied now.
+        """
         start = time.thread_time()
-        acc = ks.accumulator()
-        if not ks.ranks:
-            np.copyto(acc, data)
+        if deferred:
+            ks.deferred.append(data)
         else:
-            np.add(acc, data, out=acc)
+            acc = ks.accumulator()
+            if ks.inline == 0:
+                np.copyto(acc, data)
+            else:
+                np.add(acc, data, out=acc)
+            ks.inline += 1
         ks.ranks.add(rank)
         ks.bytes_in += data.nbytes
         done = self._maybe_complete(ks)
@@ -178,16 +215,38 @@ class Store:
     def _maybe_complete(self, ks: KeyState) -> bool:
         if len(ks.ranks) < ks.world_size:
             return False
-        if ks.mode == "server" and ks.param is None:
+        if ks.mode == "server" and not ks.initialized:
             return False          # waits for INIT of the master copy
-        acc = ks.accumulator()
+        acc = self._reduce(ks)
         if ks.average and ks.world_size > 1:
             np.divide(acc, ks.world_size, out=acc)
         if ks.mode == "server":
             ks.optimizer.step(ks.param, acc)
         ks.ranks.clear()
+        ks.deferred.clear()
+        ks.inline = 0
         ks.completed += 1
         return True
+
+    def _reduce(self, ks: KeyState) -> np.ndarray:
+        """The sum of all pushes of the open iteration, in the accumulator or a scratch buffer."""
+        views = ks.deferred
+        if ks.inline:
+            acc = ks.accumulator()
+        elif ks.mode == "sum":
+            acc = ks.buffers[ks.open_iteration % 2]
+        else:
+            acc = self.scratch(ks.spec.numel, ks.spec.dtype)
+        if not ks.inline:
+            if len(views) >= 2:
+                np.add(views[0], views[1], out=acc)
+                views = views[2:]
+            else:
+                np.copyto(acc, views[0])
+                views = views[1:]
+        for view in views:
+            np.add(acc, view, out=acc)
+        return acc
 
     def init(self, state: JobState, key: str, data: np.ndarray, hp: dict | None = None,
              opt_state: dict | None = None, step: int | None = None) -> bool:
@@ -199,10 +258,8 @@ class Store:
         if data.dtype != np.dtype(ks.spec.dtype) or data.size != ks.spec.numel:
             raise StoreError(f"job {state.job!r}: INIT of {key!r} has {data.size} x {data.dtype}, "
                              f"expected {ks.spec.numel} x {ks.spec.dtype}")
-        if ks.param is None:
-            ks.param = np.empty(ks.spec.numel, ks.spec.dtype)
-            ks.optimizer.init_state(ks.param)
         np.copyto(ks.param, data)
+        ks.initialized = True
         if hp:
             ks.optimizer.set_hp(hp)
         if opt_state:
@@ -254,6 +311,6 @@ class Store:
                 total += sum(b.nbytes for b in ks.buffers)
                 for arr in (ks.param, ks.grad):
                     total += arr.nbytes if arr is not None else 0
-                if ks.optimizer is not None and ks.param is not None:
+                if ks.optimizer is not None:
                     total += sum(a.nbytes for a in ks.optimizer.state_arrays().values())
         return total

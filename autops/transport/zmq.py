@@ -1,4 +1,9 @@
-"""ZeroMQ endpoints: tcp across hosts, ipc (unix sockets) on one host."""
+"""ZeroMQ endpoints: tcp across hosts, ipc (unix sockets) on one host.
+
+Transports an agent may ask for: ``tcp``; ``ipc`` (unix socket, payloads in frames);
+``shm`` (ipc for messages, payload bytes through shared memory); ``auto`` (shm on the same
+host when available, else tcp).
+"""
 from __future__ import annotations
 
 import os
@@ -9,7 +14,7 @@ import zmq
 
 from ..hostinfo import host_id
 
-TRANSPORTS = ("auto", "tcp", "ipc")
+TRANSPORTS = ("auto", "tcp", "ipc", "shm")
 
 
 def make_context() -> zmq.Context:
@@ -29,10 +34,10 @@ def choose_endpoint(endpoints: dict, host: str, transport: str = "auto") -> str:
     if transport not in TRANSPORTS:
         raise ValueError(f"unknown transport {transport!r} (one of {', '.join(TRANSPORTS)})")
     same_host = host == host_id()
-    if transport in ("auto", "ipc") and same_host and "ipc" in endpoints:
+    if transport in ("auto", "ipc", "shm") and same_host and "ipc" in endpoints:
         return endpoints["ipc"]
-    if transport == "ipc" and not same_host:
-        raise ValueError(f"transport ipc asked for, but the aggregator runs on another host ({host})")
+    if transport in ("ipc", "shm") and not same_host:
+        raise ValueError(f"transport {transport} asked for, but the aggregator runs on another host ({host})")
     if "tcp" not in endpoints:
         raise ValueError(f"aggregator offers no tcp endpoint: {endpoints}")
     return endpoints["tcp"]

@@ -1,0 +1,263 @@
+"""``autops bench pushpull``: one training iteration's push+pull of a model's tensors, next
+to ``torch.distributed`` gloo all-reduce of the same tensors in DDP-style 25 MB buckets,
+measured in the same run on this machine.
+
+Per configuration (model x workers x transport x mode) it starts a fresh local pool, runs
+``W`` worker processes that push and pull every tensor (last layer first, as backward
+produces them) for ``--iters`` iterations, and reports the median seconds per iteration,
+gloo's median for the same tensors, their ratio, and the aggregators' peak RSS (VmHWM)
+relative to the model's size. ``--json FILE`` writes one object per configuration.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import pathlib
+import statistics
+import sys
+import time
+import uuid
+
+import numpy as np
+
+MODELS_JSON_DEFAULT = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "models" / "tensor_shapes.json"
+BUCKET_BYTES = 25 * 2**20
+
+
+def model_tensors(model: str, shapes_file: str | None = None) -> list[tuple[str, tuple[int, ...], str]]:
+    """Tensor (name, shape, dtype) list of a model, in definition order."""
+    if model == "flat64m":
+        return [("flat", (16 * 2**20,), "float32")]
+    path = pathlib.Path(shapes_file or os.environ.get("AUTOPS_TENSOR_SHAPES") or MODELS_JSON_DEFAULT)
+    if not path.exists():
+        raise SystemExit(f"tensor shapes file {path} not found; pass --shapes FILE "
+                         "(shared/data/models/tensor_shapes.json)")
+    data = json.loads(path.read_text())
+    if model not in data:
+        raise SystemExit(f"model {model!r} not in {path} (have: flat64m, {', '.join(data)})")
+    return [(name, tuple(shape), "float32") for name, shape in data[model]["tensors"]]
+
+
+def _median_after_warmup(times: list[float], warmup: int) -> float:
+    return statistics.median(times[warmup:] if len(times) > warmup else times)
+
+
+# --- AutoPS worker -------------------------------------------------------------------------
+def _autops_worker(master, job, rank, world, tensors, iters, transport, mode, optimizer, aggregators, queue):
+    try:
+        from .agent import Agent
+        opts = {"mode": mode, "average": True}
+        if mode == "server":
+            opts.update(optimizer=optimizer, hp={"lr": 1e-3})
+        agent = Agent(master, job, rank, world, mode=mode, num_aggregators=aggregators, transport=transport,
+                      optimizer=optimizer if mode == "server" else None, timeout=120)
+        agent.declare([(n, s, d, opts) for n, s, d in tensors])
+        grads = {n: np.full(s, rank + 1, dtype=d) for n, s, d in tensors}
+        outs = {n: np.empty(s, dtype=d) for n, s, d in tensors}
+        if mode == "server":
+            if rank == 0:
+                for h in [agent.init(n, np.zeros(s, d)) for n, s, d in tensors]:
+                    h.wait()
+            for h in [agent.pull(n, outs[n], 0) for n, _, _ in tensors]:
+                h.wait()
+        times = []
+        order = list(reversed(tensors))
+        for it in range(1, iters + 1):
+            start = time.perf_counter()
+            handles = [agent.push_pull(n, grads[n], outs[n], it) for n, _, _ in order]
+            agent.flush()
+            for h in handles:
+                h.wait()
+            times.append(time.perf_counter() - start)
+            if it == 1 and mode == "sum":
+                expected = (world + 1) / 2
+                for n, _, _ in tensors:
+                    flat = outs[n].reshape(-1)
+                    if flat.size and not (flat[0] == expected and flat[-1] == expected):
+                        raise RuntimeError(f"wrong aggregate for {n}: {flat[0]} != {expected}")
+        queue.put(("ok", rank, times))
+        agent.job_done()
+        agent.close()
+    except BaseException as exc:  # report, never hang the parent
+        queue.put(("error", rank, f"{exc.__class__.__name__}: {exc}"))
+
+
+def _peak_rss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def run_autops(tensors, world: int, transport: str, iters: int, warmup: int, aggregators: int,
+               mode: str = "sum", optimizer: str = "adam") -> dict:
+    from .local import LocalPool
+    ctx = mp.get_context("spawn")
+    with LocalPool(aggregators) as pool:
+        agg_pids = [p.pid for p in pool.procs[1:]]
+        idle_rss = sum(_peak_rss(pid) for pid in agg_pids)
+        queue = ctx.Queue()
+        job = f"bench-{uuid.uuid4().hex[:6]}"
+        procs = [ctx.Process(target=_autops_worker, args=(pool.master, job, r, world, tensors, iters, transport,
+                                                          mode, optimizer, aggregators, queue))
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+        results = {}
+        try:
+            for _ in range(world):
+                status, rank, payload = queue.get(timeout=600)
+                if status != "ok":
+                    raise RuntimeError(f"AutoPS worker {rank} failed: {payload}")
+                results[rank] = payload
+        finally:
+            for p in procs:
+                p.join(timeout=10)
+                if p.is_alive():
+                    p.kill()
+        peak_rss = sum(_peak_rss(pid) for pid in agg_pids)
+    per_iter = [max(results[r][i] for r in results) for i in range(iters)]
+    return {"autops_s": _median_after_warmup(per_iter, warmup), "autops_iters_s": per_iter,
+            "agg_peak_rss_bytes": peak_rss, "agg_idle_rss_bytes": idle_rss}
+
+
+# --- gloo peer ------------------------------------------------------------------------------
+def _gloo_worker(rank, world, port, tensors, iters, queue):
+    try:
+        import torch
+        import torch.distributed as dist
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        grads = [torch.full(s, float(rank + 1)) for _, s, _ in reversed(tensors)]
+        buckets, current, size = [], [], 0        # DDP: reverse order, 25 MB buckets
+        for g in grads:
+            current.append(g)
+            size += g.numel() * 4
+            if size >= BUCKET_BYTES:
+                buckets.append(current)
+                current, size = [], 0
+        if current:
+            buckets.append(current)
+        flats = [torch.empty(sum(g.numel() for g in b)) for b in buckets]
+        times, reduce_only = [], []
+        for _ in range(iters):
+            dist.barrier()
+            start = time.perf_counter()
+            for flat in flats:
+                dist.all_reduce(flat)
+            reduce_only.append(time.perf_counter() - start)
+            dist.barrier()
+            start = time.perf_counter()
+            works = []
+            for bucket, flat in zip(buckets, flats):
+                torch.cat([g.reshape(-1) for g in bucket], out=flat)
+                works.append(dist.all_reduce(flat, async_op=True))
+            for bucket, flat, work in zip(buckets, flats, works):
+                work.wait()
+                flat.div_(world)
+                offset = 0
+                for g in bucket:
+                    g.view(-1).copy_(flat[offset:offset + g.numel()])
+                    offset += g.numel()
+            times.append(time.perf_counter() - start)
+            for g in grads:
+                g.fill_(float(rank + 1))
+        dist.destroy_process_group()
+        queue.put(("ok", rank, (times, reduce_only)))
+    except BaseException as exc:
+        queue.put(("error", rank, f"{exc.__class__.__name__}: {exc}"))
+
+
+def run_gloo(tensors, world: int, iters: int, warmup: int) -> dict:
+    from .local import free_port
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_gloo_worker, args=(r, world, port, tensors, iters, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = {}
+    try:
+        for _ in range(world):
+            status, rank, payload = queue.get(timeout=600)
+            if status != "ok":
+                raise RuntimeError(f"gloo worker {rank} failed: {payload}")
+            results[rank] = payload
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    per_iter = [max(results[r][0][i] for r in results) for i in range(iters)]
+    reduce_only = [max(results[r][1][i] for r in results) for i in range(iters)]
+    return {"gloo_s": _median_after_warmup(per_iter, warmup), "gloo_iters_s": per_iter,
+            "gloo_allreduce_only_s": _median_after_warmup(reduce_only, warmup)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(argv or [])
+    if argv and argv[0] == "pushpull":
+        argv = argv[1:]
+    parser = argparse.ArgumentParser(prog="autops bench pushpull", description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--model", nargs="+", default=["flat64m", "resnet50", "bert-base", "vgg19"])
+    parser.add_argument("--transport", nargs="+", default=["ipc", "tcp"], choices=["ipc", "tcp", "shm"])
+    parser.add_argument("--mode", nargs="+", default=["sum"], choices=["sum", "server"])
+    parser.add_argument("--optimizer", default="adam", choices=["sgd", "adam", "adamw"],
+                        help="server-side optimizer in server mode")
+    parser.add_argument("--aggregators", type=int, default=2)
+    parser.add_argument("--compare", choices=["gloo", "none"], default="gloo")
+    parser.add_argument("--iters", type=int, default=12)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--shapes", default=None, help="tensor_shapes.json (default: shared/data/models)")
+    parser.add_argument("--json", nargs="?", const="-", default=None,
+                        help="write one JSON object per configuration to FILE (or stdout)")
+    args = parser.parse_args(argv)
+
+    rows = []
+    for model in args.model:
+        tensors = model_tensors(model, args.shapes)
+        model_bytes = sum(math.prod(s) * 4 for _, s, _ in tensors)
+        for world in args.workers:
+            gloo = run_gloo(tensors, world, args.iters, args.warmup) if args.compare == "gloo" else {}
+            for transport in args.transport:
+                for mode in args.mode:
+                    res = run_autops(tensors, world, transport, args.iters, args.warmup, args.aggregators,
+                                     mode, args.optimizer)
+                    row = {"model": model, "workers": world, "transport": transport, "mode": mode,
+                           "optimizer": args.optimizer if mode == "server" else None,
+                           "aggregators": args.aggregators, "tensors": len(tensors), "model_bytes": model_bytes,
+                           "autops_s": res["autops_s"], "gloo_s": gloo.get("gloo_s"),
+                           "gloo_allreduce_only_s": gloo.get("gloo_allreduce_only_s"),
+                           "ratio": res["autops_s"] / gloo["gloo_s"] if gloo else None,
+                           "agg_peak_rss_bytes": res["agg_peak_rss_bytes"],
+                           "agg_peak_rss_over_model": res["agg_peak_rss_bytes"] / model_bytes,
+                           "agg_state_rss_over_model":
+                               (res["agg_peak_rss_bytes"] - res["agg_idle_rss_bytes"]) / model_bytes,
+                           "iters": args.iters, "warmup": args.warmup}
+                    rows.append(row)
+                    ratio = f"{row['ratio']:.2f}x" if row["ratio"] is not None else "-"
+                    gloo_ms = f"{row['gloo_s'] * 1e3:8.1f}" if row["gloo_s"] else "       -"
+                    print(f"{model:>9} W={world} {transport:<4} {mode:<6} autops {row['autops_s'] * 1e3:8.1f} ms  "
+                          f"gloo {gloo_ms} ms  ratio {ratio}  agg peak RSS {row['agg_peak_rss_over_model']:.2f}x model "
+                          f"({row['agg_state_rss_over_model']:.2f}x above idle)", flush=True)
+    if args.json:
+        text = "\n".join(json.dumps(r) for r in rows) + "\n"
+        if args.json == "-":
+            sys.stdout.write(text)
+        else:
+            pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            pathlib.Path(args.json).write_text(text)
+            print(f"wrote {len(rows)} configurations to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,164 @@
+"""Real pMaster and aggregator processes on loopback; agents in threads of this process."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from autops.agent import Agent, AutoPSError
+
+TENSORS = [
+    ("big", (300_000,), "float32"),      # 1.2 MB: 5 partitions at 256 KiB
+    ("mid", (40_000,), "float32"),       # 160 KB: one key
+    ("b1", (10,), "float32"),            # small: batched
+    ("b2", (3, 7), "float32"),           # small: batched
+    ("i64", (5,), "int64"),              # small, integer
+]
+
+
+def run_workers(agents, fn):
+    errors = []
+
+    def body(r):
+        try:
+            fn(r, agents[r])
+        except BaseException as exc:  # collected and re-raised in the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(len(agents))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    if errors:
+        raise errors[0]
+
+
+def make_agents(master, job, world, **kw):
+    return [Agent(master, job, r, world, timeout=kw.pop("timeout", 20), **kw) for r in range(world)]
+
+
+def test_sum_mode_exact_three_workers_two_aggregators(pool2):
+    agents = make_agents(pool2.master, "exact", 3, average=False, partition_bytes=256 << 10)
+    try:
+        for a in agents:
+            a.declare(TENSORS)
+        placement = agents[0].placement()
+        assert set(placement) == {"agg-0", "agg-1"}          # spread over both
+        assert sum(k.startswith("big#p") for keys in placement.values() for k in keys) == 5
+        results = {}
+
+        def work(r, agent):
+            rng = np.random.default_rng(r)
+            for it in (1, 2, 3):
+                ins = {n: rng.integers(-1000, 1000, size=s).astype(d) for n, s, d in TENSORS}
+                outs = {n: np.empty(s, d) for n, s, d in TENSORS}
+                handles = [agent.push_pull(n, ins[n], outs[n], it) for n, _, _ in TENSORS]
+                for h in handles:
+                    h.wait()
+                results[(r, it)] = (ins, outs)
+
+        run_workers(agents, work)
+        for it in (1, 2, 3):
+            for n, _, _ in TENSORS:
+                expected = sum(results[(r, it)][0][n] for r in range(3))
+                for r in range(3):
+                    np.testing.assert_array_equal(results[(r, it)][1][n], expected)
+    finally:
+        for a in agents:
+            a.close()
+
+
+def test_mean_is_default_and_push_pull_separately(pool1):
+    agents = make_agents(pool1.master, "mean", 2)
+    try:
+        for a in agents:
+            a.declare([("w", (1000,), "float32")])
+        outs = [np.empty(1000, np.float32) for _ in agents]
+
+        def work(r, agent):
+            agent.push("w", np.full(1000, float(r + 1), np.float32), 1).wait()
+            agent.pull("w", outs[r], 1).wait()
+
+        run_workers(agents, work)
+        for out in outs:
+            np.testing.assert_array_equal(out, 1.5)
+    finally:
+        for a in agents:
+            a.close()
+
+
+def test_two_jobs_same_tensor_names_stay_isolated(pool2):
+    job_a = make_agents(pool2.master, "job-a", 2, average=False)
+    job_b = make_agents(pool2.master, "job-b", 2, average=False)
+    try:
+        for a in job_a + job_b:
+            a.declare([("weight", (50_000,), "float32"), ("bias", (4,), "float32")])
+        got = {}
+
+        def work(r, agent):
+            base = 1.0 if agent.job == "job-a" else 100.0
+            for it in (1, 2):
+                outs = {n: np.empty(s, np.float32) for n, s in (("weight", (50_000,)), ("bias", (4,)))}
+                hs = [agent.push_pull(n, np.full(o.shape, base * it, np.float32), o, it) for n, o in outs.items()]
+                for h in hs:
+                    h.wait()
+                got[(agent.job, agent.rank, it)] = outs
+
+        run_workers(job_a + job_b, work)
+        for it in (1, 2):
+            for r in (0, 1):
+                assert np.all(got[("job-a", r, it)]["weight"] == 2.0 * it)
+                assert np.all(got[("job-b", r, it)]["bias"] == 200.0 * it)
+        # a job cannot touch another job's keys: wrong secret is refused by the aggregator
+        intruder = job_b[0]
+        real_secret = intruder.secret
+        intruder.secret = job_a[0].secret
+        try:
+            with pytest.raises(AutoPSError, match="wrong secret"):
+                intruder.push_pull("weight", np.zeros(50_000, np.float32), np.empty(50_000, np.float32), 3).wait()
+        finally:
+            intruder.secret = real_secret
+        # and a third process cannot join job-a once its ranks are in
+        with pytest.raises(AutoPSError, match="already joined"):
+            Agent(pool2.master, "job-a", 0, 2, timeout=5)
+    finally:
+        for a in job_a + job_b:
+            a.close()
+
+
+def test_worker_death_gives_peers_a_clear_timeout(pool1):
+    agents = make_agents(pool1.master, "dies", 2, timeout=1.5)
+    try:
+        for a in agents:
+            a.declare([("w", (1000,), "float32")])
+        out = np.empty(1000, np.float32)
+        # rank 1 "dies" before pushing: rank 0 must not hang
+        with pytest.raises(TimeoutError, match=r"pull of w \(iteration 1\).*another worker of the job may have died"):
+            agents[0].push_pull("w", np.ones(1000, np.float32), out, 1).wait()
+    finally:
+        for a in agents:
+            a.close()
+
+
+def test_unreachable_master_fails_within_timeout():
+    import time
+    start = time.monotonic()
+    with pytest.raises(AutoPSError, match=r"tcp://127\.0\.0\.1:9 did not answer"):
+        Agent("tcp://127.0.0.1:9", "nobody", 0, 1, timeout=1.0)
+    assert time.monotonic() - start < 5
+
+
+def test_agent_checks_shapes_and_declarations(pool1):
+    agent = make_agents(pool1.master, "checks", 1)[0]
+    try:
+        agent.declare([("w", (10,), "float32")])
+        with pytest.raises(AutoPSError, match="was not declared"):
+            agent.push("nope", np.zeros(3, np.float32), 1)
+        with pytest.raises(AutoPSError, match=r"declared \[10\] float32"):
+            agent.push("w", np.zeros(11, np.float32), 1)
+        with pytest.raises(AutoPSError, match="declared"):
+            agent.declare([("w", (12,), "float32")])
+    finally:
+        agent.close()
