@@ -96,6 +96,45 @@ def _peak_rss(pid: int) -> int:
     return 0
 
 
+def owned_rss(pid: int) -> int:
+    """Resident bytes of a process excluding peers' shared segments it maps (workers' staging
+    buffers): private memory plus the aggregator's own shared buffers."""
+    total, current_peer = 0, False
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                first = line.split(maxsplit=1)[0]
+                if "-" in first and not first.endswith(":"):
+                    current_peer = "memfd:autops-agent" in line
+                elif first == "Rss:" and not current_peer:
+                    total += int(line.split()[1]) * 1024
+    except OSError:
+        return 0
+    return total
+
+
+class RssSampler:
+    """Samples ``owned_rss`` of some processes every ``period`` seconds; keeps the peak sum."""
+
+    def __init__(self, pids: list[int], period: float = 0.05) -> None:
+        import threading
+        self.pids, self.period, self.peak = pids, period, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            self.peak = max(self.peak, sum(owned_rss(pid) for pid in self.pids))
+
+    def __enter__(self) -> "RssSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def run_autops(tensors, world: int, transport: str, iters: int, warmup: int, aggregators: int,
                mode: str = "sum", optimizer: str = "adam") -> dict:
     from .local import LocalPool
@@ -108,15 +147,17 @@ def run_autops(tensors, world: int, transport: str, iters: int, warmup: int, agg
         procs = [ctx.Process(target=_autops_worker, args=(pool.master, job, r, world, tensors, iters, transport,
                                                           mode, optimizer, aggregators, queue))
                  for r in range(world)]
+        idle_owned = sum(owned_rss(pid) for pid in agg_pids)
         for p in procs:
             p.start()
         results = {}
         try:
-            for _ in range(world):
-                status, rank, payload = queue.get(timeout=600)
-                if status != "ok":
-                    raise RuntimeError(f"AutoPS worker {rank} failed: {payload}")
-                results[rank] = payload
+            with RssSampler(agg_pids) as sampler:
+                for _ in range(world):
+                    status, rank, payload = queue.get(timeout=600)
+                    if status != "ok":
+                        raise RuntimeError(f"AutoPS worker {rank} failed: {payload}")
+                    results[rank] = payload
         finally:
             for p in procs:
                 p.join(timeout=10)
@@ -125,7 +166,8 @@ def run_autops(tensors, world: int, transport: str, iters: int, warmup: int, agg
         peak_rss = sum(_peak_rss(pid) for pid in agg_pids)
     per_iter = [max(results[r][i] for r in results) for i in range(iters)]
     return {"autops_s": _median_after_warmup(per_iter, warmup), "autops_iters_s": per_iter,
-            "agg_peak_rss_bytes": peak_rss, "agg_idle_rss_bytes": idle_rss}
+            "agg_peak_rss_bytes": peak_rss, "agg_idle_rss_bytes": idle_rss,
+            "agg_peak_owned_bytes": sampler.peak, "agg_idle_owned_bytes": idle_owned}
 
 
 # --- gloo peer ------------------------------------------------------------------------------
@@ -239,15 +281,17 @@ def main(argv: list[str] | None = None) -> int:
                            "ratio": res["autops_s"] / gloo["gloo_s"] if gloo else None,
                            "agg_peak_rss_bytes": res["agg_peak_rss_bytes"],
                            "agg_peak_rss_over_model": res["agg_peak_rss_bytes"] / model_bytes,
-                           "agg_state_rss_over_model":
-                               (res["agg_peak_rss_bytes"] - res["agg_idle_rss_bytes"]) / model_bytes,
+                           "agg_idle_rss_bytes": res["agg_idle_rss_bytes"],
+                           "agg_peak_owned_bytes": res["agg_peak_owned_bytes"],
+                           "agg_owned_over_model":
+                               (res["agg_peak_owned_bytes"] - res["agg_idle_owned_bytes"]) / model_bytes,
                            "iters": args.iters, "warmup": args.warmup}
                     rows.append(row)
                     ratio = f"{row['ratio']:.2f}x" if row["ratio"] is not None else "-"
                     gloo_ms = f"{row['gloo_s'] * 1e3:8.1f}" if row["gloo_s"] else "       -"
                     print(f"{model:>9} W={world} {transport:<4} {mode:<6} autops {row['autops_s'] * 1e3:8.1f} ms  "
-                          f"gloo {gloo_ms} ms  ratio {ratio}  agg peak RSS {row['agg_peak_rss_over_model']:.2f}x model "
-                          f"({row['agg_state_rss_over_model']:.2f}x above idle)", flush=True)
+                          f"gloo {gloo_ms} ms  ratio {ratio}  aggregator memory {row['agg_owned_over_model']:.2f}x model "
+                          f"(peak RSS {row['agg_peak_rss_over_model']:.2f}x incl. mapped worker buffers)", flush=True)
     if args.json:
         text = "\n".join(json.dumps(r) for r in rows) + "\n"
         if args.json == "-":

@@ -277,8 +277,8 @@ class Store:
         published = ks.published
         if iteration == published:
             return True
-        if iteration == published + 1:
-            return False
+        if published < iteration <= ks.open_iteration:
+            return False          # server mode may still wait for INIT of the master copy
         if iteration < published:
             raise StoreError(f"key {ks.spec.key!r}: pull of iteration {iteration} is stale "
                              f"(iteration {published} is published)")
