@@ -251,7 +251,10 @@ class Master:
             load = {}
             for key, agg in job.table.items():
                 load[agg] = load.get(agg, 0) + job.keys[key].nbytes
-            table = spread_by_bytes([(k.key, k.nbytes) for k in keys], job.aggregators, load)
+            # balanced within the job; ties go to the aggregator with less load from other jobs
+            pool_load = self._load_bytes()
+            order = sorted(job.aggregators, key=lambda a: (pool_load.get(a, 0), job.aggregators.index(a)))
+            table = spread_by_bytes([(k.key, k.nbytes) for k in keys], order, load)
             for spec in keys:
                 job.keys[spec.key] = spec
             job.table.update(table)

@@ -1,0 +1,64 @@
+"""End to end through the command line: `autops local -- torchrun ... train_digits.py`."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BIN = pathlib.Path(sys.executable).parent
+
+
+def run(cmd, timeout=300, **kw):
+    return subprocess.run(cmd, cwd=ROOT, timeout=timeout, capture_output=True, text=True,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"), **kw)
+
+
+@pytest.mark.parametrize("mode, optimizer", [("sum", "sgd"), ("server", "adam")])
+def test_torchrun_example_reaches_95_percent(tmp_path, mode, optimizer):
+    out = tmp_path / "result.json"
+    proc = run([str(BIN / "autops"), "--log-level", "WARNING", "local", "--aggregators", "2", "--",
+                str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "examples/train_digits.py",
+                "--mode", mode, "--optimizer", optimizer, "--json", str(out)])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["world_size"] == 2
+    assert result["aggregators"] == ["agg-0", "agg-1"]
+    assert result["test_accuracy"] >= 0.95, result
+
+
+def test_example_trains_alone_without_a_pool(tmp_path):
+    out = tmp_path / "alone.json"
+    env = {k: v for k, v in os.environ.items() if k != "AUTOPS_MASTER"}
+    proc = subprocess.run([sys.executable, "examples/train_digits.py", "--epochs", "6", "--json", str(out)],
+                          cwd=ROOT, timeout=300, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(out.read_text())["test_accuracy"] >= 0.95
+
+
+def test_local_returns_the_command_status_and_tears_the_pool_down():
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    proc = run([str(BIN / "autops"), "--log-level", "WARNING", "local", "--aggregators", "1", "--",
+                sys.executable, "-c", "import os,sys; print(os.environ['AUTOPS_MASTER']); sys.exit(3)"])
+    assert proc.returncode == 3
+    assert proc.stdout.strip().startswith("tcp://127.0.0.1:")
+    after = {p.pid for p in psutil.Process().children(recursive=True)}
+    assert after <= before                       # no master or aggregator left behind
+
+
+def test_status_command_prints_the_pool(pool2):
+    proc = run([str(BIN / "autops"), "status", "--master", pool2.master])
+    assert proc.returncode == 0, proc.stderr
+    assert "agg-0" in proc.stdout and "agg-1" in proc.stdout
+
+
+def test_aggregator_with_unreachable_master_exits_with_a_clear_message():
+    proc = run([str(BIN / "autops"), "aggregator", "--master", "tcp://127.0.0.1:9", "--register-timeout", "1"],
+               timeout=30)
+    assert proc.returncode == 1
+    assert "tcp://127.0.0.1:9 did not answer" in proc.stderr
