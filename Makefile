@@ -25,7 +25,8 @@ test: setup
 	$(PY) -m pytest -q -ra
 
 bench: setup
-	$(PY) bench/autops_pushpull.py --json bench/results/autops_pushpull.json
+	$(PY) bench/autops_pushpull.py --transport shm ipc tcp --json bench/results/autops_pushpull.json
+	$(PY) bench/autops_pushpull.py --model flat64m resnet50 --workers 2 --transport shm ipc --mode server --json bench/results/autops_pushpull_server_adam.json
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis

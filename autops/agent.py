@@ -398,17 +398,19 @@ class _IOLoop:
         self.inflight.clear()
 
     def sock_for(self, agg: str) -> zmq.Socket:
-        sock = self.socks.get(agg)
+        """One socket per address: if an aggregator's address changes, the old socket stays
+        open so replies to requests still in flight there are received."""
+        info = self.table.aggs.get(agg)
+        if info is None:
+            raise AutoPSError(f"aggregator {agg!r} is not in the table")
+        address = choose_endpoint(info["endpoints"], info["host"], self.agent.transport)
+        sock = self.socks.get(address)
         if sock is None:
-            info = self.table.aggs.get(agg)
-            if info is None:
-                raise AutoPSError(f"aggregator {agg!r} is not in the table")
-            address = choose_endpoint(info["endpoints"], info["host"], self.agent.transport)
             sock = self.agent.ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.RCVHWM, 0)
             sock.connect(address)
-            self.socks[agg] = sock
+            self.socks[address] = sock
             self.sock_agg[sock] = agg
             self.poller.register(sock, zmq.POLLIN)
         return sock
@@ -637,6 +639,7 @@ class _IOLoop:
         table.load(reply)
         self.table = table
         self.small = {}
+        self.shm_aggs = {}
         with self.agent._table_lock:
             self.agent.table = table
         per_agg: dict[str, list[Part]] = collections.defaultdict(list)

@@ -40,13 +40,14 @@ class LocalPool:
     """Context manager: ``with LocalPool(2) as pool: pool.master`` is the address to use."""
 
     def __init__(self, aggregators: int = 2, start_timeout: float = 30.0, log_level: str = "WARNING",
-                 env: dict | None = None) -> None:
+                 env: dict | None = None, master_args: list[str] | None = None) -> None:
         self.n = aggregators
         self.start_timeout = start_timeout
         self.log_level = log_level
         self.master = f"tcp://127.0.0.1:{free_port()}"
         self.procs: list[subprocess.Popen] = []
         self.env = {**os.environ, **(env or {})}
+        self.master_args = list(master_args or [])
 
     def _spawn(self, *args: str) -> subprocess.Popen:
         proc = subprocess.Popen([sys.executable, "-m", "autops.cli", "--log-level", self.log_level, *args],
@@ -56,7 +57,7 @@ class LocalPool:
 
     def start(self) -> "LocalPool":
         try:
-            self._spawn("master", "--bind", self.master)
+            self._spawn("master", "--bind", self.master, *self.master_args)
             for i in range(self.n):
                 self._spawn("aggregator", "--master", self.master, "--name", f"agg-{i}")
             self.wait_ready()

@@ -1,0 +1,15 @@
+"""Benchmark: AutoPS push+pull of whole models vs gloo all-reduce (DDP-style 25 MB buckets).
+
+Thin entry point for `make bench`; the same as `autops bench pushpull ...`. Reads model
+tensor shapes from ../shared/data/models/tensor_shapes.json. Writes JSON lines with at least
+model, workers, transport, autops_s, gloo_s, ratio (autops_s / gloo_s, medians).
+
+    python bench/autops_pushpull.py --json bench/results/autops_pushpull.json
+    python bench/autops_pushpull.py --model flat64m --workers 2 --transport shm ipc --mode server
+"""
+import sys
+
+from autops.benchmark import main
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
