@@ -26,7 +26,7 @@ from . import wire
 from .partition import KeySpec
 from .hostinfo import host_id
 from .transport import shm
-from .transport.zmq import choose_endpoint, make_context
+from .transport.zmq import choose_endpoint, keep_freed_buffers, make_context
 
 log = logging.getLogger("autops.agent")
 
@@ -358,6 +358,7 @@ class _IOLoop:
         self.arena = shm.Arena(f"autops-agent-{agent.rank}")
         self.attached = shm.Attachments()
         self.running = True
+        self.tuned = False
         self.master = MasterClient(agent.ctx, agent.master, agent.timeout)
 
     def close(self) -> None:
@@ -406,6 +407,10 @@ class _IOLoop:
         address = choose_endpoint(info["endpoints"], info["host"], self.agent.transport)
         sock = self.socks.get(address)
         if sock is None:
+            if not self.uses_shm(agg) and not self.tuned:
+                # tensors arrive in socket frames: let their buffers reuse heap pages
+                # (process-wide glibc setting; AUTOPS_MALLOC_TUNING=0 turns it off)
+                self.tuned = keep_freed_buffers()
             sock = self.agent.ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.RCVHWM, 0)
@@ -550,9 +555,16 @@ class _IOLoop:
             payloads, items, parts = [], [], []
             for spec in agg_specs:
                 sl = slice(spec.offset, spec.offset + spec.numel)
-                param_idx = len(payloads)
-                payloads.append(flat[sl])
                 extra: dict = {"step": int(step)}
+                if not spec.small and self.uses_shm(agg) and spec.key not in self.staged_busy:
+                    buf, ref = self.stage(spec)          # copied by the aggregator before it acks
+                    np.copyto(buf, flat[sl])
+                    self.staged_busy[spec.key] = 0
+                    extra["shm"] = ref
+                    param_idx = -1
+                else:
+                    param_idx = len(payloads)
+                    payloads.append(flat[sl])
                 if state:
                     extra["state"] = {}
                     for name, arr in state.items():
@@ -603,6 +615,10 @@ class _IOLoop:
         elif msg.op == wire.PULL_REPLY:
             self.fill(request, msg)
         else:
+            if request.kind == wire.INIT:
+                for part in request.parts:
+                    if self.staged_busy.get(part.spec.key) == 0:
+                        del self.staged_busy[part.spec.key]
             for part in request.parts:
                 part.handle._part_done()
 

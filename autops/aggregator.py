@@ -25,7 +25,7 @@ from .hostinfo import host_id
 from .partition import KeySpec
 from .store import KeyState, Store, StoreError
 from .transport import shm
-from .transport.zmq import bound_address, ipc_address, make_context
+from .transport.zmq import bound_address, ipc_address, keep_freed_buffers, make_context
 
 log = logging.getLogger("autops.aggregator")
 
@@ -63,6 +63,7 @@ class Aggregator:
         self.register_timeout = register_timeout
         self.name = name
         self.agg_id: str | None = None
+        keep_freed_buffers()
         self.shm = shm.available() and ipc
         self.arenas: dict[str, shm.Arena] = {}
         self.attached = shm.Attachments()
@@ -369,9 +370,17 @@ class Aggregator:
         for item in wire.items_of(msg, 4):
             key, frame_idx, offset, nbytes = item[:4]
             ks = self.store.key(state, key)
-            data = self._array(msg, frame_idx, offset, nbytes, ks.spec.dtype)
-            opt_state = {}
             extra = item[4] if len(item) > 4 and isinstance(item[4], dict) else {}
+            if extra.get("shm") is not None:
+                if not isinstance(nbytes, int):
+                    raise wire.ProtocolError("init: size must be an integer")
+                try:
+                    data = self.attached.array(extra["shm"], nbytes, ks.spec.dtype, tag=state.job)
+                except ValueError as exc:
+                    raise StoreError(f"INIT of {key!r}: {exc}") from None
+            else:
+                data = self._array(msg, frame_idx, offset, nbytes, ks.spec.dtype)
+            opt_state = {}
             for name, (fidx, off, nb) in (extra.get("state") or {}).items():
                 opt_state[name] = self._array(msg, fidx, off, nb, ks.spec.dtype)
             prepared.append((key, data, opt_state, extra.get("step")))
