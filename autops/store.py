@@ -13,7 +13,8 @@ in-place add after), the completed iteration counter, and the published value:
 Pushes that arrive in shared memory (same-host workers) are not copied: the store keeps
 a view of the worker's buffer (the worker does not touch it before its pull of ``i``
 returns) and sums all views once, when the last push of ``i`` is in, straight into the
-published buffer (sum) or into one scratch buffer shared by all keys (server). Pushes
+published buffer (sum) or into the first worker's staging buffer, which the optimizer then
+reads (server: no gradient buffer on the aggregator at all). Pushes
 that arrive as socket frames go to the accumulator at once. Published buffers come from
 an injectable allocator so the aggregator can place them in shared memory.
 
@@ -235,6 +236,13 @@ class Store:
             acc = ks.accumulator()
         elif ks.mode == "sum":
             acc = ks.buffers[ks.open_iteration % 2]
+        elif views[0].flags.writeable:
+            # server mode: sum into the first worker's staging buffer, which that worker does
+            # not read and does not rewrite before this update has been published
+            acc = views[0]
+            for view in views[1:]:
+                np.add(acc, view, out=acc)
+            return acc
         else:
             acc = self.scratch(ks.spec.numel, ks.spec.dtype)
         if not ks.inline:
