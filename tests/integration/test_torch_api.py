@@ -83,3 +83,30 @@ def test_init_with_unreachable_master_names_the_address(monkeypatch):
     aps.shutdown()
     with pytest.raises(aps.AutoPSError, match=r"tcp://127\.0\.0\.1:9 did not answer"):
         aps.init(master="tcp://127.0.0.1:9", job="j", rank=0, world_size=2, timeout=1)
+
+
+@pytest.mark.parametrize("mode", ["sum", "server"])
+def test_broadcast_optimizer_state_continues_from_root(pool1, tmp_path, mode):
+    from opt_state_worker import local_warmup
+    job = f"optstate-{uuid.uuid4().hex[:6]}"
+    procs = [subprocess.Popen([sys.executable, str(HERE / "opt_state_worker.py"), pool1.master, job, str(r), "2",
+                               mode, str(tmp_path / f"r{r}.npz")], cwd=HERE) for r in range(2)]
+    try:
+        for p in procs:
+            assert p.wait(timeout=120) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    torch.manual_seed(100)
+    model = make_model()
+    opt = local_warmup(model, 0)                    # rank 0's state is the one to continue from
+    for x, y in list(batches())[:2]:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    for r in range(2):
+        got = np.load(tmp_path / f"r{r}.npz")
+        for name, p in model.named_parameters():
+            np.testing.assert_allclose(got[name], p.detach().numpy(), rtol=2e-5, atol=2e-6,
+                                       err_msg=f"{name} rank {r}")
