@@ -36,6 +36,8 @@ def _cmd_local(args: argparse.Namespace) -> int:
         print(f"autops local: master {pool.master}, {args.aggregators} aggregator(s), job {env['AUTOPS_JOB']}",
               file=sys.stderr)
         proc = subprocess.Popen(cmd, env=env)
+        # SIGTERM to us goes to the command; the pool is torn down when it has exited
+        signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
         try:
             return proc.wait()
         except KeyboardInterrupt:

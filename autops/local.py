@@ -7,10 +7,12 @@ also when the caller fails.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import zmq
@@ -46,7 +48,9 @@ class LocalPool:
         self.log_level = log_level
         self.master = f"tcp://127.0.0.1:{free_port()}"
         self.procs: list[subprocess.Popen] = []
-        self.env = {**os.environ, **(env or {})}
+        # unix sockets of this pool live in a directory removed on stop, also after a SIGKILL
+        self.runtime_dir = tempfile.mkdtemp(prefix="autops-pool-")
+        self.env = {**os.environ, "AUTOPS_RUNTIME_DIR": self.runtime_dir, **(env or {})}
         self.master_args = list(master_args or [])
 
     def _spawn(self, *args: str) -> subprocess.Popen:
@@ -59,7 +63,8 @@ class LocalPool:
         try:
             self._spawn("master", "--bind", self.master, *self.master_args)
             for i in range(self.n):
-                self._spawn("aggregator", "--master", self.master, "--name", f"agg-{i}")
+                self._spawn("aggregator", "--master", self.master, "--name", f"agg-{i}",
+                            "--bind-host", "127.0.0.1")
             self.wait_ready()
         except BaseException:
             self.stop()
@@ -96,6 +101,7 @@ class LocalPool:
                 proc.kill()
                 proc.wait()
         self.procs.clear()
+        shutil.rmtree(self.runtime_dir, ignore_errors=True)
 
     def status(self) -> dict:
         return query_status(self.master)

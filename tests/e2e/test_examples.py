@@ -62,3 +62,22 @@ def test_aggregator_with_unreachable_master_exits_with_a_clear_message():
                timeout=30)
     assert proc.returncode == 1
     assert "tcp://127.0.0.1:9 did not answer" in proc.stderr
+
+
+def test_sigterm_to_local_stops_the_command_and_the_pool():
+    import signal
+    import time
+    proc = subprocess.Popen([str(BIN / "autops"), "--log-level", "WARNING", "local", "--aggregators", "1", "--",
+                             sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "up"
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert len(children) == 3                    # master, aggregator, command
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) != 0
+        time.sleep(0.2)
+        assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
