@@ -1,0 +1,49 @@
+"""`tiresias simulate` / `compare` on the original simulator's 60-job trace."""
+from __future__ import annotations
+
+import csv
+import json
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DATA = ROOT.parent / "shared" / "data"
+BIN = pathlib.Path(sys.executable).parent
+
+
+def run(*args):
+    return subprocess.run([str(BIN / "tiresias"), *args], capture_output=True, text=True, timeout=300)
+
+
+def test_simulate_writes_the_contracted_json_and_jobs_csv(tmp_path):
+    out, jobs = tmp_path / "r.json", tmp_path / "jobs.csv"
+    proc = run("simulate", "--trace", str(DATA / "tiresias" / "60_job.csv"), "--cluster", "2x4",
+               "--policy", "las", "--json", str(out), "--jobs-csv", str(jobs))
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(out.read_text())
+    for key in ("policy", "jobs", "avg_jct", "median_jct", "p95_jct", "avg_queue_delay", "median_queue_delay",
+                "p95_queue_delay", "makespan", "preemptions", "gpu_utilization", "sim_wall_seconds"):
+        assert key in summary
+    assert summary["jobs"] == 60 and 0 < summary["gpu_utilization"] <= 1
+    rows = list(csv.DictReader(jobs.open()))
+    assert len(rows) == 60
+    assert all(float(r["jct"]) >= float(r["queue_delay"]) >= 0 for r in rows)
+
+
+def test_compare_prints_a_table_normalized_by_las():
+    proc = run("compare", "--trace", str(DATA / "tiresias" / "60_job.csv"), "--cluster", "2x4",
+               "--policies", "fifo,srtf,gittins,las")
+    assert proc.returncode == 0, proc.stderr
+    lines = {line.split()[0]: line for line in proc.stdout.splitlines()[1:]}
+    assert set(lines) == {"fifo", "srtf", "gittins", "las"}
+    assert "1.00x" in lines["las"]
+
+
+def test_bad_rows_reported_not_a_traceback(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("job_id,submit_time,num_gpus,duration\n1,0,1,10\n2,5,1,-3\n3,6,64,10\n")
+    proc = run("simulate", "--trace", str(trace), "--cluster", "2x4", "--policy", "fifo")
+    assert proc.returncode == 0 and "skipped 2 bad rows" in proc.stderr and f"{trace}:3:" in proc.stderr
+    proc = run("simulate", "--trace", str(trace), "--cluster", "2x4", "--policy", "fifo", "--on-bad", "reject")
+    assert proc.returncode == 1 and f"{trace}:3:" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,106 @@
+"""The ``tiresias`` command: ``simulate`` one policy on a trace, ``compare`` several."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .cluster import parse_cluster
+from .metrics import summarize, write_jobs_csv
+from .policies import POLICIES, make_policy
+from .sim import simulate
+from .trace import TraceError, load_trace
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", required=True)
+    p.add_argument("--format", choices=["philly", "tiresias", "generic"], default=None,
+                   help="default: detected from the header")
+    p.add_argument("--cluster", required=True, help="NODESxGPUS (e.g. 48x8) or a cluster spec CSV")
+    p.add_argument("--on-bad", choices=["skip", "reject"], default="skip", help="bad trace rows")
+    p.add_argument("--limit", type=int, default=None, help="first N jobs only")
+    p.add_argument("--queues", type=int, default=2)
+    p.add_argument("--thresholds", default="3200", help="queue thresholds in GPU-seconds, comma-separated")
+    p.add_argument("--promote-knob", type=float, default=None)
+    p.add_argument("--continuous", action="store_true", help="continuous priorities (no queues)")
+    p.add_argument("--interval", type=float, default=1.0)
+    p.add_argument("--distribution", default=None,
+                   help="CSV of past job GPU-seconds for gittins (default: the trace's own jobs)")
+    p.add_argument("--quantum", type=float, default=1800.0, help="gandiva time-sharing quantum (s)")
+    p.add_argument("--progress", action="store_true")
+
+
+def _load(args):
+    cluster = parse_cluster(args.cluster)
+    report = load_trace(args.trace, args.format, max_gpus=cluster.total_gpus, on_bad=args.on_bad, limit=args.limit)
+    if report.skipped:
+        print(f"tiresias: skipped {report.skipped} bad rows of {args.trace}; first: {report.problems[0]}",
+              file=sys.stderr)
+    return cluster, report.jobs
+
+
+def _policy(name: str, args, jobs):
+    thresholds = [float(t) for t in args.thresholds.split(",") if t.strip()]
+    if len(thresholds) != args.queues - 1:
+        raise ValueError(f"--queues {args.queues} needs {args.queues - 1} thresholds, got {thresholds}")
+    return make_policy(name, thresholds=thresholds, promote_knob=args.promote_knob, continuous=args.continuous,
+                       interval=args.interval, distribution=args.distribution, quantum=args.quantum,
+                       history=[j.num_gpus * j.duration for j in jobs])
+
+
+def _cmd_simulate(args) -> int:
+    cluster, jobs = _load(args)
+    result = simulate(jobs, cluster.total_gpus, _policy(args.policy, args, jobs), progress=args.progress)
+    summary = summarize(result)
+    print(json.dumps(summary, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=2)
+    if args.jobs_csv:
+        write_jobs_csv(result, args.jobs_csv)
+    return 0
+
+
+def _cmd_compare(args) -> int:
+    cluster, jobs = _load(args)
+    names = [n.strip() for n in args.policies.split(",") if n.strip()]
+    rows = {}
+    for name in names:
+        rows[name] = summarize(simulate(jobs, cluster.total_gpus, _policy(name, args, jobs), progress=args.progress))
+    base = rows.get("las") or rows[names[-1]]
+    print(f"{'policy':<12} {'avg JCT (s)':>14} {'median JCT':>12} {'p95 JCT':>12} {'avg norm':>9} "
+          f"{'median norm':>12} {'preempt':>8}")
+    for name, r in rows.items():
+        print(f"{name:<12} {r['avg_jct']:>14.0f} {r['median_jct']:>12.0f} {r['p95_jct']:>12.0f} "
+              f"{r['avg_jct'] / base['avg_jct']:>8.2f}x {r['median_jct'] / base['median_jct']:>11.2f}x "
+              f"{r['preemptions']:>8}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(list(rows.values()), f, indent=2)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tiresias", description="Tiresias GPU cluster scheduling simulator")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("simulate", help="simulate one policy on a trace")
+    _common(p)
+    p.add_argument("--policy", choices=sorted(POLICIES), default="las")
+    p.add_argument("--json", default=None)
+    p.add_argument("--jobs-csv", default=None)
+    p.set_defaults(func=_cmd_simulate)
+    p = sub.add_parser("compare", help="simulate several policies, normalized by las")
+    _common(p)
+    p.add_argument("--policies", default="fifo,best-effort,srtf,gandiva,gittins,las")
+    p.add_argument("--json", default=None)
+    p.set_defaults(func=_cmd_compare)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (TraceError, ValueError, RuntimeError, OSError) as exc:
+        print(f"tiresias {args.command}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

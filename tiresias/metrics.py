@@ -1,0 +1,43 @@
+"""Summary figures of a simulation (seconds throughout) and the per-job CSV."""
+from __future__ import annotations
+
+import csv
+from typing import Iterable
+
+import numpy as np
+
+from .sim import SimResult
+
+
+def summarize(result: SimResult) -> dict:
+    jobs = [j for j in result.jobs if j.end_time is not None]
+    jct = np.array([j.end_time - j.submit_time for j in jobs], dtype=float)
+    delay = np.array([(j.first_start - j.submit_time) for j in jobs], dtype=float)
+
+    def stats(prefix: str, values: np.ndarray) -> dict:
+        if values.size == 0:
+            return {f"avg_{prefix}": None, f"median_{prefix}": None, f"p95_{prefix}": None}
+        return {f"avg_{prefix}": float(values.mean()), f"median_{prefix}": float(np.median(values)),
+                f"p95_{prefix}": float(np.percentile(values, 95))}
+
+    span = result.makespan
+    return {
+        "policy": result.policy,
+        "jobs": len(jobs),
+        **stats("jct", jct),
+        **stats("queue_delay", delay),
+        "makespan": span,
+        "preemptions": result.preemptions,
+        "gpu_utilization": result.busy_gpu_seconds / (result.capacity * span) if span > 0 else 0.0,
+        "sim_wall_seconds": result.wall_seconds,
+        "events": result.events,
+    }
+
+
+def write_jobs_csv(result: SimResult, path: str) -> None:
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["job_id", "num_gpus", "submit", "first_start", "end", "jct", "queue_delay", "preemptions"])
+        for j in sorted(result.jobs, key=lambda j: j.job_id):
+            out.writerow([j.job_id, j.num_gpus, j.submit_time, j.first_start, j.end_time,
+                          j.end_time - j.submit_time, j.first_start - j.submit_time, j.preemptions])

@@ -1,0 +1,67 @@
+"""The baselines Tiresias is compared with (thesis §3.5).
+
+``fifo``: YARN-CS — non-preemptive, FIFO by submit time with head-of-line blocking.
+``best-effort``: FIFO that lets later jobs that fit go first. ``srtf`` / ``srsf``:
+preemptive, by oracle remaining time / remaining time x GPUs. ``sf``: smallest GPU count
+first (preemptive). ``gandiva``: time sharing — every ``quantum`` seconds the jobs that ran
+least recently go first (a round-robin model of Gandiva's time slicing: whole jobs are
+suspended and resumed; GPU sharing between jobs is not modelled).
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from .base import INF, JobState, Policy
+
+
+class FIFO(Policy):
+    name = "fifo"
+    preemptive = False
+    blocking = True
+
+    def key(self, job: JobState, now: float):
+        return (job.submit_time, job.job_id)
+
+
+class BestEffort(FIFO):
+    name = "best-effort"
+    blocking = False
+
+
+class SRTF(Policy):
+    name = "srtf"
+
+    def key(self, job: JobState, now: float):
+        return (job.remaining(), job.job_id)
+
+
+class SRSF(Policy):
+    name = "srsf"
+
+    def key(self, job: JobState, now: float):
+        return (job.remaining() * job.num_gpus, job.job_id)
+
+
+class SmallestFirst(Policy):
+    name = "sf"
+
+    def key(self, job: JobState, now: float):
+        return (job.num_gpus, job.submit_time, job.job_id)
+
+
+class Gandiva(Policy):
+    name = "gandiva"
+
+    def __init__(self, quantum: float = 1800.0) -> None:
+        super().__init__()
+        if quantum <= 0:
+            raise ValueError("quantum must be positive")
+        self.quantum = quantum
+
+    def key(self, job: JobState, now: float):
+        last = now if job.running else job.last_run
+        return (last, job.submit_time, job.job_id)
+
+    def next_change(self, running: Iterable[JobState], now: float) -> float:
+        waiting = len(self.active) > sum(1 for _ in running)
+        return now + self.quantum if waiting else INF

@@ -1,0 +1,4 @@
+"""Trace-driven, event-driven simulation of a GPU cluster under a Tiresias policy."""
+from .engine import SimResult, simulate
+
+__all__ = ["SimResult", "simulate"]
