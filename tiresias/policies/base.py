@@ -51,18 +51,28 @@ class Policy:
 
     def __init__(self) -> None:
         self.active: dict[int, JobState] = {}
+        self.sizes: dict[int, int] = {}       # GPU count -> active jobs of that size
 
     def add(self, job: JobState, now: float) -> None:
         self.active[job.job_id] = job
+        self.sizes[job.num_gpus] = self.sizes.get(job.num_gpus, 0) + 1
 
     def remove(self, job: JobState, now: float) -> None:
-        self.active.pop(job.job_id, None)
+        if self.active.pop(job.job_id, None) is not None:
+            left = self.sizes[job.num_gpus] - 1
+            if left:
+                self.sizes[job.num_gpus] = left
+            else:
+                del self.sizes[job.num_gpus]
 
     def refresh(self, jobs: Iterable[JobState], now: float) -> None:
         """``jobs`` (running) gained service since the last call."""
 
     def started(self, job: JobState, now: float) -> None:
         """``job`` was started (``first_start`` is set by the driver before this call)."""
+
+    def stopped(self, job: JobState, now: float) -> None:
+        """``job`` was preempted (it stays active) or finished (``remove`` follows)."""
 
     def key(self, job: JobState, now: float):
         raise NotImplementedError
@@ -90,9 +100,10 @@ def allocate(policy: Policy, capacity: int, running: Iterable[JobState], now: fl
         for job in running:
             admitted.add(job.job_id)
             free -= job.num_gpus
+    smallest = min(policy.sizes, default=1)
     for job in policy.ordered(now):
-        if free <= 0:
-            break
+        if free < smallest:
+            break                  # nothing active fits in what is left
         if job.job_id in admitted:
             continue
         if fits(job, free):

@@ -14,6 +14,7 @@ example of Fig. 3.7): LAS by attained service, Gittins by ``sup_Δ`` of the inde
 from __future__ import annotations
 
 import bisect
+import heapq
 from typing import Iterable, Iterator
 
 from sortedcontainers import SortedList
@@ -36,6 +37,10 @@ class DiscretizedLAS(Policy):
         self.knob = promote_knob
         self.queues = [SortedList() for _ in range(len(self.thresholds) + 1)]
         self.where: dict[int, tuple[int, tuple]] = {}
+        # running jobs' next threshold crossings: (time, token, job id); a token changes when
+        # the job stops, so entries of stopped jobs are skipped
+        self.crossings: list[tuple[float, int, int]] = []
+        self.tokens: dict[int, int] = {}
 
     @property
     def num_queues(self) -> int:
@@ -72,10 +77,38 @@ class DiscretizedLAS(Policy):
 
     def started(self, job: JobState, now: float) -> None:
         self._place(job)
+        self._schedule_crossing(job, now)
+
+    def stopped(self, job: JobState, now: float) -> None:
+        self.tokens[job.job_id] = self.tokens.get(job.job_id, 0) + 1
+
+    def _schedule_crossing(self, job: JobState, now: float) -> None:
+        q = self.queue_of(job)
+        if q < len(self.thresholds):
+            token = self.tokens.setdefault(job.job_id, 0)
+            due = now + (self.thresholds[q] - job.service) / job.num_gpus
+            heapq.heappush(self.crossings, (due, token, job.job_id))
+
+    def _valid_top(self) -> tuple[float, int, int] | None:
+        while self.crossings:
+            due, token, job_id = self.crossings[0]
+            job = self.active.get(job_id)
+            if job is not None and job.running and self.tokens.get(job_id) == token:
+                return self.crossings[0]
+            heapq.heappop(self.crossings)
+        return None
 
     def refresh(self, jobs: Iterable[JobState], now: float) -> None:
-        for job in jobs:
+        """Only running jobs whose threshold crossing is due change queue (order within a
+        queue does not depend on service for 2D-LAS)."""
+        while True:
+            top = self._valid_top()
+            if top is None or top[0] > now + 1e-9 * max(1.0, now):
+                break
+            heapq.heappop(self.crossings)
+            job = self.active[top[2]]
             self._place(job)
+            self._schedule_crossing(job, now)
         if self.knob is not None:
             self._promote(now)
 
@@ -98,11 +131,8 @@ class DiscretizedLAS(Policy):
                 yield active[key[-1]]
 
     def next_change(self, running: Iterable[JobState], now: float) -> float:
-        soonest = INF
-        for job in running:
-            q = self.queue_of(job)
-            if q < len(self.thresholds):
-                soonest = min(soonest, now + (self.thresholds[q] - job.service) / job.num_gpus)
+        top = self._valid_top()
+        soonest = top[0] if top is not None else INF
         if self.knob is not None:
             for q in range(1, self.num_queues):
                 for key in self.queues[q]:
@@ -127,6 +157,12 @@ class DiscretizedGittins(DiscretizedLAS):
         if queue >= len(self.thresholds):
             return super()._key(job, queue)
         return (-self.dist.index(job.service, self.thresholds[queue]), job.job_id)
+
+    def refresh(self, jobs: Iterable[JobState], now: float) -> None:
+        # a running job's index changes with its service: re-place every running job
+        for job in jobs:
+            self._place(job)
+        super().refresh(jobs, now)
 
 
 class ContinuousLAS(Policy):

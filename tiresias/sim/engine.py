@@ -8,6 +8,7 @@ the optional costs). Time is in seconds.
 """
 from __future__ import annotations
 
+import heapq
 import math
 import sys
 import time
@@ -43,6 +44,8 @@ def simulate(trace: Iterable, capacity: int, policy: Policy, record: bool = Fals
             raise ValueError(f"job {tj.job_id} needs {tj.num_gpus} GPUs; the cluster has {capacity}")
     jobs: list[JobState] = []
     running: dict[int, JobState] = {}
+    ends: list[tuple[float, int, int]] = []     # (end if not preempted, run token, job id)
+    tokens: dict[int, int] = {}
     timeline: list = []
     now = 0.0 if not pending else min(0.0, pending[0].submit_time)
     nxt = 0
@@ -56,7 +59,9 @@ def simulate(trace: Iterable, capacity: int, policy: Policy, record: bool = Fals
     while nxt < total or policy.active:
         # next event time
         t_arrival = pending[nxt].submit_time if nxt < total else INF
-        t_done = min((now + j.remaining() for j in running.values()), default=INF)
+        while ends and tokens.get(ends[0][2]) != ends[0][1]:
+            heapq.heappop(ends)                 # stale: that run was preempted
+        t_done = ends[0][0] if ends else INF
         t_policy = policy.next_change(running.values(), now)
         t = min(t_arrival, t_done, t_policy)
         if t == INF:
@@ -73,8 +78,16 @@ def simulate(trace: Iterable, capacity: int, policy: Policy, record: bool = Fals
         if max_events is not None and events > max_events:
             raise RuntimeError(f"more than {max_events} events")
         # completions
-        for job in [j for j in running.values() if j.remaining() <= EPS * max(1.0, j.duration or 1.0)]:
+        finished = []
+        while ends and ends[0][0] <= now + EPS * max(1.0, now):
+            _, token, job_id = heapq.heappop(ends)
+            if tokens.get(job_id) == token:
+                finished.append(running[job_id])
+        for job in sorted(finished, key=lambda j: j.job_id):
+            job.executed = job.duration
             job.running = False
+            tokens[job.job_id] += 1
+            policy.stopped(job, now)
             job.end_time = now
             del running[job.job_id]
             used -= job.num_gpus
@@ -95,6 +108,8 @@ def simulate(trace: Iterable, capacity: int, policy: Policy, record: bool = Fals
         to_start, to_stop = allocate(policy, capacity, running.values(), now, fits)
         for job in to_stop:
             job.running = False
+            tokens[job.job_id] += 1
+            policy.stopped(job, now)
             job.preemptions += 1
             job.wait_since = now
             job.last_run = now
@@ -110,6 +125,8 @@ def simulate(trace: Iterable, capacity: int, policy: Policy, record: bool = Fals
                 job.first_start = now
             running[job.job_id] = job
             used += job.num_gpus
+            tokens[job.job_id] = token = tokens.get(job.job_id, 0) + 1
+            heapq.heappush(ends, (now + job.remaining(), token, job.job_id))
             policy.started(job, now)
             if record:
                 timeline.append((now, job.job_id, "start"))
