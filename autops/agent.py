@@ -16,7 +16,7 @@ import os
 import threading
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 import numpy as np
@@ -97,7 +97,6 @@ class Request:
     agg: str
     parts: list
     deadline: float
-    extra: dict = field(default_factory=dict)
 
 
 class MasterClient:

@@ -239,9 +239,6 @@ class Aggregator:
                 self._bcast_put(sock, identity, msg)
             elif msg.op == wire.BCAST_GET:
                 self._bcast_get(sock, identity, msg)
-            elif msg.op == wire.HELLO:
-                self.store.job(msg["job"], msg["secret"])
-                sock.send_multipart([identity, *wire.encode(wire.OK, req=req)])
             else:
                 raise wire.ProtocolError(f"operation {msg.op!r} is not served by an aggregator")
         except (wire.ProtocolError, StoreError) as exc:

@@ -85,6 +85,25 @@ def _autops_worker(master, job, rank, world, tensors, iters, transport, mode, op
         queue.put(("error", rank, f"{exc.__class__.__name__}: {exc}"))
 
 
+def _collect(procs: list, queue, label: str) -> dict:
+    """Start ``procs``, gather one ``(status, rank, payload)`` per worker, always reap them."""
+    for p in procs:
+        p.start()
+    results = {}
+    try:
+        for _ in procs:
+            status, rank, payload = queue.get(timeout=600)
+            if status != "ok":
+                raise RuntimeError(f"{label} worker {rank} failed: {payload}")
+            results[rank] = payload
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    return results
+
+
 def _peak_rss(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -148,21 +167,8 @@ def run_autops(tensors, world: int, transport: str, iters: int, warmup: int, agg
                                                           mode, optimizer, aggregators, queue))
                  for r in range(world)]
         idle_owned = sum(owned_rss(pid) for pid in agg_pids)
-        for p in procs:
-            p.start()
-        results = {}
-        try:
-            with RssSampler(agg_pids) as sampler:
-                for _ in range(world):
-                    status, rank, payload = queue.get(timeout=600)
-                    if status != "ok":
-                        raise RuntimeError(f"AutoPS worker {rank} failed: {payload}")
-                    results[rank] = payload
-        finally:
-            for p in procs:
-                p.join(timeout=10)
-                if p.is_alive():
-                    p.kill()
+        with RssSampler(agg_pids) as sampler:
+            results = _collect(procs, queue, "AutoPS")
         peak_rss = sum(_peak_rss(pid) for pid in agg_pids)
     per_iter = [max(results[r][i] for r in results) for i in range(iters)]
     return {"autops_s": _median_after_warmup(per_iter, warmup), "autops_iters_s": per_iter,
@@ -223,20 +229,7 @@ def run_gloo(tensors, world: int, iters: int, warmup: int) -> dict:
     queue = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_gloo_worker, args=(r, world, port, tensors, iters, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = {}
-    try:
-        for _ in range(world):
-            status, rank, payload = queue.get(timeout=600)
-            if status != "ok":
-                raise RuntimeError(f"gloo worker {rank} failed: {payload}")
-            results[rank] = payload
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
+    results = _collect(procs, queue, "gloo")
     per_iter = [max(results[r][0][i] for r in results) for i in range(iters)]
     reduce_only = [max(results[r][1][i] for r in results) for i in range(iters)]
     return {"gloo_s": _median_after_warmup(per_iter, warmup), "gloo_iters_s": per_iter,

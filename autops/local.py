@@ -15,7 +15,6 @@ import sys
 import tempfile
 import time
 
-import zmq
 
 from . import wire
 from .agent import MasterClient

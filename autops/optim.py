@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -137,7 +138,7 @@ def _plain(value: Any) -> Any:
 
 # --- base class --------------------------------------------------------------------------
 
-class ServerOptimizer:
+class ServerOptimizer(ABC):
     """An optimizer for one parameter held by an aggregator.
 
     ``hp`` takes torch's keyword names and defaults; unknown keys or bad values raise
@@ -189,6 +190,7 @@ class ServerOptimizer:
                                  f"(accepted: {', '.join(sorted(allowed))})")
         return dict(hp)
 
+    @abstractmethod
     def _validate(self, hp: dict[str, Any]) -> dict[str, Any]:
         raise NotImplementedError
 
@@ -204,9 +206,11 @@ class ServerOptimizer:
         self.step_count = 0
         self._alloc_state()
 
+    @abstractmethod
     def _alloc_state(self) -> None:
         raise NotImplementedError
 
+    @abstractmethod
     def state_arrays(self) -> dict[str, np.ndarray]:
         """The live state arrays under torch's names (flat; not copies). Empty before
         ``init_state``."""
@@ -250,9 +254,11 @@ class ServerOptimizer:
             raise ValueError(f"{self.name}: step must be a non-negative integer, got {step!r}")
         return int(step)
 
+    @abstractmethod
     def _state_names(self) -> tuple[str, ...]:
         raise NotImplementedError
 
+    @abstractmethod
     def _load(self, arrays: dict[str, np.ndarray], step: int) -> None:
         raise NotImplementedError
 
@@ -307,6 +313,7 @@ class ServerOptimizer:
             work = scratch.reshape(-1)
         return _Work(work, p.dtype, self.fma)
 
+    @abstractmethod
     def _step(self, p: np.ndarray, g: np.ndarray, work: _Work) -> None:
         raise NotImplementedError
 

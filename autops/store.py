@@ -25,7 +25,6 @@ Every violation (unknown job or key, wrong secret, shape, dtype or iteration) ra
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,8 +61,6 @@ class KeyState:
     inline: int = 0                    # pushes of the open iteration already in the accumulator
     deferred: list = field(default_factory=list)   # shared-memory views of the open iteration
     optimizer: Any = None
-    cpu_seconds: float = 0.0           # time spent aggregating this key (profiling)
-    bytes_in: int = 0
 
     @property
     def open_iteration(self) -> int:
@@ -197,7 +194,6 @@ class Store:
         ``deferred``: ``data`` is a view of the worker's shared memory that stays valid until
         this iteration is published; it is summed at completion instead of copied now.
         """
-        start = time.thread_time()
         if deferred:
             ks.deferred.append(data)
         else:
@@ -208,10 +204,7 @@ class Store:
                 np.add(acc, data, out=acc)
             ks.inline += 1
         ks.ranks.add(rank)
-        ks.bytes_in += data.nbytes
-        done = self._maybe_complete(ks)
-        ks.cpu_seconds += time.thread_time() - start
-        return done
+        return self._maybe_complete(ks)
 
     def _maybe_complete(self, ks: KeyState) -> bool:
         if len(ks.ranks) < ks.world_size:
@@ -292,9 +285,6 @@ class Store:
                              f"(iteration {published} is published)")
         raise StoreError(f"key {ks.spec.key!r}: pull of iteration {iteration} is ahead of "
                          f"the open iteration {ks.open_iteration}")
-
-    def missing_ranks(self, ks: KeyState) -> list[int]:
-        return [r for r in range(ks.world_size) if r not in ks.ranks]
 
     # --- broadcast -----------------------------------------------------------------
     def bcast_put(self, state: JobState, name: str, seq: int, data: np.ndarray) -> None:

@@ -31,7 +31,6 @@ RELEASE_JOB = "release_job"
 # any -> master
 STATUS = "status"
 # agent -> aggregator
-HELLO = "hello"
 PUSH = "push"
 PULL = "pull"
 INIT = "init"
@@ -60,7 +59,6 @@ SCHEMA: dict[str, dict[str, tuple]] = {
     ASSIGN: {"job": _str, "secret": _str, "world_size": _int, "mode": _str, "keys": _list},
     RELEASE_JOB: {"job": _str},
     STATUS: {},
-    HELLO: {"job": _str, "secret": _str, "rank": _int},
     PUSH: {"job": _str, "secret": _str, "rank": _int, "items": _list},
     PULL: {"job": _str, "secret": _str, "rank": _int, "items": _list},
     INIT: {"job": _str, "secret": _str, "rank": _int, "items": _list},
@@ -128,11 +126,6 @@ def decode(frames: Sequence) -> Message:
 
 def error(message: str, **fields: Any) -> list:
     return encode(ERROR, message=message, **fields)
-
-
-def reply_error_of(msg: Message) -> str | None:
-    """The error text of an ERROR reply, else None."""
-    return msg.fields["message"] if msg.op == ERROR else None
 
 
 def payload_view(frame: Any) -> memoryview:

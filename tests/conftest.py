@@ -1,14 +1,7 @@
 """Shared fixtures: an embedded pool (pMaster + aggregators as real processes on loopback)."""
 from __future__ import annotations
 
-import os
-import pathlib
-import sys
-
 import pytest
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
 
 
 @pytest.fixture

@@ -18,6 +18,20 @@ from torch_reference import batches, make_model, make_optimizer  # noqa: E402
 HERE = pathlib.Path(__file__).parent
 
 
+def run_two_workers(script: str, master: str, tmp_path, args: list[str], env=None) -> None:
+    """Ranks 0 and 1 of a fresh job run ``script MASTER JOB RANK 2 *args OUT.npz``; both must exit 0."""
+    job = f"{script.split('_')[0]}-{uuid.uuid4().hex[:6]}"
+    procs = [subprocess.Popen([sys.executable, str(HERE / script), master, job, str(r), "2", *args,
+                               str(tmp_path / f"r{r}.npz")], env=env, cwd=HERE) for r in range(2)]
+    try:
+        for p in procs:
+            assert p.wait(timeout=120) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
 def reference(optname: str) -> dict:
     torch.manual_seed(100)                        # rank 0's initialisation
     model = make_model()
@@ -36,18 +50,8 @@ def reference(optname: str) -> dict:
     ("server", "adamw", "auto"), ("server", "adam", "tcp"),
 ])
 def test_two_workers_equal_single_process_on_concatenated_batch(pool2, tmp_path, mode, optname, transport):
-    job = f"torch-{uuid.uuid4().hex[:6]}"
-    env = dict(os.environ, AUTOPS_TRANSPORT=transport)
-    procs = [subprocess.Popen([sys.executable, str(HERE / "torch_worker.py"), pool2.master, job, str(r), "2",
-                               mode, optname, str(tmp_path / f"r{r}.npz")], env=env, cwd=HERE)
-             for r in range(2)]
-    try:
-        for p in procs:
-            assert p.wait(timeout=120) == 0
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    run_two_workers("torch_worker.py", pool2.master, tmp_path, [mode, optname],
+                    env=dict(os.environ, AUTOPS_TRANSPORT=transport))
     expected = reference(optname)
     for r in range(2):
         got = np.load(tmp_path / f"r{r}.npz")
@@ -88,16 +92,7 @@ def test_init_with_unreachable_master_names_the_address(monkeypatch):
 @pytest.mark.parametrize("mode", ["sum", "server"])
 def test_broadcast_optimizer_state_continues_from_root(pool1, tmp_path, mode):
     from opt_state_worker import local_warmup
-    job = f"optstate-{uuid.uuid4().hex[:6]}"
-    procs = [subprocess.Popen([sys.executable, str(HERE / "opt_state_worker.py"), pool1.master, job, str(r), "2",
-                               mode, str(tmp_path / f"r{r}.npz")], cwd=HERE) for r in range(2)]
-    try:
-        for p in procs:
-            assert p.wait(timeout=120) == 0
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    run_two_workers("opt_state_worker.py", pool1.master, tmp_path, [mode])
     torch.manual_seed(100)
     model = make_model()
     opt = local_warmup(model, 0)                    # rank 0's state is the one to continue from

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 import autops.torch as aps
-from torch_reference import STEPS, batches, make_model, make_optimizer
+from torch_reference import batches, make_model, make_optimizer
 
 
 def main() -> None:

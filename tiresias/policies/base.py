@@ -75,7 +75,8 @@ class Policy:
         """``job`` was preempted (it stays active) or finished (``remove`` follows)."""
 
     def key(self, job: JobState, now: float):
-        raise NotImplementedError
+        """Sort key of ``job`` (smaller runs first); a policy defines this or overrides ``ordered``."""
+        raise NotImplementedError(f"{type(self).__name__} defines neither key() nor ordered()")
 
     def ordered(self, now: float) -> Iterator[JobState]:
         return iter(sorted(self.active.values(), key=lambda j: self.key(j, now)))

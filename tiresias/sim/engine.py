@@ -9,7 +9,6 @@ the optional costs). Time is in seconds.
 from __future__ import annotations
 
 import heapq
-import math
 import sys
 import time
 from dataclasses import dataclass, field
