@@ -1,18 +1,28 @@
 """The interface between scheduling policies and whatever drives them (simulator, live master).
 
 A driver owns ``JobState`` records (plain data) and tells the policy which jobs are active
-(``add``/``remove``) and which running jobs gained service (``refresh``). The policy yields
-active jobs in priority order (``ordered``) and says when its order may change on its own
-(``next_change``: a queue threshold crossed, a quantum over). ``allocate`` is the one
-scheduling pass both drivers run: walk the order, admit a job when its GPUs fit
-(all-or-nothing), skip it otherwise (or stop, for head-of-line-blocking policies); running
-jobs left out are to be preempted.
+(``add``/``remove``), which started or stopped (``started``/``stopped``) and which running
+jobs gained service (``refresh``). A policy defines a priority ``key`` (smaller runs first,
+a tuple ending with the job id) and says when its order may change on its own
+(``next_change``: a queue threshold crossed, a quantum over).
+
+Every policy's key of a *waiting* job is static while it waits (LAS: its queue and start
+time; SRTF: its remaining time; Gandiva: when it last ran), so the base class keeps waiting
+jobs in one sorted list per GPU count, keyed once when they start waiting. Running jobs are
+few (they fit on the cluster) and are sorted per pass (``running_order``; LAS keeps them
+sorted incrementally). ``allocate`` is the one scheduling pass both drivers run: it merges
+the running order with the waiting lists of the GPU counts that still fit, so a pass costs
+the running jobs plus the jobs it admits — never the whole backlog.
 """
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Callable, Iterable, Iterator
+
+from sortedcontainers import SortedList
 
 INF = math.inf
 
@@ -23,7 +33,7 @@ class JobState:
     num_gpus: int
     submit_time: float
     duration: float | None = None     # oracle duration; only SRTF/SRSF may look at it
-    executed: float = 0.0             # seconds of execution so far (t_J)
+    executed: float = 0.0             # seconds of useful execution so far (t_J)
     service: float = 0.0              # attained service W_J * t_J since the last promotion
     first_start: float | None = None
     running: bool = False
@@ -34,6 +44,10 @@ class JobState:
     end_time: float | None = None
     skew: float = 0.0
     model: str | None = None
+    stall: float = 0.0                # overhead seconds left before this run makes progress
+    speed: float = 1.0                # progress per second in the current placement
+    overhead: float = 0.0             # seconds charged to pauses and resumes so far
+    migrations: int = 0
 
     def waiting_time(self, now: float) -> float:
         return self.waited + (0.0 if self.running else max(0.0, now - self.wait_since))
@@ -43,7 +57,7 @@ class JobState:
 
 
 class Policy:
-    """Base class: keeps the active jobs and sorts them by ``key`` (override for speed)."""
+    """Base class: keeps the active jobs indexed for ``allocate``; a policy defines ``key``."""
 
     name = "base"
     preemptive = True       # may a running job be stopped for a higher-priority one?
@@ -51,68 +65,154 @@ class Policy:
 
     def __init__(self) -> None:
         self.active: dict[int, JobState] = {}
-        self.sizes: dict[int, int] = {}       # GPU count -> active jobs of that size
+        self.running: dict[int, JobState] = {}
+        self.waiting: dict[int, SortedList] = {}      # GPU count -> sorted keys of waiting jobs
+        self._wkey: dict[int, tuple] = {}             # job id -> its key in ``waiting``
 
-    def add(self, job: JobState, now: float) -> None:
-        self.active[job.job_id] = job
-        self.sizes[job.num_gpus] = self.sizes.get(job.num_gpus, 0) + 1
+    # --- what a policy defines -------------------------------------------------------
+    def key(self, job: JobState, now: float) -> tuple:
+        """Sort key of ``job`` at ``now`` (smaller runs first), a tuple ending with the job id."""
+        raise NotImplementedError(f"{type(self).__name__} does not define key()")
 
-    def remove(self, job: JobState, now: float) -> None:
-        if self.active.pop(job.job_id, None) is not None:
-            left = self.sizes[job.num_gpus] - 1
-            if left:
-                self.sizes[job.num_gpus] = left
-            else:
-                del self.sizes[job.num_gpus]
+    def running_order(self, now: float) -> list[tuple[tuple, JobState]]:
+        """The running jobs as ``(key, job)`` in priority order."""
+        return sorted(((self.key(j, now), j) for j in self.running.values()), key=itemgetter(0))
 
     def refresh(self, jobs: Iterable[JobState], now: float) -> None:
         """``jobs`` (running) gained service since the last call."""
-
-    def started(self, job: JobState, now: float) -> None:
-        """``job`` was started (``first_start`` is set by the driver before this call)."""
-
-    def stopped(self, job: JobState, now: float) -> None:
-        """``job`` was preempted (it stays active) or finished (``remove`` follows)."""
-
-    def key(self, job: JobState, now: float):
-        """Sort key of ``job`` (smaller runs first); a policy defines this or overrides ``ordered``."""
-        raise NotImplementedError(f"{type(self).__name__} defines neither key() nor ordered()")
-
-    def ordered(self, now: float) -> Iterator[JobState]:
-        return iter(sorted(self.active.values(), key=lambda j: self.key(j, now)))
 
     def next_change(self, running: Iterable[JobState], now: float) -> float:
         """The earliest time the order may change without an arrival or completion."""
         return INF
 
+    # --- bookkeeping the driver calls ------------------------------------------------
+    def add(self, job: JobState, now: float) -> None:
+        self.active[job.job_id] = job
+        if job.running:
+            self.running[job.job_id] = job
+        else:
+            self._wait(job, now)
+
+    def remove(self, job: JobState, now: float) -> None:
+        if self.active.pop(job.job_id, None) is not None:
+            self.running.pop(job.job_id, None)
+            self._unwait(job)
+
+    def started(self, job: JobState, now: float) -> None:
+        """``job`` was started (``first_start`` is set by the driver before this call)."""
+        self._unwait(job)
+        self.running[job.job_id] = job
+
+    def stopped(self, job: JobState, now: float) -> None:
+        """``job`` was preempted (it stays active) or finished (``remove`` follows)."""
+        if self.running.pop(job.job_id, None) is not None and job.job_id in self.active:
+            self._wait(job, now)
+
+    def rekey(self, job: JobState, now: float) -> None:
+        """A waiting job's key changed (e.g. promotion): file it again."""
+        if job.job_id in self._wkey:
+            self._unwait(job)
+            self._wait(job, now)
+
+    def _wait(self, job: JobState, now: float) -> None:
+        key = self.key(job, now)
+        lst = self.waiting.get(job.num_gpus)
+        if lst is None:
+            lst = self.waiting[job.num_gpus] = SortedList()
+        lst.add(key)
+        self._wkey[job.job_id] = key
+
+    def _unwait(self, job: JobState) -> None:
+        key = self._wkey.pop(job.job_id, None)
+        if key is not None:
+            lst = self.waiting[job.num_gpus]
+            lst.remove(key)
+            if not lst:
+                del self.waiting[job.num_gpus]
+
+    @property
+    def sizes(self) -> list[int]:
+        """GPU counts of the waiting jobs."""
+        return list(self.waiting)
+
+    def ordered(self, now: float) -> Iterator[JobState]:
+        """Every active job in priority order (running and waiting merged)."""
+        active = self.active
+        streams = [((k, j) for k, j in self.running_order(now))]
+        streams += [((k, active[k[-1]]) for k in lst) for lst in self.waiting.values()]
+        for _, job in heapq.merge(*streams, key=itemgetter(0)):
+            yield job
+
 
 def allocate(policy: Policy, capacity: int, running: Iterable[JobState], now: float,
              fits: Callable[[JobState, int], bool] | None = None) -> tuple[list[JobState], list[JobState]]:
-    """One scheduling pass: ``(to_start, to_preempt)``.
+    """One scheduling pass (Pseudocode 2): ``(to_start, to_preempt)``.
 
-    ``fits(job, free)`` decides whether a job can be placed (default: GPU count); a
-    non-preemptive policy keeps every running job and fills what is left.
+    Walk the jobs in priority order; admit a job when its GPUs fit in what is left
+    (all-or-nothing), skip it otherwise — or stop, for head-of-line-blocking policies. Running
+    jobs left out are to be preempted; a non-preemptive policy keeps every running job and
+    fills what is left. ``fits(job, free)`` may refuse a waiting job that fits by count (e.g.
+    no consolidated placement); running jobs keep the GPUs they hold.
     """
-    running = list(running)
-    fits = fits or (lambda job, free: job.num_gpus <= free)
-    admitted: set[int] = set()
-    free = capacity
+    active = policy.active
     if not policy.preemptive:
-        for job in running:
-            admitted.add(job.job_id)
+        free = capacity - sum(j.num_gpus for j in running)
+        return _fill(policy, free, now, fits), []
+    order = policy.running_order(now)
+    free = capacity
+    to_start: list[JobState] = []
+    to_preempt: list[JobState] = []
+    heads: list = []
+    for size, lst in policy.waiting.items():
+        if size <= free:
+            heads.append((lst[0], size, 0))
+    heapq.heapify(heads)
+    for key, job in order:
+        # admit the waiting jobs ahead of this running job
+        while heads and heads[0][0] < key:
+            free = _admit_head(policy, heads, free, to_start, fits, active)
+        if job.num_gpus <= free:
             free -= job.num_gpus
-    smallest = min(policy.sizes, default=1)
-    for job in policy.ordered(now):
-        if free < smallest:
-            break                  # nothing active fits in what is left
-        if job.job_id in admitted:
-            continue
-        if fits(job, free):
-            admitted.add(job.job_id)
-            free -= job.num_gpus
-        elif policy.blocking:
-            break
-    to_start = [policy.active[j] for j in admitted if not policy.active[j].running] if admitted else []
-    to_preempt = [job for job in running if job.job_id not in admitted]
+        else:
+            to_preempt.append(job)
+    while heads:
+        free = _admit_head(policy, heads, free, to_start, fits, active)
     to_start.sort(key=lambda j: j.job_id)
     return to_start, to_preempt
+
+
+def _admit_head(policy: Policy, heads: list, free: int, to_start: list, fits, active) -> int:
+    wkey, size, i = heads[0]
+    if size > free:
+        heapq.heappop(heads)                   # this GPU count no longer fits this pass
+        return free
+    job = active[wkey[-1]]
+    if fits is None or fits(job, free):
+        to_start.append(job)
+        free -= size
+    lst = policy.waiting[size]
+    if i + 1 < len(lst) and size <= free:
+        heapq.heapreplace(heads, (lst[i + 1], size, i + 1))
+    else:
+        heapq.heappop(heads)
+    return free
+
+
+def _fill(policy: Policy, free: int, now: float, fits) -> list[JobState]:
+    """Non-preemptive: waiting jobs in order into ``free``; blocking stops at the first misfit."""
+    to_start: list[JobState] = []
+    active = policy.active
+    if policy.blocking:
+        streams = [((k, active[k[-1]]) for k in lst) for lst in policy.waiting.values()]
+        for _, job in heapq.merge(*streams, key=itemgetter(0)):
+            if job.num_gpus > free or (fits is not None and not fits(job, free)):
+                break
+            to_start.append(job)
+            free -= job.num_gpus
+    else:
+        heads = [(lst[0], size, 0) for size, lst in policy.waiting.items() if size <= free]
+        heapq.heapify(heads)
+        while heads:
+            free = _admit_head(policy, heads, free, to_start, fits, active)
+    to_start.sort(key=lambda j: j.job_id)
+    return to_start

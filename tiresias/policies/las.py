@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from typing import Iterable, Iterator
+from typing import Iterable
 
 from sortedcontainers import SortedList
 
@@ -35,112 +35,100 @@ class DiscretizedLAS(Policy):
         if promote_knob is not None and promote_knob <= 0:
             raise ValueError("PROMOTEKNOB must be positive (leave it unset to disable promotion)")
         self.knob = promote_knob
-        self.queues = [SortedList() for _ in range(len(self.thresholds) + 1)]
-        self.where: dict[int, tuple[int, tuple]] = {}
-        # running jobs' next threshold crossings: (time, token, job id); a token changes when
-        # the job stops, so entries of stopped jobs are skipped
+        self._run_keys = SortedList()                 # keys of running jobs, in priority order
+        self._run_key: dict[int, tuple] = {}
+        # running jobs' next threshold crossings and waiting jobs' promotion times:
+        # (time, token, job id); a job's token changes when it starts or stops, so entries
+        # left from an earlier state are skipped
         self.crossings: list[tuple[float, int, int]] = []
+        self.promotions: list[tuple[float, int, int]] = []
         self.tokens: dict[int, int] = {}
 
     @property
     def num_queues(self) -> int:
-        return len(self.queues)
+        return len(self.thresholds) + 1
 
     def queue_of(self, job: JobState) -> int:
-        return bisect.bisect_right(self.thresholds, job.service * (1 + 1e-12))
+        # tolerance: service adds up GPUs x dt in floating point; a job due to cross a
+        # threshold at an event time must be seen across it (else it is re-filed forever)
+        return bisect.bisect_right(self.thresholds, job.service * (1 + 1e-9) + 1e-9)
 
-    def _key(self, job: JobState, queue: int) -> tuple:
-        if job.first_start is None:
-            return (1, job.submit_time, job.job_id)
-        return (0, job.first_start, job.job_id)
-
-    def _place(self, job: JobState) -> None:
-        old = self.where.get(job.job_id)
+    def key(self, job: JobState, now: float) -> tuple:
         q = self.queue_of(job)
-        key = self._key(job, q)
-        if old is not None and old == (q, key):
-            return
-        if old is not None:
-            self.queues[old[0]].remove(old[1])
-        self.queues[q].add(key)
-        self.where[job.job_id] = (q, key)
+        if job.first_start is None:
+            return (q, 1, job.submit_time, job.job_id)
+        return (q, 0, job.first_start, job.job_id)
 
-    def add(self, job: JobState, now: float) -> None:
-        super().add(job, now)
-        self._place(job)
+    def running_order(self, now: float) -> list[tuple[tuple, JobState]]:
+        active = self.active
+        return [(k, active[k[-1]]) for k in self._run_keys]
+
+    def _file_running(self, job: JobState, now: float) -> None:
+        old = self._run_key.pop(job.job_id, None)
+        if old is not None:
+            self._run_keys.remove(old)
+        key = self.key(job, now)
+        self._run_keys.add(key)
+        self._run_key[job.job_id] = key
+
+    def _drop_running(self, job: JobState) -> None:
+        old = self._run_key.pop(job.job_id, None)
+        if old is not None:
+            self._run_keys.remove(old)
 
     def remove(self, job: JobState, now: float) -> None:
+        self._drop_running(job)
         super().remove(job, now)
-        old = self.where.pop(job.job_id, None)
-        if old is not None:
-            self.queues[old[0]].remove(old[1])
 
     def started(self, job: JobState, now: float) -> None:
-        self._place(job)
+        super().started(job, now)
+        self.tokens[job.job_id] = self.tokens.get(job.job_id, 0) + 1
+        self._file_running(job, now)
         self._schedule_crossing(job, now)
 
     def stopped(self, job: JobState, now: float) -> None:
-        self.tokens[job.job_id] = self.tokens.get(job.job_id, 0) + 1
+        self._drop_running(job)
+        super().stopped(job, now)
+        token = self.tokens[job.job_id] = self.tokens.get(job.job_id, 0) + 1
+        if self.knob is not None and job.job_id in self.active and self.queue_of(job) > 0:
+            due = job.wait_since + self.knob * job.service / job.num_gpus - job.waited
+            heapq.heappush(self.promotions, (due, token, job.job_id))
 
     def _schedule_crossing(self, job: JobState, now: float) -> None:
         q = self.queue_of(job)
         if q < len(self.thresholds):
-            token = self.tokens.setdefault(job.job_id, 0)
             due = now + (self.thresholds[q] - job.service) / job.num_gpus
-            heapq.heappush(self.crossings, (due, token, job.job_id))
+            heapq.heappush(self.crossings, (due, self.tokens[job.job_id], job.job_id))
 
-    def _valid_top(self) -> tuple[float, int, int] | None:
-        while self.crossings:
-            due, token, job_id = self.crossings[0]
-            job = self.active.get(job_id)
-            if job is not None and job.running and self.tokens.get(job_id) == token:
-                return self.crossings[0]
-            heapq.heappop(self.crossings)
+    def _valid_top(self, heap: list) -> tuple[float, int, int] | None:
+        while heap:
+            due, token, job_id = heap[0]
+            if job_id in self.active and self.tokens.get(job_id) == token:
+                return heap[0]
+            heapq.heappop(heap)
         return None
 
     def refresh(self, jobs: Iterable[JobState], now: float) -> None:
-        """Only running jobs whose threshold crossing is due change queue (order within a
-        queue does not depend on service for 2D-LAS)."""
-        while True:
-            top = self._valid_top()
-            if top is None or top[0] > now + 1e-9 * max(1.0, now):
-                break
+        """Running jobs whose threshold crossing is due change queue; waiting jobs whose
+        promotion is due go back to Q1 (order within a queue does not depend on service)."""
+        limit = now + 1e-9 * max(1.0, now)
+        while (top := self._valid_top(self.crossings)) is not None and top[0] <= limit:
             heapq.heappop(self.crossings)
             job = self.active[top[2]]
-            self._place(job)
+            self._file_running(job, now)
             self._schedule_crossing(job, now)
-        if self.knob is not None:
-            self._promote(now)
-
-    def _promote(self, now: float) -> None:
-        for q in range(1, self.num_queues):
-            for key in list(self.queues[q]):
-                job = self.active[key[-1]]
-                if job.running or job.service <= 0:
-                    continue
-                if job.waiting_time(now) >= self.knob * (job.service / job.num_gpus):
-                    job.service = 0.0
-                    job.waited = 0.0
-                    job.wait_since = now
-                    self._place(job)
-
-    def ordered(self, now: float) -> Iterator[JobState]:
-        active = self.active
-        for queue in self.queues:
-            for key in queue:
-                yield active[key[-1]]
+        while (top := self._valid_top(self.promotions)) is not None and top[0] <= limit:
+            heapq.heappop(self.promotions)
+            job = self.active[top[2]]
+            job.service = 0.0
+            job.waited = 0.0
+            job.wait_since = now
+            self.tokens[job.job_id] += 1
+            self.rekey(job, now)
 
     def next_change(self, running: Iterable[JobState], now: float) -> float:
-        top = self._valid_top()
-        soonest = top[0] if top is not None else INF
-        if self.knob is not None:
-            for q in range(1, self.num_queues):
-                for key in self.queues[q]:
-                    job = self.active[key[-1]]
-                    if not job.running and job.service > 0:
-                        due = self.knob * job.service / job.num_gpus - job.waiting_time(now)
-                        soonest = min(soonest, now + max(due, 0.0))
-        return soonest
+        tops = [t[0] for t in (self._valid_top(self.crossings), self._valid_top(self.promotions)) if t]
+        return max(now, min(tops)) if tops else INF
 
 
 class DiscretizedGittins(DiscretizedLAS):
@@ -153,16 +141,15 @@ class DiscretizedGittins(DiscretizedLAS):
         super().__init__(thresholds, promote_knob)
         self.dist = distribution
 
-    def _key(self, job: JobState, queue: int) -> tuple:
-        if queue >= len(self.thresholds):
-            return super()._key(job, queue)
-        return (-self.dist.index(job.service, self.thresholds[queue]), job.job_id)
+    def key(self, job: JobState, now: float) -> tuple:
+        q = self.queue_of(job)
+        if q >= len(self.thresholds):
+            return super().key(job, now)
+        return (q, -self.dist.index(job.service, self.thresholds[q]), job.job_id)
 
-    def refresh(self, jobs: Iterable[JobState], now: float) -> None:
-        # a running job's index changes with its service: re-place every running job
-        for job in jobs:
-            self._place(job)
-        super().refresh(jobs, now)
+    def running_order(self, now: float) -> list[tuple[tuple, JobState]]:
+        # a running job's index moves with its service: sort the running jobs afresh
+        return Policy.running_order(self, now)
 
 
 class ContinuousLAS(Policy):
@@ -176,7 +163,7 @@ class ContinuousLAS(Policy):
             raise ValueError("interval must be positive")
         self.interval = interval
 
-    def key(self, job: JobState, now: float):
+    def key(self, job: JobState, now: float) -> tuple:
         return (job.service, job.job_id)
 
     def next_change(self, running: Iterable[JobState], now: float) -> float:

@@ -1,4 +1,4 @@
 """Trace-driven, event-driven simulation of a GPU cluster under a Tiresias policy."""
-from .engine import SimResult, simulate
+from .engine import PLACEMENTS, SimConfig, SimResult, simulate
 
-__all__ = ["SimResult", "simulate"]
+__all__ = ["PLACEMENTS", "SimConfig", "SimResult", "simulate"]
