@@ -1,0 +1,1 @@
+"""Infiniswap: remote-memory paging over a block device (thesis chapter 2)."""

@@ -1,0 +1,442 @@
+"""Typed Python wrappers over the Infiniswap C core (``infiniswap._core``, sources in
+``csrc/infiniswap``).
+
+Three objects, no policy and no threads of their own:
+
+* :class:`CoreDevice` — the block device: slab table, page bitmap, I/O router between remote
+  memory and the local backup file, mapping control for the control loop (thesis §2.4).
+* :class:`SlabStore` — a daemon's slab memory (one memfd; slabs allocated lazily, optionally
+  mlocked, freed by hole punching) (thesis §2.5).
+* :class:`DataServer` — the daemon's TCP data server for devices on other hosts.
+
+Every C call releases the GIL, so several Python threads can do I/O at once.  C errors come
+back as ``ValueError`` (a bad argument: unaligned, out of range, wrong size) or ``OSError``
+with the errno and the core's message; calls on a closed object raise ``ValueError``.
+"""
+from __future__ import annotations
+
+import enum
+import errno as _errno
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from infiniswap._core import ffi, lib
+
+__all__ = [
+    "PAGE_SIZE",
+    "SlabState",
+    "SlabInfo",
+    "DeviceStats",
+    "ServerStats",
+    "CoreDevice",
+    "SlabStore",
+    "DataServer",
+]
+
+PAGE_SIZE: int = int(lib.ISW_PAGE_SIZE)
+DEFAULT_PENDING_CAP: int = int(lib.ISW_DEFAULT_PENDING_CAP)
+_U64_MAX = (1 << 64) - 1
+_U32_MAX = (1 << 32) - 1
+# Errors a caller causes with a bad argument (EINVAL, ERANGE) or by using a closed object
+# (EBADF, e.g. another thread closed the device): reported as ValueError.
+_VALUE_ERRNOS = (_errno.EINVAL, _errno.ERANGE, _errno.EBADF)
+
+
+class SlabState(enum.IntEnum):
+    UNMAPPED = 0
+    MAPPING = 1
+    MAPPED = 2
+    EVICTING = 3
+
+
+@dataclass(frozen=True)
+class SlabInfo:
+    state: SlabState
+    remote_id: int | None          # None when unmapped
+    region_offset: int
+    bits_set: int                  # pages valid in remote memory
+    in_flight: int
+    failed: bool                   # a remote I/O of this slab failed since it was mapped
+    pending_disk_writes: int
+    bytes_read_remote: int
+    bytes_written_remote: int
+    bytes_read_disk: int
+    bytes_written_disk: int
+
+
+@dataclass(frozen=True)
+class DeviceStats:
+    pages_read_remote: int
+    bytes_read_remote: int
+    pages_read_disk: int
+    bytes_read_disk: int
+    pages_written_remote: int
+    bytes_written_remote: int
+    pages_written_disk_async: int
+    bytes_written_disk_async: int
+    pages_written_disk_sync: int
+    bytes_written_disk_sync: int
+    remote_errors: int
+    disk_errors: int
+    pending_disk_bytes: int
+    pending_disk_writes: int
+    slabs_mapped: int
+
+
+@dataclass(frozen=True)
+class ServerStats:
+    connections: int
+    active_connections: int
+    requests: int
+    read_requests: int
+    write_requests: int
+    bytes_read: int
+    bytes_written: int
+    errors: int
+
+
+def _message() -> str:
+    return ffi.string(lib.isw_last_error()).decode("utf-8", "replace")
+
+
+def _check(rc: int, what: str) -> int:
+    """Return rc if >= 0, else raise the error the C core reported (same thread)."""
+    if rc >= 0:
+        return rc
+    err = -rc
+    msg = _message() or os.strerror(err)
+    if not msg.startswith(what + ":"):
+        msg = f"{what}: {msg}"
+    if err in _VALUE_ERRNOS:
+        raise ValueError(msg)
+    raise OSError(err, msg)
+
+
+def _uint(value: Any, name: str, limit: int = _U64_MAX) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 0 or value > limit:
+        raise ValueError(f"{name} must be in 0..{limit}, got {value}")
+    return value
+
+
+def _fields(cdata: Any, names: tuple[str, ...]) -> dict[str, int]:
+    return {n: int(getattr(cdata, n)) for n in names}
+
+
+class _Handle:
+    """Owns one C object: ``_ptr`` is freed by its destructor once unreachable; ``close()``
+    is explicit and idempotent."""
+
+    _kind = "object"
+    _ptr: Any
+
+    def _p(self) -> Any:
+        p = self._ptr
+        if p is None:
+            raise ValueError(f"{self._kind} is closed")
+        return p
+
+    @property
+    def closed(self) -> bool:
+        return self._ptr is None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+class CoreDevice(_Handle):
+    """An Infiniswap block device of ``size`` bytes in slabs of ``slab_size`` bytes.
+
+    ``size`` must be a multiple of ``slab_size``, a power of two >= 1 MiB.  The backup file
+    at ``backup_path`` is created (truncated) to ``size`` bytes.  ``writer_threads`` disk
+    writer threads (slab s uses thread s % writer_threads, so one slab's disk writes are
+    FIFO); ``pending_cap`` bounds the bytes of queued asynchronous disk writes (0: 64 MiB).
+    """
+
+    _kind = "device"
+
+    def __init__(self, size: int, slab_size: int, backup_path: str | os.PathLike[str],
+                 writer_threads: int = 4, pending_cap: int = 0) -> None:
+        self._ptr = None
+        _uint(size, "size")
+        _uint(slab_size, "slab_size")
+        _uint(writer_threads, "writer_threads", 1 << 16)
+        _uint(pending_cap, "pending_cap")
+        out = ffi.new("struct isw_device **")
+        path = os.fsencode(backup_path)
+        _check(lib.isw_device_open(size, slab_size, path, writer_threads, pending_cap, out),
+               "CoreDevice")
+        self._ptr = ffi.gc(out[0], lib.isw_device_free)
+        self.size: int = int(lib.isw_device_size(self._ptr))
+        self.slab_size: int = int(lib.isw_device_slab_size(self._ptr))
+        self.num_slabs: int = int(lib.isw_device_num_slabs(self._ptr))
+        self.backup_path: str = os.fsdecode(path)
+
+    # ---- page I/O (offset and length multiples of PAGE_SIZE) ----
+
+    def write(self, offset: int, data: Any) -> None:
+        """Write ``data`` (any bytes-like object) at ``offset``; returns when every piece is
+        in remote memory or on disk (a remote write's disk copy completes in background)."""
+        p = self._p()
+        _uint(offset, "offset")
+        buf = ffi.from_buffer(data)
+        _check(lib.isw_device_write(p, offset, buf, len(buf)), "write")
+
+    def read_into(self, offset: int, buf: Any) -> None:
+        """Read ``len(buf)`` bytes at ``offset`` into a writable bytes-like object."""
+        p = self._p()
+        _uint(offset, "offset")
+        cbuf = ffi.from_buffer(buf, require_writable=True)
+        _check(lib.isw_device_read(p, offset, cbuf, len(cbuf)), "read")
+
+    def read(self, offset: int, length: int) -> bytes:
+        """Read ``length`` bytes at ``offset``."""
+        _uint(length, "length")
+        buf = bytearray(length)
+        self.read_into(offset, buf)
+        return bytes(buf)
+
+    def flush(self) -> None:
+        """Wait for every queued disk write, then fdatasync the backup file.  Raises OSError if
+        any background disk write failed."""
+        _check(lib.isw_device_flush(self._p()), "flush")
+
+    # ---- remotes ----
+
+    def add_remote_shm(self, path: str | os.PathLike[str], size: int = 0) -> int:
+        """Map a daemon's slab memory (its memfd, e.g. ``/proc/<pid>/fd/<fd>``) of ``size``
+        bytes (0: the whole file); returns the remote id."""
+        _uint(size, "size")
+        return _check(lib.isw_device_add_remote_shm(self._p(), os.fsencode(path), size),
+                      "add_remote_shm")
+
+    def add_remote_tcp(self, host: str, port: int, connections: int = 4,
+                       timeout: float = 2.0) -> int:
+        """Connect ``connections`` TCP connections to a daemon's data server; ``timeout``
+        (seconds) bounds every connect/send/receive.  Returns the remote id."""
+        _uint(port, "port", 65535)
+        _uint(connections, "connections", 256)
+        timeout_ms = int(round(timeout * 1000))
+        if timeout_ms < 1 or timeout_ms > 3_600_000:
+            raise ValueError(f"timeout must be in 0.001..3600 s, got {timeout}")
+        return _check(lib.isw_device_add_remote_tcp(self._p(), host.encode(), port,
+                                                    connections, timeout_ms),
+                      "add_remote_tcp")
+
+    def remove_remote(self, remote_id: int) -> None:
+        """Unmap every slab on the remote (draining in-flight I/O) and drop it."""
+        _check(lib.isw_device_remove_remote(self._p(), remote_id), "remove_remote")
+
+    def mark_remote_dead(self, remote_id: int) -> None:
+        """Stop using the remote at once (e.g. the control plane lost its daemon)."""
+        _check(lib.isw_device_mark_remote_dead(self._p(), remote_id), "mark_remote_dead")
+
+    def remote_dead(self, remote_id: int) -> bool:
+        return bool(_check(lib.isw_device_remote_dead(self._p(), remote_id), "remote_dead"))
+
+    def remote_error(self, remote_id: int) -> str:
+        """The last error message of the remote ('' if none)."""
+        out = ffi.new("char[]", 256)
+        _check(lib.isw_device_remote_error(self._p(), remote_id, out, 256), "remote_error")
+        return ffi.string(out).decode("utf-8", "replace")
+
+    # ---- mapping control ----
+
+    def begin_map(self, slab: int) -> None:
+        """UNMAPPED → MAPPING (placement in progress; I/O still goes to disk)."""
+        _check(lib.isw_device_begin_map(self._p(), _uint(slab, "slab", _U32_MAX)), "begin_map")
+
+    def abort_map(self, slab: int) -> None:
+        """MAPPING → UNMAPPED."""
+        _check(lib.isw_device_abort_map(self._p(), _uint(slab, "slab", _U32_MAX)), "abort_map")
+
+    def map_slab(self, slab: int, remote_id: int, region_offset: int) -> None:
+        """Map the slab (UNMAPPED or MAPPING) to ``region_offset`` of the remote: MAPPED with
+        every page bit clear.  OSError(EBUSY) if the slab is mapped or evicting."""
+        _check(lib.isw_device_map_slab(self._p(), _uint(slab, "slab", _U32_MAX), remote_id,
+                                       _uint(region_offset, "region_offset")),
+               "map_slab")
+
+    def begin_evict(self, slab: int) -> bool:
+        """EVICTING (new I/O goes to disk), wait for in-flight remote I/O, clear the bits,
+        UNMAPPED.  When it returns the daemon may release the region (DONE).  Returns whether
+        the slab was mapped."""
+        return bool(_check(lib.isw_device_begin_evict(self._p(), _uint(slab, "slab", _U32_MAX)),
+                           "begin_evict"))
+
+    def unmap_remote(self, remote_id: int) -> int:
+        """begin_evict every slab on the remote (its daemon died); returns how many."""
+        return _check(lib.isw_device_unmap_remote(self._p(), remote_id), "unmap_remote")
+
+    # ---- observation ----
+
+    def sample_activity(self) -> list[int]:
+        """Page I/Os per slab since the last sample (the counters restart at zero)."""
+        out = ffi.new("uint64_t[]", self.num_slabs)
+        n = _check(lib.isw_device_sample_activity(self._p(), out, self.num_slabs),
+                   "sample_activity")
+        return [int(out[i]) for i in range(n)]
+
+    def failed_slabs(self) -> list[int]:
+        """Slabs not yet unmapped whose remote I/O failed or whose remote is dead."""
+        out = ffi.new("uint32_t[]", self.num_slabs)
+        n = _check(lib.isw_device_failed_slabs(self._p(), out, self.num_slabs), "failed_slabs")
+        return [int(out[i]) for i in range(n)]
+
+    def slab_info(self, slab: int) -> SlabInfo:
+        info = ffi.new("struct isw_slab_info *")
+        _check(lib.isw_device_slab_info(self._p(), _uint(slab, "slab", _U32_MAX), info),
+               "slab_info")
+        return SlabInfo(
+            state=SlabState(info.state),
+            remote_id=None if info.remote_id < 0 else int(info.remote_id),
+            region_offset=int(info.region_offset),
+            bits_set=int(info.bits_set),
+            in_flight=int(info.in_flight),
+            failed=bool(info.failed),
+            pending_disk_writes=int(info.pending_disk_writes),
+            bytes_read_remote=int(info.bytes_read_remote),
+            bytes_written_remote=int(info.bytes_written_remote),
+            bytes_read_disk=int(info.bytes_read_disk),
+            bytes_written_disk=int(info.bytes_written_disk),
+        )
+
+    def stats(self) -> DeviceStats:
+        st = ffi.new("struct isw_device_stats *")
+        _check(lib.isw_device_stats(self._p(), st), "stats")
+        return DeviceStats(**_fields(st, tuple(DeviceStats.__dataclass_fields__)))
+
+    def set_debug_writer_delay(self, microseconds: int) -> None:
+        """Test hook: delay every background disk write by ``microseconds``."""
+        _check(lib.isw_device_set_debug_writer_delay(
+            self._p(), _uint(microseconds, "microseconds", _U32_MAX)), "set_debug_writer_delay")
+
+    def close(self) -> None:
+        """Flush, stop the writer threads, drop the remotes.  Waits for calls in progress in
+        other threads; later calls raise ValueError.  Raises OSError if the final flush
+        failed."""
+        p = self._ptr
+        if p is None:
+            return
+        rc = lib.isw_device_close(p)
+        self._ptr = None
+        _check(rc, "close")
+
+
+class SlabStore(_Handle):
+    """A daemon's slab memory: one memfd of ``capacity_bytes`` (sparse until slabs are
+    allocated) in slabs of ``slab_size`` (power of two >= 1 MiB).  ``lock``: default for
+    :meth:`alloc_slab` — mlock each slab so it can never be swapped (into a device)."""
+
+    _kind = "slab store"
+
+    def __init__(self, capacity_bytes: int, slab_size: int, lock: bool = True) -> None:
+        self._ptr = None
+        _uint(capacity_bytes, "capacity_bytes")
+        _uint(slab_size, "slab_size")
+        out = ffi.new("struct isw_store **")
+        _check(lib.isw_store_open(capacity_bytes, slab_size, out), "SlabStore")
+        self._ptr = ffi.gc(out[0], lib.isw_store_free)
+        self.capacity: int = capacity_bytes
+        self.slab_size: int = slab_size
+        self.lock: bool = bool(lock)
+
+    def fd(self) -> int:
+        return _check(lib.isw_store_fd(self._p()), "fd")
+
+    def path(self) -> str:
+        """Where a device on this host opens the memory: ``/proc/<pid>/fd/<fd>``."""
+        return f"/proc/{os.getpid()}/fd/{self.fd()}"
+
+    def alloc_slab(self, lock: bool | None = None) -> int:
+        """Allocate one slab; returns its region offset.  With ``lock`` (default: the store's)
+        the slab is mlocked; if that fails (RLIMIT_MEMLOCK) the slab is released again and
+        OSError (ENOMEM/EPERM) is raised — retry with ``lock=False`` to go on unlocked.
+        OSError(ENOSPC) when every slab is allocated."""
+        lock = self.lock if lock is None else bool(lock)
+        out = ffi.new("uint64_t *")
+        _check(lib.isw_store_alloc_slab(self._p(), int(lock), out), "alloc_slab")
+        return int(out[0])
+
+    def free_slab(self, region_offset: int) -> None:
+        """munlock the slab and punch it out of the memfd: the memory returns to the OS."""
+        _check(lib.isw_store_free_slab(self._p(), _uint(region_offset, "region_offset")),
+               "free_slab")
+
+    def allocated_bytes(self) -> int:
+        return int(lib.isw_store_allocated_bytes(self._p()))
+
+    def locked_bytes(self) -> int:
+        return int(lib.isw_store_locked_bytes(self._p()))
+
+    def resident_bytes(self) -> int:
+        """Memory the memfd really holds (st_blocks)."""
+        out = ffi.new("uint64_t *")
+        _check(lib.isw_store_resident_bytes(self._p(), out), "resident_bytes")
+        return int(out[0])
+
+    def read(self, region_offset: int, length: int) -> bytes:
+        """Copy out of one allocated slab (diagnostics, tests)."""
+        _uint(length, "length")
+        buf = bytearray(length)
+        _check(lib.isw_store_read(self._p(), _uint(region_offset, "region_offset"),
+                                  ffi.from_buffer(buf), length), "read")
+        return bytes(buf)
+
+    def write(self, region_offset: int, data: Any) -> None:
+        """Copy into one allocated slab (diagnostics, tests)."""
+        cbuf = ffi.from_buffer(data)
+        _check(lib.isw_store_write(self._p(), _uint(region_offset, "region_offset"), cbuf,
+                                   len(cbuf)), "write")
+
+    def close(self) -> None:
+        """Unmap and close the memfd (devices that mapped it keep their mapping).
+        OSError(EBUSY) while a DataServer on it runs."""
+        p = self._ptr
+        if p is None:
+            return
+        _check(lib.isw_store_close(p), "close")
+        self._ptr = None
+
+
+class DataServer(_Handle):
+    """TCP data server of a daemon: serves READ/WRITE of ``store``'s allocated slabs.
+    ``port=0`` lets the OS pick; see :meth:`port`."""
+
+    _kind = "data server"
+
+    def __init__(self, store: SlabStore, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._ptr = None
+        _uint(port, "port", 65535)
+        out = ffi.new("struct isw_server **")
+        _check(lib.isw_server_start(store._p(), host.encode(), port, out), "DataServer")
+        self._ptr = ffi.gc(out[0], lib.isw_server_free)
+        self._store = store         # the C server uses the store: keep it alive
+        self.host: str = host
+
+    def port(self) -> int:
+        return int(lib.isw_server_port(self._p()))
+
+    def stats(self) -> ServerStats:
+        st = ffi.new("struct isw_server_stats *")
+        _check(lib.isw_server_get_stats(self._p(), st), "stats")
+        return ServerStats(**_fields(st, tuple(ServerStats.__dataclass_fields__)))
+
+    def stop(self) -> None:
+        """Close the listener and every connection and join the server's threads.
+        Idempotent."""
+        p = self._ptr
+        if p is None:
+            return
+        lib.isw_server_stop(p)
+        self._ptr = None
+
+    close = stop

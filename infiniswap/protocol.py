@@ -1,0 +1,260 @@
+"""Infiniswap control messages between block devices and daemons (thesis §2.6.1).
+
+This module owns the message names, their fields (one ``SCHEMA`` table), the msgpack
+encoding, and the validation that turns any malformed input into a ``ProtocolError``
+-- never another exception -- so a daemon or device loop never dies on a bad peer.
+
+Wire format: one msgpack map ``{"v": 1, "op": <name>, <fields>...}``. ``id`` (optional,
+non-negative int) is allowed on every message: a request may carry one and the reply
+echoes it (``reply_to``), so requests in both directions can share one connection.
+Unknown fields are rejected (a typo is an error, not silently ignored).
+
+The eight messages of the paper, then the few extras this control plane needs::
+
+  op              sender -> receiver   fields                                          reply
+  QUERY_MEM       device -> daemon     (none)                                          FREE_MEM
+  FREE_MEM        daemon -> device     free_bytes, slab_size, slabs_free,              --
+                                       slabs_mapped, host_id
+  MAP             device -> daemon     device_id, slab, [slab_size]                    MR_INFO | ERROR
+  MR_INFO         daemon -> device     slab, region, size, host_id, host,              --
+                                       data_port (int|None), shm_path (str|None)
+  CHECK_ACTIVITY  daemon -> device     slabs                                           ACTIVITY
+  ACTIVITY        device -> daemon     activity {slab: A(s)}                           --
+  EVICT           daemon -> device     slabs                                           DONE
+  DONE            device -> daemon     slabs (after EVICT: unmapped and drained;       --
+                  daemon -> device      after UNMAP: released)
+  UNMAP           device -> daemon     device_id, slabs                                DONE
+  PING            either -> either     (none)                                          PONG
+  PONG            either -> either     (none)                                          --
+  ERROR           either -> either     reason, [code]                                  --
+
+Field meanings:
+
+* ``free_bytes``: bytes the daemon can give to new slabs now (its unmapped preallocated
+  slabs plus what it may still allocate above HeadRoom) -- what placement compares;
+  ``slab_size``: the daemon's SlabSize in bytes; ``slabs_free`` / ``slabs_mapped``: slab
+  counts (also the daemon's utilization report); ``host_id``: ``local_host_id()`` of the
+  daemon's machine, so a device uses shared memory only when it is equal to its own.
+* ``device_id``: a device's cluster-unique name; ``slab``/``slabs``: slab indices in that
+  device's address space (the daemon keys its slabs by ``(device_id, slab)``).
+* ``region``: byte offset of the slab in the daemon's slab memory; ``size``: its length;
+  ``shm_path``: a path the device can open to map that memory on the same host
+  (e.g. ``/proc/<pid>/fd/<n>``), else ``None``; ``host``/``data_port``: the daemon's TCP
+  data server (``data_port`` ``None`` when it runs none).
+* ``activity``: slab index -> EWMA page I/O rate ``A(s)`` (pages/s) for the slabs asked about.
+* ``reason``: human-readable text; ``code``: a short machine-readable tag
+  (e.g. ``"no_memory"`` when MAP finds the memory already gone, ``"bad_request"``).
+
+Flows: placement = QUERY_MEM/FREE_MEM to two daemons, MAP/MR_INFO to the chosen one;
+eviction = CHECK_ACTIVITY/ACTIVITY to the devices of E+E' slabs, EVICT/DONE for the E
+chosen (the daemon frees the memory only after DONE); a device giving a slab back on its
+own (cold slab, shutdown) sends UNMAP and gets DONE.
+"""
+from __future__ import annotations
+
+import math
+import socket
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import msgpack
+
+__all__ = [
+    "VERSION", "QUERY_MEM", "FREE_MEM", "MAP", "MR_INFO", "CHECK_ACTIVITY", "ACTIVITY", "EVICT",
+    "DONE", "UNMAP", "PING", "PONG", "ERROR", "Field", "SCHEMA", "COMMON", "ProtocolError",
+    "Message", "encode", "decode", "reply_to", "error", "local_host_id",
+]
+
+VERSION = 1
+
+QUERY_MEM = "QUERY_MEM"
+FREE_MEM = "FREE_MEM"
+MAP = "MAP"
+MR_INFO = "MR_INFO"
+CHECK_ACTIVITY = "CHECK_ACTIVITY"
+ACTIVITY = "ACTIVITY"
+EVICT = "EVICT"
+DONE = "DONE"
+UNMAP = "UNMAP"
+PING = "PING"
+PONG = "PONG"
+ERROR = "ERROR"
+
+# Field kinds.
+UINT = "uint"            # int >= 0 (bool is not an int here)
+STR = "str"
+NUM = "num"              # finite int or float
+SLABS = "[uint]"         # list of uint
+ACTIVITY_MAP = "{uint:num}"
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a message: its kind, whether it must be present, whether ``None`` is allowed."""
+    kind: str
+    required: bool = True
+    nullable: bool = False
+
+
+def _opt(kind: str) -> Field:
+    return Field(kind, required=False)
+
+
+def _nullable(kind: str) -> Field:
+    return Field(kind, nullable=True)
+
+
+# Fields every message may carry besides its own (``v`` and ``op`` are checked separately).
+COMMON: dict[str, Field] = {"id": _opt(UINT)}
+
+SCHEMA: dict[str, dict[str, Field]] = {
+    QUERY_MEM: {},
+    FREE_MEM: {"free_bytes": Field(UINT), "slab_size": Field(UINT), "slabs_free": Field(UINT),
+               "slabs_mapped": Field(UINT), "host_id": Field(STR)},
+    MAP: {"device_id": Field(STR), "slab": Field(UINT), "slab_size": _opt(UINT)},
+    MR_INFO: {"slab": Field(UINT), "region": Field(UINT), "size": Field(UINT), "host_id": Field(STR),
+              "host": Field(STR), "data_port": _nullable(UINT), "shm_path": _nullable(STR)},
+    CHECK_ACTIVITY: {"slabs": Field(SLABS)},
+    ACTIVITY: {"activity": Field(ACTIVITY_MAP)},
+    EVICT: {"slabs": Field(SLABS)},
+    DONE: {"slabs": Field(SLABS)},
+    UNMAP: {"device_id": Field(STR), "slabs": Field(SLABS)},
+    PING: {},
+    PONG: {},
+    ERROR: {"reason": Field(STR), "code": _opt(STR)},
+}
+
+
+class ProtocolError(ValueError):
+    """Bytes that are not a valid control message of this protocol version."""
+
+
+@dataclass(frozen=True)
+class Message:
+    """A decoded message: its operation and its fields (``id`` included when present)."""
+    op: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> Any:
+        return self.fields[name]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.fields.get(name, default)
+
+    @property
+    def id(self) -> int | None:
+        return self.fields.get("id")
+
+    def encode(self) -> bytes:
+        return encode(self.op, **self.fields)
+
+
+def _is_uint(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _check_kind(kind: str, value: Any) -> str | None:
+    """``None`` if ``value`` is of ``kind``, else what is wrong with it."""
+    if kind == UINT:
+        return None if _is_uint(value) else "a non-negative integer"
+    if kind == STR:
+        return None if isinstance(value, str) else "a string"
+    if kind == NUM:
+        return None if _is_num(value) else "a finite number"
+    if kind == SLABS:
+        if isinstance(value, (list, tuple)) and all(_is_uint(s) for s in value):
+            return None
+        return "a list of non-negative integers"
+    if kind == ACTIVITY_MAP:
+        if isinstance(value, dict) and all(_is_uint(k) and _is_num(a) for k, a in value.items()):
+            return None
+        return "a map of non-negative integer slab -> finite number"
+    raise AssertionError(f"unknown field kind {kind!r}")
+
+
+def _type_name(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+def _validate(op: Any, fields: Mapping[Any, Any]) -> None:
+    if not isinstance(op, str) or op not in SCHEMA:
+        raise ProtocolError(f"unknown op {op!r} (known: {', '.join(SCHEMA)})")
+    spec = SCHEMA[op]
+    for name, f in spec.items():
+        if f.required and name not in fields:
+            raise ProtocolError(f"{op}: missing field {name!r}")
+    for name, value in fields.items():
+        f = spec.get(name) if isinstance(name, str) else None
+        if f is None and isinstance(name, str):
+            f = COMMON.get(name)
+        if f is None:
+            raise ProtocolError(f"{op}: unexpected field {name!r} (fields: {', '.join(spec) or 'none'})")
+        if value is None and f.nullable:
+            continue
+        wrong = _check_kind(f.kind, value)
+        if wrong is not None:
+            raise ProtocolError(f"{op}: field {name!r} has the wrong type: expected {wrong}, "
+                                f"got {_type_name(value)}")
+
+
+def encode(op: str, **fields: Any) -> bytes:
+    """One message as msgpack bytes; validated the same way ``decode`` validates (ProtocolError)."""
+    _validate(op, fields)
+    return msgpack.packb({"v": VERSION, "op": op, **fields}, use_bin_type=True)
+
+
+def decode(data: bytes | bytearray | memoryview) -> Message:
+    """Parse and validate one message; any malformed input raises ``ProtocolError``."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise ProtocolError(f"not msgpack: expected bytes, got {type(data).__name__}")
+    try:
+        obj = msgpack.unpackb(bytes(data), raw=False, strict_map_key=False, use_list=True)
+    except Exception as exc:  # msgpack raises several unrelated types (ExtraData, ValueError, ...)
+        raise ProtocolError(f"not msgpack: {exc.__class__.__name__}: {exc}"[:200]) from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"not a dict: message is a msgpack {type(obj).__name__}")
+    if "v" not in obj:
+        raise ProtocolError("missing protocol version 'v'")
+    version = obj["v"]
+    if not _is_uint(version) or version != VERSION:
+        raise ProtocolError(f"unsupported protocol version {version!r} (this side speaks {VERSION})")
+    if "op" not in obj:
+        raise ProtocolError("missing 'op'")
+    op = obj["op"]
+    fields = {k: v for k, v in obj.items() if k not in ("v", "op")}
+    _validate(op, fields)
+    return Message(op, fields)
+
+
+def reply_to(request: Message, op: str, **fields: Any) -> bytes:
+    """Encode a reply to ``request``, echoing its ``id`` when it had one."""
+    if request.id is not None and "id" not in fields:
+        fields["id"] = request.id
+    return encode(op, **fields)
+
+
+def error(reason: str, code: str | None = None, **fields: Any) -> bytes:
+    """An ERROR message (``code`` omitted when ``None``)."""
+    if code is not None:
+        fields["code"] = code
+    return encode(ERROR, reason=reason, **fields)
+
+
+def local_host_id() -> str:
+    """This machine's identity for the same-host test: ``hostname/boot-id`` (boot id when readable).
+
+    Two processes see the same value iff they run on the same booted kernel (containers on one
+    host share the boot id but may differ in hostname -- then they simply use TCP).
+    """
+    host = socket.gethostname()
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            boot = fh.read().strip()
+    except OSError:
+        boot = ""
+    return f"{host}/{boot}" if boot else host
