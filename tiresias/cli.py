@@ -2,14 +2,20 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
 from .cluster import parse_cluster
 from .metrics import summarize, write_jobs_csv
+from .placement import DEFAULT_PACKLIMIT
 from .policies import POLICIES, make_policy
-from .sim import simulate
+from .sim import PLACEMENTS, SimConfig, simulate
 from .trace import TraceError, load_trace
+
+# Table 3.3's models, assigned in turn by ``--models cycle`` (as the thesis' testbed workload did)
+CYCLE_MODELS = ("vgg19", "vgg16", "vgg11", "alexnet", "resnet152", "resnet101", "resnet50",
+                "inception4", "inception3", "googlenet")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -27,7 +33,23 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--distribution", default=None,
                    help="CSV of past job GPU-seconds for gittins (default: the trace's own jobs)")
     p.add_argument("--quantum", type=float, default=1800.0, help="gandiva time-sharing quantum (s)")
-    p.add_argument("--progress", action="store_true")
+    p.add_argument("--placement", choices=PLACEMENTS, default="tiresias",
+                   help="count: GPUs counted cluster-wide (the original simulator); tiresias: consolidate "
+                        "jobs with skew > PACKLIMIT, others limit fragmentation; consolidate / spread: all jobs")
+    p.add_argument("--packlimit", type=float, default=DEFAULT_PACKLIMIT)
+    p.add_argument("--migrate", action="store_true",
+                   help="when consolidation is blocked by fragmentation, repack and rename nodes with the "
+                        "migration-minimizing (Hungarian) matching")
+    p.add_argument("--overheads", action=argparse.BooleanOptionalAction, default=True,
+                   help="charge pause + resume time when a preempted job resumes")
+    p.add_argument("--slowdown", action=argparse.BooleanOptionalAction, default=True,
+                   help="slow down skewed jobs placed on more nodes than they need")
+    p.add_argument("--original", action="store_true",
+                   help="as the original Tiresias simulator: --placement count --no-overheads --no-slowdown")
+    p.add_argument("--models", choices=["trace", "cycle"], default="trace",
+                   help="cycle: give jobs without a model Table 3.3's models in turn (for skew and sizes)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar (default: when stderr is a terminal)")
 
 
 def _load(args):
@@ -36,7 +58,27 @@ def _load(args):
     if report.skipped:
         print(f"tiresias: skipped {report.skipped} bad rows of {args.trace}; first: {report.problems[0]}",
               file=sys.stderr)
-    return cluster, report.jobs
+    jobs = report.jobs
+    if args.models == "cycle":
+        jobs = [j if j.model else dataclasses.replace(j, model=CYCLE_MODELS[j.job_id % len(CYCLE_MODELS)])
+                for j in jobs]
+    return cluster, jobs
+
+
+def _config(args) -> SimConfig:
+    if args.original:
+        return SimConfig("count", args.packlimit, overheads=False, slowdown=False, migrate=False)
+    if not 0.0 <= args.packlimit <= 1.0:
+        raise ValueError(f"--packlimit must be in [0, 1] (a skew), got {args.packlimit}")
+    return SimConfig(args.placement, args.packlimit, overheads=args.overheads, slowdown=args.slowdown,
+                     migrate=args.migrate)
+
+
+def _run(name: str, args, cluster, jobs, record: bool = False):
+    progress = sys.stderr.isatty() if args.progress is None else args.progress
+    config = _config(args)
+    target = cluster if config.placement != "count" else cluster.total_gpus
+    return simulate(jobs, target, _policy(name, args, jobs), record=record, progress=progress, config=config)
 
 
 def _policy(name: str, args, jobs):
@@ -50,7 +92,7 @@ def _policy(name: str, args, jobs):
 
 def _cmd_simulate(args) -> int:
     cluster, jobs = _load(args)
-    result = simulate(jobs, cluster.total_gpus, _policy(args.policy, args, jobs), progress=args.progress)
+    result = _run(args.policy, args, cluster, jobs, record=bool(args.plot))
     summary = summarize(result)
     print(json.dumps(summary, indent=2))
     if args.json:
@@ -58,15 +100,25 @@ def _cmd_simulate(args) -> int:
             json.dump(summary, f, indent=2)
     if args.jobs_csv:
         write_jobs_csv(result, args.jobs_csv)
+    if args.plot:
+        from .plots import plot_run
+        plot_run(result, args.plot)
     return 0
 
 
 def _cmd_compare(args) -> int:
     cluster, jobs = _load(args)
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
-    rows = {}
     for name in names:
-        rows[name] = summarize(simulate(jobs, cluster.total_gpus, _policy(name, args, jobs), progress=args.progress))
+        if name not in POLICIES:
+            raise ValueError(f"unknown policy {name!r} (one of {', '.join(POLICIES)})")
+    rows, jct = {}, {}
+    for name in names:
+        result = _run(name, args, cluster, jobs)
+        rows[name] = summarize(result)
+        if args.plot:
+            from .plots import jcts
+            jct[name] = jcts(result)
     base = rows.get("las") or rows[names[-1]]
     print(f"{'policy':<12} {'avg JCT (s)':>14} {'median JCT':>12} {'p95 JCT':>12} {'avg norm':>9} "
           f"{'median norm':>12} {'preempt':>8}")
@@ -74,9 +126,15 @@ def _cmd_compare(args) -> int:
         print(f"{name:<12} {r['avg_jct']:>14.0f} {r['median_jct']:>12.0f} {r['p95_jct']:>12.0f} "
               f"{r['avg_jct'] / base['avg_jct']:>8.2f}x {r['median_jct'] / base['median_jct']:>11.2f}x "
               f"{r['preemptions']:>8}")
+    for r in rows.values():
+        r["avg_jct_vs_las"] = r["avg_jct"] / base["avg_jct"]
+        r["median_jct_vs_las"] = r["median_jct"] / base["median_jct"]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(list(rows.values()), f, indent=2)
+    if args.plot:
+        from .plots import plot_jct_cdf
+        plot_jct_cdf(jct, args.plot, title=f"{len(jobs)} jobs on {args.cluster}")
     return 0
 
 
@@ -88,11 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policy", choices=sorted(POLICIES), default="las")
     p.add_argument("--json", default=None)
     p.add_argument("--jobs-csv", default=None)
+    p.add_argument("--plot", default=None, help="PNG: JCT CDF and GPUs in use over time")
     p.set_defaults(func=_cmd_simulate)
     p = sub.add_parser("compare", help="simulate several policies, normalized by las")
     _common(p)
     p.add_argument("--policies", default="fifo,best-effort,srtf,gandiva,gittins,las")
     p.add_argument("--json", default=None)
+    p.add_argument("--plot", default=None, help="PNG: the policies' JCT CDFs (log x-axis)")
     p.set_defaults(func=_cmd_compare)
     args = parser.parse_args(argv)
     try:

@@ -30,13 +30,22 @@ def summarize(result: SimResult) -> dict:
         "gpu_utilization": result.busy_gpu_seconds / (result.capacity * span) if span > 0 else 0.0,
         "sim_wall_seconds": result.wall_seconds,
         "events": result.events,
+        "placement": result.placement,
+        "placement_waits": result.placement_waits,
+        "repacks": result.repacks,
+        "migrations": result.migrations,
+        "migrations_without_matching": result.migrations_naive,
+        "migrations_saved": result.migrations_naive - result.migrations,
+        "overhead_seconds": result.overhead_seconds,
     }
 
 
 def write_jobs_csv(result: SimResult, path: str) -> None:
     with open(path, "w", newline="") as f:
         out = csv.writer(f)
-        out.writerow(["job_id", "num_gpus", "submit", "first_start", "end", "jct", "queue_delay", "preemptions"])
+        out.writerow(["job_id", "num_gpus", "submit", "first_start", "end", "jct", "queue_delay", "preemptions",
+                      "migrations", "overhead", "model", "skew"])
         for j in sorted(result.jobs, key=lambda j: j.job_id):
             out.writerow([j.job_id, j.num_gpus, j.submit_time, j.first_start, j.end_time,
-                          j.end_time - j.submit_time, j.first_start - j.submit_time, j.preemptions])
+                          j.end_time - j.submit_time, j.first_start - j.submit_time, j.preemptions,
+                          j.migrations, j.overhead, j.model or "", j.skew])

@@ -47,3 +47,38 @@ def test_bad_rows_reported_not_a_traceback(tmp_path):
     assert proc.returncode == 0 and "skipped 2 bad rows" in proc.stderr and f"{trace}:3:" in proc.stderr
     proc = run("simulate", "--trace", str(trace), "--cluster", "2x4", "--policy", "fifo", "--on-bad", "reject")
     assert proc.returncode == 1 and f"{trace}:3:" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_plots_and_normalized_json(tmp_path):
+    trace = str(DATA / "tiresias" / "60_job.csv")
+    png, cdf, out = tmp_path / "run.png", tmp_path / "cdf.png", tmp_path / "cmp.json"
+    proc = run("simulate", "--trace", trace, "--cluster", "2x4", "--policy", "gittins", "--plot", str(png))
+    assert proc.returncode == 0, proc.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    proc = run("compare", "--trace", trace, "--cluster", "2x4", "--policies", "fifo,las", "--migrate",
+               "--json", str(out), "--plot", str(cdf))
+    assert proc.returncode == 0, proc.stderr
+    assert cdf.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = {r["policy"]: r for r in json.loads(out.read_text())}
+    assert rows["las"]["avg_jct_vs_las"] == 1.0 and rows["fifo"]["avg_jct_vs_las"] > 1.0
+    assert rows["las"]["placement"] == "tiresias"
+    for key in ("migrations", "migrations_saved", "overhead_seconds", "placement_waits"):
+        assert key in rows["las"]
+
+
+def test_original_mode_matches_gpu_counting_and_overheads_cost_time(tmp_path):
+    trace = str(DATA / "tiresias" / "60_job.csv")
+    orig, charged = tmp_path / "o.json", tmp_path / "c.json"
+    assert run("simulate", "--trace", trace, "--cluster", "2x4", "--policy", "gittins", "--original",
+               "--json", str(orig)).returncode == 0
+    assert run("simulate", "--trace", trace, "--cluster", "2x4", "--policy", "gittins", "--placement", "count",
+               "--no-slowdown", "--json", str(charged)).returncode == 0
+    o, c = json.loads(orig.read_text()), json.loads(charged.read_text())
+    assert o["placement"] == "count" and o["overhead_seconds"] == 0
+    assert c["preemptions"] > 0 and c["overhead_seconds"] > 0
+
+
+def test_unknown_policy_is_one_clear_message():
+    proc = run("compare", "--trace", str(DATA / "tiresias" / "60_job.csv"), "--cluster", "2x4",
+               "--policies", "fifo,lottery")
+    assert proc.returncode == 1 and "unknown policy 'lottery'" in proc.stderr and "Traceback" not in proc.stderr

@@ -85,6 +85,10 @@ class Policy:
         """The earliest time the order may change without an arrival or completion."""
         return INF
 
+    def may_preempt(self, now: float) -> bool:
+        """May this pass stop running jobs? (time-sharing policies: only at a quantum's end)"""
+        return self.preemptive
+
     # --- bookkeeping the driver calls ------------------------------------------------
     def add(self, job: JobState, now: float) -> None:
         self.active[job.job_id] = job
@@ -155,7 +159,7 @@ def allocate(policy: Policy, capacity: int, running: Iterable[JobState], now: fl
     no consolidated placement); running jobs keep the GPUs they hold.
     """
     active = policy.active
-    if not policy.preemptive:
+    if not policy.may_preempt(now):
         free = capacity - sum(j.num_gpus for j in running)
         return _fill(policy, free, now, fits), []
     order = policy.running_order(now)

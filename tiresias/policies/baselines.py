@@ -3,9 +3,10 @@
 ``fifo``: YARN-CS — non-preemptive, FIFO by submit time with head-of-line blocking.
 ``best-effort``: FIFO that lets later jobs that fit go first. ``srtf`` / ``srsf``:
 preemptive, by oracle remaining time / remaining time x GPUs. ``sf``: smallest GPU count
-first (preemptive). ``gandiva``: time sharing — every ``quantum`` seconds the jobs that ran
-least recently go first (a round-robin model of Gandiva's time slicing: whole jobs are
-suspended and resumed; GPU sharing between jobs is not modelled).
+first (preemptive). ``gandiva``: time sharing — at the end of every ``quantum`` (default
+1800 s) the jobs that ran least recently go first and running jobs may be suspended; between
+quantum ends arrivals only fill free GPUs (a round-robin model of Gandiva's time slicing:
+whole jobs are suspended and resumed; GPU sharing between jobs is not modelled).
 """
 from __future__ import annotations
 
@@ -57,11 +58,17 @@ class Gandiva(Policy):
         if quantum <= 0:
             raise ValueError("quantum must be positive")
         self.quantum = quantum
+        self.tick = quantum           # the end of the current quantum
 
     def key(self, job: JobState, now: float):
         last = now if job.running else job.last_run
         return (last, job.submit_time, job.job_id)
 
+    def may_preempt(self, now: float) -> bool:
+        if now + 1e-9 * max(1.0, now) >= self.tick:
+            self.tick = now + self.quantum
+            return True
+        return False
+
     def next_change(self, running: Iterable[JobState], now: float) -> float:
-        waiting = len(self.active) > sum(1 for _ in running)
-        return now + self.quantum if waiting else INF
+        return self.tick if len(self.active) > len(self.running) else INF

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from operator import itemgetter
 from typing import Iterable
 
+import numpy as np
 from sortedcontainers import SortedList
 
 from .base import INF, JobState, Policy
@@ -148,8 +150,21 @@ class DiscretizedGittins(DiscretizedLAS):
         return (q, -self.dist.index(job.service, self.thresholds[q]), job.job_id)
 
     def running_order(self, now: float) -> list[tuple[tuple, JobState]]:
-        # a running job's index moves with its service: sort the running jobs afresh
-        return Policy.running_order(self, now)
+        # a running job's index moves with its service: key the running jobs afresh, one
+        # vectorized index computation per queue
+        last = len(self.thresholds)
+        by_queue: dict[int, list[JobState]] = {}
+        for job in self.running.values():
+            by_queue.setdefault(self.queue_of(job), []).append(job)
+        keyed = []
+        for q, jobs in by_queue.items():
+            if q >= last:
+                keyed += [(DiscretizedLAS.key(self, j, now), j) for j in jobs]
+                continue
+            idx = self.dist.indices(np.fromiter((j.service for j in jobs), float, len(jobs)), self.thresholds[q])
+            keyed += [((q, -float(g), j.job_id), j) for g, j in zip(idx, jobs)]
+        keyed.sort(key=itemgetter(0))
+        return keyed
 
 
 class ContinuousLAS(Policy):
