@@ -153,6 +153,14 @@ def simulate(trace: Iterable, cluster: ClusterSpec | int, policy: Policy, record
             policy.add(job, now)
         policy.refresh(running.values(), now)
         to_start, to_stop = allocate(policy, capacity, running.values(), now)
+        if nodes is not None:
+            # place the admitted jobs on the nodes the preempted ones free; a preempted job
+            # whose GPUs nobody could use after all (placement blocked) keeps running
+            held = {job.job_id: nodes.release(job) for job in to_stop}
+            stopping = {job.job_id for job in to_stop}
+            staying = {jid: j for jid, j in running.items() if jid not in stopping}
+            to_start = nodes.place_all(to_start, staying, now)
+            to_stop = [job for job in to_stop if not nodes.retake(job, held[job.job_id])]
         for job in to_stop:
             job.running = False
             tokens[job.job_id] += 1
@@ -163,12 +171,8 @@ def simulate(trace: Iterable, cluster: ClusterSpec | int, policy: Policy, record
             preemptions += 1
             del running[job.job_id]
             used -= job.num_gpus
-            if nodes is not None:
-                nodes.release(job)
             if record:
                 timeline.append((now, job.job_id, "stop"))
-        if nodes is not None:
-            to_start = nodes.place_all(to_start, running, now)
         for job in to_start:
             job.running = True
             job.waited += max(0.0, now - job.wait_since)
@@ -232,10 +236,19 @@ class _Nodes:
         mode = self.config.placement
         return mode == "consolidate" or (mode == "tiresias" and plc.needs_consolidation(job.skew, self.config.packlimit))
 
-    def release(self, job: JobState) -> None:
+    def release(self, job: JobState) -> plc.Allocation | None:
         alloc = self.alloc.pop(job.job_id, None)
         if alloc is not None:
             plc.apply(self.free, alloc, +1)
+        return alloc
+
+    def retake(self, job: JobState, alloc: plc.Allocation | None) -> bool:
+        """Give ``job`` its released GPUs back if they are all still free."""
+        if alloc is None or any(self.free[n] < g for n, g in alloc):
+            return False
+        plc.apply(self.free, alloc)
+        self.alloc[job.job_id] = alloc
+        return True
 
     def _take(self, job: JobState, alloc: plc.Allocation) -> None:
         plc.apply(self.free, alloc)
