@@ -27,6 +27,11 @@ test: setup
 bench: setup
 	$(PY) bench/autops_pushpull.py --transport shm ipc tcp --json bench/results/autops_pushpull.json
 	$(PY) bench/autops_pushpull.py --model flat64m resnet50 --workers 2 --transport shm ipc --mode server --json bench/results/autops_pushpull_server_adam.json
+	$(PY) bench/tiresias_scale.py --json bench/results/tiresias_scale.json
+	$(VENV)/bin/tiresias compare --trace ../shared/data/traces/philly.csv --cluster 48x8 --original --no-progress \
+	    --json bench/results/tiresias_philly_original.json --plot bench/results/tiresias_philly_cdf.png
+	$(VENV)/bin/tiresias compare --trace ../shared/data/traces/philly.csv --cluster 48x8 --models cycle --no-progress \
+	    --json bench/results/tiresias_philly_modelled.json
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis

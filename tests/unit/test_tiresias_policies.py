@@ -150,3 +150,19 @@ def test_indexed_pass_equals_sorting_every_active_job(name, seed):
                 break
     assert {j.job_id for j in to_start} == want_start
     assert {j.job_id for j in to_stop} == want_stop
+
+
+@pytest.mark.timeout(10)
+def test_crossing_due_within_time_tolerance_is_taken_not_refiled_forever():
+    # late in a trace (t = 2.5e6 s) a job restarts 0.01 GPU-s short of the threshold: its
+    # crossing is due 1.25 ms later, inside the event-time tolerance; refresh must move it
+    from tiresias.policies.base import JobState
+    pol = DiscretizedLAS(thresholds=[3200.0])
+    now = 2.5e6
+    job = JobState(0, 8, 0.0, duration=1e5, service=3200.0 - 0.01, first_start=1.0)
+    pol.add(job, now)
+    job.running = True
+    pol.started(job, now)
+    pol.refresh([job], now)
+    assert pol.queue_of(job) == 1
+    assert pol.next_change([job], now) == float("inf")

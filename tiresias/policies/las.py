@@ -117,6 +117,11 @@ class DiscretizedLAS(Policy):
         while (top := self._valid_top(self.crossings)) is not None and top[0] <= limit:
             heapq.heappop(self.crossings)
             job = self.active[top[2]]
+            q = self.queue_of(job)
+            if q < len(self.thresholds):
+                # due within the time tolerance: the job is at its threshold (snap, or a
+                # crossing a hair away would be re-filed at the same instant forever)
+                job.service = max(job.service, self.thresholds[q])
             self._file_running(job, now)
             self._schedule_crossing(job, now)
         while (top := self._valid_top(self.promotions)) is not None and top[0] <= limit:
