@@ -28,6 +28,7 @@ bench: setup
 	$(PY) bench/autops_pushpull.py --transport shm ipc tcp --json bench/results/autops_pushpull.json
 	$(PY) bench/autops_pushpull.py --model flat64m resnet50 --workers 2 --transport shm ipc --mode server --json bench/results/autops_pushpull_server_adam.json
 	$(PY) bench/tiresias_scale.py --json bench/results/tiresias_scale.json
+	$(PY) bench/infiniswap_bench.py --size 2G --daemons 3 --json bench/results/infiniswap_bench.json
 	$(VENV)/bin/tiresias compare --trace ../shared/data/traces/philly.csv --cluster 48x8 --original --no-progress \
 	    --json bench/results/tiresias_philly_original.json --plot bench/results/tiresias_philly_cdf.png
 	$(VENV)/bin/tiresias compare --trace ../shared/data/traces/philly.csv --cluster 48x8 --models cycle --no-progress \

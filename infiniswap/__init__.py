@@ -1,1 +1,14 @@
-"""Infiniswap: remote-memory paging over a block device (thesis chapter 2)."""
+"""Infiniswap: remote-memory paging over a block device (thesis chapter 2).
+
+A ``Device`` is a fixed-size block device split into slabs; a slab that gets hot is mapped
+into the memory of a ``Daemon`` chosen by power of two choices, so its pages are read and
+written there (shared memory on the same host, TCP across hosts) while a backup file keeps
+a copy of everything.  Daemons lend the memory their machine does not need, keep HeadRoom
+free for local applications by batch-evicting the least active slabs, and there is no
+central coordinator: a device only knows a list of daemons.  Every page written reads back
+the same through evictions and daemon failures.  ``infiniswap --help`` lists the commands.
+"""
+from infiniswap.daemon import Daemon
+from infiniswap.device import Device
+
+__all__ = ["Device", "Daemon"]

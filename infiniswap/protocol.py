@@ -25,7 +25,9 @@ The eight messages of the paper, then the few extras this control plane needs::
                   daemon -> device      after UNMAP: released)
   UNMAP           device -> daemon     device_id, slabs                                DONE
   PING            either -> either     (none)                                          PONG
-  PONG            either -> either     (none)                                          --
+  PONG            either -> either     [instance], [slabs]                             --
+  STATUS          tool -> either       (none)                                          REPORT
+  REPORT          either -> tool       report {str: any}                               --
   ERROR           either -> either     reason, [code]                                  --
 
 Field meanings:
@@ -42,6 +44,15 @@ Field meanings:
   (e.g. ``/proc/<pid>/fd/<n>``), else ``None``; ``host``/``data_port``: the daemon's TCP
   data server (``data_port`` ``None`` when it runs none).
 * ``activity``: slab index -> EWMA page I/O rate ``A(s)`` (pages/s) for the slabs asked about.
+* ``instance`` (optional on FREE_MEM, MR_INFO, PONG): a daemon's incarnation id, new each
+  time a daemon starts, so a device notices a restart behind the same address (its slabs
+  there are gone) and never mixes up the shared memory of two incarnations.
+* ``slabs`` on a daemon's PONG: the slabs the daemon holds for the device that pinged it,
+  so both sides can reconcile (a slab the daemon dropped is unmapped by the device; a slab
+  the device does not use there is given back with UNMAP).
+* ``report``: a status snapshot (``Daemon.stats()`` / ``Device.stats()``) for
+  ``infiniswap status``; a msgpack map with string keys holding plain values (finite
+  numbers only).
 * ``reason``: human-readable text; ``code``: a short machine-readable tag
   (e.g. ``"no_memory"`` when MAP finds the memory already gone, ``"bad_request"``).
 
@@ -61,7 +72,8 @@ import msgpack
 
 __all__ = [
     "VERSION", "QUERY_MEM", "FREE_MEM", "MAP", "MR_INFO", "CHECK_ACTIVITY", "ACTIVITY", "EVICT",
-    "DONE", "UNMAP", "PING", "PONG", "ERROR", "Field", "SCHEMA", "COMMON", "ProtocolError",
+    "DONE", "UNMAP", "PING", "PONG", "STATUS", "REPORT", "ERROR", "Field", "SCHEMA", "COMMON",
+    "ProtocolError",
     "Message", "encode", "decode", "reply_to", "error", "local_host_id",
 ]
 
@@ -78,6 +90,8 @@ DONE = "DONE"
 UNMAP = "UNMAP"
 PING = "PING"
 PONG = "PONG"
+STATUS = "STATUS"
+REPORT = "REPORT"
 ERROR = "ERROR"
 
 # Field kinds.
@@ -86,6 +100,7 @@ STR = "str"
 NUM = "num"              # finite int or float
 SLABS = "[uint]"         # list of uint
 ACTIVITY_MAP = "{uint:num}"
+OBJ = "{str:any}"        # a map with string keys (status reports)
 
 
 @dataclass(frozen=True)
@@ -110,17 +125,20 @@ COMMON: dict[str, Field] = {"id": _opt(UINT)}
 SCHEMA: dict[str, dict[str, Field]] = {
     QUERY_MEM: {},
     FREE_MEM: {"free_bytes": Field(UINT), "slab_size": Field(UINT), "slabs_free": Field(UINT),
-               "slabs_mapped": Field(UINT), "host_id": Field(STR)},
+               "slabs_mapped": Field(UINT), "host_id": Field(STR), "instance": _opt(STR)},
     MAP: {"device_id": Field(STR), "slab": Field(UINT), "slab_size": _opt(UINT)},
     MR_INFO: {"slab": Field(UINT), "region": Field(UINT), "size": Field(UINT), "host_id": Field(STR),
-              "host": Field(STR), "data_port": _nullable(UINT), "shm_path": _nullable(STR)},
+              "host": Field(STR), "data_port": _nullable(UINT), "shm_path": _nullable(STR),
+              "instance": _opt(STR)},
     CHECK_ACTIVITY: {"slabs": Field(SLABS)},
     ACTIVITY: {"activity": Field(ACTIVITY_MAP)},
     EVICT: {"slabs": Field(SLABS)},
     DONE: {"slabs": Field(SLABS)},
     UNMAP: {"device_id": Field(STR), "slabs": Field(SLABS)},
     PING: {},
-    PONG: {},
+    PONG: {"instance": _opt(STR), "slabs": _opt(SLABS)},
+    STATUS: {},
+    REPORT: {"report": Field(OBJ)},
     ERROR: {"reason": Field(STR), "code": _opt(STR)},
 }
 
@@ -157,6 +175,19 @@ def _is_num(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def _is_plain(value: Any, depth: int = 0) -> bool:
+    """msgpack-plain data a report may hold: no NaN/infinity (so a report equals itself)."""
+    if depth > 32:
+        return False
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, (list, tuple)):
+        return all(_is_plain(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(_is_plain(k, depth + 1) and _is_plain(v, depth + 1) for k, v in value.items())
+    return value is None or isinstance(value, (bool, int, str, bytes))
+
+
 def _check_kind(kind: str, value: Any) -> str | None:
     """``None`` if ``value`` is of ``kind``, else what is wrong with it."""
     if kind == UINT:
@@ -173,6 +204,10 @@ def _check_kind(kind: str, value: Any) -> str | None:
         if isinstance(value, dict) and all(_is_uint(k) and _is_num(a) for k, a in value.items()):
             return None
         return "a map of non-negative integer slab -> finite number"
+    if kind == OBJ:
+        if not (isinstance(value, dict) and all(isinstance(k, str) for k in value)):
+            return "a map with string keys"
+        return None if _is_plain(value) else "a map of plain values (no NaN or infinity)"
     raise AssertionError(f"unknown field kind {kind!r}")
 
 

@@ -21,6 +21,8 @@ EXAMPLES = {
     p.UNMAP: {"device_id": "node2:0", "slabs": [1, 9]},
     p.PING: {},
     p.PONG: {},
+    p.STATUS: {},
+    p.REPORT: {"report": {"free_bytes": 1 << 30, "devices": {"node2:0": [1, 9]}, "ok": True}},
     p.ERROR: {"reason": "no free slab", "code": "no_memory"},
 }
 
@@ -46,6 +48,34 @@ def test_optional_and_nullable_fields():
     assert p.decode(p.encode(p.MR_INFO, **remote))["shm_path"] is None
     assert p.decode(p.error("bad")).fields == {"reason": "bad"}
     assert p.decode(p.error("bad", code="bad_request"))["code"] == "bad_request"
+
+
+def test_daemon_instance_and_pong_slab_list():
+    pong = p.decode(p.encode(p.PONG, instance="a1b2", slabs=[3, 0]))
+    assert pong["instance"] == "a1b2" and pong["slabs"] == [3, 0]
+    free = p.decode(p.encode(p.FREE_MEM, **EXAMPLES[p.FREE_MEM], instance="a1b2"))
+    assert free["instance"] == "a1b2"
+    info = p.decode(p.encode(p.MR_INFO, **EXAMPLES[p.MR_INFO], instance="a1b2"))
+    assert info["instance"] == "a1b2"
+    with pytest.raises(ProtocolError, match="wrong type"):
+        p.encode(p.PONG, slabs=[-1])
+    with pytest.raises(ProtocolError, match="wrong type"):
+        p.encode(p.PONG, instance=7)
+
+
+def test_status_report_needs_a_string_keyed_map():
+    msg = p.decode(p.encode(p.REPORT, report={"a": [1, {"b": None}]}))
+    assert msg["report"] == {"a": [1, {"b": None}]}
+    with pytest.raises(ProtocolError, match="string keys"):
+        p.encode(p.REPORT, report={1: "x"})
+    with pytest.raises(ProtocolError, match="string keys"):
+        p.encode(p.REPORT, report=[("a", 1)])
+    with pytest.raises(ProtocolError, match="missing field 'report'"):
+        p.encode(p.REPORT)
+    with pytest.raises(ProtocolError, match="no NaN or infinity"):
+        p.encode(p.REPORT, report={"a": [1.0, {"b": float("nan")}]})
+    with pytest.raises(ProtocolError, match="no NaN or infinity"):
+        p.decode(raw({"v": 1, "op": "REPORT", "report": {"x": float("inf")}}))
 
 
 def test_reply_echoes_request_id():

@@ -1,0 +1,321 @@
+"""The ``infiniswap`` command: run a daemon or a device, ask for status, simulate, benchmark.
+
+    infiniswap daemon   --bind tcp://0.0.0.0:7300 [--headroom 8G] [--slab-size 1G] ...
+    infiniswap device   --size 4G --backup FILE --daemons ADDR,ADDR,... [--status-bind ADDR]
+    infiniswap status   --daemons ADDR,... [--devices ADDR,...] [--json]
+    infiniswap simulate --machines 1000 [--json]
+    infiniswap bench    --size 2G --daemons 3 [--json OUT]
+
+This module owns argument parsing, logging setup, signal handling (SIGTERM/SIGINT end a
+daemon or device cleanly, exit status 0) and the status table.  A bad argument or an error
+the user can fix is one line on stderr and exit status 2 (usage) or 1 (runtime), never a
+traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Any, Callable, Sequence
+
+from infiniswap.sizes import format_size, parse_size
+
+__all__ = ["main"]
+
+log = logging.getLogger("infiniswap.cli")
+
+
+class UsageError(Exception):
+    """A bad argument found after parsing (exit status 2)."""
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"bad number {text!r}") from None
+        if not v > 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+        return v
+    return parse
+
+
+def _addresses(text: str) -> list[str]:
+    addrs = [a.strip() for a in text.split(",") if a.strip()]
+    if not addrs:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of addresses")
+    return addrs
+
+
+def _add_logging(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--log-level", default="info",
+                    choices=["debug", "info", "warning", "error"], help="default: info")
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper()), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+class _Signals:
+    """SIGTERM/SIGINT handlers installed for the life of a command (before it announces
+    itself, so a signal sent right after the announcement is never lost)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.name = ""
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> "_Signals":
+        for s in (signal.SIGTERM, signal.SIGINT):
+            self._old[s] = signal.signal(s, self._handler)
+        return self
+
+    def _handler(self, signum: int, _frame: Any) -> None:
+        self.name = signal.Signals(signum).name
+        self._event.set()
+
+    def wait(self) -> str:
+        while not self._event.wait(0.5):
+            pass
+        return self.name
+
+    def __exit__(self, *exc: object) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+# ---- daemon ----
+
+def _file_reader(path: str) -> Callable[[], int]:
+    def read() -> int:
+        with open(path, encoding="utf-8") as fh:
+            return parse_size(fh.read().strip() or "0")
+    return read
+
+
+def _cmd_daemon(args: argparse.Namespace) -> int:
+    from infiniswap.daemon import Daemon
+
+    reader = total = None
+    if args.emulate_usage:
+        if args.capacity is None:
+            raise UsageError("--emulate-usage needs --capacity (the emulated machine's memory)")
+        reader, total = _file_reader(args.emulate_usage), args.capacity
+    daemon = Daemon(args.bind, headroom=args.headroom, slab_size=args.slab_size,
+                    capacity=args.capacity, total_memory=total, memory_reader=reader,
+                    period=args.period, timeout=args.timeout, lock=not args.no_lock,
+                    data_host=None if args.no_data_server else args.data_host,
+                    data_port=args.data_port)
+    with _Signals() as signals:
+        daemon.start()
+        try:
+            print(f"infiniswap daemon: control {daemon.address} data "
+                  f"{daemon.data_address or 'none'} pid {os.getpid()}", flush=True)
+            log.info("%s: shutting down", signals.wait())
+        finally:
+            daemon.stop()
+    return 0
+
+
+# ---- device ----
+
+def _cmd_device(args: argparse.Namespace) -> int:
+    from infiniswap.device import Device
+
+    with _Signals() as signals:
+        dev = Device(args.size, backup=args.backup, daemons=args.daemons,
+                     slab_size=args.slab_size, hot_slab=args.hot_slab, period=args.period,
+                     timeout=args.timeout, transport=args.transport,
+                     status_bind=args.status_bind, device_id=args.device_id)
+        try:
+            if args.map_all:
+                n = dev.map_now()
+                log.info("mapped %d of %d slabs", n, dev.num_slabs)
+            print(f"infiniswap device: {dev.device_id} status {dev.status_address or 'none'} "
+                  f"size {args.size} slabs {dev.num_slabs} pid {os.getpid()}", flush=True)
+            log.info("%s: shutting down", signals.wait())
+        finally:
+            dev.close()
+    return 0
+
+
+# ---- status ----
+
+def _ask_status(addr: str, timeout: float) -> dict[str, Any]:
+    from infiniswap import protocol as p
+    from infiniswap.channel import ask
+
+    try:
+        msg = ask(addr, p.STATUS, timeout=timeout)
+    except (TimeoutError, p.ProtocolError, ValueError) as exc:
+        return {"error": str(exc)}
+    if msg.op != p.REPORT:
+        return {"error": f"{addr} answered {msg.op}: {msg.get('reason', '')}"}
+    return msg["report"]
+
+
+def _fmt_bytes(n: Any) -> str:
+    return format_size(n) if isinstance(n, (int, float)) else "-"
+
+
+def _format_status(result: dict[str, Any]) -> str:
+    lines: list[str] = []
+    if result["daemons"]:
+        lines.append("daemons")
+        lines.append(f"  {'address':<28} {'free':>10} {'can lend':>10} {'slabs':>6} {'mapped':>7} "
+                     f"{'evicted':>8} {'served':>10}  devices")
+        for addr, r in result["daemons"].items():
+            if "error" in r:
+                lines.append(f"  {addr:<28} unreachable: {r['error']}")
+                continue
+            served = r.get("served") or {}
+            served_bytes = served.get("bytes_read", 0) + served.get("bytes_written", 0)
+            devices = ", ".join(f"{k}:{len(v)}" for k, v in r["devices"].items()) or "-"
+            lines.append(f"  {addr:<28} {_fmt_bytes(r['free_bytes']):>10} "
+                         f"{_fmt_bytes(r['giveable_bytes']):>10} {r['slabs_free']:>6} "
+                         f"{r['slabs_mapped']:>7} {r['evictions']:>8} "
+                         f"{_fmt_bytes(served_bytes):>10}  {devices}")
+    if result["devices"]:
+        lines.append("devices")
+        for addr, r in result["devices"].items():
+            if "error" in r:
+                lines.append(f"  {addr}: unreachable: {r['error']}")
+                continue
+            io = r["io"]
+            lines.append(f"  {r['device_id']} ({addr}): {format_size(r['size'])}, "
+                         f"{r['slabs_mapped']}/{r['num_slabs']} slabs mapped, "
+                         f"remote r/w {format_size(io['bytes_read_remote'])}/"
+                         f"{format_size(io['bytes_written_remote'])}, disk r/w "
+                         f"{format_size(io['bytes_read_disk'])}/"
+                         f"{format_size(io['bytes_written_disk_sync'] + io['bytes_written_disk_async'])}, "
+                         f"maps {r['maps']}, evictions {r['evictions']}, "
+                         f"daemon failures {r['daemon_failures']}")
+            for s in r["slabs"]:
+                if s["daemon"] is not None or s["activity"] > 0:
+                    lines.append(f"    slab {s['slab']:>5}  {s['state']:<9} "
+                                 f"{s['daemon'] or 'backup file':<28} A={s['activity']:.1f}/s")
+    return "\n".join(lines) if lines else "nothing to show"
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    if not args.daemons and not args.devices:
+        raise UsageError("give --daemons and/or --devices to ask")
+    result = {"daemons": {a: _ask_status(a, args.timeout) for a in args.daemons or []},
+              "devices": {a: _ask_status(a, args.timeout) for a in args.devices or []}}
+    print(json.dumps(result, indent=2) if args.json else _format_status(result))
+    failed = [a for kind in result.values() for a, r in kind.items() if "error" in r]
+    if failed:
+        print(f"infiniswap status: no answer from {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+# ---- parser ----
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="infiniswap",
+                                 description="Infiniswap remote-memory paging (thesis ch. II)")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    d = sub.add_parser("daemon", help="lend this machine's free memory to devices")
+    d.add_argument("--bind", default="tcp://127.0.0.1:7300",
+                   help="control endpoint (default tcp://127.0.0.1:7300; port 0 = any)")
+    d.add_argument("--headroom", type=_size, default=parse_size("8G"),
+                   help="free memory to keep for local applications (default 8G)")
+    d.add_argument("--slab-size", type=_size, default=parse_size("1G"), help="default 1G")
+    d.add_argument("--capacity", type=_size, default=None,
+                   help="most memory to lend (default: all of it above HeadRoom)")
+    d.add_argument("--no-lock", action="store_true", help="do not mlock slab memory")
+    d.add_argument("--period", type=_positive(float), default=1.0,
+                   help="memory monitor period, seconds (default 1)")
+    d.add_argument("--timeout", type=_positive(float), default=5.0,
+                   help="wait this long for ACTIVITY / DONE from a device, then take it as "
+                        "gone; keep it above the devices' --timeout (default 5 s)")
+    d.add_argument("--data-host", default="127.0.0.1",
+                   help="address of the TCP data server for devices on other hosts "
+                        "(default 127.0.0.1)")
+    d.add_argument("--data-port", type=int, default=0, help="default: any free port")
+    d.add_argument("--no-data-server", action="store_true",
+                   help="no TCP data path (same-host devices only)")
+    d.add_argument("--emulate-usage", metavar="FILE",
+                   help="testing: read the memory used by everything else from FILE "
+                        "(bytes, e.g. 512M; re-read every period) and take --capacity as "
+                        "the machine's memory")
+    _add_logging(d)
+    d.set_defaults(run=_cmd_daemon)
+
+    v = sub.add_parser("device", help="run a device's control loop")
+    v.add_argument("--size", type=_size, required=True, help="device size, e.g. 4G")
+    v.add_argument("--backup", required=True, help="backup file (created, size bytes)")
+    v.add_argument("--daemons", type=_addresses, default=[],
+                   help="comma-separated daemon control endpoints")
+    v.add_argument("--slab-size", type=_size, default=parse_size("1G"), help="default 1G")
+    v.add_argument("--hot-slab", type=float, default=20.0,
+                   help="page I/Os per second that make a slab hot (default 20)")
+    v.add_argument("--period", type=_positive(float), default=1.0, help="default 1 s")
+    v.add_argument("--timeout", type=_positive(float), default=2.0,
+                   help="take a daemon as failed after this long without an answer (default 2 s)")
+    v.add_argument("--transport", choices=["auto", "shm", "tcp"], default="auto")
+    v.add_argument("--status-bind", default=None,
+                   help="endpoint where `infiniswap status --devices` can ask this device")
+    v.add_argument("--device-id", default=None, help="name shown by daemons (default host:pid)")
+    v.add_argument("--map-all", action="store_true", help="map every slab at start")
+    _add_logging(v)
+    v.set_defaults(run=_cmd_device)
+
+    s = sub.add_parser("status", help="ask daemons and devices for their state")
+    s.add_argument("--daemons", type=_addresses, default=None)
+    s.add_argument("--devices", type=_addresses, default=None,
+                   help="devices' --status-bind endpoints")
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.add_argument("--timeout", type=_positive(float), default=2.0)
+    s.set_defaults(run=_cmd_status)
+
+    for name, text in (("simulate", "cluster-scale placement and eviction simulation"),
+                       ("bench", "benchmark remote memory (shm, TCP) against the backup file")):
+        x = sub.add_parser(name, help=text, add_help=False)
+        x.add_argument("rest", nargs=argparse.REMAINDER)
+        x.set_defaults(run=None)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = _parser()
+    if argv and argv[0] == "simulate":
+        from infiniswap import simulate
+        return simulate.main(argv[1:])
+    if argv and argv[0] == "bench":
+        from infiniswap import benchmark
+        return benchmark.main(argv[1:])
+    args = ap.parse_args(argv)
+    if hasattr(args, "log_level"):
+        _setup_logging(args.log_level)
+    try:
+        return args.run(args)
+    except UsageError as exc:
+        ap.error(str(exc))
+        return 2  # pragma: no cover - ap.error exits
+    except (ValueError, OSError) as exc:
+        print(f"infiniswap {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,761 @@
+"""Infiniswap daemon: lends this machine's free memory to remote block devices (thesis §2.5).
+
+A daemon owns
+
+* the data plane, in C: a ``SlabStore`` (one memfd holding every slab it lends; a device on
+  this host maps it, so its page I/O never involves this process -- the property RDMA gives
+  Infiniswap) and a ``DataServer`` (TCP, for devices on other hosts);
+* a ZeroMQ ROUTER control socket and the one control thread that uses it.  The thread
+  answers devices (QUERY_MEM -> FREE_MEM, MAP -> MR_INFO, UNMAP -> DONE, PING -> PONG,
+  STATUS -> REPORT) and every ``period`` runs the memory monitor (§2.5.1)::
+
+      U    = beta * measured + (1 - beta) * U          memory used by everything else
+      free = total - U - (slabs this daemon holds)
+
+  While ``free`` stays above HeadRoom it preallocates unmapped slabs; below HeadRoom it
+  releases unmapped slabs first, then batch-evicts (§2.5.2): CHECK_ACTIVITY to the devices
+  of ``E + E'`` random mapped slabs, EVICT to the devices of the ``E`` least active, and it
+  frees each slab when its DONE arrives.  A device whose connection is gone loses all its
+  slabs at once.  A device that does not answer EVICT within ``timeout`` is taken as gone
+  too, but its slabs are *quarantined* first: no longer lent, still allocated, because a
+  device that is only slow may still read and write them.  They are freed when its late
+  DONE arrives, when its connection goes away, or after ``10 * timeout`` at the latest.
+
+Allocating and releasing slab memory (fallocate + mlock, hole punching: up to seconds per
+GiB) runs on a second thread, the memory worker, so the control thread always answers
+quickly; a MAP that finds no preallocated slab waits for the worker for at most a second
+(then ERROR ``no_memory``; the device tries again later).  How many slabs and which ones is pure policy (``eviction.py``); this module
+is the mechanism.
+A device is known by its ZeroMQ routing id (the DEALER it sent MAP from), so the daemon can
+send EVICT / CHECK_ACTIVITY to it at any time.  A malformed or unexpected message gets an
+ERROR reply and a log line; nothing a peer sends stops the daemon.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import psutil
+import zmq
+
+from infiniswap import eviction
+from infiniswap import protocol as p
+from infiniswap.channel import Waker, bind_router, endpoint
+from infiniswap.core import DataServer, SlabStore
+from infiniswap.timings import Timings
+
+__all__ = ["Daemon", "GiB", "MiB"]
+
+log = logging.getLogger("infiniswap.daemon")
+
+MiB = 1 << 20
+GiB = 1 << 30
+_MAX_BATCH = 256          # messages handled per wake-up before the monitor gets a turn
+
+
+@dataclass
+class _Lease:
+    """One mapped slab: which device (routing id) uses which region."""
+    peer: bytes
+    slab: int
+    region: int
+    since: float
+
+
+@dataclass
+class _Round:
+    """One batch eviction in progress (§2.5.2)."""
+    E: int
+    phase: str                                   # "activity", then "evict"
+    deadline: float
+    started: float
+    waiting: dict[int, bytes] = field(default_factory=dict)         # request id -> peer
+    asked: dict[bytes, list[int]] = field(default_factory=dict)     # peer -> slabs
+    activity: dict[tuple[bytes, int], float] = field(default_factory=dict)
+    sent_at: float = 0.0
+
+
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+class Daemon:
+    """One Infiniswap daemon.  ``start()`` binds and starts the control thread; ``stop()``
+    gives every mapped slab back (EVICT, bounded wait) and releases the memory.
+
+    ``bind``: control endpoint (``tcp://127.0.0.1:0`` picks a free port; see ``address``).
+    ``headroom``: bytes of free memory to keep for local applications (default 8 GiB).
+    ``slab_size``: power of two >= 1 MiB; devices must use the same.
+    ``capacity``: most bytes of slabs this daemon holds (default: ``total_memory``).
+    ``total_memory``: the machine's memory (default: psutil's total).
+    ``memory_reader``: ``() -> bytes used by everything else`` (default: psutil
+    ``total - available - own slabs``); inject one to emulate a local application.
+    ``period``/``beta``: the monitor's period (s) and EWMA factor.  ``e_prime``: ``E'`` for a
+    batch of ``E`` evictions (an int, or a callable ``E -> E'``; default ``E' = E``).
+    ``timeout``: how long to wait for ACTIVITY and for DONE; keep it above the devices'
+    ``timeout`` (a device answers EVICT within about that), since a device that misses it
+    loses its slabs while it may still be using them.  ``lock``: mlock slabs (falls
+    back to unlocked slabs, with a warning, when RLIMIT_MEMLOCK is too small).
+    ``data_host``: where the TCP data server listens (``None``: no TCP data path).
+    """
+
+    def __init__(self, bind: str = "tcp://127.0.0.1:0", *, headroom: int = 8 * GiB,
+                 slab_size: int = GiB, capacity: int | None = None,
+                 total_memory: int | None = None,
+                 memory_reader: Callable[[], int] | None = None, period: float = 1.0,
+                 beta: float = 0.2, e_prime: int | Callable[[int], int] | None = None,
+                 timeout: float = 5.0, lock: bool = True, data_host: str | None = "127.0.0.1",
+                 data_port: int = 0, rng: random.Random | None = None) -> None:
+        if not isinstance(slab_size, int) or not _pow2(slab_size) or slab_size < MiB:
+            raise ValueError(f"slab size {slab_size!r} must be a power of two of at least 1 MiB")
+        if not isinstance(headroom, int) or headroom < 0:
+            raise ValueError(f"headroom {headroom!r} must be a non-negative number of bytes")
+        if not period > 0:
+            raise ValueError(f"period {period!r} must be positive (seconds)")
+        if not 0 < beta <= 1:
+            raise ValueError(f"beta {beta!r} must be in (0, 1]")
+        if not timeout > 0:
+            raise ValueError(f"timeout {timeout!r} must be positive (seconds)")
+        total = int(total_memory) if total_memory is not None else psutil.virtual_memory().total
+        cap = int(capacity) if capacity is not None else total
+        if cap < slab_size:
+            raise ValueError(f"capacity {cap} is smaller than one slab ({slab_size} bytes)")
+        self._bind = endpoint(bind, bind=True)
+        self.headroom = headroom
+        self.slab_size = slab_size
+        self.capacity = cap - cap % slab_size
+        self.total_memory = total
+        self.period = float(period)
+        self.beta = float(beta)
+        self.timeout = float(timeout)
+        self._reader = memory_reader
+        if e_prime is None:
+            self._e_prime: Callable[[int], int] = lambda e: e
+        elif callable(e_prime):
+            self._e_prime = e_prime
+        else:
+            self._e_prime = lambda e, k=int(e_prime): k
+        self._lock_slabs = bool(lock)
+        self._data_host = data_host
+        self._data_port = data_port
+        self._rng = rng or random.Random()
+        self.instance = uuid.uuid4().hex[:12]
+        self.host_id = p.local_host_id()
+
+        self._mu = threading.RLock()            # guards everything below against stats()
+        self._store: SlabStore | None = None
+        self._server: DataServer | None = None
+        self._sock: zmq.Socket | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._waker = Waker()
+        self._address: str | None = None
+        self._U: float | None = None
+        self._free_list: list[int] = []                  # preallocated, unmapped regions
+        self._leases: dict[tuple[bytes, int], _Lease] = {}
+        self._quarantine: dict[tuple[bytes, int], tuple[int, float]] = {}   # -> region, expiry
+        self._to_free: list[int] = []                    # regions the memory worker releases
+        self._allocating = 0                             # slabs the worker is allocating now
+        self._locked: set[int] = set()                   # regions that are mlocked
+        self._pending_maps: list[tuple[list[bytes], p.Message, float]] = []
+        self._alloc_blocked_until = 0.0                  # back-off after a failed allocation
+        self._mem_wake = threading.Event()
+        self._mem_stop = False
+        self._mem_thread: threading.Thread | None = None
+        self._names: dict[bytes, str] = {}               # routing id -> device_id
+        self._round: _Round | None = None
+        self._next_id = 0
+        self._closing = False
+        self._next_reap = 0.0
+        self.evictions = 0
+        self.evict_rounds = 0
+        self.devices_lost = 0
+        self.requests = 0
+        self.bad_messages = 0
+        self.maps = 0
+        self._evict_times = Timings()
+        self._failure: BaseException | None = None
+
+    # ---- lifecycle ----
+
+    def start(self) -> "Daemon":
+        """Allocate the store, start the data server, bind, run the control thread."""
+        if self._thread is not None:
+            raise RuntimeError("daemon already started")
+        self._store = SlabStore(self.capacity, self.slab_size, lock=self._lock_slabs)
+        try:
+            if self._data_host is not None:
+                self._server = DataServer(self._store, self._data_host, self._data_port)
+            # ROUTER_MANDATORY: a send to a gone device raises; HANDOVER: a device that
+            # reconnects keeps its identity
+            self._sock, self._address = bind_router(self._bind, "the daemon's control socket",
+                                                    ROUTER_MANDATORY=1, ROUTER_HANDOVER=1)
+            self._monitor(time.monotonic())
+        except BaseException:
+            self._release_data_plane()
+            raise
+        self._mem_thread = threading.Thread(target=self._memory_loop,
+                                            name="infiniswap-daemon-mem", daemon=True)
+        self._mem_thread.start()
+        self._thread = threading.Thread(target=self._run, name="infiniswap-daemon", daemon=True)
+        self._thread.start()
+        log.info("daemon %s: control %s, data %s, slab %d MiB, headroom %d MiB, capacity %d MiB",
+                 self.instance, self._address, self.data_address or "none",
+                 self.slab_size >> 20, self.headroom >> 20, self.capacity >> 20)
+        return self
+
+    def stop(self) -> None:
+        """Evict every mapped slab (bounded by ``timeout``), stop, free the memory.  Idempotent."""
+        t = self._thread
+        if t is not None:
+            self._stopping.set()
+            self._waker.wake()
+            t.join()
+            self._thread = None
+        m = self._mem_thread
+        if m is not None:
+            with self._mu:
+                self._mem_stop = True
+                self._mem_wake.set()
+            m.join()
+            self._mem_thread = None
+        if self._sock is not None:
+            self._sock.close(0)
+            self._sock = None
+        self._release_data_plane()
+        self._waker.close()
+
+    def _release_data_plane(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    def __enter__(self) -> "Daemon":
+        return self.start() if self._thread is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def address(self) -> str:
+        """The bound control endpoint (``tcp://127.0.0.1:PORT``)."""
+        if self._address is None:
+            raise RuntimeError("daemon not started")
+        return self._address
+
+    @property
+    def data_address(self) -> str | None:
+        if self._server is None:
+            return None
+        return f"{self._advertised_host()}:{self._server.port()}"
+
+    @property
+    def running(self) -> bool:
+        t = self._thread
+        return t is not None and t.is_alive()
+
+    def _advertised_host(self) -> str:
+        h = self._data_host or ""
+        return socket.gethostname() if h in ("", "0.0.0.0", "::", "*") else h
+
+    # ---- memory accounting ----
+
+    # All of this is Python bookkeeping (under ``_mu``): the store's own counters share a
+    # mutex with allocation, which can take seconds.
+
+    def _measure(self) -> int:
+        if self._reader is not None:
+            return int(self._reader())
+        vm = psutil.virtual_memory()
+        own = (self._held() + len(self._to_free)) * self.slab_size   # what is resident now
+        return max(0, vm.total - vm.available - own)
+
+    def _held(self) -> int:
+        """Slabs this daemon holds once queued releases are done (allocations included)."""
+        return (len(self._free_list) + len(self._leases) + len(self._quarantine) +
+                self._allocating)
+
+    def _free(self) -> float:
+        return self.total_memory - (self._U or 0.0) - self._held() * self.slab_size
+
+    def _giveable(self) -> int:
+        """Bytes this daemon can give to new slabs now (what FREE_MEM reports)."""
+        if self._closing:
+            return 0
+        free = self._free()
+        if free < self.headroom:
+            return 0
+        spare = self._spare()
+        slabs = len(self._free_list) + self._allocating + spare - len(self._pending_maps)
+        return max(0, slabs) * self.slab_size
+
+    def _spare(self) -> int:
+        """More slabs that could be allocated while keeping HeadRoom free."""
+        free = self._free()
+        if free < self.headroom or time.monotonic() < self._alloc_blocked_until:
+            return 0
+        return eviction.slabs_to_preallocate(int(free), self.headroom, self.slab_size,
+                                             allocated=self._held(),
+                                             limit=self.capacity // self.slab_size)
+
+    def _release(self, region: int) -> None:
+        """Queue a region for the memory worker to give back to the OS."""
+        self._to_free.append(region)
+        self._mem_wake.set()
+
+    # ---- memory worker (its own thread: allocation can take seconds) ----
+
+    def _memory_loop(self) -> None:
+        store = self._store
+        assert store is not None
+        while True:
+            self._mem_wake.wait()
+            with self._mu:
+                if self._mem_stop:
+                    return
+                region = self._to_free.pop() if self._to_free else None
+                if region is None:
+                    want = (self._pending_maps or self._spare() > 0) and not self._closing
+                    if not want:
+                        self._mem_wake.clear()
+                        continue
+                    self._allocating += 1
+            if region is not None:
+                try:
+                    store.free_slab(region)
+                except OSError as exc:  # pragma: no cover - the kernel refused a hole punch
+                    log.error("daemon: cannot release a slab: %s", exc)
+                with self._mu:
+                    self._locked.discard(region)
+                continue
+            try:
+                region, locked = self._alloc(store)
+            except OSError as exc:
+                with self._mu:
+                    self._allocating -= 1
+                    self._alloc_blocked_until = time.monotonic() + self.period
+                log.warning("daemon: cannot allocate a slab: %s", exc)
+                self._waker.wake()                   # pending MAPs get their answer
+                continue
+            with self._mu:
+                self._allocating -= 1
+                self._free_list.append(region)
+                if locked:
+                    self._locked.add(region)
+                waiting = bool(self._pending_maps)
+            if waiting:
+                self._waker.wake()
+
+    def _alloc(self, store: SlabStore) -> tuple[int, bool]:
+        lock = self._lock_slabs
+        try:
+            return store.alloc_slab(lock=lock), lock
+        except OSError as exc:
+            if not lock or exc.errno not in (errno.ENOMEM, errno.EPERM, errno.EAGAIN):
+                raise
+            log.warning("cannot mlock a %d MiB slab (RLIMIT_MEMLOCK %s): lending unlocked "
+                        "memory from now on -- it could be swapped out; raise the limit "
+                        "(ulimit -l) or pass --no-lock to silence this",
+                        self.slab_size >> 20, _memlock_limit())
+            self._lock_slabs = False
+            return store.alloc_slab(lock=False), False
+
+    # ---- control thread ----
+
+    def _run(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(self._waker.fd, zmq.POLLIN)
+        next_tick = time.monotonic() + self.period
+        try:
+            while not self._stopping.is_set():
+                now = time.monotonic()
+                wake_at = next_tick
+                if self._round is not None:
+                    wake_at = min(wake_at, self._round.deadline)
+                if self._pending_maps:
+                    wake_at = min(wake_at, self._pending_maps[0][2])
+                events = dict(poller.poll(max(0.0, wake_at - now) * 1000))
+                if self._waker.fd in events:
+                    self._waker.clear()
+                if sock in events:
+                    self._drain(sock)
+                now = time.monotonic()
+                with self._mu:
+                    if self._pending_maps:
+                        self._serve_pending_maps(now)
+                    if self._round is not None and now >= self._round.deadline:
+                        self._round_timeout(now)
+                    if now >= next_tick:
+                        self._monitor(now)
+                        next_tick = max(next_tick + self.period, now + self.period / 2)
+            self._give_back_all(poller, sock)
+        except BaseException as exc:  # pragma: no cover - a bug; keep the traceback in the log
+            self._failure = exc
+            log.exception("daemon control thread failed")
+
+    def _drain(self, sock: zmq.Socket) -> None:
+        for _ in range(_MAX_BATCH):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) < 2:
+                continue
+            with self._mu:
+                try:
+                    self._handle(frames[:-1], frames[-1])
+                except Exception:
+                    log.exception("daemon: error handling a message from %s",
+                                  self._name(frames[0]))
+                    self._send(frames[:-1], p.error("internal error in the daemon; see its log",
+                                                    code="internal"))
+
+    def _name(self, peer: bytes) -> str:
+        return self._names.get(peer) or peer.hex()
+
+    def _send(self, envelope: list[bytes], data: bytes) -> str:
+        """``"ok"``, ``"gone"`` (the peer is not connected) or ``"full"`` (its queue is)."""
+        assert self._sock is not None
+        try:
+            self._sock.send_multipart([*envelope, data], zmq.NOBLOCK)
+            return "ok"
+        except zmq.ZMQError as exc:
+            if exc.errno == errno.EHOSTUNREACH:
+                return "gone"
+            if exc.errno == errno.EAGAIN:
+                log.warning("daemon: send queue to %s is full; dropping a message",
+                            self._name(envelope[0]))
+                return "full"
+            raise
+
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    # ---- messages ----
+
+    def _handle(self, envelope: list[bytes], payload: bytes) -> None:
+        peer = envelope[0]
+        try:
+            msg = p.decode(payload)
+        except p.ProtocolError as exc:
+            self.bad_messages += 1
+            log.warning("daemon: malformed message from %s: %s", self._name(peer), exc)
+            self._send(envelope, p.error(f"malformed message: {exc}", code="bad_request"))
+            return
+        op = msg.op
+        if op in (p.ACTIVITY, p.DONE):
+            self._on_reply(peer, msg)
+            return
+        if op == p.PONG:
+            return
+        if op == p.ERROR:
+            log.warning("daemon: %s reported an error: %s", self._name(peer), msg["reason"])
+            return
+        self.requests += 1
+        if op == p.QUERY_MEM:
+            reply = p.reply_to(msg, p.FREE_MEM, **self._free_mem())
+        elif op == p.MAP:
+            reply = self._on_map(envelope, msg)
+            if reply is None:                   # waits for the memory worker
+                return
+        elif op == p.UNMAP:
+            reply = self._on_unmap(peer, msg)
+        elif op == p.PING:
+            mine = sorted(lease.slab for lease in self._leases.values() if lease.peer == peer)
+            reply = p.reply_to(msg, p.PONG, instance=self.instance, slabs=mine)
+        elif op == p.STATUS:
+            reply = p.reply_to(msg, p.REPORT, report=self.stats())
+        else:
+            self.bad_messages += 1
+            log.warning("daemon: unexpected %s from %s", op, self._name(peer))
+            reply = p.reply_to(msg, p.ERROR, reason=f"a daemon does not accept {op}",
+                               code="unexpected")
+        self._send(envelope, reply)
+
+    def _free_mem(self) -> dict[str, Any]:
+        giveable = self._giveable()
+        return {"free_bytes": giveable, "slab_size": self.slab_size,
+                "slabs_free": giveable // self.slab_size, "slabs_mapped": len(self._leases),
+                "host_id": self.host_id, "instance": self.instance}
+
+    def _on_map(self, envelope: list[bytes], msg: p.Message) -> bytes | None:
+        """MR_INFO or ERROR now, or ``None`` when the MAP waits for an allocation."""
+        peer = envelope[0]
+        want = msg.get("slab_size")
+        if want is not None and want != self.slab_size:
+            return p.reply_to(msg, p.ERROR, code="slab_size",
+                              reason=f"this daemon's slab size is {self.slab_size} bytes, the "
+                                     f"device uses {want}; start both with the same --slab-size")
+        self._names[peer] = msg["device_id"]
+        if (peer, msg["slab"]) in self._leases:         # a retried MAP: the same region
+            return self._mr_info(peer, msg)
+        if self._giveable() < self.slab_size:
+            return p.reply_to(msg, p.ERROR, code="no_memory",
+                              reason="no free slab: free memory is at HeadRoom")
+        if not self._free_list:
+            # answer within a second either way, well inside a device's timeout
+            self._pending_maps.append((envelope, msg, time.monotonic() + min(self.timeout, 1.0)))
+            self._mem_wake.set()
+            return None
+        return self._mr_info(peer, msg)
+
+    def _mr_info(self, peer: bytes, msg: p.Message) -> bytes:
+        slab = msg["slab"]
+        lease = self._leases.get((peer, slab))
+        if lease is None:
+            lease = _Lease(peer, slab, self._free_list.pop(), time.monotonic())
+            self._leases[(peer, slab)] = lease
+            self.maps += 1
+        assert self._store is not None
+        return p.reply_to(msg, p.MR_INFO, slab=slab, region=lease.region, size=self.slab_size,
+                          host_id=self.host_id, host=self._advertised_host(),
+                          data_port=self._server.port() if self._server is not None else None,
+                          shm_path=self._store.path(), instance=self.instance)
+
+    def _serve_pending_maps(self, now: float) -> None:
+        """Answer MAPs that waited for the memory worker: MR_INFO, or ERROR once hopeless."""
+        keep = []
+        for envelope, msg, deadline in self._pending_maps:
+            peer = envelope[0]
+            if self._free_list or (peer, msg["slab"]) in self._leases:
+                self._send(envelope, self._mr_info(peer, msg))
+            elif now >= deadline or self._closing or (
+                    self._allocating == 0 and self._spare() == 0):
+                self._send(envelope, p.reply_to(msg, p.ERROR, code="no_memory",
+                                                reason="no slab could be allocated in time"))
+            else:
+                keep.append((envelope, msg, deadline))
+        self._pending_maps = keep
+
+    def _on_unmap(self, peer: bytes, msg: p.Message) -> bytes:
+        for slab in msg["slabs"]:
+            lease = self._leases.pop((peer, slab), None)
+            if lease is not None:
+                self._free_list.append(lease.region)    # unmapped; the monitor releases it
+        if self._quarantine:                            # the device confirms it let go
+            given = {(peer, s) for s in msg["slabs"]}
+            self._end_quarantine(lambda key, _exp: key in given, "it gave them back")
+        return p.reply_to(msg, p.DONE, slabs=list(msg["slabs"]))
+
+    def _device_gone(self, peer: bytes, why: str, quarantine: bool = False) -> None:
+        """Take back every slab of ``peer``: reusable at once if its connection is gone;
+        quarantined (held, not lent) if it may only be slow."""
+        slabs = [key for key in self._leases if key[0] == peer]
+        expiry = time.monotonic() + 10 * self.timeout
+        for key in slabs:
+            region = self._leases.pop(key).region
+            if quarantine:
+                self._quarantine[key] = (region, expiry)
+            else:
+                self._free_list.append(region)
+        if not quarantine:
+            self._end_quarantine(lambda key, _exp: key[0] == peer, "its connection is gone")
+        if slabs:
+            self.devices_lost += 1
+            log.warning("daemon: device %s %s; took back its %d slab(s)%s", self._name(peer), why,
+                        len(slabs), " (quarantined until it confirms or disconnects)"
+                        if quarantine else "")
+
+    def _end_quarantine(self, which: Callable[[tuple[bytes, int], float], bool],
+                        why: str) -> None:
+        keys = [k for k, (_, exp) in self._quarantine.items() if which(k, exp)]
+        for key in keys:
+            self._release(self._quarantine.pop(key)[0])
+        if keys:
+            log.info("daemon: released %d quarantined slab(s) of %s: %s", len(keys),
+                     self._name(keys[0][0]), why)
+
+    # ---- memory monitor (§2.5.1) ----
+
+    def _monitor(self, now: float) -> None:
+        try:
+            measured = self._measure()
+        except Exception as exc:
+            log.error("daemon: cannot read memory usage: %s", exc)
+            return
+        self._U = float(measured) if self._U is None else (
+            self.beta * measured + (1 - self.beta) * self._U)
+        free = self._free()
+        if free < self.headroom:
+            n_unmapped, n_mapped = eviction.slabs_to_release(
+                int(free), self.headroom, self.slab_size, len(self._free_list), len(self._leases))
+            for _ in range(n_unmapped):
+                self._release(self._free_list.pop())
+            if n_mapped and self._round is None and not self._closing:
+                self._start_round(n_mapped, now)
+        elif not self._closing and self._spare() > 0:
+            self._mem_wake.set()                        # preallocate (§2.5.1)
+        if now >= self._next_reap:                  # notice devices that went away
+            self._next_reap = now + max(1.0, self.period)
+            peers = {lease.peer for lease in self._leases.values()}
+            peers |= {key[0] for key in self._quarantine}
+            for peer in peers:
+                if self._send([peer], p.encode(p.PING)) == "gone":
+                    self._device_gone(peer, "disconnected")
+            self._end_quarantine(lambda _key, exp: exp <= now, "its grace period is over")
+
+    # ---- batch eviction (§2.5.2) ----
+
+    def _start_round(self, E: int, now: float) -> None:
+        E_prime = max(0, int(self._e_prime(E)))
+        sample = eviction.sample(list(self._leases), E, E_prime, self._rng)
+        rnd = _Round(E=E, phase="activity", deadline=now + self.timeout, started=now)
+        self._round = rnd
+        self.evict_rounds += 1
+        by_peer: dict[bytes, list[int]] = {}
+        for peer, slab in sample:
+            by_peer.setdefault(peer, []).append(slab)
+        log.info("daemon: free memory below HeadRoom: evicting %d of %d sampled slab(s)", E,
+                 len(sample))
+        for peer, slabs in by_peer.items():
+            rid = self._new_id()
+            status = self._send([peer], p.encode(p.CHECK_ACTIVITY, id=rid, slabs=slabs))
+            if status == "gone":
+                self._device_gone(peer, "disconnected")
+                continue
+            rnd.waiting[rid] = peer
+            rnd.asked[peer] = slabs
+            for s in slabs:
+                rnd.activity[(peer, s)] = 0.0
+        if not rnd.waiting:
+            self._evict_phase(now)
+
+    def _on_reply(self, peer: bytes, msg: p.Message) -> None:
+        rnd = self._round
+        rid = msg.id
+        if rnd is None or rid is None or rnd.waiting.get(rid) != peer:
+            if msg.op == p.DONE and self._quarantine:     # a late DONE: safe to free now
+                done = {(peer, s) for s in msg["slabs"]}
+                self._end_quarantine(lambda key, _exp: key in done, "its late DONE arrived")
+            log.debug("daemon: stale %s from %s", msg.op, self._name(peer))
+            return
+        now = time.monotonic()
+        del rnd.waiting[rid]
+        slabs = rnd.asked.get(peer, [])
+        if rnd.phase == "activity" and msg.op == p.ACTIVITY:
+            reported = msg["activity"]
+            for s in slabs:
+                rnd.activity[(peer, s)] = float(reported.get(s, 0.0))
+            if not rnd.waiting:
+                self._evict_phase(now)
+        elif rnd.phase == "evict" and msg.op == p.DONE:
+            for s in slabs:
+                lease = self._leases.pop((peer, s), None)
+                if lease is not None:
+                    self._release(lease.region)
+                    self.evictions += 1
+                    self._evict_times.add(now - rnd.sent_at)
+            if not rnd.waiting:
+                self._round = None
+
+    def _evict_phase(self, now: float) -> None:
+        rnd = self._round
+        assert rnd is not None
+        live = {k: a for k, a in rnd.activity.items() if k in self._leases}
+        chosen = eviction.choose(live, rnd.E)
+        rnd.phase, rnd.waiting, rnd.asked = "evict", {}, {}
+        rnd.deadline, rnd.sent_at = now + self.timeout, now
+        by_peer: dict[bytes, list[int]] = {}
+        for peer, slab in chosen:
+            by_peer.setdefault(peer, []).append(slab)
+        for peer, slabs in by_peer.items():
+            rid = self._new_id()
+            status = self._send([peer], p.encode(p.EVICT, id=rid, slabs=slabs))
+            if status == "gone":
+                self._device_gone(peer, "disconnected")
+                continue
+            rnd.waiting[rid] = peer
+            rnd.asked[peer] = slabs
+        if not rnd.waiting:
+            self._round = None
+
+    def _round_timeout(self, now: float) -> None:
+        rnd = self._round
+        assert rnd is not None
+        if rnd.phase == "activity":
+            for peer in set(rnd.waiting.values()):
+                log.warning("daemon: device %s did not answer CHECK_ACTIVITY within %.3g s; "
+                            "taking its slabs as idle", self._name(peer), self.timeout)
+            self._evict_phase(now)
+            return
+        for peer in set(rnd.waiting.values()):
+            self._device_gone(peer, f"did not answer EVICT within {self.timeout:.3g} s: taking "
+                                    "it as gone", quarantine=True)
+        self._round = None
+
+    def _give_back_all(self, poller: zmq.Poller, sock: zmq.Socket) -> None:
+        """Shutdown: EVICT every mapped slab and wait (bounded) for the DONEs."""
+        with self._mu:
+            self._closing = True
+            now = time.monotonic()
+            rnd = _Round(E=len(self._leases), phase="activity", deadline=now, started=now)
+            rnd.activity = {k: 0.0 for k in self._leases}
+            self._round = rnd
+            self._evict_phase(now)
+        deadline = time.monotonic() + min(self.timeout, 2.0)
+        while self._round is not None and time.monotonic() < deadline:
+            if dict(poller.poll(max(0.0, deadline - time.monotonic()) * 1000)).get(sock):
+                self._drain(sock)
+        with self._mu:
+            if self._round is not None:
+                for peer in set(self._round.waiting.values()):
+                    self._device_gone(peer, "did not answer EVICT at shutdown")
+                self._round = None
+
+    # ---- observation ----
+
+    def stats(self) -> dict[str, Any]:
+        """A JSON-able snapshot: memory, slabs (free, mapped, per device), data served, evictions."""
+        with self._mu:
+            devices: dict[str, list[int]] = {}
+            for lease in self._leases.values():
+                devices.setdefault(self._name(lease.peer), []).append(lease.slab)
+            served = self._server.stats() if self._server is not None else None
+            free = self._free()
+            return {
+                "address": self._address, "instance": self.instance, "pid": os.getpid(),
+                "host_id": self.host_id, "data_address": self.data_address,
+                "slab_size": self.slab_size, "headroom": self.headroom,
+                "capacity": self.capacity, "total_memory": self.total_memory,
+                "used_by_others": int(self._U or 0), "free_bytes": int(free),
+                "giveable_bytes": self._giveable(),
+                "allocated_bytes": (self._held() - self._allocating + len(self._to_free))
+                * self.slab_size,
+                "locked_bytes": len(self._locked) * self.slab_size,
+                "slabs_free": len(self._free_list), "slabs_mapped": len(self._leases),
+                "slabs_quarantined": len(self._quarantine),
+                "devices": {k: sorted(v) for k, v in sorted(devices.items())},
+                "maps": self.maps, "evictions": self.evictions, "evict_rounds": self.evict_rounds,
+                "devices_lost": self.devices_lost, "requests": self.requests,
+                "bad_messages": self.bad_messages,
+                "evict_time_s": self._evict_times.summary(),
+                "served": None if served is None else {
+                    "requests": served.requests, "bytes_read": served.bytes_read,
+                    "bytes_written": served.bytes_written, "connections": served.connections,
+                    "errors": served.errors},
+                "eviction_in_progress": self._round is not None,
+            }
+
+
+def _memlock_limit() -> str:
+    try:
+        import resource
+        soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+        return "unlimited" if soft == resource.RLIM_INFINITY else f"{soft >> 10} KiB"
+    except (ImportError, OSError, ValueError):  # pragma: no cover
+        return "unknown"

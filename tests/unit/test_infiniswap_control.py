@@ -1,0 +1,104 @@
+"""Small pieces of the Infiniswap control plane that need no process or socket peer:
+address parsing, size parsing, timing summaries, the wake-up pipe, command-line parsing."""
+from __future__ import annotations
+
+import select
+
+import pytest
+
+from infiniswap import cli
+from infiniswap.channel import Waker, endpoint
+from infiniswap.sizes import format_size, parse_size
+from infiniswap.timings import Timings, summarize
+
+
+@pytest.mark.parametrize("addr, bind, want", [
+    ("tcp://127.0.0.1:7300", False, "tcp://127.0.0.1:7300"),
+    ("127.0.0.1:7300", False, "tcp://127.0.0.1:7300"),
+    ("mem1.example:7300", False, "tcp://mem1.example:7300"),
+    ("tcp://127.0.0.1:0", True, "tcp://127.0.0.1:*"),
+    ("tcp://*:7300", True, "tcp://*:7300"),
+    ("[::1]:7300", False, "tcp://[::1]:7300"),
+    ("ipc:///tmp/isw.sock", False, "ipc:///tmp/isw.sock"),
+    (" tcp://h:1 ", False, "tcp://h:1"),
+])
+def test_endpoint_accepts(addr, bind, want):
+    assert endpoint(addr, bind=bind) == want
+
+
+@pytest.mark.parametrize("addr, text", [
+    ("", "bad address"),
+    ("host", "expected tcp://HOST:PORT"),
+    ("tcp://host", "expected tcp://HOST:PORT"),
+    ("udp://host:1", "only tcp://, ipc://"),
+    ("tcp://host:0", "a port is needed to connect"),
+    ("tcp://host:65536", "out of range"),
+    ("ipc://", "the path is empty"),
+])
+def test_endpoint_rejects_with_the_address_named(addr, text):
+    with pytest.raises(ValueError, match=text):
+        endpoint(addr)
+
+
+@pytest.mark.parametrize("text, want", [
+    ("4096", 4096), ("4K", 4096), ("1M", 1 << 20), ("8G", 8 << 30), ("1.5G", 3 << 29),
+    ("2GiB", 2 << 30), ("512mb", 512 << 20), (" 1 T ", 1 << 40), (7, 7),
+])
+def test_parse_size(text, want):
+    assert parse_size(text) == want
+
+
+@pytest.mark.parametrize("text", ["", "lots", "-1G", "1.1K", "4X", "G"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError, match="bad size"):
+        parse_size(text)
+
+
+def test_format_size():
+    assert format_size(None) == "-"
+    assert format_size(512) == "512 B"
+    assert format_size(3 << 29) == "1.5 GiB"
+    assert format_size(-(2 << 20)) == "-2.0 MiB"
+
+
+def test_summarize_and_timings():
+    assert summarize([]) == {"count": 0, "mean": None, "p50": None, "p99": None, "max": None}
+    s = summarize(range(1, 101))
+    assert s["count"] == 100 and s["p50"] == 50 and s["p99"] == 99 and s["max"] == 100
+    assert s["mean"] == 50.5
+    t = Timings(keep=3)
+    for v in (5.0, 1.0, 2.0, 3.0):
+        t.add(v)
+    assert t.values() == [1.0, 2.0, 3.0]              # the last `keep`
+    assert t.summary()["count"] == 4 and t.summary()["max"] == 3.0
+
+
+def test_waker_wakes_and_clears():
+    w = Waker()
+    try:
+        assert select.select([w.fd], [], [], 0)[0] == []
+        w.wake()
+        w.wake()
+        assert select.select([w.fd], [], [], 0)[0] == [w.fd]
+        w.clear()
+        assert select.select([w.fd], [], [], 0)[0] == []
+    finally:
+        w.close()
+    w.close()                                           # idempotent
+    w.wake()                                            # and harmless once closed
+
+
+def test_cli_parses_sizes_and_lists():
+    args = cli._parser().parse_args(["device", "--size", "4G", "--backup", "f", "--daemons",
+                                     "a:1, b:2,,", "--slab-size", "256M"])
+    assert args.size == 4 << 30 and args.slab_size == 256 << 20
+    assert args.daemons == ["a:1", "b:2"]
+    d = cli._parser().parse_args(["daemon"])
+    assert d.headroom == 8 << 30 and d.slab_size == 1 << 30 and d.capacity is None
+
+
+def test_cli_usage_errors_exit_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["daemon", "--period", "0"])
+    assert exc.value.code == 2
+    assert "'0' must be positive" in capsys.readouterr().err
