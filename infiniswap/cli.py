@@ -106,7 +106,21 @@ def _file_reader(path: str) -> Callable[[], int]:
     return read
 
 
+def _exit_with_parent() -> None:
+    """Ask Linux for SIGTERM when our parent dies, so no daemon outlives its test or bench."""
+    import ctypes
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    PR_SET_PDEATHSIG = 1
+    if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
+        log.warning("--exit-with-parent: prctl failed (errno %d)", ctypes.get_errno())
+    elif os.getppid() != parent:        # the parent died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _cmd_daemon(args: argparse.Namespace) -> int:
+    if args.exit_with_parent:
+        _exit_with_parent()
     from infiniswap.daemon import Daemon
 
     reader = total = None
@@ -240,6 +254,8 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--capacity", type=_size, default=None,
                    help="most memory to lend (default: all of it above HeadRoom)")
     d.add_argument("--no-lock", action="store_true", help="do not mlock slab memory")
+    d.add_argument("--exit-with-parent", action="store_true",
+                   help="stop (SIGTERM) when the process that started this one dies (Linux)")
     d.add_argument("--period", type=_positive(float), default=1.0,
                    help="memory monitor period, seconds (default 1)")
     d.add_argument("--timeout", type=_positive(float), default=5.0,

@@ -49,7 +49,7 @@ class DaemonProcess:
         cmd = [sys.executable, "-m", "infiniswap.cli", "daemon", "--bind", "tcp://127.0.0.1:0",
                "--slab-size", str(self.slab_size), "--capacity", str(self.capacity),
                "--headroom", str(self.headroom), "--period", str(self.period),
-               "--timeout", str(self.timeout)]
+               "--timeout", str(self.timeout), "--exit-with-parent"]
         if not self.lock:
             cmd.append("--no-lock")
         if self.usage_file:

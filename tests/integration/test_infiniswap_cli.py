@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from infiniswap.cli import main
@@ -138,3 +139,29 @@ def test_daemon_on_a_taken_port_fails_cleanly():
         assert out.returncode == 1
         assert "cannot bind the daemon's control socket" in out.stderr
         assert "Traceback" not in out.stderr
+
+
+def test_a_daemon_started_by_local_dies_with_its_parent(tmp_path):
+    # a test or bench killed hard must not leave daemons behind (--exit-with-parent)
+    script = tmp_path / "parent.py"
+    script.write_text("import time\nfrom infiniswap.local import DaemonProcess\n"
+                      "d = DaemonProcess(slab_size=1 << 20, capacity=16 << 20, headroom=2 << 20)\nd.start()\nprint(d.pid, flush=True)\ntime.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    daemon_pid = None
+    try:
+        daemon_pid = int(parent.stdout.readline())
+        parent.kill()
+        parent.wait(10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and psutil.pid_exists(daemon_pid) and \
+                psutil.Process(daemon_pid).status() != psutil.STATUS_ZOMBIE:
+            time.sleep(0.05)
+        assert not psutil.pid_exists(daemon_pid) or psutil.Process(daemon_pid).status() == psutil.STATUS_ZOMBIE
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        if daemon_pid and psutil.pid_exists(daemon_pid):
+            try:
+                os.kill(daemon_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
