@@ -321,10 +321,13 @@ static int read_piece(struct isw_device *d, uint32_t si, uint64_t soff, unsigned
     return rc;
 }
 
-int isw_device_write(struct isw_device *d, uint64_t off, const void *buf, uint64_t len)
+/* One I/O over [off, off+len): split at slab boundaries (a request may span slabs, some
+ * mapped and some not, §2.4.3) and run each piece; the first error ends it. ``wbuf`` is the
+ * source of a write, ``rbuf`` the destination of a read (exactly one is non-NULL). */
+static int for_each_piece(struct isw_device *d, const char *what, uint64_t off, const unsigned char *wbuf,
+                          unsigned char *rbuf, uint64_t len)
 {
-    const unsigned char *p = buf;
-    int rc = check_range(d, "write", off, len);
+    int rc = check_range(d, what, off, len);
 
     if (rc < 0)
         return rc;
@@ -334,39 +337,30 @@ int isw_device_write(struct isw_device *d, uint64_t off, const void *buf, uint64
         uint32_t si = (uint32_t)(off / d->slab_size);
         uint64_t soff = off % d->slab_size;
         uint64_t n = d->slab_size - soff < len ? d->slab_size - soff : len;
-        rc = write_piece(d, si, soff, p, n);
+        if (wbuf) {
+            rc = write_piece(d, si, soff, wbuf, n);
+            wbuf += n;
+        } else {
+            rc = read_piece(d, si, soff, rbuf, n);
+            rbuf += n;
+        }
         if (rc < 0)
             break;
         off += n;
-        p += n;
         len -= n;
     }
     dev_leave(d);
     return rc;
 }
 
+int isw_device_write(struct isw_device *d, uint64_t off, const void *buf, uint64_t len)
+{
+    return for_each_piece(d, "write", off, buf, NULL, len);
+}
+
 int isw_device_read(struct isw_device *d, uint64_t off, void *buf, uint64_t len)
 {
-    unsigned char *p = buf;
-    int rc = check_range(d, "read", off, len);
-
-    if (rc < 0)
-        return rc;
-    if ((rc = dev_enter(d)) < 0)
-        return rc;
-    while (len > 0) {
-        uint32_t si = (uint32_t)(off / d->slab_size);
-        uint64_t soff = off % d->slab_size;
-        uint64_t n = d->slab_size - soff < len ? d->slab_size - soff : len;
-        rc = read_piece(d, si, soff, p, n);
-        if (rc < 0)
-            break;
-        off += n;
-        p += n;
-        len -= n;
-    }
-    dev_leave(d);
-    return rc;
+    return for_each_piece(d, "read", off, NULL, buf, len);
 }
 
 int isw_device_flush(struct isw_device *d)
