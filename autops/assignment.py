@@ -1,12 +1,16 @@
 """Assignment of aggregation keys to aggregators (pure functions over plain data).
 
 ``spread_by_bytes`` is the standalone baseline: a job's keys spread over its own
-aggregators balanced by bytes, largest key first onto the least-loaded aggregator.
+aggregators balanced by bytes (or by any weight, e.g. measured CPU time), largest key
+first onto the least-loaded aggregator. The rest is the thesis' packing (§4.3.3.2-3):
+``pack_task`` (Pseudocode 3), ``pack_job`` (all tasks of a job, opening aggregators as
+needed) and ``recycle`` (free the least-loaded aggregators without new allocations).
+The same functions run inside pMaster and inside the trace-driven simulation.
 """
 from __future__ import annotations
 
 import heapq
-from typing import Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 
 def spread_by_bytes(
@@ -23,13 +27,13 @@ def spread_by_bytes(
     if not aggregators:
         raise ValueError("no aggregators to spread keys over")
     load = load or {}
-    heap = [(int(load.get(agg, 0)), i, agg) for i, agg in enumerate(aggregators)]
+    heap = [(load.get(agg, 0), i, agg) for i, agg in enumerate(aggregators)]
     heapq.heapify(heap)
     table: dict[str, str] = {}
     for key, nbytes in sorted(keys, key=lambda kv: (-kv[1], kv[0])):
         used, i, agg = heapq.heappop(heap)
         table[key] = agg
-        heapq.heappush(heap, (used + int(nbytes), i, agg))
+        heapq.heappush(heap, (used + nbytes, i, agg))
     return table
 
 
@@ -97,3 +101,89 @@ def pack_task(job: str, duration: float, cost: float,
         if free + _EPS >= runs_per_cycle(duration, cycle) * cost and (best is None or (free, name) < best):
             best = (free, name)
     return best[1] if best else None
+
+
+Loads = Mapping[str, Mapping[str, tuple[float, float]]]
+
+
+def cycle_of(jobs: Mapping[str, tuple[float, float]]) -> float:
+    """``C_n``: the largest standalone iteration duration among the jobs on an aggregator."""
+    return max((d for d, _ in jobs.values()), default=0.0)
+
+
+def busy_fraction(jobs: Mapping[str, tuple[float, float]]) -> float:
+    """Share of an aggregator's cycle its tasks keep the CPU busy (0 when empty)."""
+    cycle = cycle_of(jobs)
+    return 0.0 if cycle <= 0 else (cycle - free_time(cycle, jobs)) / cycle
+
+
+def job_demand(duration: float, costs: Iterable[float]) -> float:
+    """CPU a job's aggregation needs, in aggregators (CPU seconds per second of training)."""
+    return sum(costs) / duration if duration > 0 else 0.0
+
+
+def pack_job(job: str, duration: float, tasks: Sequence[tuple[str, float]],
+             aggregators: Loads, new_name: Callable[[int], str],
+             loss_limit: float = LOSS_LIMIT, allow_new: bool = True
+             ) -> tuple[dict[str, str], list[str]] | None:
+    """Assign every ``(task, cost)`` of ``job`` with Pseudocode 3, largest cost first.
+
+    When no aggregator fits a task, a new one named ``new_name(i)`` (i = 0, 1, ...) is
+    opened and joins the candidates. Returns ``(task -> aggregator, names opened)``, or
+    None when ``allow_new`` is False and some task does not fit. ``aggregators`` is not
+    modified.
+    """
+    loads = {name: dict(jobs) for name, jobs in aggregators.items()}
+    table: dict[str, str] = {}
+    opened: list[str] = []
+    for task, cost in sorted(tasks, key=lambda tc: (-tc[1], tc[0])):
+        name = pack_task(job, duration, cost, loads, loss_limit)
+        if name is None:
+            if not allow_new:
+                return None
+            name = new_name(len(opened))
+            if name in loads:
+                raise ValueError(f"new aggregator name {name!r} is already in use")
+            opened.append(name)
+            loads[name] = {}
+        d_old, e_old = loads[name].get(job, (duration, 0.0))
+        loads[name][job] = (d_old, e_old + cost)
+        table[task] = name
+    return table, opened
+
+
+def recycle(aggregators: Loads, tasks: Mapping[str, Sequence[tuple[str, str, float]]],
+            durations: Mapping[str, float], loss_limit: float = LOSS_LIMIT,
+            exclude: Iterable[str] = ()) -> list[tuple[str, dict[str, str]]]:
+    """Aggregators that can be freed after a job exit (thesis §4.3.3.3, "Job Exit").
+
+    From the least-loaded aggregator up, try to re-assign all its tasks
+    (``tasks[name]`` = ``[(job, task, cost)]``) to the others with Pseudocode 3 and no new
+    allocation; on success it is recycled and the next one is tried, on the first failure
+    the procedure stops. Returns ``[(freed aggregator, {task: new aggregator})]`` in order.
+    Aggregators in ``exclude`` are neither freed nor used as destinations.
+    """
+    blocked = set(exclude)
+    loads = {name: dict(jobs) for name, jobs in aggregators.items() if name not in blocked}
+    plan: list[tuple[str, dict[str, str]]] = []
+    order = sorted(loads, key=lambda n: (busy_fraction(loads[n]), n))
+    for victim in order:
+        if victim not in loads or not loads[victim]:
+            continue
+        others = {n: dict(j) for n, j in loads.items() if n != victim}
+        if not others:
+            break
+        moves: dict[str, str] = {}
+        for job, task, cost in sorted(tasks.get(victim, ()), key=lambda t: (-t[2], t[1])):
+            dest = pack_task(job, durations[job], cost, others, loss_limit)
+            if dest is None:
+                moves = {}
+                break
+            d_old, e_old = others[dest].get(job, (durations[job], 0.0))
+            others[dest][job] = (d_old, e_old + cost)
+            moves[task] = dest
+        if not moves:
+            break
+        plan.append((victim, moves))
+        loads = others
+    return plan
