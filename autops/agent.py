@@ -1,7 +1,12 @@
 """The agent inside each training worker: mapping table, async push/pull, iteration counters.
 
 The agent registers its job with pMaster, declares tensors, and caches the table
-``key -> aggregator`` that pMaster owns (refreshed when an aggregator answers REDIRECT).
+``key -> aggregator`` that pMaster owns. During a live migration a key has a second owner
+from a given iteration on: the agent learns it from pMaster's table, from the old owner's
+pull reply of the cutover iteration, or from a REDIRECT, and routes each request by its
+iteration, so no request reaches an aggregator that no longer (or not yet) serves it.
+Once per profiling period the I/O thread sends pMaster one PROFILE record (iteration
+count and mean iteration duration), which also tells pMaster the worker is alive.
 User threads (training loop, autograd hooks) enqueue operations; one I/O thread owns all
 ZeroMQ sockets, sends pushes and pulls without copying the tensors, batches small keys
 into one message per aggregator, copies pull replies into the caller's buffers, and fails
@@ -15,7 +20,6 @@ import logging
 import os
 import threading
 import time
-import zlib
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -31,6 +35,7 @@ from .transport.zmq import choose_endpoint, keep_freed_buffers, make_context
 log = logging.getLogger("autops.agent")
 
 DEFAULT_TIMEOUT = 60.0
+PROFILE_PERIOD = float(os.environ.get("AUTOPS_PROFILE_PERIOD", "1.0"))
 
 
 class AutoPSError(RuntimeError):
@@ -138,20 +143,43 @@ class Table:
         self.by_tensor: dict[str, list[KeySpec]] = {}
         self.aggs: dict[str, dict] = {}
         self.tensors: dict[str, tuple[tuple[int, ...], str]] = {}
+        self.moves: dict[str, tuple[str, int]] = {}   # key -> (new owner, first iteration there)
+        self.home: str | None = None                  # the job's aggregator for broadcasts
 
     def load(self, reply: wire.Message) -> None:
-        keys, owner, by_tensor = {}, {}, collections.defaultdict(list)
+        keys, owner, by_tensor, moves = {}, {}, collections.defaultdict(list), {}
         for item in reply["keys"]:
             spec = KeySpec.from_wire(item)
             keys[spec.key] = spec
             owner[spec.key] = str(item[6])
+            if len(item) > 7 and item[7]:
+                moves[spec.key] = (str(item[7][0]), int(item[7][1]))
             by_tensor[spec.tensor].append(spec)
-        self.keys, self.owner, self.by_tensor = keys, owner, dict(by_tensor)
+        self.keys, self.owner, self.by_tensor, self.moves = keys, owner, dict(by_tensor), moves
         self.aggs = dict(reply["aggregators"])
         self.tensors = {n: (tuple(s), d) for n, s, d in reply["tensors"]}
+        self.home = reply.get("home")
 
-    def small_keys_of(self, agg: str) -> set[str]:
-        return {k for k, s in self.keys.items() if s.small and self.owner[k] == agg}
+    def route(self, key: str, iteration: int) -> str:
+        """The aggregator serving ``iteration`` of ``key``."""
+        move = self.moves.get(key)
+        if move is not None and iteration >= move[1]:
+            return move[0]
+        return self.owner[key]
+
+    def learn(self, key: str, agg: str, first: int, info: dict) -> None:
+        """A migration of ``key`` to ``agg`` from iteration ``first`` on (idempotent)."""
+        if key not in self.owner:
+            return
+        self.aggs[agg] = info
+        old = self.moves.get(key)
+        if old is not None and old[1] < first and old[0] != agg:
+            self.owner[key] = old[0]        # a later move: the earlier one is complete by now
+        self.moves[key] = (agg, first)
+
+    def final_owner(self, key: str) -> str:
+        move = self.moves.get(key)
+        return move[0] if move is not None else self.owner[key]
 
 
 class Agent:
@@ -185,6 +213,7 @@ class Agent:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._closed = False
+        self._done = False
         self._io = threading.Thread(target=self._io_main, name=f"autops-agent-{rank}", daemon=True)
         self._io_ready = threading.Event()
         self._io.start()
@@ -229,8 +258,8 @@ class Agent:
         """aggregator id -> keys it serves for this job."""
         out: dict[str, list[str]] = {}
         with self._table_lock:
-            for key, agg in self.table.owner.items():
-                out.setdefault(agg, []).append(key)
+            for key in list(self.table.owner):
+                out.setdefault(self.table.final_owner(key), []).append(key)
         return out
 
     # --- data (user thread -> I/O thread) --------------------------------------------
@@ -300,6 +329,10 @@ class Agent:
         self._submit(("flush",))
 
     def job_done(self) -> None:
+        """Tell pMaster this rank has finished; the job is released when all ranks have."""
+        if self._done:
+            return
+        self._done = True
         with self._master_lock:
             try:
                 self._master.call(wire.JOB_DONE, job=self.job, secret=self.secret, rank=self.rank)
@@ -307,8 +340,13 @@ class Agent:
                 log.warning("could not report job completion: %s", exc)
 
     def close(self) -> None:
+        """Leave the job (as ``job_done``) and stop the I/O thread."""
         if self._closed:
             return
+        if not self._done:
+            timeout, self._master.timeout = self._master.timeout, min(self._master.timeout, 5.0)
+            self.job_done()
+            self._master.timeout = timeout
         self._closed = True
         self._submit(("stop",))
         self._io.join(timeout=5)
@@ -359,6 +397,10 @@ class _IOLoop:
         self.running = True
         self.tuned = False
         self.master = MasterClient(agent.ctx, agent.master, agent.timeout)
+        # profiling: (iteration, time) of the first push of each new iteration this period
+        self.last_iteration = 0
+        self.marks: list[tuple[int, float]] = []
+        self.next_profile = time.monotonic() + PROFILE_PERIOD
 
     def close(self) -> None:
         for sock in self.socks.values():
@@ -384,7 +426,7 @@ class _IOLoop:
         """The shared buffer of a key; allocated for all not-yet-staged large keys at once."""
         if spec.key not in self.staging:
             todo = [s for k, s in self.table.keys.items()
-                    if not s.small and k not in self.staging and self.uses_shm(self.table.owner[k])]
+                    if not s.small and k not in self.staging and self.uses_shm(self.table.final_owner(k))]
             if spec.key not in {s.key for s in todo}:
                 todo.append(spec)
             for s, (arr, ref) in zip(todo, self.arena.allocate([(s.numel, s.dtype) for s in todo])):
@@ -440,6 +482,26 @@ class _IOLoop:
                         break
                     self.reply(sock, frames)
             self.expire()
+            if time.monotonic() >= self.next_profile:
+                self.profile()
+
+    def profile(self) -> None:
+        """One PROFILE record per period: iterations started and their mean duration."""
+        now = time.monotonic()
+        self.next_profile = now + PROFILE_PERIOD
+        marks = self.marks
+        count, duration = 0, None
+        if len(marks) >= 2:
+            count = marks[-1][0] - marks[0][0]
+            duration = (marks[-1][1] - marks[0][1]) / count if count > 0 else None
+        self.marks = marks[-1:]
+        agent = self.agent
+        try:
+            self.master.sock.send_multipart(wire.encode(
+                wire.PROFILE, job=agent.job, secret=agent.secret, rank=agent.rank,
+                iteration=self.last_iteration, count=count, duration=duration), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass        # the master is unreachable; the next period tries again
 
     # commands ---------------------------------------------------------------------------
     def command(self, cmd: tuple) -> None:
@@ -470,14 +532,22 @@ class _IOLoop:
             while handle._pending > 0:
                 handle._part_done(err)
 
-    def small_of(self, agg: str) -> set[str]:
-        if agg not in self.small:
-            self.small[agg] = self.table.small_keys_of(agg)
-        return self.small[agg]
+    def small_of(self, agg: str, iteration: int) -> set[str]:
+        """Small keys that ``agg`` serves at ``iteration`` (one batch per aggregator)."""
+        cache = (agg, iteration if self.table.moves else None)
+        if cache not in self.small:
+            if len(self.small) > 256:
+                self.small.clear()
+            self.small[cache] = {k for k, s in self.table.keys.items()
+                                 if s.small and self.table.route(k, iteration) == agg}
+        return self.small[cache]
 
     def do_push(self, specs, flat, iteration, handle, hp) -> None:
+        if iteration > self.last_iteration:
+            self.last_iteration = iteration
+            self.marks.append((iteration, time.monotonic()))
         for spec in specs:
-            agg = self.table.owner[spec.key]
+            agg = self.table.route(spec.key, iteration)
             part = Part(spec, handle, iteration, data=flat[spec.offset:spec.offset + spec.numel], hp=hp)
             if spec.small:
                 pending = self.batch_push[agg]
@@ -497,7 +567,7 @@ class _IOLoop:
 
     def do_pull(self, specs, flat, iteration, handle) -> None:
         for spec in specs:
-            agg = self.table.owner[spec.key]
+            agg = self.table.route(spec.key, iteration)
             part = Part(spec, handle, iteration, out=flat[spec.offset:spec.offset + spec.numel])
             if spec.small:
                 self.batch_pull[agg].append(part)
@@ -507,7 +577,8 @@ class _IOLoop:
                 self.send(agg, wire.PULL, [part])
 
     def maybe_flush(self, agg: str) -> None:
-        small = self.small_of(agg)
+        batch = self.batch_push[agg] or self.batch_pull[agg]
+        small = self.small_of(agg, batch[-1].iteration if batch else 0)
         pushed = {p.spec.key for p in self.batch_push[agg]}
         pulled = {p.spec.key for p in self.batch_pull[agg]}
         if pushed >= small and (not pulled or pulled >= small):
@@ -532,8 +603,9 @@ class _IOLoop:
         fields = dict(req=req, job=agent.job, secret=agent.secret, rank=agent.rank)
         if op == wire.PUSH:
             items, payloads = [], []
+            shm_ok = self.uses_shm(agg)
             for p in parts:
-                if p.shm_ref is not None:
+                if p.shm_ref is not None and shm_ok:
                     items.append([p.spec.key, p.iteration, -1, 0, p.data.nbytes, p.hp, {"shm": p.shm_ref}])
                 else:
                     items.append([p.spec.key, p.iteration, len(payloads), 0, p.data.nbytes, p.hp])
@@ -548,7 +620,7 @@ class _IOLoop:
     def do_init(self, specs, flat, handle, hp, state, step) -> None:
         per_agg: dict[str, list] = collections.defaultdict(list)
         for spec in specs:
-            per_agg[self.table.owner[spec.key]].append(spec)
+            per_agg[self.table.route(spec.key, 0)].append(spec)
         for agg, agg_specs in per_agg.items():
             req = next(self.reqs)
             payloads, items, parts = [], [], []
@@ -579,8 +651,7 @@ class _IOLoop:
 
     def do_bcast(self, name, flat, root, seq, handle) -> None:
         agent = self.agent
-        aggs = sorted(self.table.aggs) or sorted(agent.aggregators)
-        agg = aggs[(zlib.crc32(name.encode()) + seq) % len(aggs)]
+        agg = self.table.home or sorted(agent.aggregators)[0]
         req = next(self.reqs)
         part = Part(KeySpec(name, name, 0, flat.size, str(flat.dtype), False), handle, seq,
                     data=flat if agent.rank == root else None, out=None if agent.rank == root else flat)
@@ -610,7 +681,7 @@ class _IOLoop:
             for part in request.parts:
                 part.handle._part_done(err)
         elif msg.op == wire.REDIRECT:
-            self.redirect(request)
+            self.redirect(request, msg)
         elif msg.op == wire.PULL_REPLY:
             self.fill(request, msg)
         else:
@@ -641,25 +712,47 @@ class _IOLoop:
                     f"pull of {part.spec.key!r}: reply has {src.size} elements, expected {part.out.size}"))
                 continue
             np.copyto(part.out, src)
+            if len(item) > 4 and isinstance(item[4], dict) and item[4].get("moved"):
+                self.learn_move(part.spec.key, item[4]["moved"])
             if self.staged_busy.get(part.spec.key, 1 << 62) <= part.iteration:
                 del self.staged_busy[part.spec.key]     # the aggregator is done with our staged push
             part.handle._part_done()
         for part in by_key.values():
             part.handle._part_done(AutoPSError(f"pull reply from {request.agg} lacks {part.spec.key!r}"))
 
-    def redirect(self, request: Request) -> None:
-        """The key moved: fetch the table from pMaster and resend to the new owners."""
-        reply = self.master.call(wire.GET_TABLE, job=self.agent.job, secret=self.agent.secret)
-        table = Table()
-        table.load(reply)
-        self.table = table
+    def learn_move(self, key: str, moved: list) -> None:
+        """The old owner said: ``key`` is served by ``agg`` from iteration ``first`` on."""
+        try:
+            agg, first, info = str(moved[0]), int(moved[1]), dict(moved[2])
+        except (TypeError, ValueError, IndexError):
+            log.warning("malformed migration notice for %s: %r", key, moved)
+            return
+        if self.table.moves.get(key) == (agg, first):
+            return
+        self.table.learn(key, agg, first, info)
         self.small = {}
-        self.shm_aggs = {}
-        with self.agent._table_lock:
-            self.agent.table = table
+
+    def redirect(self, request: Request, msg: wire.Message) -> None:
+        """The key moved: learn where from the reply (or, without details, from pMaster's
+        table) and resend every part of the request to its owner."""
+        items = msg.get("items") or []
+        if items:
+            for item in items:
+                if isinstance(item, (list, tuple)) and len(item) >= 4:
+                    self.learn_move(str(item[0]), list(item[1:4]))
+        else:
+            reply = self.master.call(wire.GET_TABLE, job=self.agent.job, secret=self.agent.secret)
+            table = Table()
+            table.load(reply)
+            self.table = table
+            self.small = {}
+            self.shm_aggs = {}
+            with self.agent._table_lock:
+                self.agent.table = table
+        table = self.table
         per_agg: dict[str, list[Part]] = collections.defaultdict(list)
         for part in request.parts:
-            per_agg[table.owner[part.spec.key]].append(part)
+            per_agg[table.route(part.spec.key, part.iteration)].append(part)
         for agg, parts in per_agg.items():
             self.send(agg, request.kind, parts)
 

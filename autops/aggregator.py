@@ -5,9 +5,19 @@ same host), registers with pMaster over a DEALER, heartbeats, accepts ``ASSIGN``
 ``RELEASE_JOB`` from pMaster, and runs the data plane over the ``Store``: pushes are
 acknowledged at once, pulls are parked until their iteration is published. Any bad
 request is answered with an error to that client only; the loop never dies on input.
+
+Elasticity (thesis §4.3): the aggregator measures the CPU time of every key and reports it
+with its heartbeat (one record per period); it runs the jobs packed on it in cycles
+(``cycle.CyclicSchedule``: a late aggregation runs in this cycle only if the slack allows,
+else at the next cycle start); and it takes part in live migration (Fig. 4.5): as the old
+owner it finishes the cutover iteration, tells the workers the new address in those pull
+replies (and REDIRECTs anything later), then sends TENSOR_COPY to the new owner and
+TENSOR_COPY_DONE to pMaster; as the new owner it holds pushes until the copy arrived and
+sends WORKER_DONE once the workers pushed to it.
 """
 from __future__ import annotations
 
+import heapq
 import logging
 import os
 import signal
@@ -21,11 +31,12 @@ import psutil
 import zmq
 
 from . import wire
+from .cycle import CyclicSchedule
 from .hostinfo import host_id
 from .partition import KeySpec
 from .store import KeyState, Store, StoreError
 from .transport import shm
-from .transport.zmq import bound_address, ipc_address, keep_freed_buffers, make_context
+from .transport.zmq import bound_address, choose_endpoint, ipc_address, keep_freed_buffers, make_context
 
 log = logging.getLogger("autops.aggregator")
 
@@ -87,7 +98,17 @@ class Aggregator:
         self.ctrl = self.ctx.socket(zmq.DEALER)
         self.ctrl.connect(master)
         self.proc = psutil.Process()
-        self.stats = {"pushes": 0, "pulls": 0, "errors": 0, "bytes_in": 0, "bytes_out": 0}
+        self.stats = {"pushes": 0, "pulls": 0, "errors": 0, "bytes_in": 0, "bytes_out": 0,
+                      "late": 0, "postponed": 0, "migrated_in": 0, "migrated_out": 0}
+        # live migration: sockets to other aggregators and copies waiting for their ack
+        self.peers: dict[str, zmq.Socket] = {}
+        self.copy_waits: dict[int, tuple[int, str, list[str]]] = {}   # req -> (mid, job, keys)
+        self._copy_reqs = iter(range(1, 1 << 62))
+        # cyclic execution: the schedule, each job's latest admitted iteration, postponed work
+        self.schedule: CyclicSchedule | None = None
+        self.admitted: dict[str, int] = {}
+        self.postponed: dict[str, tuple[float, int, list]] = {}   # job -> (run at, iteration, pushes)
+        self.timers: list[tuple[float, str]] = []
 
     def _allocate(self, job: str, sizes: list) -> list:
         """Published buffers in shared memory, so same-host agents read them with one memcpy."""
@@ -129,7 +150,7 @@ class Aggregator:
             self.close()
 
     def close(self) -> None:
-        for sock in self.data_socks:
+        for sock in [*self.data_socks, *self.peers.values()]:
             sock.close(0)
         self.ctrl.close(0)
         self.ctx.term()
@@ -148,13 +169,16 @@ class Aggregator:
         for sock in self.data_socks:
             poller.register(sock, zmq.POLLIN)
         poller.register(self.ctrl, zmq.POLLIN)
+        self.poller = poller
         next_beat = time.monotonic()
         while not self._stop.is_set():
             now = time.monotonic()
             if now >= next_beat:
                 self._heartbeat()
                 next_beat = now + self.heartbeat_interval
-            timeout = max(0.0, min(next_beat - now, 0.2))
+            self._run_due(now)
+            wake = min(next_beat, self.timers[0][0]) if self.timers else next_beat
+            timeout = max(0.0, min(wake - now, 0.2))
             for sock, _ in poller.poll(int(timeout * 1000) + 1):
                 # drain what is queued on this socket before polling again
                 for _ in range(64):
@@ -164,8 +188,10 @@ class Aggregator:
                         break
                     if sock is self.ctrl:
                         self._on_master(frames)
-                    else:
+                    elif sock in self.data_socks:
                         self._on_data(sock, frames)
+                    else:
+                        self._on_peer(frames)
 
     def _heartbeat(self) -> None:
         try:
@@ -174,7 +200,9 @@ class Aggregator:
             cpu = 0.0
         self.ctrl.send_multipart(wire.encode(
             wire.HEARTBEAT, agg=self.agg_id or "", cpu_percent=cpu,
-            bytes_held=self.store.bytes_held(), jobs=sorted(self.store.jobs), **self.stats))
+            bytes_held=self.store.bytes_held(), jobs=sorted(self.store.jobs),
+            profile=self.store.take_profile(), cycle_s=self.schedule.cycle if self.schedule else None,
+            **self.stats))
 
     # --- control from pMaster -------------------------------------------------------
     def _on_master(self, frames: list) -> None:
@@ -195,6 +223,19 @@ class Aggregator:
                 self.ctrl.send_multipart(wire.error(str(exc), req=req, agg=self.agg_id))
         elif msg.op == wire.RELEASE_JOB:
             self._release(msg["job"])
+        elif msg.op == wire.CYCLE:
+            self._set_cycle(msg["jobs"])
+        elif msg.op == wire.MIGRATE_PREPARE:
+            self._migrate_prepare(msg)
+        elif msg.op == wire.MIGRATE_INIT:
+            self._migrate_init(msg)
+        elif msg.op == wire.MIGRATE_DROP:
+            for ks in self.store.drop_keys(msg["job"], list(msg["keys"])):
+                for pending in self.waiters.pop(id(ks), []):
+                    if not pending.finished:
+                        pending.finished = True
+                        self._send_error(pending.sock, pending.identity, pending.req,
+                                         f"key {ks.spec.key!r} moved to another aggregator")
         elif msg.op in (wire.OK, wire.ERROR):
             if msg.op == wire.ERROR:
                 log.warning("master: %s", msg["message"])
@@ -212,6 +253,8 @@ class Aggregator:
             for pending in self.waiters.pop(id(ks), []):
                 self._send_error(pending.sock, pending.identity, pending.req, f"job {job!r} was released")
         self.store.release(job)
+        self.admitted.pop(job, None)
+        self.postponed.pop(job, None)
         self.attached.release(job)
         arena = self.arenas.pop(job, None)
         if arena is not None:
@@ -239,6 +282,8 @@ class Aggregator:
                 self._bcast_put(sock, identity, msg)
             elif msg.op == wire.BCAST_GET:
                 self._bcast_get(sock, identity, msg)
+            elif msg.op == wire.TENSOR_COPY:
+                self._tensor_copy(sock, identity, msg)
             else:
                 raise wire.ProtocolError(f"operation {msg.op!r} is not served by an aggregator")
         except (wire.ProtocolError, StoreError) as exc:
@@ -260,10 +305,22 @@ class Aggregator:
                                      f"{buf.nbytes}-byte frame or not a whole number of {dtype}")
         return np.frombuffer(buf, dtype=dtype, count=nbytes // itemsize, offset=offset)
 
+    @staticmethod
+    def _moved_past(ks: KeyState, iteration: int) -> bool:
+        """True when ``iteration`` of ``ks`` belongs to the aggregator it is migrating to."""
+        mv = ks.moving
+        return mv is not None and iteration > mv["cutover"]
+
+    @staticmethod
+    def _move_item(ks: KeyState) -> list:
+        mv = ks.moving
+        return [ks.spec.key, mv["to"], mv["cutover"] + 1, mv["info"]]
+
     def _push(self, sock: zmq.Socket, identity: bytes, msg: wire.Message) -> None:
         state = self.store.job(msg["job"], msg["secret"])
         rank = msg["rank"]
-        checked: list[tuple[KeyState, np.ndarray]] = []
+        checked: list[tuple] = []
+        redirects: list = []
         seen: set[str] = set()
         for item in wire.items_of(msg, 5):
             key, iteration, frame_idx, offset, nbytes = item[:5]
@@ -274,6 +331,9 @@ class Aggregator:
                 raise wire.ProtocolError(f"push: hyper-parameters of {key!r} must be a map")
             seen.add(key)
             ks = self.store.key(state, key)
+            if self._moved_past(ks, iteration):
+                redirects.append(self._move_item(ks))
+                continue
             ref = item[6].get("shm") if len(item) > 6 and isinstance(item[6], dict) else None
             if ref is not None:
                 if not isinstance(nbytes, int):
@@ -284,31 +344,102 @@ class Aggregator:
                     raise StoreError(f"push of {key!r}: {exc}") from None
             else:
                 data = self._array(msg, frame_idx, offset, nbytes, ks.spec.dtype)
-            checked.append((self.store.check_push(state, rank, key, iteration, data), data, hp, ref is not None))
-        for ks, _, hp, _ in checked:
+            if ks.incoming is not None:
+                # migrating here: the iteration counter arrives with the copy; check the rest now
+                self.store._check_rank(state, rank)
+                if data.dtype != np.dtype(ks.spec.dtype) or data.size != ks.spec.numel:
+                    raise StoreError(f"job {state.job!r}: push of {key!r} carries {data.size} x "
+                                     f"{data.dtype}, expected {ks.spec.numel} x {ks.spec.dtype}")
+            else:
+                self.store.check_push(state, rank, key, iteration, data)
+            checked.append((ks, data, hp, ref is not None, iteration))
+        if redirects:
+            # nothing applied: the agent learns the new owners and resends every part
+            sock.send_multipart([identity, *wire.encode(wire.REDIRECT, req=msg.get("req"), items=redirects)])
+            return
+        for ks, _, hp, _, _ in checked:
             if hp:
+                if ks.incoming is not None:
+                    ks.held_hp = hp
+                    continue
                 try:
                     self.store.set_hp(ks, hp)
                 except ValueError as exc:
                     raise StoreError(f"key {ks.spec.key!r}: bad hyper-parameters: {exc}") from None
         sock.send_multipart([identity, *wire.encode(wire.PUSH_ACK, req=msg.get("req"), items=list(seen))])
-        for ks, data, _, deferred in checked:
+        now = time.monotonic()
+        for ks, data, _, deferred, iteration in checked:
             self.stats["pushes"] += 1
             self.stats["bytes_in"] += data.nbytes
-            if self.store.push(ks, rank, data, deferred=deferred):
-                self._published(ks)
+            if ks.incoming is not None:
+                ks.held.append((rank, iteration, data, deferred))
+            elif self._admit(state.job, iteration, now):
+                self._apply_push(ks, rank, data, deferred)
+            else:
+                self.postponed[state.job][2].append((ks, rank, data, deferred))
+
+    def _apply_push(self, ks: KeyState, rank: int, data: np.ndarray, deferred: bool) -> None:
+        t0 = time.thread_time()
+        done = self.store.push(ks, rank, data, deferred=deferred)
+        ks.cpu += time.thread_time() - t0
+        if done:
+            self._published(ks)
+
+    # --- cyclic execution -------------------------------------------------------------
+    def _set_cycle(self, jobs: dict) -> None:
+        """pMaster's packing changed: the jobs here, their standalone D and CPU time e."""
+        try:
+            parsed = {str(j): (float(v[0]), float(v[1])) for j, v in jobs.items()}
+        except (TypeError, ValueError, IndexError):
+            log.warning("bad cycle message: %r", jobs)
+            return
+        if self.schedule is not None:
+            self.stats["late"] += self.schedule.late
+            self.stats["postponed"] += self.schedule.postponed
+        self.schedule = CyclicSchedule(parsed, time.monotonic()) if len(parsed) >= 2 else None
+        if self.schedule is None:
+            self._run_due(float("inf"))
+        log.info("execution cycle %s for %s", f"{self.schedule.cycle:.3f}s" if self.schedule else "off",
+                 sorted(parsed))
+
+    def _admit(self, job: str, iteration: int, now: float) -> bool:
+        """May this push be aggregated now? False: it joins its job's postponed iteration."""
+        pending = self.postponed.get(job)
+        if pending is not None and pending[1] == iteration:
+            return False
+        if self.schedule is None or job not in self.schedule.slots or iteration <= self.admitted.get(job, 0):
+            return True
+        self.admitted[job] = iteration
+        run_at = self.schedule.admit(job, now)
+        if run_at <= now:
+            return True
+        self.postponed[job] = (run_at, iteration, [])
+        heapq.heappush(self.timers, (run_at, job))
+        return False
+
+    def _run_due(self, now: float) -> None:
+        while self.timers and self.timers[0][0] <= now:
+            _, job = heapq.heappop(self.timers)
+            pending = self.postponed.pop(job, None)
+            for ks, rank, data, deferred in (pending[2] if pending else ()):
+                self._apply_push(ks, rank, data, deferred)
 
     def _pull(self, sock: zmq.Socket, identity: bytes, msg: wire.Message) -> None:
         state = self.store.job(msg["job"], msg["secret"])
         rank = msg["rank"]
         if not 0 <= rank < state.world_size:
             raise StoreError(f"job {state.job!r}: rank {rank} outside world size {state.world_size}")
-        items = []
+        items, redirects = [], []
         for key, iteration in (i[:2] for i in wire.items_of(msg, 2)):
             if not isinstance(key, str) or not isinstance(iteration, int):
                 raise wire.ProtocolError(f"pull: bad item {key!r}")
             ks = self.store.key(state, key)
+            if self._moved_past(ks, iteration):
+                redirects.append(self._move_item(ks))
             items.append((ks, iteration))
+        if redirects:
+            sock.send_multipart([identity, *wire.encode(wire.REDIRECT, req=msg.get("req"), items=redirects)])
+            return
         pending = PendingPull(sock, identity, msg.get("req"), items,
                               iteration={id(ks): it for ks, it in items}, shm=bool(msg.get("shm")))
         for ks, iteration in items:
@@ -322,12 +453,11 @@ class Aggregator:
             self._reply_pull(pending)
 
     def _published(self, ks: KeyState) -> None:
-        """Answer the parked pulls that waited for ``ks`` and are now complete."""
+        """Answer the parked pulls that waited for ``ks`` and are now complete; then the
+        migration steps that wait for this iteration."""
         waiting = self.waiters.pop(id(ks), None)
-        if not waiting:
-            return
         keep = []
-        for pending in waiting:
+        for pending in waiting or ():
             if pending.finished:
                 continue
             try:
@@ -344,6 +474,14 @@ class Aggregator:
                 self._reply_pull(pending)
         if keep:
             self.waiters[id(ks)] = keep
+        mv = ks.moving
+        if mv is not None and not mv["sent"] and ks.completed >= mv["cutover"]:
+            self._send_copy(ks)
+        if ks.awaiting_workers is not None and ks.incoming is None and ks.completed >= ks.awaiting_workers[1]:
+            mid, _ = ks.awaiting_workers
+            ks.awaiting_workers = None
+            self.ctrl.send_multipart(wire.encode(wire.WORKER_DONE, mid=mid, job=ks.job, keys=[ks.spec.key],
+                                                 agg=self.agg_id))
 
     def _reply_pull(self, pending: PendingPull) -> None:
         items, payloads = [], []
@@ -351,15 +489,138 @@ class Aggregator:
             value = ks.value(iteration)
             ref = ks.value_ref(iteration) if pending.shm else None
             if ref is not None:
-                items.append([ks.spec.key, iteration, -1, ref])
+                item = [ks.spec.key, iteration, -1, ref]
             else:
-                items.append([ks.spec.key, iteration, len(payloads)])
+                item = [ks.spec.key, iteration, len(payloads), None]
                 payloads.append(value)
+            if ks.moving is not None and iteration == ks.moving["cutover"]:
+                item.append({"moved": self._move_item(ks)[1:]})   # Fig. 4.5 step 2
+            items.append(item)
             self.stats["bytes_out"] += value.nbytes
         self.stats["pulls"] += len(items)
         pending.sock.send_multipart(
             [pending.identity, *wire.encode(wire.PULL_REPLY, payloads, req=pending.req, items=items)],
             copy=False)
+
+    # --- live migration ---------------------------------------------------------------
+    def _migrate_prepare(self, msg: wire.Message) -> None:
+        """New side: create the keys in the incoming state (pushes held, pulls parked)."""
+        req = msg.get("req")
+        try:
+            keys = [KeySpec.from_wire(k) for k in msg["keys"]]
+            state = self.store.jobs.get(msg["job"])
+            for spec in keys:
+                if state is not None and spec.key in state.keys:
+                    raise StoreError(f"key {spec.key!r} of job {msg['job']!r} is already here")
+            self.store.assign(msg["job"], msg["secret"], msg["world_size"], msg["mode"], keys,
+                              average=bool(msg.get("average", True)), optimizer=msg.get("optimizer"),
+                              hp=msg.get("hp") or {})
+            state = self.store.jobs[msg["job"]]
+            for spec in keys:
+                ks = state.keys[spec.key]
+                ks.incoming = msg["mid"]
+                ks.awaiting_workers = (msg["mid"], 1 << 62)
+            self.ctrl.send_multipart(wire.encode(wire.OK, req=req, agg=self.agg_id))
+        except (StoreError, ValueError, TypeError) as exc:
+            self.ctrl.send_multipart(wire.error(str(exc), req=req, agg=self.agg_id))
+
+    def _migrate_init(self, msg: wire.Message) -> None:
+        """Old side: hand the keys over after their open iteration (the cutover)."""
+        req = msg.get("req")
+        try:
+            state = self.store.jobs.get(msg["job"])
+            if state is None:
+                raise StoreError(f"job {msg['job']!r} is not served here")
+            found = []
+            for key in msg["keys"]:
+                ks = state.keys.get(key)
+                if ks is None:
+                    raise StoreError(f"key {key!r} of job {msg['job']!r} is not here")
+                if ks.moving is not None or ks.incoming is not None:
+                    raise StoreError(f"key {key!r} of job {msg['job']!r} is already migrating")
+                found.append(ks)
+            cutovers = {}
+            for ks in found:
+                ks.moving = {"mid": msg["mid"], "to": msg["to"], "info": msg["info"],
+                             "cutover": ks.open_iteration, "sent": False}
+                cutovers[ks.spec.key] = ks.open_iteration
+            self.ctrl.send_multipart(wire.encode(wire.OK, req=req, agg=self.agg_id, cutovers=cutovers))
+        except (StoreError, ValueError, TypeError) as exc:
+            self.ctrl.send_multipart(wire.error(str(exc), req=req, agg=self.agg_id))
+
+    def _peer(self, info: dict) -> zmq.Socket:
+        address = choose_endpoint(info["endpoints"], info["host"], "auto")
+        sock = self.peers.get(address)
+        if sock is None:
+            sock = self.ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.connect(address)
+            self.peers[address] = sock
+            self.poller.register(sock, zmq.POLLIN)
+        return sock
+
+    def _send_copy(self, ks: KeyState) -> None:
+        """TENSOR_COPY (Fig. 4.5 step 4): counters, master copy and optimizer state."""
+        mv = ks.moving
+        mv["sent"] = True
+        state = self.store.jobs[ks.job]
+        meta, arrays = self.store.export_key(ks)
+        req = next(self._copy_reqs)
+        self.copy_waits[req] = (mv["mid"], ks.job, [ks.spec.key])
+        self._peer(mv["info"]).send_multipart(
+            wire.encode(wire.TENSOR_COPY, arrays, req=req, mid=mv["mid"], job=ks.job, secret=state.secret,
+                        items=[[ks.spec.key, meta, len(arrays)]]), copy=False)
+
+    def _on_peer(self, frames: list) -> None:
+        try:
+            msg = wire.decode(frames)
+        except wire.ProtocolError as exc:
+            log.warning("bad reply from a peer aggregator: %s", exc)
+            return
+        waited = self.copy_waits.pop(msg.get("req"), None)
+        if waited is None:
+            return
+        mid, job, keys = waited
+        fields = {}
+        if msg.op == wire.ERROR:
+            log.error("copy of %s of job %s was refused: %s", keys, job, msg["message"])
+            fields["error"] = msg["message"]
+        else:
+            self.stats["migrated_out"] += len(keys)
+        self.ctrl.send_multipart(wire.encode(wire.TENSOR_COPY_DONE, mid=mid, job=job, keys=keys,
+                                             agg=self.agg_id, **fields))
+
+    def _tensor_copy(self, sock: zmq.Socket, identity: bytes, msg: wire.Message) -> None:
+        """New side: install the copy, apply the held pushes, answer parked pulls."""
+        state = self.store.job(msg["job"], msg["secret"])
+        frame = 0
+        installed = []
+        for item in wire.items_of(msg, 3):
+            key, meta, count = item[:3]
+            ks = self.store.key(state, key)
+            if not isinstance(meta, dict) or not isinstance(count, int) or count < 0 \
+                    or frame + count > len(msg.payloads):
+                raise wire.ProtocolError(f"tensor_copy: malformed item for {key!r}")
+            arrays = [np.frombuffer(wire.payload_view(f), dtype=ks.spec.dtype)
+                      for f in msg.payloads[frame:frame + count]]
+            frame += count
+            t0 = time.thread_time()
+            first = meta.get("completed", 0) + 1 if isinstance(meta.get("completed"), int) else 1
+            hp, ks.held_hp = ks.held_hp, None
+            if hp:
+                # hyper-parameters the workers sent with held pushes apply after the copy's own
+                meta = {**meta, "hp": {**(meta.get("hp") or {}), **hp}}
+            _, problems = self.store.install_key(ks, meta, arrays)
+            ks.cpu += time.thread_time() - t0
+            ks.awaiting_workers = (msg["mid"], first)
+            for problem in problems:
+                self.stats["errors"] += 1
+                log.error("held push of migrated key %s dropped: %s", key, problem)
+            installed.append(ks)
+        self.stats["migrated_in"] += len(installed)
+        sock.send_multipart([identity, *wire.encode(wire.OK, req=msg.get("req"))])
+        for ks in installed:
+            self._published(ks)
 
     def _init(self, sock: zmq.Socket, identity: bytes, msg: wire.Message) -> None:
         state = self.store.job(msg["job"], msg["secret"])

@@ -12,8 +12,15 @@ import uuid
 
 
 def _cmd_master(args: argparse.Namespace) -> int:
+    from .elastic import ElasticConfig
     from .master import serve
-    serve(args.bind, heartbeat_timeout=args.heartbeat_timeout)
+    config = ElasticConfig(enabled=not args.static, loss_limit=args.loss_limit, warmup_iters=args.warmup_iters,
+                           profile_iters=args.profile_iters, window=args.window, cluster_size=args.cluster_size,
+                           period=args.period, threshold=args.threshold, spare=args.spare,
+                           job_timeout=args.job_timeout)
+    serve(args.bind, provider=args.provider, max_aggregators=args.max_aggregators, log_level=args.log_level,
+          heartbeat_timeout=args.heartbeat_timeout, elastic=config, report_bind=args.report_bind,
+          metrics_port=args.metrics_port, report_period=args.report_period)
     return 0
 
 
@@ -30,11 +37,12 @@ def _cmd_local(args: argparse.Namespace) -> int:
     if not cmd:
         print("autops local: give the command to run after --", file=sys.stderr)
         return 2
-    with LocalPool(args.aggregators, log_level=args.log_level) as pool:
+    master_args = ["--provider", "local", "--max-aggregators", str(args.aggregators)]
+    with LocalPool(0, log_level=args.log_level, master_args=master_args) as pool:
         env = dict(os.environ, AUTOPS_MASTER=pool.master)
         env.setdefault("AUTOPS_JOB", f"job-{uuid.uuid4().hex[:8]}")
-        print(f"autops local: master {pool.master}, {args.aggregators} aggregator(s), job {env['AUTOPS_JOB']}",
-              file=sys.stderr)
+        print(f"autops local: master {pool.master}, up to {args.aggregators} aggregator(s) started on demand, "
+              f"job {env['AUTOPS_JOB']}", file=sys.stderr)
         proc = subprocess.Popen(cmd, env=env)
         # SIGTERM to us goes to the command; the pool is torn down when it has exited
         signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
@@ -47,19 +55,34 @@ def _cmd_local(args: argparse.Namespace) -> int:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     from .local import query_status
+    from .report import format_status
     status = query_status(args.master, timeout=args.timeout)
     if args.json:
         print(json.dumps(status, indent=2))
-        return 0
-    print(f"{'aggregator':<12} {'alive':<6} {'cpu%':>6} {'assigned MiB':>13} {'jobs'}")
-    for a in status["aggregators"]:
-        print(f"{a['id']:<12} {str(a['alive']):<6} {a.get('cpu_percent', 0):>6.1f} "
-              f"{a['assigned_bytes'] / 2**20:>13.1f} {','.join(a.get('jobs', []))}")
-    for j in status["jobs"]:
-        spread = ", ".join(f"{k}: {v / 2**20:.1f} MiB" for k, v in j["bytes_per_aggregator"].items())
-        print(f"job {j['job']}: W={j['world_size']} mode={j['mode']} tensors={j['tensors']} "
-              f"keys={j['keys']} [{spread}]")
+    else:
+        print(format_status(status))
     return 0
+
+
+def _cmd_migrate(args: argparse.Namespace) -> int:
+    from . import wire
+    from .agent import MasterClient
+    from .transport.zmq import make_context
+    ctx = make_context()
+    client = MasterClient(ctx, args.master, args.timeout)
+    try:
+        reply = client.call(wire.MIGRATE, job=args.job, keys=args.keys or None, to=args.to or None)
+        print(f"migrating {reply['keys']} key(s) of {args.job} in {reply['batches']} batch(es); "
+              "follow with `autops status`")
+    finally:
+        client.close()
+        ctx.term()
+    return 0
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from .simulate import run
+    return run(args)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -75,6 +98,29 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("master", help="run pMaster")
     p.add_argument("--bind", default="tcp://0.0.0.0:5555", help="ZeroMQ address to listen on")
     p.add_argument("--heartbeat-timeout", type=float, default=5.0)
+    p.add_argument("--provider", choices=("standby", "local"), default="standby",
+                   help="standby: use aggregators started with `autops aggregator`; local: also start "
+                        "aggregator processes on this machine when needed")
+    p.add_argument("--max-aggregators", type=int, default=None,
+                   help="local provider: most aggregator processes it starts (default: CPU count)")
+    p.add_argument("--static", action="store_true",
+                   help="no elasticity: jobs keep the aggregators they registered on (no packing, no migration)")
+    p.add_argument("--loss-limit", type=float, default=0.1, help="LossLimit: largest speed loss packing may cause")
+    p.add_argument("--warmup-iters", type=int, default=3, help="iterations ignored before profiling")
+    p.add_argument("--profile-iters", type=int, default=10, help="iterations profiled on temporary aggregators")
+    p.add_argument("--window", type=int, default=100,
+                   help="iterations below (1 - LossLimit) of standalone speed before a job is reverted")
+    p.add_argument("--cluster-size", type=int, default=8, help="aggregators per cluster")
+    p.add_argument("--period", type=float, default=10.0, help="seconds between periodic scaling passes")
+    p.add_argument("--threshold", type=int, default=1,
+                   help="allocations of at least this many aggregators happen at once, smaller ones at the next period")
+    p.add_argument("--spare", type=int, default=0, help="idle aggregators the local provider keeps running")
+    p.add_argument("--job-timeout", type=float, default=30.0,
+                   help="release a job when none of its workers was heard from for this long")
+    p.add_argument("--report-bind", default=None,
+                   help="publish utilization reports (JSON) on this ZeroMQ PUB address, e.g. tcp://0.0.0.0:5557")
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this HTTP port")
+    p.add_argument("--report-period", type=float, default=1.0, help="seconds between reports")
     p.set_defaults(func=_cmd_master)
 
     p = sub.add_parser("aggregator", help="run one aggregator (one per machine)")
@@ -87,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--register-timeout", type=float, default=30.0)
     p.set_defaults(func=_cmd_aggregator)
 
-    p = sub.add_parser("local", help="run CMD against a master and N aggregators on this machine")
-    p.add_argument("--aggregators", type=int, default=2)
+    p = sub.add_parser("local", help="run CMD against a master that starts aggregators on this machine")
+    p.add_argument("--aggregators", type=int, default=2, help="most aggregator processes to start")
     p.add_argument("cmd", nargs=argparse.REMAINDER)
     p.set_defaults(func=_cmd_local)
 
@@ -98,7 +144,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_status)
 
-    p = sub.add_parser("bench", help="benchmarks (pushpull)")
+    p = sub.add_parser("migrate", help="move a job's keys (all by default) to other aggregators, live")
+    p.add_argument("--master", default=os.environ.get("AUTOPS_MASTER", "tcp://127.0.0.1:5555"))
+    p.add_argument("--job", required=True)
+    p.add_argument("--keys", nargs="*", default=None, help="keys to move (default: every key of the job)")
+    p.add_argument("--to", nargs="*", default=None, help="aggregators to move to (default: all others)")
+    p.add_argument("--timeout", type=float, default=5.0)
+    p.set_defaults(func=_cmd_migrate)
+
+    p = sub.add_parser("simulate", help="trace-driven simulation of the aggregator pool (CPU saving)")
+    try:
+        from .simulate import add_arguments
+        add_arguments(p)
+    except ImportError:
+        pass
+    p.set_defaults(func=_cmd_simulate)
+
+    p = sub.add_parser("bench", help="benchmarks (pushpull, packing, migrate)")
     p.add_argument("bench_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=_cmd_bench)
 

@@ -1,10 +1,14 @@
 """pMaster: the pool of aggregators, the jobs, and the assignment table it owns.
 
-Aggregators register and heartbeat; jobs register ``(job, W, aggregators requested,
-mode, optimizer)`` and receive a per-job secret; ranks declare tensors; pMaster plans
-keys (partitioning and batching), assigns them with the standalone byte-balanced spread,
-tells the aggregators (``ASSIGN``), and only then hands agents the table. Replies to a
-declare wait, without blocking the loop, until every aggregator concerned acknowledged.
+Aggregators register and heartbeat (with their per-key CPU profile); jobs register
+``(job, W, aggregators requested, mode, optimizer)`` and receive a per-job secret once
+admission control let them in and their temporary aggregators are up; ranks declare
+tensors; pMaster plans keys (partitioning and batching), assigns them byte-balanced over
+the job's aggregators, tells the aggregators (``ASSIGN``), and only then hands agents the
+table. Replies wait, without blocking the loop, until every aggregator concerned answered.
+Elasticity (profiling, packing, revert, recycling, clusters) lives in ``elastic``, live
+migration in ``migration``, the aggregator supply in ``providers``; pMaster publishes a
+utilization report and Prometheus metrics (``report``).
 """
 from __future__ import annotations
 
@@ -17,10 +21,15 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import zmq
 
 from . import wire
 from .assignment import spread_by_bytes
+from .elastic import Elastic, ElasticConfig
+from .migration import Migrations
+from .providers import Provider, StandbyProvider
+from .scaling import cluster_free_cpu
 from .partition import DEFAULT_PARTITION_BYTES, DEFAULT_SMALL_BYTES, KeySpec, plan_keys, validate_tensor
 from .store import MODES
 from .transport.zmq import make_context
@@ -43,6 +52,11 @@ class AggInfo:
     pid: int
     last_seen: float
     stats: dict = field(default_factory=dict)
+    state: str = "idle"                 # idle | temporary | active | draining
+    cluster: str | None = None
+    reserved_for: str | None = None     # temporary: the job being profiled on it
+    exclusive: str | None = None        # serves only this (reverted or dedicated) job
+    busy: float | None = None           # estimated share of its execution cycle in use
 
     def alive(self, now: float, timeout: float) -> bool:
         return now - self.last_seen <= timeout
@@ -70,13 +84,47 @@ class JobInfo:
     parked: list = field(default_factory=list)    # (identity, req) waiting for acks
     failure: str | None = None
     created: float = field(default_factory=time.time)
+    # elasticity
+    requested: int = 0
+    state: str = "profiling"            # profiling | packed | dedicated
+    cluster: str | None = None
+    home: str | None = None             # aggregator for broadcasts
+    moves: dict = field(default_factory=dict)      # key -> (new aggregator, first iteration)
+    touched: set = field(default_factory=set)      # aggregators that hold state of this job
+    temps: list = field(default_factory=list)      # temporary aggregators of the profiling phase
+    pending: set = field(default_factory=set)      # aggregators still starting for it
+    best_effort: bool = False
+    registrations: list = field(default_factory=list)   # (identity, req) waiting for pending
+    iterations: int = 0
+    rank_d: dict = field(default_factory=dict)     # rank -> latest mean iteration duration
+    measured: float | None = None       # d_j: recent iteration duration (slowest rank)
+    standalone: float | None = None     # D_j: profiled standalone iteration duration
+    samples: list = field(default_factory=list)    # (iterations, mean duration) while profiling
+    profiled: int = 0
+    e: dict = field(default_factory=dict)          # key -> CPU seconds per iteration (EWMA)
+    e_reports: int = 0
+    low_iters: int = 0
+    reverts: int = 0
+    revert_waiting: tuple | None = None
+    last_heard: float = field(default_factory=time.monotonic)
+
+    def cost(self, key: str) -> float:
+        """e_t of a key; keys not measured yet get the job's CPU time per byte times their size."""
+        e = self.e.get(key)
+        if e is not None:
+            return e
+        known = [(self.e[k], self.keys[k].nbytes) for k in self.e if k in self.keys]
+        nbytes = sum(b for _, b in known)
+        return sum(x for x, _ in known) / nbytes * self.keys[key].nbytes if nbytes else 0.0
 
 
 class Master:
     """pMaster's state and message loop; ``run()`` blocks until ``stop()`` or a signal."""
 
     def __init__(self, bind: str = "tcp://127.0.0.1:5555", heartbeat_timeout: float = 5.0,
-                 assign_timeout: float = 10.0) -> None:
+                 assign_timeout: float = 10.0, provider: Provider | None = None,
+                 elastic: ElasticConfig | None = None, report_bind: str | None = None,
+                 metrics_port: int | None = None, report_period: float = 1.0) -> None:
         self.heartbeat_timeout = heartbeat_timeout
         self.assign_timeout = assign_timeout
         self.ctx = make_context()
@@ -89,7 +137,22 @@ class Master:
         self._agg_ids = itertools.count()
         self._reqs = itertools.count(1)
         self._assign_waits: dict[int, tuple[str, float]] = {}   # req -> (job, deadline)
+        self._callbacks: dict[int, tuple[float, object]] = {}   # req -> (deadline, fn(msg | None))
         self._stop = threading.Event()
+        self.provider = provider or StandbyProvider()
+        self.migrations = Migrations(self)
+        self.elastic = Elastic(self, elastic or ElasticConfig())
+        self.report_period = report_period
+        self._next_report = time.monotonic()
+        self.publisher = None
+        self.exporter = None
+        if report_bind:
+            from .report import ReportPublisher
+            self.publisher = ReportPublisher(report_bind, context=self.ctx)
+        if metrics_port is not None:
+            from .report import PrometheusExporter
+            self.exporter = PrometheusExporter()
+            self.metrics_port = self.exporter.start(metrics_port)
 
     # --- lifecycle ------------------------------------------------------------------
     def stop(self) -> None:
@@ -111,9 +174,28 @@ class Master:
                             break
                         self._dispatch(frames)
                 self._expire_assigns()
+                now = time.monotonic()
+                self.elastic.tick(now)
+                if now >= self._next_report:
+                    self._next_report = now + self.report_period
+                    self._publish()
         finally:
+            if self.publisher is not None:
+                self.publisher.close()
+            if self.exporter is not None:
+                self.exporter.stop()
+            self.provider.close()
             self.sock.close(0)
             self.ctx.term()
+
+    def _publish(self) -> None:
+        if self.publisher is None and self.exporter is None:
+            return
+        status = self.status()
+        if self.publisher is not None:
+            self.publisher.publish(status)
+        if self.exporter is not None:
+            self.exporter.update(status)
 
     # --- helpers --------------------------------------------------------------------
     def _reply(self, identity: bytes, frames: list) -> None:
@@ -122,6 +204,27 @@ class Master:
     def live_aggregators(self) -> list[AggInfo]:
         now = time.monotonic()
         return [a for a in self.aggs.values() if a.alive(now, self.heartbeat_timeout)]
+
+    def send_agg(self, agg: str, op: str, callback, **fields) -> None:
+        """A control message to an aggregator; ``callback(reply or None)`` on its answer."""
+        info = self.aggs.get(agg)
+        if info is None:
+            if callback is not None:
+                callback(None)
+            return
+        if callback is not None:
+            req = next(self._reqs)
+            fields["req"] = req
+            self._callbacks[req] = (time.monotonic() + self.assign_timeout, callback)
+        self.sock.send_multipart([info.identity, *wire.encode(op, **fields)])
+
+    def forget_aggregator(self, agg: str) -> None:
+        info = self.aggs.pop(agg, None)
+        if info is not None:
+            self.by_identity.pop(info.identity, None)
+
+    def load_bytes(self) -> dict[str, int]:
+        return self._load_bytes()
 
     def _load_bytes(self) -> dict[str, int]:
         load = {agg: 0 for agg in self.aggs}
@@ -146,6 +249,10 @@ class Master:
                 wire.STATUS: self._status,
                 wire.OK: self._assign_reply,
                 wire.ERROR: self._assign_reply,
+                wire.PROFILE: self._profile,
+                wire.TENSOR_COPY_DONE: lambda i, m: self.migrations.copy_done(m),
+                wire.WORKER_DONE: lambda i, m: self.migrations.worker_done(m),
+                wire.MIGRATE: self._migrate,
             }.get(msg.op)
             if handler is None:
                 raise wire.ProtocolError(f"operation {msg.op!r} is not served by pMaster")
@@ -167,6 +274,8 @@ class Master:
         self.by_identity[identity] = agg_id
         log.info("aggregator %s registered (pid %s, %s)", agg_id, msg["pid"], msg["endpoints"])
         self._reply(identity, wire.encode(wire.OK, req=msg.get("req"), agg=agg_id))
+        if not self.elastic.registered_for_revert(self.aggs[agg_id]):
+            self.elastic.aggregator_registered(self.aggs[agg_id])
 
     def _heartbeat(self, identity: bytes, msg: wire.Message) -> None:
         agg_id = self.by_identity.get(identity)
@@ -176,7 +285,8 @@ class Master:
             return
         info = self.aggs[agg_id]
         info.last_seen = time.monotonic()
-        info.stats = {k: v for k, v in msg.fields.items() if k != "agg"}
+        info.stats = {k: v for k, v in msg.fields.items() if k not in ("agg", "profile")}
+        self.elastic.on_aggregator_profile(msg.get("profile") or {})
 
     # --- jobs -----------------------------------------------------------------------
     def _register_job(self, identity: bytes, msg: wire.Message) -> None:
@@ -192,20 +302,22 @@ class Master:
         if job is None:
             if mode == "server":
                 _optim().make_optimizer(optimizer or "", hp)  # raises ValueError with a clear message
-            live = sorted(self.live_aggregators(), key=lambda a: (self._load_bytes().get(a.agg_id, 0), a.agg_id))
-            if not live:
+            requested = max(0, int(msg["num_aggregators"] or 0))
+            if not self.live_aggregators() and not self.provider.can_start(0):
                 raise ValueError("no aggregator is registered with this master; start one with "
                                  "`autops aggregator --master ADDRESS`")
-            wanted = max(1, msg["num_aggregators"] or len(live))
-            chosen = [a.agg_id for a in live[:wanted]]
-            if len(chosen) < wanted:
-                log.warning("job %s asked for %d aggregators, only %d alive", job_id, wanted, len(chosen))
-            job = JobInfo(job_id, msg.get("secret") or secrets.token_hex(16), world, wanted, mode,
+            refused = self.elastic.refuse_reason(requested)
+            if refused:
+                raise ValueError(f"job {job_id}: {refused}")
+            job = JobInfo(job_id, msg.get("secret") or secrets.token_hex(16), world, requested, mode,
                           bool(msg.get("average", True)), optimizer, hp,
                           int(msg.get("partition_bytes") or DEFAULT_PARTITION_BYTES),
-                          int(msg.get("small_bytes") or DEFAULT_SMALL_BYTES), chosen)
+                          int(msg.get("small_bytes") or DEFAULT_SMALL_BYTES), [], requested=requested)
+            self.elastic.reserve(job)
+            job.home = job.aggregators[0] if job.aggregators else None
             self.jobs[job_id] = job
-            log.info("job %s registered: W=%d mode=%s aggregators=%s", job_id, world, mode, chosen)
+            log.info("job %s registered: W=%d mode=%s asked for %d aggregator(s), got %s%s", job_id, world,
+                     mode, requested, job.aggregators, f" (+{len(job.pending)} starting)" if job.pending else "")
         else:
             if msg.get("secret") and msg["secret"] != job.secret:
                 raise ValueError(f"job {job_id}: wrong secret")
@@ -216,10 +328,28 @@ class Master:
                 raise ValueError(f"job {job_id}: rank {rank} has already joined; job ids must be unique "
                                  "per running job")
         job.ranks.add(rank)
-        self._reply(identity, wire.encode(
-            wire.OK, req=msg.get("req"), secret=job.secret, aggregators=job.aggregators,
+        job.last_heard = time.monotonic()
+        if job.pending:
+            job.registrations.append((identity, msg.get("req")))
+        else:
+            self._reply(identity, self._registered_frames(job, msg.get("req")))
+
+    def _registered_frames(self, job: JobInfo, req) -> list:
+        if job.home is None and job.aggregators:
+            job.home = job.aggregators[0]
+        job.touched.update(job.aggregators)
+        return wire.encode(
+            wire.OK, req=req, secret=job.secret, aggregators=job.aggregators, home=job.home,
             endpoints={a: {"endpoints": self.aggs[a].endpoints, "host": self.aggs[a].host}
-                       for a in job.aggregators if a in self.aggs}))
+                       for a in job.aggregators if a in self.aggs})
+
+    def flush_registrations(self, job: JobInfo) -> None:
+        """The job's temporary aggregators are up: answer the ranks that registered meanwhile."""
+        if job.home is None and job.aggregators:
+            job.home = job.aggregators[0]
+        waiting, job.registrations = job.registrations, []
+        for identity, req in waiting:
+            self._reply(identity, self._registered_frames(job, req))
 
     def _job(self, msg: wire.Message) -> JobInfo:
         job = self.jobs.get(msg["job"])
@@ -282,6 +412,7 @@ class Master:
                      json.dumps(conf["hp"], sort_keys=True))
             groups.setdefault(group, []).append(spec.to_wire())
         for (agg_id, mode, average, optimizer, hp), items in groups.items():
+            job.touched.add(agg_id)
             req = next(self._reqs)
             job.pending_acks.add(req)
             self._assign_waits[req] = (job.job, time.monotonic() + self.assign_timeout)
@@ -291,6 +422,10 @@ class Master:
 
     def _assign_reply(self, identity: bytes, msg: wire.Message) -> None:
         req = msg.get("req")
+        callback = self._callbacks.pop(req, None)
+        if callback is not None:
+            callback[1](msg)
+            return
         waited = self._assign_waits.pop(req, None)
         if waited is None:
             return
@@ -304,6 +439,10 @@ class Master:
 
     def _expire_assigns(self) -> None:
         now = time.monotonic()
+        for req, (deadline, callback) in list(self._callbacks.items()):
+            if now > deadline:
+                del self._callbacks[req]
+                callback(None)
         for req, (job_id, deadline) in list(self._assign_waits.items()):
             if now > deadline:
                 del self._assign_waits[req]
@@ -317,10 +456,18 @@ class Master:
     def _table_frames(self, job: JobInfo, req) -> list:
         if job.failure:
             return wire.error(job.failure, req=req)
-        keys = [[*spec.to_wire(), job.table[key]] for key, spec in job.keys.items()]
+        keys, used = [], set(job.aggregators)
+        for key, spec in job.keys.items():
+            move = job.moves.get(key)
+            keys.append([*spec.to_wire(), job.table[key], list(move) if move else None])
+            used.add(job.table[key])
+            if move:
+                used.add(move[0])
+        if job.home:
+            used.add(job.home)
         aggs = {a: {"endpoints": self.aggs[a].endpoints, "host": self.aggs[a].host}
-                for a in job.aggregators if a in self.aggs}
-        return wire.encode(wire.OK, req=req, keys=keys, aggregators=aggs,
+                for a in used if a in self.aggs}
+        return wire.encode(wire.OK, req=req, keys=keys, aggregators=aggs, home=job.home,
                            tensors=[[n, list(s), d] for n, (s, d, _) in job.tensors.items()])
 
     def _answer_table(self, job: JobInfo, identity: bytes, req) -> None:
@@ -350,32 +497,111 @@ class Master:
         job = self.jobs.pop(job_id, None)
         if job is None:
             return
-        for agg_id in job.aggregators:
+        self.migrations.forget_job(job_id)
+        for agg_id in set(job.aggregators) | job.touched:
             if agg_id in self.aggs:
                 self.sock.send_multipart([self.aggs[agg_id].identity, *wire.encode(wire.RELEASE_JOB, job=job_id)])
         log.info("job %s finished and was released", job_id)
+        self.elastic.job_released(job)
+
+    def _profile(self, identity: bytes, msg: wire.Message) -> None:
+        """One record per period from an agent (no reply)."""
+        job = self.jobs.get(msg["job"])
+        if job is not None and msg["secret"] == job.secret:
+            self.elastic.on_profile(job, msg)
+
+    def _migrate(self, identity: bytes, msg: wire.Message) -> None:
+        """Operator request: move keys of a job (all by default) to the given aggregators."""
+        job = self.jobs.get(msg["job"])
+        if job is None:
+            raise ValueError(f"job {msg['job']!r} is not registered")
+        keys = list(msg.get("keys") or job.keys)
+        unknown = [k for k in keys if k not in job.keys]
+        if unknown:
+            raise ValueError(f"job {job.job}: unknown keys {unknown[:4]}")
+        targets = list(msg.get("to") or [])
+        live = {a.agg_id for a in self.live_aggregators()}
+        if not targets:
+            current = {job.table[k] for k in keys}
+            targets = sorted(a for a in live if a not in current)
+        bad = [a for a in targets if a not in live]
+        if bad or not targets:
+            raise ValueError(f"cannot migrate to {bad or 'nowhere'}: live aggregators are {sorted(live)}")
+        for a in targets:
+            info = self.aggs[a]
+            if info.state == "idle":
+                info.state, info.exclusive = "active", job.job
+        table = spread_by_bytes([(k, job.keys[k].nbytes) for k in keys], targets)
+        before = {job.table[k] for k in keys}
+        job.aggregators = sorted(set(targets) | {job.table[k] for k in job.keys if k not in table})
+        self.elastic.migrate(job, table, after=sorted(before - set(targets)))
+        self._reply(identity, wire.encode(wire.OK, req=msg.get("req"), keys=len(table),
+                                          batches=len(self.migrations.active(job=job.job))))
 
     # --- reporting ------------------------------------------------------------------
     def status(self) -> dict:
+        """The pool as plain data: the source of ``autops status``, reports and metrics."""
+        from .report import skew_of
         now = time.monotonic()
         load = self._load_bytes()
-        return {
-            "aggregators": [{
-                "id": a.agg_id, "endpoints": a.endpoints, "pid": a.pid, "alive": a.alive(now, self.heartbeat_timeout),
-                "assigned_bytes": load.get(a.agg_id, 0), **a.stats} for a in self.aggs.values()],
-            "jobs": [{
-                "job": j.job, "world_size": j.world_size, "mode": j.mode, "aggregators": j.aggregators,
-                "ranks_joined": sorted(j.ranks), "tensors": len(j.tensors), "keys": len(j.keys),
-                "bytes": sum(k.nbytes for k in j.keys.values()),
-                "bytes_per_aggregator": {a: sum(j.keys[k].nbytes for k, x in j.table.items() if x == a)
-                                         for a in j.aggregators}} for j in self.jobs.values()],
-        }
+        tasks: dict[str, int] = {}
+        jobs_on: dict[str, set] = {}
+        for job in self.jobs.values():
+            for key, agg in job.table.items():
+                tasks[agg] = tasks.get(agg, 0) + 1
+                jobs_on.setdefault(agg, set()).add(job.job)
+        aggregators = []
+        for a in self.aggs.values():
+            extra = {k: v for k, v in a.stats.items() if k not in ("cycle_s", "jobs")}
+            aggregators.append({
+                **extra, "id": a.agg_id, "cluster": a.cluster, "state": a.state,
+                "alive": a.alive(now, self.heartbeat_timeout), "host": a.host, "pid": a.pid,
+                "endpoints": a.endpoints, "cpu_percent": a.stats.get("cpu_percent"), "busy_fraction": a.busy,
+                "cycle_s": a.stats.get("cycle_s"), "tasks": tasks.get(a.agg_id, 0),
+                "jobs": sorted(jobs_on.get(a.agg_id, ())), "assigned_bytes": load.get(a.agg_id, 0),
+                "exclusive": a.exclusive})
+        jobs = []
+        for j in self.jobs.values():
+            tensor_bytes = [int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+                            for shape, dtype, _ in j.tensors.values()]
+            per_agg_keys: dict[str, int] = {}
+            per_agg_bytes: dict[str, int] = {}
+            for key, agg in j.table.items():
+                per_agg_keys[agg] = per_agg_keys.get(agg, 0) + 1
+                per_agg_bytes[agg] = per_agg_bytes.get(agg, 0) + j.keys[key].nbytes
+            speed = j.standalone / j.measured if j.standalone and j.measured else None
+            costs = [j.cost(k) for k in j.keys] if j.e else []
+            jobs.append({
+                "job": j.job, "state": j.state, "world_size": j.world_size, "mode": j.mode,
+                "cluster": j.cluster, "requested_aggregators": j.requested,
+                "aggregators": sorted(per_agg_keys) or list(j.aggregators), "tensors": len(j.tensors),
+                "keys": len(j.keys), "bytes": sum(k.nbytes for k in j.keys.values()),
+                "skew": round(skew_of(tensor_bytes), 4), "iterations": j.iterations,
+                "iteration_time_s": j.measured, "standalone_iteration_time_s": j.standalone,
+                "speed_vs_standalone": round(speed, 4) if speed else None,
+                "cpu_demand": round(sum(costs) / j.standalone, 4) if costs and j.standalone else None,
+                "reverts": j.reverts, "ranks_joined": sorted(j.ranks), "migrating_keys": len(j.moves),
+                "keys_per_aggregator": per_agg_keys, "bytes_per_aggregator": per_agg_bytes})
+        clusters = []
+        for c in self.elastic.clusters.values():
+            aggs = sorted(c.aggs)
+            clusters.append({"name": c.name, "aggregators": aggs, "jobs": sorted(c.jobs),
+                             "free_cpu": round(cluster_free_cpu(self.elastic.loads(aggs),
+                                                                self.elastic.cfg.cluster_size), 4)})
+        return {"time": time.time(), "master": self.address, "provider": self.provider.kind,
+                "capacity": self.elastic.capacity(), "elastic": self.elastic.cfg.enabled,
+                "aggregators": aggregators, "clusters": clusters, "jobs": jobs,
+                "migrations": self.migrations.status()}
 
     def _status(self, identity: bytes, msg: wire.Message) -> None:
         self._reply(identity, wire.encode(wire.OK, req=msg.get("req"), status=self.status()))
 
 
-def serve(bind: str, **kwargs) -> None:
+def serve(bind: str, provider: str = "standby", max_aggregators: int | None = None,
+          log_level: str = "WARNING", **kwargs) -> None:
+    from .providers import make_provider
     master = Master(bind, **kwargs)
+    master.provider = make_provider(provider, master.address.replace("0.0.0.0", "127.0.0.1"),
+                                    max_aggregators, log_level=log_level)
     master.install_signal_handlers()
     master.run()

@@ -61,6 +61,17 @@ class KeyState:
     inline: int = 0                    # pushes of the open iteration already in the accumulator
     deferred: list = field(default_factory=list)   # shared-memory views of the open iteration
     optimizer: Any = None
+    # live migration (§4.3.2): old side hands over after ``moving["cutover"]``; new side holds
+    # pushes until the copy arrived and reports once the workers pushed to it
+    moving: dict | None = None         # old side: {"mid", "to", "info", "cutover", "copied"}
+    incoming: int | None = None        # new side: migration id while the copy is missing
+    held: list = field(default_factory=list)   # new side: (rank, iteration, data, deferred)
+    held_hp: dict | None = None                # new side: hyper-parameters pushed meanwhile
+    awaiting_workers: tuple | None = None      # new side: (mid, first iteration served here)
+    job: str = ""
+    # profiling: CPU seconds spent on this key and iterations completed since the last report
+    cpu: float = 0.0
+    cpu_iters: int = 0
 
     @property
     def open_iteration(self) -> int:
@@ -137,7 +148,7 @@ class Store:
         copies = 2 if mode == "sum" else 1
         arrays = iter(self._allocate(job, [(spec.numel, spec.dtype) for spec in fresh for _ in range(copies)]))
         for spec in fresh:
-            ks = KeyState(spec, mode, state.world_size, average)
+            ks = KeyState(spec, mode, state.world_size, average, job=job)
             if mode == "sum":
                 (a0, r0), (a1, r1) = next(arrays), next(arrays)
                 ks.buffers, ks.buffer_refs = [a0, a1], [r0, r1]
@@ -220,6 +231,7 @@ class Store:
         ks.deferred.clear()
         ks.inline = 0
         ks.completed += 1
+        ks.cpu_iters += 1
         return True
 
     def _reduce(self, ks: KeyState) -> np.ndarray:
@@ -275,6 +287,8 @@ class Store:
 
     def pull_ready(self, ks: KeyState, iteration: int) -> bool:
         """True if ``iteration`` can be read now, False if the pull must wait; raises when stale."""
+        if ks.incoming is not None:
+            return False          # migrating here: the copy has not arrived yet
         published = ks.published
         if iteration == published:
             return True
@@ -285,6 +299,77 @@ class Store:
                              f"(iteration {published} is published)")
         raise StoreError(f"key {ks.spec.key!r}: pull of iteration {iteration} is ahead of "
                          f"the open iteration {ks.open_iteration}")
+
+    # --- live migration --------------------------------------------------------------
+    @staticmethod
+    def export_key(ks: KeyState) -> tuple[dict, list[np.ndarray]]:
+        """What the new aggregator needs to continue ``ks``: counters, and in server mode the
+        master copy, optimizer state and step. The arrays are the live ones (not copies)."""
+        meta = {"completed": ks.completed, "initialized": ks.initialized, "state": []}
+        arrays: list[np.ndarray] = []
+        if ks.mode == "server":
+            arrays.append(ks.param)
+            for name, arr in ks.optimizer.state_arrays().items():
+                meta["state"].append(name)
+                arrays.append(arr)
+            meta["step"] = ks.optimizer.step_count
+            meta["hp"] = ks.optimizer.hp
+        return meta, arrays
+
+    def install_key(self, ks: KeyState, meta: dict, arrays: list[np.ndarray]) -> tuple[int, list[str]]:
+        """Take over a migrated key from its copy, then apply the pushes held meanwhile.
+
+        Returns (iterations completed by the held pushes, problems with held pushes)."""
+        if ks.incoming is None:
+            raise StoreError(f"key {ks.spec.key!r} is not waiting for a copy")
+        completed = meta.get("completed")
+        if not isinstance(completed, int) or completed < 0:
+            raise StoreError(f"copy of {ks.spec.key!r}: bad iteration counter {completed!r}")
+        if ks.mode == "server":
+            names = list(meta.get("state") or [])
+            if len(arrays) != 1 + len(names):
+                raise StoreError(f"copy of {ks.spec.key!r}: {len(arrays)} arrays for {len(names)} state entries")
+            for arr in arrays:
+                if arr.size != ks.spec.numel or arr.dtype != np.dtype(ks.spec.dtype):
+                    raise StoreError(f"copy of {ks.spec.key!r}: array of {arr.size} x {arr.dtype}, "
+                                     f"expected {ks.spec.numel} x {ks.spec.dtype}")
+            np.copyto(ks.param, arrays[0])
+            ks.initialized = bool(meta.get("initialized", True))
+            if meta.get("hp"):
+                ks.optimizer.set_hp(meta["hp"])
+            ks.optimizer.load_state(dict(zip(names, arrays[1:])), int(meta.get("step") or 0))
+        ks.completed = completed
+        ks.incoming = None
+        held, ks.held = ks.held, []
+        done, problems = 0, []
+        for rank, iteration, data, deferred in held:
+            try:
+                if iteration != ks.open_iteration:
+                    raise StoreError(f"push of {ks.spec.key!r} for iteration {iteration}, but the open "
+                                     f"iteration is {ks.open_iteration}")
+                if rank in ks.ranks:
+                    raise StoreError(f"rank {rank} pushed {ks.spec.key!r} iteration {iteration} twice")
+                done += self.push(ks, rank, data, deferred=deferred)
+            except StoreError as exc:
+                problems.append(str(exc))
+        return done, problems
+
+    def drop_keys(self, job: str, keys: list[str]) -> list[KeyState]:
+        """Forget keys that moved away (the migration completed); returns the dropped states."""
+        state = self.jobs.get(job)
+        if state is None:
+            return []
+        return [ks for ks in (state.keys.pop(k, None) for k in keys) if ks is not None]
+
+    def take_profile(self) -> dict:
+        """{job: {key: [cpu seconds, iterations]}} since the last call, for keys with activity."""
+        out: dict[str, dict] = {}
+        for state in self.jobs.values():
+            for key, ks in state.keys.items():
+                if ks.cpu_iters or ks.cpu > 0:
+                    out.setdefault(state.job, {})[key] = [round(ks.cpu, 6), ks.cpu_iters]
+                    ks.cpu, ks.cpu_iters = 0.0, 0
+        return out
 
     # --- broadcast -----------------------------------------------------------------
     def bcast_put(self, state: JobState, name: str, seq: int, data: np.ndarray) -> None:

@@ -25,9 +25,22 @@ JOB_DONE = "job_done"
 # aggregator -> master
 REGISTER_AGG = "register_agg"
 HEARTBEAT = "heartbeat"
+# agent -> master (fire and forget, one per profiling period)
+PROFILE = "profile"
 # master -> aggregator
 ASSIGN = "assign"
 RELEASE_JOB = "release_job"
+CYCLE = "cycle"                       # execution cycle of the jobs packed on an aggregator
+MIGRATE_PREPARE = "migrate_prepare"   # to the new aggregator: keys to expect
+MIGRATE_INIT = "migrate_init"         # to the old aggregator: keys to hand over
+MIGRATE_DROP = "migrate_drop"         # to the old aggregator: migration complete, forget the keys
+# aggregator -> aggregator
+TENSOR_COPY = "tensor_copy"
+# aggregator -> master
+TENSOR_COPY_DONE = "tensor_copy_done"
+WORKER_DONE = "worker_done"
+# admin -> master
+MIGRATE = "migrate"                   # move keys of a job (operators, benchmarks)
 # any -> master
 STATUS = "status"
 # agent -> aggregator
@@ -58,6 +71,15 @@ SCHEMA: dict[str, dict[str, tuple]] = {
     HEARTBEAT: {"agg": _str},
     ASSIGN: {"job": _str, "secret": _str, "world_size": _int, "mode": _str, "keys": _list},
     RELEASE_JOB: {"job": _str},
+    PROFILE: {"job": _str, "secret": _str, "rank": _int, "iteration": _int, "count": _int},
+    CYCLE: {"jobs": _map},
+    MIGRATE_PREPARE: {"mid": _int, "job": _str, "secret": _str, "world_size": _int, "mode": _str, "keys": _list},
+    MIGRATE_INIT: {"mid": _int, "job": _str, "to": _str, "info": _map, "keys": _list},
+    MIGRATE_DROP: {"job": _str, "keys": _list},
+    TENSOR_COPY: {"mid": _int, "job": _str, "secret": _str, "items": _list},
+    TENSOR_COPY_DONE: {"mid": _int, "job": _str, "keys": _list},
+    WORKER_DONE: {"mid": _int, "job": _str, "keys": _list},
+    MIGRATE: {"job": _str},
     STATUS: {},
     PUSH: {"job": _str, "secret": _str, "rank": _int, "items": _list},
     PULL: {"job": _str, "secret": _str, "rank": _int, "items": _list},

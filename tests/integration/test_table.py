@@ -9,10 +9,11 @@ import threading
 import time
 
 import numpy as np
+import pytest
 import zmq
 
 from autops import wire
-from autops.agent import Agent
+from autops.agent import Agent, AutoPSError
 from autops.local import LocalPool
 
 
@@ -63,7 +64,10 @@ def test_dead_aggregator_is_noticed_and_not_given_new_jobs():
                 break
             time.sleep(0.2)
         assert alive == {"agg-0": True, "agg-1": False}
-        agent = Agent(pool.master, "after", 0, 1, num_aggregators=2, timeout=10)
+        # admission control: the worst case (2 aggregators of its own) cannot be met any more
+        with pytest.raises(AutoPSError, match="admission refused.*asks for 2 aggregator"):
+            Agent(pool.master, "after", 0, 1, num_aggregators=2, timeout=10)
+        agent = Agent(pool.master, "after", 0, 1, num_aggregators=1, timeout=10)
         try:
             assert agent.aggregators == ["agg-0"]
         finally:

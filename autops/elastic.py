@@ -1,0 +1,450 @@
+"""pMaster's elasticity: profiles, packing into clusters, revert, recycling and scaling.
+
+This is the mechanism around the pure policy of ``assignment`` and ``scaling``
+(thesis §4.3.3):
+
+* **Profiling** (§4.3.3.1): a new job first runs on temporary aggregators of its own (as many
+  as it asked for). Agents report iteration durations (one record per period), aggregators
+  the CPU time of every key. After ``warmup`` + ``profile_iters`` iterations the standalone
+  iteration duration ``D_j`` and the per-key CPU times ``e_t`` are known; ``e_t`` keeps being
+  calibrated from the aggregators' reports while the job runs.
+* **Assignment** (§4.3.3.2, §4.3.3.4): pMaster forwards the job to the best-fit cluster by free
+  CPU (or opens a new one); that cluster's controller packs the job's keys with Pseudocode 3
+  onto its aggregators, using the job's temporaries when it needs new ones, and live-migrates
+  the keys. Temporaries left empty are released. A job that would need more aggregators than
+  it asked for stays on its temporaries ("dedicated").
+* **Feedback** (§4.3.3.3): when a packed job runs below ``(1 - LossLimit)`` of its standalone
+  speed for ``window`` iterations, it is reverted: it moves to ``k`` aggregators of its own
+  (``k`` = reverts so far, at most what it asked for), which are not used for packing.
+* **Job exit and periods** (§4.3.3.3-4): empty aggregators are released at once; from the
+  least-loaded one up, aggregators whose tasks fit elsewhere are drained and recycled; every
+  ``period`` the same runs on every cluster, idle aggregators beyond ``spare`` are given back
+  and empty clusters dissolve. Allocations below ``threshold`` aggregators wait for the next
+  period (hybrid scaling).
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from . import wire
+from .assignment import LOSS_LIMIT, busy_fraction, job_demand, pack_job, recycle, spread_by_bytes
+from .scaling import allocate_now, choose_cluster, cluster_free_cpu, idle_to_release
+
+if TYPE_CHECKING:
+    from .master import AggInfo, JobInfo, Master
+
+log = logging.getLogger("autops.elastic")
+
+EWMA = 0.3
+
+
+@dataclass
+class Cluster:
+    name: str
+    aggs: set = field(default_factory=set)
+    jobs: set = field(default_factory=set)
+
+
+@dataclass
+class ElasticConfig:
+    enabled: bool = True
+    loss_limit: float = LOSS_LIMIT
+    warmup_iters: int = 3
+    profile_iters: int = 10
+    window: int = 100
+    cluster_size: int = 8
+    period: float = 10.0
+    threshold: int = 1
+    spare: int = 0
+    job_timeout: float = 30.0
+
+
+class Elastic:
+    """Drives jobs through profiling -> packed | dedicated and keeps the pool small."""
+
+    def __init__(self, master: "Master", config: ElasticConfig) -> None:
+        self.m = master
+        self.cfg = config
+        self.clusters: dict[str, Cluster] = {}
+        self._cluster_ids = itertools.count()
+        self.next_period = time.monotonic() + config.period
+        self.pending_reverts: list[str] = []
+
+    # --- bookkeeping helpers -----------------------------------------------------------
+    def tasks_on(self, agg: str) -> dict[str, list[str]]:
+        """job -> keys that ``agg`` serves or is receiving."""
+        out: dict[str, list[str]] = {}
+        for job in self.m.jobs.values():
+            for key, owner in job.table.items():
+                move = job.moves.get(key)
+                if owner == agg or (move is not None and move[0] == agg):
+                    out.setdefault(job.job, []).append(key)
+        for batch in self.m.migrations.batches.values():
+            if batch.dst == agg:
+                out.setdefault(batch.job, []).extend(k for k in batch.keys if k not in out.get(batch.job, ()))
+        return out
+
+    def empty(self, agg: str) -> bool:
+        return not self.tasks_on(agg) and not self.m.migrations.active(aggs={agg})
+
+    def loads(self, aggs) -> dict[str, dict[str, tuple[float, float]]]:
+        """{agg: {job: (D_j, sum of e_t of its keys there)}} for the assignment policy."""
+        out: dict[str, dict[str, tuple[float, float]]] = {a: {} for a in aggs}
+        for job in self.m.jobs.values():
+            d = job.standalone
+            if d is None:
+                continue
+            for key, owner in job.table.items():
+                if owner in out:
+                    old = out[owner].get(job.job, (d, 0.0))
+                    out[owner][job.job] = (d, old[1] + job.cost(key))
+        return out
+
+    def idle(self) -> list["AggInfo"]:
+        now = time.monotonic()
+        return sorted((a for a in self.m.aggs.values()
+                       if a.state == "idle" and a.alive(now, self.m.heartbeat_timeout)),
+                      key=lambda a: a.agg_id)
+
+    def busy_count(self) -> int:
+        now = time.monotonic()
+        return sum(1 for a in self.m.aggs.values() if a.state != "idle" and a.alive(now, self.m.heartbeat_timeout))
+
+    def capacity(self) -> int | None:
+        return self.m.provider.capacity(len(self.m.live_aggregators()))
+
+    # --- job arrival ---------------------------------------------------------------------
+    def refuse_reason(self, requested: int) -> str | None:
+        """Admission control (§4.3.3.5): None when the job's worst case can be met."""
+        if requested <= 0:
+            return None
+        cap = self.capacity()
+        busy = self.busy_count()
+        if cap is not None and requested > cap - busy:
+            return (f"admission refused: the job asks for {requested} aggregator(s) (its worst case) but "
+                    f"the pool can give {max(0, cap - busy)} now ({busy} busy of {cap}); retry later, ask for "
+                    f"fewer, or add aggregators (`autops aggregator --master ...` or --max-aggregators)")
+        return None
+
+    def reserve(self, job: "JobInfo") -> None:
+        """Temporary aggregators for a new job (profiling); some may still be starting."""
+        if not self.cfg.enabled:
+            job.state = "dedicated"
+        want = job.requested
+        idle = self.idle()
+        if want == 0:
+            take = idle
+            if not take:
+                started = self.m.provider.start(1)
+                if started:
+                    job.pending = set(started)
+                    return
+                live = self.m.live_aggregators()
+                if not live:
+                    raise ValueError("no aggregator is registered with this master; start one with "
+                                     "`autops aggregator --master ADDRESS`")
+                load = self.m.load_bytes()
+                shared = min(live, key=lambda a: (load.get(a.agg_id, 0), a.agg_id))
+                job.aggregators = [shared.agg_id]
+                job.best_effort = True
+                log.info("job %s shares %s (no idle aggregator, no reservation asked for)", job.job, shared.agg_id)
+                return
+        else:
+            take = idle[:want]
+        for a in take:
+            a.state, a.reserved_for, a.cluster = ("temporary" if self.cfg.enabled else "active"), job.job, None
+        job.aggregators = [a.agg_id for a in take]
+        job.temps = list(job.aggregators)
+        short = want - len(take)
+        if short > 0:
+            started = self.m.provider.start(short)
+            job.pending = set(started)
+            if len(started) < short:
+                log.warning("job %s: only %d of %d aggregators could be started", job.job,
+                            len(take) + len(started), want)
+
+    def aggregator_registered(self, agg: "AggInfo") -> None:
+        for job in self.m.jobs.values():
+            if agg.agg_id in job.pending:
+                job.pending.discard(agg.agg_id)
+                agg.state, agg.reserved_for = "temporary", job.job
+                job.aggregators.append(agg.agg_id)
+                job.temps.append(agg.agg_id)
+                if not job.pending:
+                    self.m.flush_registrations(job)
+                return
+        if agg.state not in ("idle", "temporary", "active", "draining"):
+            agg.state = "idle"
+
+    # --- profiles ------------------------------------------------------------------------
+    def on_profile(self, job: "JobInfo", msg: wire.Message) -> None:
+        job.last_heard = time.monotonic()
+        count, duration = int(msg["count"]), msg.get("duration")
+        job.iterations = max(job.iterations, int(msg["iteration"]))
+        if count <= 0 or not isinstance(duration, (int, float)) or duration <= 0:
+            return
+        job.rank_d[msg["rank"]] = float(duration)
+        job.measured = max(job.rank_d.values())
+        if job.state == "profiling" and job.iterations > self.cfg.warmup_iters and msg["rank"] == min(job.ranks):
+            job.samples.append((count, float(duration)))
+            total = sum(c for c, _ in job.samples)
+            mean = sum(c * d for c, d in job.samples) / total
+            job.standalone = mean
+            job.profiled = total
+        elif job.state == "packed" and job.standalone:
+            if job.standalone / job.measured < 1 - self.cfg.loss_limit:
+                job.low_iters += count
+            else:
+                job.low_iters = 0
+            if job.low_iters >= self.cfg.window and not self.m.migrations.active(job=job.job):
+                self.revert(job)
+
+    def on_aggregator_profile(self, profile: dict) -> None:
+        for job_id, keys in (profile or {}).items():
+            job = self.m.jobs.get(job_id)
+            if job is None or not isinstance(keys, dict):
+                continue
+            for key, entry in keys.items():
+                try:
+                    cpu, iters = float(entry[0]), int(entry[1])
+                except (TypeError, ValueError, IndexError):
+                    continue
+                if iters <= 0 or key not in job.keys:
+                    continue
+                e = cpu / iters
+                old = job.e.get(key)
+                job.e[key] = e if old is None else (1 - EWMA) * old + EWMA * e
+            job.e_reports += 1
+
+    # --- the periodic driver -------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        for job in list(self.m.jobs.values()):
+            if job.ranks and now - job.last_heard > self.cfg.job_timeout:
+                log.warning("job %s: no worker heard from for %.0fs; releasing it", job.job, now - job.last_heard)
+                self.m.release_job(job.job)
+        if not self.cfg.enabled:
+            return
+        for job in list(self.m.jobs.values()):
+            if (job.state == "profiling" and not job.best_effort and not job.pending and job.keys
+                    and job.profiled >= self.cfg.profile_iters and job.e_reports >= 2
+                    and not job.parked and not self.m.migrations.active(job=job.job)):
+                self.pack(job)
+        if now >= self.next_period:
+            self.next_period = now + self.cfg.period
+            self.period_pass()
+
+    # --- packing (arrival) ---------------------------------------------------------------
+    def _cluster_aggs(self, cluster: Cluster) -> list[str]:
+        return sorted(a for a in cluster.aggs if a in self.m.aggs and self.m.aggs[a].state == "active"
+                      and self.m.aggs[a].exclusive is None)
+
+    def pack(self, job: "JobInfo") -> None:
+        costs = [job.cost(k) for k in job.keys]
+        demand = job_demand(job.standalone, costs)
+        free = {c.name: cluster_free_cpu(self.loads(self._cluster_aggs(c)), self.cfg.cluster_size)
+                for c in self.clusters.values()}
+        name = choose_cluster(free, demand)
+        cluster = self.clusters.get(name) if name else None
+        candidates = self._cluster_aggs(cluster) if cluster else []
+        temps = [a for a in job.temps if a in self.m.aggs]
+        result = pack_job(job.job, job.standalone, [(k, job.cost(k)) for k in job.keys], self.loads(candidates),
+                          lambda i: temps[i] if i < len(temps) else f"+{i}")
+        table, opened = result
+        if any(a not in temps for a in opened) or not temps and opened:
+            job.state = "dedicated"
+            for a in temps:
+                self.m.aggs[a].state, self.m.aggs[a].exclusive = "active", job.job
+            cluster = cluster or self._new_cluster()
+            cluster.aggs.update(temps)
+            cluster.jobs.add(job.job)
+            job.cluster = cluster.name
+            log.info("job %s needs more aggregators than it asked for; it keeps its %d", job.job, len(temps))
+            self.update_cycles(temps)
+            return
+        cluster = cluster or self._new_cluster()
+        cluster.jobs.add(job.job)
+        job.cluster = cluster.name
+        for a in opened:
+            info = self.m.aggs[a]
+            info.state, info.reserved_for, info.cluster = "active", None, cluster.name
+            cluster.aggs.add(a)
+        job.state = "packed"
+        job.low_iters = 0
+        job.aggregators = sorted(set(table.values()))
+        log.info("job %s (D=%.3fs, demand %.2f aggregators) packed into cluster %s on %s (asked for %d)",
+                 job.job, job.standalone, demand, cluster.name, job.aggregators, job.requested)
+        leftovers = [a for a in temps if a not in opened]
+        self.migrate(job, table, after=leftovers)
+
+    def _new_cluster(self) -> Cluster:
+        cluster = Cluster(f"c{next(self._cluster_ids)}")
+        self.clusters[cluster.name] = cluster
+        return cluster
+
+    def migrate(self, job: "JobInfo", table: dict[str, str], after: list[str] = ()) -> None:
+        """Move keys; when all batches are done refresh cycles and release ``after`` if empty."""
+        involved = set(table.values()) | {job.table[k] for k in table if k in job.table}
+        left = {"n": 0}
+
+        def done(batch, ok):
+            left["n"] -= 1
+            if left["n"] == 0:
+                self._settle(job.job, involved, after)
+
+        mids = self.m.migrations.start(job, table, on_done=done)
+        left["n"] = len(mids)
+        homes = [a for a in job.aggregators if a in self.m.aggs]
+        if homes and job.home not in homes:
+            job.home = homes[0]
+        if not mids:
+            self._settle(job.job, involved, after)
+
+    def _settle(self, job_id: str, involved: set, release: list[str]) -> None:
+        self.update_cycles(involved)
+        for a in release:
+            info = self.m.aggs.get(a)
+            if info is not None and self.empty(a):
+                self.release_aggregator(a)
+
+    # --- feedback ----------------------------------------------------------------------
+    def revert(self, job: "JobInfo") -> None:
+        job.reverts += 1
+        k = max(1, min(job.reverts, job.requested or 1))
+        idle = self.idle()
+        if len(idle) + self.m.provider.can_start(0) < k:
+            log.warning("job %s runs %.0f%% slower than standalone but no aggregator is free to revert it",
+                        job.job, 100 * (1 - job.standalone / job.measured))
+            job.reverts -= 1
+            job.low_iters = 0
+            return
+        if not allocate_now(k, self.cfg.threshold) and job.job not in self.pending_reverts:
+            self.pending_reverts.append(job.job)
+            job.reverts -= 1
+            return
+        log.info("job %s ran below %.0f%% of its standalone speed for %d iterations: reverting onto %d "
+                 "aggregator(s) of its own", job.job, 100 * (1 - self.cfg.loss_limit), job.low_iters, k)
+        job.low_iters = 0
+        take = [a.agg_id for a in idle[:k]]
+        started = self.m.provider.start(k - len(take)) if len(take) < k else []
+        if started:
+            job.revert_waiting = (k, take, set(started))
+            for a in take:
+                self.m.aggs[a].state, self.m.aggs[a].exclusive = "active", job.job
+            return
+        self._revert_onto(job, take)
+
+    def _revert_onto(self, job: "JobInfo", aggs: list[str]) -> None:
+        cluster = self.clusters.get(job.cluster) or self._new_cluster()
+        job.cluster = cluster.name
+        for a in aggs:
+            info = self.m.aggs[a]
+            info.state, info.exclusive, info.cluster, info.reserved_for = "active", job.job, cluster.name, None
+            cluster.aggs.add(a)
+        old = {job.table[k] for k in job.keys}
+        table = spread_by_bytes([(k, job.cost(k) or job.keys[k].nbytes * 1e-10) for k in job.keys], aggs)
+        job.state = "dedicated"
+        job.aggregators = sorted(aggs)
+        self.migrate(job, table, after=sorted(old - set(aggs)))
+
+    def registered_for_revert(self, agg: "AggInfo") -> bool:
+        for job in self.m.jobs.values():
+            waiting = job.revert_waiting
+            if waiting and agg.agg_id in waiting[2]:
+                waiting[2].discard(agg.agg_id)
+                waiting[1].append(agg.agg_id)
+                agg.state, agg.exclusive = "active", job.job
+                if not waiting[2]:
+                    job.revert_waiting = None
+                    self._revert_onto(job, waiting[1])
+                return True
+        return False
+
+    # --- job exit and periods --------------------------------------------------------------
+    def job_released(self, job: "JobInfo") -> None:
+        cluster = self.clusters.get(job.cluster) if job.cluster else None
+        if cluster is not None:
+            cluster.jobs.discard(job.job)
+        for a in set(job.touched) | set(job.temps):
+            info = self.m.aggs.get(a)
+            if info is None:
+                continue
+            if info.exclusive == job.job:
+                info.exclusive = None
+            if info.reserved_for == job.job:
+                info.reserved_for = None
+            if self.empty(a) and info.state != "idle":
+                self.release_aggregator(a)
+        if self.cfg.enabled and cluster is not None:
+            self.update_cycles(cluster.aggs)
+            self.recycle_cluster(cluster)
+
+    def release_aggregator(self, agg: str) -> None:
+        info = self.m.aggs.get(agg)
+        if info is None:
+            return
+        for cluster in self.clusters.values():
+            cluster.aggs.discard(agg)
+        info.state, info.cluster, info.exclusive, info.reserved_for = "idle", None, None, None
+        self.m.send_agg(agg, wire.CYCLE, None, jobs={})
+        idle = [a for a in self.idle() if self.m.provider.owns(a.agg_id)]
+        if self.m.provider.owns(agg) and len(idle) > self.cfg.spare:
+            self.m.provider.stop(agg)
+            self.m.forget_aggregator(agg)
+        log.info("aggregator %s released", agg)
+
+    def recycle_cluster(self, cluster: Cluster) -> None:
+        if self.m.migrations.active(aggs=cluster.aggs):
+            return
+        aggs = self._cluster_aggs(cluster)
+        loads = self.loads(aggs)
+        tasks: dict[str, list] = {a: [] for a in aggs}
+        durations = {}
+        for job in self.m.jobs.values():
+            if job.standalone is None:
+                continue
+            durations[job.job] = job.standalone
+            for key, owner in job.table.items():
+                if owner in tasks:
+                    tasks[owner].append((job.job, key, job.cost(key)))
+        plan = recycle(loads, tasks, durations, self.cfg.loss_limit)
+        for victim, moves in plan:
+            self.m.aggs[victim].state = "draining"
+            by_job: dict[str, dict[str, str]] = {}
+            for job in self.m.jobs.values():
+                for key in job.keys:
+                    if key in moves and job.table.get(key) == victim:
+                        by_job.setdefault(job.job, {})[key] = moves[key]
+            log.info("recycling aggregator %s: %d tasks move elsewhere", victim, len(moves))
+            for job_id, table in by_job.items():
+                job = self.m.jobs[job_id]
+                self.migrate(job, table, after=[victim])
+                job.aggregators = sorted({job.table[k] if k not in table else table[k] for k in job.keys})
+
+    def period_pass(self) -> None:
+        for job_id in list(self.pending_reverts):
+            self.pending_reverts.remove(job_id)
+            job = self.m.jobs.get(job_id)
+            if job is not None and job.state == "packed":
+                saved, self.cfg.threshold = self.cfg.threshold, 1
+                try:
+                    self.revert(job)
+                finally:
+                    self.cfg.threshold = saved
+        for cluster in list(self.clusters.values()):
+            loads = self.loads([a for a in cluster.aggs if a in self.m.aggs and self.m.aggs[a].state == "active"])
+            for a in idle_to_release({a: j for a, j in loads.items() if self.empty(a)}, self.cfg.spare):
+                self.release_aggregator(a)
+            self.recycle_cluster(cluster)
+            if not cluster.aggs and not cluster.jobs:
+                del self.clusters[cluster.name]
+
+    # --- cycles --------------------------------------------------------------------------
+    def update_cycles(self, aggs) -> None:
+        loads = self.loads([a for a in aggs if a in self.m.aggs])
+        for agg, jobs in loads.items():
+            self.m.send_agg(agg, wire.CYCLE, None, jobs={j: [d, e] for j, (d, e) in jobs.items()})
+            self.m.aggs[agg].busy = busy_fraction(jobs) if jobs else 0.0

@@ -1,0 +1,198 @@
+"""pMaster's side of live tensor migration (thesis §4.3.2, Fig. 4.5).
+
+A batch moves keys of one job, all with the same aggregation settings, from one aggregator
+to another:
+
+1. ``MIGRATE_PREPARE`` to the new aggregator: it creates the keys in the incoming state
+   (it holds pushes and parks pulls until the copy arrived).
+2. ``MIGRATE_INIT`` to the old aggregator: it picks each key's cutover (its open iteration),
+   which pMaster records in the job's table as "new owner from cutover + 1 on"; the old one
+   serves everything up to the cutover, puts the new address into those pull replies and
+   REDIRECTs anything later.
+3. The old aggregator sends ``TENSOR_COPY`` once the cutover iteration is complete and
+   reports ``TENSOR_COPY_DONE``; the new one reports ``WORKER_DONE`` once all workers pushed
+   the next iteration to it.
+4. With both reports for a key, the table owns the new aggregator and ``MIGRATE_DROP`` tells
+   the old one to forget the key.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+from . import wire
+
+if TYPE_CHECKING:
+    from .master import JobInfo, Master
+
+log = logging.getLogger("autops.migration")
+
+
+@dataclass
+class Batch:
+    mid: int
+    job: str
+    src: str
+    dst: str
+    keys: list
+    phase: str = "prepare"          # prepare -> init -> copying -> done | failed
+    copied: set = field(default_factory=set)
+    workers: set = field(default_factory=set)
+    completed: set = field(default_factory=set)
+    started: float = field(default_factory=time.monotonic)
+    finished: float | None = None
+    on_done: Callable[["Batch", bool], None] | None = None
+
+
+class Migrations:
+    """Migration batches in flight, driven by pMaster's message loop."""
+
+    def __init__(self, master: "Master") -> None:
+        self.master = master
+        self.batches: dict[int, Batch] = {}
+        self.moving: dict[tuple[str, str], int] = {}     # (job, key) -> mid
+        self.completed = 0          # keys
+        self.failed = 0             # keys
+        self.durations: list[float] = []   # seconds per completed batch (last 100)
+        self._mids = itertools.count(1)
+
+    def active(self, job: str | None = None, aggs: set | None = None) -> list[Batch]:
+        return [b for b in self.batches.values()
+                if (job is None or b.job == job) and (aggs is None or b.src in aggs or b.dst in aggs)]
+
+    def start(self, job: "JobInfo", plan: dict[str, str],
+              on_done: Callable[[Batch, bool], None] | None = None) -> list[int]:
+        """Move ``key -> new aggregator`` for the keys of ``job`` not moving already."""
+        groups: dict[tuple, list[str]] = {}
+        for key, dst in sorted(plan.items()):
+            src = job.table.get(key)
+            if src is None or src == dst or (job.job, key) in self.moving:
+                continue
+            conf = job.tensors[job.keys[key].tensor][2]
+            sig = (src, dst, conf["mode"], conf["average"], conf["optimizer"], json.dumps(conf["hp"], sort_keys=True))
+            groups.setdefault(sig, []).append(key)
+        mids = []
+        for (src, dst, mode, average, optimizer, hp), keys in groups.items():
+            if src not in self.master.aggs or dst not in self.master.aggs:
+                log.warning("migration of %d keys of %s from %s to %s skipped: aggregator unknown",
+                            len(keys), job.job, src, dst)
+                continue
+            batch = Batch(next(self._mids), job.job, src, dst, keys, on_done=on_done)
+            self.batches[batch.mid] = batch
+            for key in keys:
+                self.moving[(job.job, key)] = batch.mid
+            job.touched.add(dst)
+            self.master.send_agg(dst, wire.MIGRATE_PREPARE, lambda msg, b=batch: self._prepared(b, msg),
+                                 mid=batch.mid, job=job.job, secret=job.secret, world_size=job.world_size,
+                                 mode=mode, average=average, optimizer=optimizer, hp=json.loads(hp),
+                                 keys=[job.keys[k].to_wire() for k in keys])
+            mids.append(batch.mid)
+        return mids
+
+    # --- replies -----------------------------------------------------------------------
+    def _prepared(self, batch: Batch, msg: wire.Message | None) -> None:
+        if batch.mid not in self.batches:
+            return
+        if msg is None or msg.op == wire.ERROR:
+            self._fail(batch, "the new aggregator did not prepare: " +
+                       (msg["message"] if msg is not None else "no answer"), drop_dst=msg is None)
+            return
+        dst = self.master.aggs.get(batch.dst)
+        if dst is None:
+            self._fail(batch, "the new aggregator is gone", drop_dst=False)
+            return
+        batch.phase = "init"
+        self.master.send_agg(batch.src, wire.MIGRATE_INIT, lambda m, b=batch: self._initiated(b, m),
+                             mid=batch.mid, job=batch.job, to=batch.dst,
+                             info={"endpoints": dst.endpoints, "host": dst.host}, keys=batch.keys)
+
+    def _initiated(self, batch: Batch, msg: wire.Message | None) -> None:
+        if batch.mid not in self.batches:
+            return
+        if msg is None or msg.op == wire.ERROR:
+            self._fail(batch, "the old aggregator did not start the hand-over: " +
+                       (msg["message"] if msg is not None else "no answer"), drop_dst=True)
+            return
+        job = self.master.jobs.get(batch.job)
+        cutovers = msg.get("cutovers") or {}
+        batch.phase = "copying"
+        if job is not None:
+            for key in batch.keys:
+                if key in cutovers:
+                    job.moves[key] = (batch.dst, int(cutovers[key]) + 1)
+
+    def copy_done(self, msg: wire.Message) -> None:
+        batch = self.batches.get(msg["mid"])
+        if batch is None:
+            return
+        if msg.get("error"):
+            self._fail(batch, f"the copy was refused: {msg['error']}", drop_dst=True)
+            return
+        batch.copied.update(k for k in msg["keys"] if k in batch.keys)
+        self._advance(batch)
+
+    def worker_done(self, msg: wire.Message) -> None:
+        batch = self.batches.get(msg["mid"])
+        if batch is None:
+            return
+        batch.workers.update(k for k in msg["keys"] if k in batch.keys)
+        self._advance(batch)
+
+    def _advance(self, batch: Batch) -> None:
+        job = self.master.jobs.get(batch.job)
+        ready = (batch.copied & batch.workers) - batch.completed
+        if not ready:
+            return
+        batch.completed |= ready
+        if job is not None:
+            for key in ready:
+                job.table[key] = batch.dst
+                job.moves.pop(key, None)
+        for key in ready:
+            self.moving.pop((batch.job, key), None)
+        self.completed += len(ready)
+        self.master.send_agg(batch.src, wire.MIGRATE_DROP, None, job=batch.job, keys=sorted(ready))
+        if batch.completed >= set(batch.keys):
+            batch.phase = "done"
+            batch.finished = time.monotonic()
+            self.durations = (self.durations + [batch.finished - batch.started])[-100:]
+            del self.batches[batch.mid]
+            log.info("migration %d of job %s: %d keys %s -> %s in %.3fs", batch.mid, batch.job,
+                     len(batch.keys), batch.src, batch.dst, batch.finished - batch.started)
+            if batch.on_done is not None:
+                batch.on_done(batch, True)
+
+    def _fail(self, batch: Batch, why: str, drop_dst: bool) -> None:
+        log.error("migration %d of job %s (%s -> %s) failed: %s", batch.mid, batch.job, batch.src, batch.dst, why)
+        self.batches.pop(batch.mid, None)
+        batch.phase = "failed"
+        left = [k for k in batch.keys if k not in batch.completed]
+        for key in left:
+            self.moving.pop((batch.job, key), None)
+        self.failed += len(left)
+        job = self.master.jobs.get(batch.job)
+        if job is not None:
+            for key in left:
+                job.moves.pop(key, None)
+        if drop_dst and left:
+            self.master.send_agg(batch.dst, wire.MIGRATE_DROP, None, job=batch.job, keys=left)
+        if batch.on_done is not None:
+            batch.on_done(batch, False)
+
+    def forget_job(self, job: str) -> None:
+        """The job was released: its batches end without callbacks."""
+        for mid, batch in list(self.batches.items()):
+            if batch.job == job:
+                del self.batches[mid]
+        for key in [k for k in self.moving if k[0] == job]:
+            del self.moving[key]
+
+    def status(self) -> dict:
+        return {"active": sum(len(b.keys) - len(b.completed) for b in self.batches.values()),
+                "completed": self.completed, "failed": self.failed,
+                "batches_active": len(self.batches),
+                "last_batch_s": round(self.durations[-1], 4) if self.durations else None}
