@@ -86,8 +86,19 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    argv = list(args.bench_args)
+    which = argv[0] if argv and not argv[0].startswith("-") else "pushpull"
+    if which == "packing":
+        from .bench_elastic import packing_main
+        return packing_main(argv[1:])
+    if which == "migrate":
+        from .bench_elastic import migrate_main
+        return migrate_main(argv[1:])
+    if which != "pushpull":
+        print(f"autops bench: unknown benchmark {which!r} (pushpull, packing, migrate)", file=sys.stderr)
+        return 2
     from .benchmark import main as bench_main
-    return bench_main(args.bench_args)
+    return bench_main(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from . import wire
 from .assignment import LOSS_LIMIT, busy_fraction, job_demand, pack_job, recycle, spread_by_bytes
-from .scaling import allocate_now, choose_cluster, cluster_free_cpu, idle_to_release
+from .scaling import admissible, allocate_now, choose_cluster, cluster_free_cpu, idle_to_release
 
 if TYPE_CHECKING:
     from .master import AggInfo, JobInfo, Master
@@ -124,7 +124,7 @@ class Elastic:
             return None
         cap = self.capacity()
         busy = self.busy_count()
-        if cap is not None and requested > cap - busy:
+        if not admissible(requested, cap, busy):
             return (f"admission refused: the job asks for {requested} aggregator(s) (its worst case) but "
                     f"the pool can give {max(0, cap - busy)} now ({busy} busy of {cap}); retry later, ask for "
                     f"fewer, or add aggregators (`autops aggregator --master ...` or --max-aggregators)")
@@ -388,7 +388,7 @@ class Elastic:
             return
         for cluster in self.clusters.values():
             cluster.aggs.discard(agg)
-        info.state, info.cluster, info.exclusive, info.reserved_for = "idle", None, None, None
+        info.state, info.cluster, info.exclusive, info.reserved_for, info.busy = "idle", None, None, None, None
         self.m.send_agg(agg, wire.CYCLE, None, jobs={})
         idle = [a for a in self.idle() if self.m.provider.owns(a.agg_id)]
         if self.m.provider.owns(agg) and len(idle) > self.cfg.spare:

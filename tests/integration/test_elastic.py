@@ -1,0 +1,173 @@
+"""AutoPS elasticity end to end: packing after profiling, revert below LossLimit, recycling
+after a job exit, the standby and local providers, admission control.
+
+Iteration durations are set with sleeps whose ratios decide, through Pseudocode 3's loss
+check, which jobs may share an aggregator; the margins are wide enough (>= 5 points from
+LossLimit) that scheduling noise does not change the outcome.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from autops.agent import Agent, AutoPSError
+from autops.local import LocalPool
+
+TENSORS = [("w", (4000,), "float32"), ("b", (100,), "float32")]
+FAST = ["--warmup-iters", "2", "--profile-iters", "5", "--period", "2"]
+
+
+def wait_for(pool: LocalPool, pred, timeout: float, what: str) -> dict:
+    deadline = time.monotonic() + timeout
+    status = pool.status()
+    while time.monotonic() < deadline:
+        status = pool.status()
+        if pred(status):
+            return status
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}; status: {status}")
+
+
+def job_of(status: dict, name: str) -> dict | None:
+    return next((j for j in status["jobs"] if j["job"] == name), None)
+
+
+class Job:
+    """A W=2 sum-mode job in threads; ``sleep(it)`` is the emulated compute per iteration."""
+
+    def __init__(self, master: str, name: str, sleep, iters: int, num_aggregators: int = 1) -> None:
+        self.name, self.sleep, self.iters = name, sleep, iters
+        self.agents = [Agent(master, name, r, 2, num_aggregators=num_aggregators, average=False, timeout=30)
+                       for r in range(2)]
+        for a in self.agents:
+            a.declare(TENSORS)
+        self.errors: list = []
+        self.wrong: list = []
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._work, args=(r,)) for r in range(2)]
+        for t in self.threads:
+            t.start()
+
+    def _work(self, rank: int) -> None:
+        try:
+            agent = self.agents[rank]
+            out = {n: np.empty(s, np.float32) for n, s, _ in TENSORS}
+            for it in range(1, self.iters + 1):
+                if self.stop.is_set():
+                    return
+                time.sleep(self.sleep(it))
+                handles = [agent.push_pull(n, np.full(s, it + rank, np.float32), out[n], it)
+                           for n, s, _ in TENSORS]
+                for h in handles:
+                    h.wait(30)
+                for n in out:
+                    if not np.all(out[n] == 2 * it + 1):
+                        self.wrong.append((rank, it, n, float(out[n][0])))
+        except BaseException as exc:
+            self.errors.append(exc)
+
+    def finish(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(60)
+        for a in self.agents:
+            a.close()
+        assert not self.errors, self.errors
+        assert not self.wrong, self.wrong[:5]
+
+
+def test_revert_when_a_packed_job_falls_below_loss_limit():
+    with LocalPool(3, master_args=[*FAST, "--window", "15"]) as pool:
+        # 40 ms per iteration while profiled, then twice as slow: below 90% of standalone speed
+        job = Job(pool.master, "slowing", lambda it: 0.04 if it <= 40 else 0.08, iters=400)
+        try:
+            wait_for(pool, lambda s: (job_of(s, "slowing") or {}).get("state") == "packed", 30, "packing")
+            status = wait_for(pool, lambda s: (job_of(s, "slowing") or {}).get("state") == "dedicated"
+                              and s["migrations"]["active"] == 0, 60, "revert")
+            info = job_of(status, "slowing")
+            assert info["reverts"] == 1
+            own = [a for a in status["aggregators"] if a["exclusive"] == "slowing"]
+            assert len(own) == 1 and info["aggregators"] == [own[0]["id"]]
+        finally:
+            job.finish()
+
+
+def test_recycling_after_a_job_exit_frees_the_least_loaded_aggregator():
+    # X (0.3 s) and Y (0.095 s) share one aggregator (Y runs 3 times per cycle, 5% loss);
+    # Z (0.2 s) would lose 33% there, so it gets its own. When X leaves, Y and Z fit together
+    # (Z's cycle 0.2 s: Y twice, 5% loss) and one aggregator is recycled.
+    with LocalPool(4, master_args=FAST) as pool:
+        x = Job(pool.master, "X", lambda it: 0.3, iters=10_000)
+        y = Job(pool.master, "Y", lambda it: 0.095, iters=10_000)
+        z = None
+        try:
+            both = wait_for(pool, lambda s: all((job_of(s, n) or {}).get("state") == "packed" for n in "XY")
+                            and s["migrations"]["active"] == 0, 60, "X and Y packed")
+            assert job_of(both, "X")["aggregators"] == job_of(both, "Y")["aggregators"]
+            z = Job(pool.master, "Z", lambda it: 0.2, iters=10_000)
+            three = wait_for(pool, lambda s: (job_of(s, "Z") or {}).get("state") == "packed"
+                             and s["migrations"]["active"] == 0, 60, "Z packed")
+            assert job_of(three, "Z")["aggregators"] != job_of(three, "Y")["aggregators"]
+            assert sum(a["state"] == "active" for a in three["aggregators"]) == 2
+            x.finish()
+            after = wait_for(pool, lambda s: job_of(s, "X") is None and s["migrations"]["active"] == 0
+                             and sum(a["state"] in ("active", "draining") for a in s["aggregators"]) == 1,
+                             40, "recycling")
+            assert job_of(after, "Y")["aggregators"] == job_of(after, "Z")["aggregators"]
+            assert after["migrations"]["completed"] > 0 and after["migrations"]["failed"] == 0
+        finally:
+            for job in (x, y, z):
+                if job is not None and not job.stop.is_set():
+                    job.finish()
+
+
+def test_standby_aggregators_started_separately_and_admission_control():
+    with LocalPool(0, master_args=FAST) as pool:
+        with pytest.raises(AutoPSError, match="no aggregator is registered"):
+            Agent(pool.master, "early", 0, 1, num_aggregators=1, timeout=5)
+        # an operator starts one aggregator on "another machine"
+        pool._spawn("aggregator", "--master", pool.master, "--name", "cpu-7", "--bind-host", "127.0.0.1")
+        wait_for(pool, lambda s: any(a["id"] == "cpu-7" and a["state"] == "idle" for a in s["aggregators"]),
+                 20, "standby registration")
+        with pytest.raises(AutoPSError, match="admission refused.*asks for 2"):
+            Agent(pool.master, "big", 0, 1, num_aggregators=2, timeout=5)
+        job = Job(pool.master, "small", lambda it: 0.01, iters=30)
+        try:
+            assert job.agents[0].aggregators == ["cpu-7"]
+            with pytest.raises(AutoPSError, match="admission refused.*can give 0"):
+                Agent(pool.master, "second", 0, 1, num_aggregators=1, timeout=5)
+        finally:
+            job.finish()
+        # the job left: the aggregator is idle again and the next job is admitted
+        wait_for(pool, lambda s: not s["jobs"] and all(a["state"] == "idle" for a in s["aggregators"]),
+                 20, "release")
+        Job(pool.master, "next", lambda it: 0.0, iters=3).finish()
+
+
+def test_local_provider_starts_aggregators_on_demand_and_stops_them_after():
+    with LocalPool(0, master_args=[*FAST, "--provider", "local", "--max-aggregators", "2"]) as pool:
+        with pytest.raises(AutoPSError, match="admission refused.*asks for 3"):
+            Agent(pool.master, "huge", 0, 1, num_aggregators=3, timeout=10)
+        job = Job(pool.master, "spawned", lambda it: 0.01, iters=20, num_aggregators=2)
+        try:
+            started = {a["id"] for a in pool.status()["aggregators"]}
+            assert len(started) == 2 and all(a.startswith("local-") for a in started)
+        finally:
+            job.finish()
+        wait_for(pool, lambda s: not s["aggregators"], 20, "the started aggregators to stop")
+
+
+def test_cli_status_prints_the_pool(pool2):
+    job = Job(pool2.master, "shown", lambda it: 0.01, iters=10)
+    try:
+        out = subprocess.run([sys.executable, "-m", "autops.cli", "status", "--master", pool2.master],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        assert "agg-0" in out.stdout and "shown" in out.stdout
+    finally:
+        job.finish()
