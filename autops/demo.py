@@ -1,8 +1,11 @@
-"""``make demo``: two training jobs share one pool of two aggregators on this machine.
+"""``make demo``: two training jobs share an elastic pool of aggregators on this machine.
 
-Starts pMaster and 2 aggregators, runs two ``examples/train_digits.py`` jobs at once (each
-``torchrun --nproc-per-node 2``; one in sum mode with SGD, one with server-side Adam),
-and prints per job its throughput, final test accuracy and the aggregators that served it.
+Starts pMaster with the local provider (it starts aggregator processes on demand, at most 4),
+runs two ``examples/train_digits.py`` jobs at once (each ``torchrun --nproc-per-node 2``, each
+asking for 2 aggregators as a "2s-2w" job would; one in sum mode with SGD, one with
+server-side Adam). pMaster profiles each job on temporary aggregators, packs both onto as few
+aggregators as keep them within LossLimit, migrates their tensors live and releases the rest.
+Prints per job its throughput, final test accuracy and where it ran, and pMaster's view.
 """
 from __future__ import annotations
 
@@ -33,15 +36,18 @@ def main() -> int:
     if not EXAMPLE.exists():
         print(f"demo: {EXAMPLE} not found (run from a source checkout)", file=sys.stderr)
         return 1
-    print("AutoPS demo: 2 jobs x 2 workers sharing a pool of 2 aggregators on this machine", flush=True)
+    print("AutoPS demo: 2 jobs x 2 workers, each asking for 2 aggregators, on an elastic pool", flush=True)
     out_dir = pathlib.Path(tempfile.mkdtemp(prefix="autops-demo-"))
     snapshots: list[dict] = []
-    with LocalPool(2) as pool:
-        print(f"pool up: pMaster {pool.master}, aggregators agg-0 and agg-1", flush=True)
+    master_args = ["--provider", "local", "--max-aggregators", "4", "--warmup-iters", "3",
+                   "--profile-iters", "10", "--period", "2"]
+    with LocalPool(0, master_args=master_args) as pool:
+        print(f"pool up: pMaster {pool.master}; it starts aggregator processes when jobs need them", flush=True)
         procs = []
         start = time.perf_counter()
         for job, extra in JOBS:
-            env = dict(os.environ, AUTOPS_MASTER=pool.master, AUTOPS_JOB=job, OMP_NUM_THREADS="1")
+            env = dict(os.environ, AUTOPS_MASTER=pool.master, AUTOPS_JOB=job, OMP_NUM_THREADS="1",
+                       AUTOPS_AGGREGATORS="2")
             cmd = [*_torchrun(), "--standalone", "--nproc-per-node", "2", str(EXAMPLE), *extra,
                    "--json", str(out_dir / f"{job}.json")]
             log = open(out_dir / f"{job}.log", "w")
@@ -54,9 +60,9 @@ def main() -> int:
                     status = pool.status()
                 except Exception:
                     continue
-                keys = sum(j["keys"] for j in status["jobs"])
-                if keys > (sum(j["keys"] for j in snapshots[-1]["jobs"]) if snapshots else 0):
+                if len(status["jobs"]) == len(JOBS):
                     snapshots.append(status)
+                    del snapshots[:-1]
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
@@ -80,10 +86,13 @@ def main() -> int:
         print(f"{job:<12} {r['mode']:<7} {r['optimizer']:<9} {total:>10.0f} {r['test_accuracy']:>9.4f}  "
               f"{', '.join(r['aggregators'])}")
     if snapshots:
-        print("\npMaster's view while both jobs trained (bytes of each job per aggregator):")
-        for j in snapshots[-1]["jobs"]:
-            spread = ", ".join(f"{a}: {b / 1024:.1f} KiB" for a, b in j["bytes_per_aggregator"].items())
-            print(f"  {j['job']:<12} W={j['world_size']} tensors={j['tensors']} keys={j['keys']}  {spread}")
+        from .report import format_status
+        last = snapshots[-1]
+        used = sum(a["state"] != "idle" and a["alive"] for a in last["aggregators"])
+        asked = sum(j["requested_aggregators"] for j in last["jobs"])
+        print(f"\npMaster's view at the end (both jobs running): {used} aggregator(s) served what the jobs "
+              f"asked {asked} for; {last['migrations']['completed']} tensor keys migrated live\n")
+        print(format_status(last))
     shutil.rmtree(out_dir, ignore_errors=True)
     return 0
 

@@ -121,6 +121,25 @@ def must_open(candidates: Loads, job: str, duration: float, total_cost: float) -
     return max(0, math.ceil(excess / duration - 1e-6)) if excess > 0 else 0
 
 
+def consistent_prefix(plan: Sequence[tuple[str, Mapping[str, str]]]) -> list[tuple[str, Mapping[str, str]]]:
+    """The steps of a ``recycle`` plan up to (not including) the first whose victim received
+    tasks in an earlier step.
+
+    ``recycle`` takes each victim's tasks from its ``tasks`` argument, which does not follow
+    the plan's own earlier moves, so tasks moved onto an aggregator that is freed later in the
+    same plan would be left on a freed aggregator (and their load dropped). Applying only this
+    prefix and calling ``recycle`` again on the new state keeps every task placed.
+    """
+    received: set[str] = set()
+    out: list[tuple[str, Mapping[str, str]]] = []
+    for victim, moves in plan:
+        if victim in received:
+            break
+        out.append((victim, moves))
+        received.update(moves.values())
+    return out
+
+
 def workers_of(num_gpus: int) -> int:
     """Worker machines (and standalone parameter servers) of a job: one per 4 GPUs."""
     return max(1, math.ceil(num_gpus / GPUS_PER_WORKER))
@@ -250,7 +269,7 @@ class Simulation:
         self.samples_req = array("l")
         self.stats = dict(migrations=0, recycled_aggregators=0, aggregators_opened=0,
                           aggregators_released=0, deferred_allocations=0, oversize_placements=0, spills=0,
-                          clusters_opened=0, clusters_dissolved=0, clusters_peak=0,
+                          clusters_opened=0, clusters_dissolved=0, recycle_plans_cut=0, clusters_peak=0,
                           largest_cluster=0, jobs_placed=0, jobs_exited_while_profiling=0,
                           recycle_calls=0)
         self.model_counts: dict[str, int] = {}
@@ -411,25 +430,31 @@ class Simulation:
         self.stats["largest_cluster"] = max(self.stats["largest_cluster"], len(cl.loads))
 
     def _recycle(self, cl: _Cluster) -> None:
-        """Run ``recycle`` on a cluster and apply its plan."""
-        idle = [agg for agg, jobs in cl.loads.items() if not jobs]
-        self.stats["recycle_calls"] += 1
-        plan = recycle(cl.loads, _TaskView(cl.tasks), self.durations, self.cfg.loss_limit, exclude=idle)
-        cl.dirty = bool(plan)
-        for victim, moves in plan:
-            for task, dest in moves.items():
-                jid, cost = cl.tasks[victim].pop(task)
-                cl.tasks[dest][task] = (jid, cost)
-                d_old, e_old = cl.loads[dest].get(jid, (self.durations[jid], 0.0))
-                cl.loads[dest][jid] = (d_old, e_old + cost)
-                self.jobs[jid].where[task] = dest
-            self.stats["migrations"] += len(moves)
-            self.stats["recycled_aggregators"] += 1
-            cl.loads[victim] = {}
-            if self.cfg.release == "exit":
-                self._release(cl, victim)
-        if plan:
-            cl.free = None
+        """Run ``recycle`` on a cluster and apply its plan (see ``consistent_prefix``)."""
+        while True:
+            idle = [agg for agg, jobs in cl.loads.items() if not jobs]
+            self.stats["recycle_calls"] += 1
+            plan = recycle(cl.loads, _TaskView(cl.tasks), self.durations, self.cfg.loss_limit, exclude=idle)
+            usable = consistent_prefix(plan)
+            for victim, moves in usable:
+                if cl.tasks[victim].keys() != moves.keys():
+                    raise AssertionError(f"recycle plan for {victim} does not move all its tasks")
+                for task, dest in moves.items():
+                    jid, cost = cl.tasks[victim].pop(task)
+                    cl.tasks[dest][task] = (jid, cost)
+                    d_old, e_old = cl.loads[dest].get(jid, (self.durations[jid], 0.0))
+                    cl.loads[dest][jid] = (d_old, e_old + cost)
+                    self.jobs[jid].where[task] = dest
+                self.stats["migrations"] += len(moves)
+                self.stats["recycled_aggregators"] += 1
+                cl.loads[victim] = {}
+                cl.free = None
+                if self.cfg.release == "exit":
+                    self._release(cl, victim)
+            if len(usable) == len(plan):
+                cl.dirty = bool(plan)
+                return
+            self.stats["recycle_plans_cut"] += 1     # the rest was unsound: ask again on the new state
 
     def _period(self) -> None:
         for job in list(self.deferred.values()):

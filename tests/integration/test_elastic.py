@@ -171,3 +171,34 @@ def test_cli_status_prints_the_pool(pool2):
         assert "agg-0" in out.stdout and "shown" in out.stdout
     finally:
         job.finish()
+
+
+def test_master_publishes_utilization_reports_and_prometheus_metrics():
+    import urllib.request
+
+    from autops.local import free_port
+    from autops.report import subscribe
+    pub, http = free_port(), free_port()
+    with LocalPool(2, master_args=[*FAST, "--report-bind", f"tcp://127.0.0.1:{pub}", "--metrics-port", str(http),
+                                   "--report-period", "0.3"]) as pool:
+        job = Job(pool.master, "reported", lambda it: 0.02, iters=10_000, num_aggregators=2)
+        try:
+            wait_for(pool, lambda s: (job_of(s, "reported") or {}).get("state") == "packed"
+                     and s["migrations"]["active"] == 0, 30, "packing")
+            deadline = time.monotonic() + 15
+            while True:
+                report = subscribe(f"tcp://127.0.0.1:{pub}", timeout=5)
+                jobs = {j["job"]: j for j in report["jobs"]}
+                if jobs.get("reported", {}).get("state") == "packed" or time.monotonic() > deadline:
+                    break
+            assert report["type"] == "autops.utilization"
+            j = jobs["reported"]
+            assert j["tensors"] == 2 and j["bytes"] == 4100 * 4 and j["skew"] == pytest.approx(4000 / 4100, abs=1e-3)
+            assert j["iteration_time_s"] > 0 and j["standalone_iteration_time_s"] > 0
+            assert j["requested_aggregators"] == 2 and len(j["aggregators"]) == 1
+            assert report["totals"]["aggregators_requested"] == 2
+            text = urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics", timeout=5).read().decode()
+            assert 'autops_job_tensors{job="reported"} 2.0' in text
+            assert "autops_aggregator_cpu_percent" in text and "autops_migrations_completed_total" in text
+        finally:
+            job.finish()
