@@ -208,6 +208,7 @@ class Agent:
         self.aggregators: list[str] = list(reply["aggregators"])
         self.table = Table()
         self.table.aggs = dict(reply.get("endpoints") or {})
+        self.table.home = reply.get("home") or (self.aggregators[0] if self.aggregators else None)
         self._table_lock = threading.Lock()
         self._cmds: collections.deque = collections.deque()
         self._wake_r, self._wake_w = os.pipe()
@@ -651,7 +652,7 @@ class _IOLoop:
 
     def do_bcast(self, name, flat, root, seq, handle) -> None:
         agent = self.agent
-        agg = self.table.home or sorted(agent.aggregators)[0]
+        agg = self.table.home or agent.aggregators[0]
         req = next(self.reqs)
         part = Part(KeySpec(name, name, 0, flat.size, str(flat.dtype), False), handle, seq,
                     data=flat if agent.rank == root else None, out=None if agent.rank == root else flat)

@@ -117,11 +117,13 @@ class Admin:
 # --- worker process (both benchmarks) ------------------------------------------------------
 def _worker(master: str, job: str, tag: int, rank: int, world: int, tensors: list[Tensor], mode: str,
             optimizer: str, compute_s: float, target_s: float | None, calib_iters: int,
-            progress: Any, stop_at: Any, results: Any, timeout: float) -> None:
+            progress: Any, stop_at: Any, gate: Any, results: Any, timeout: float) -> None:
     """One training worker: sleep (compute), push_pull all tensors, wait; until ``stop_at``.
 
-    With ``target_s`` set, the sleep is recalibrated after ``calib_iters`` iterations to
-    ``target_s`` minus the median communication time of iterations 2..calib_iters.
+    ``progress`` is -1 while starting, 0 once imports and buffers are ready (it then waits for
+    ``gate`` before it registers), then the last iteration completed. With ``target_s`` set,
+    the sleep is recalibrated after ``calib_iters`` iterations to ``target_s`` minus the median
+    communication time of iterations 3..calib_iters.
     Puts ``("ok", tag, rank, {"records": [(it, begin, comm_start, comm_end)], "compute_s"})``.
     """
     agent = None
@@ -130,12 +132,16 @@ def _worker(master: str, job: str, tag: int, rank: int, world: int, tensors: lis
         opts: dict = {"mode": mode, "average": True}
         if mode == "server":
             opts.update(optimizer=optimizer, hp={"lr": 1e-3})
+        grads = {n: np.full(s, 1e-3 * (rank + 1), dtype=d) for n, s, d in tensors}
+        outs = {n: np.zeros(s, dtype=d) for n, s, d in tensors}
+        progress.value = 0
+        while not gate.wait(0.5):
+            if stop_at.value <= 0:
+                return
         agent = Agent(master, job, rank, world, mode=mode, num_aggregators=2,
                       optimizer=optimizer if mode == "server" else None,
                       hp={"lr": 1e-3} if mode == "server" else None, timeout=timeout)
         agent.declare([(n, s, d, opts) for n, s, d in tensors])
-        grads = {n: np.full(s, 1e-3 * (rank + 1), dtype=d) for n, s, d in tensors}
-        outs = {n: np.empty(s, dtype=d) for n, s, d in tensors}
         if mode == "server":
             if rank == 0:
                 for h in [agent.init(n, np.zeros(s, d)) for n, s, d in tensors]:
@@ -159,7 +165,7 @@ def _worker(master: str, job: str, tag: int, rank: int, world: int, tensors: lis
             records.append((it, begin, start, end))
             progress.value = it
             if target_s is not None and it == calib_iters:
-                comm = [r[3] - r[2] for r in records[1:]] or [records[0][3] - records[0][2]]
+                comm = [r[3] - r[2] for r in records[2:]] or [r[3] - r[2] for r in records]
                 compute_s = max(0.0, target_s - statistics.median(comm))
         results.put(("ok", tag, rank, {"records": records, "compute_s": compute_s}))
     except BaseException as exc:  # report, never hang the parent
@@ -182,24 +188,42 @@ class Workers:
         self.procs: list = []
         self.progress: dict[tuple[int, int], Any] = {}
         self.stop: dict[int, Any] = {}
+        self.gates: dict[int, Any] = {}
         self.jobs: dict[int, str] = {}
         self.world: dict[int, int] = {}
         self.got: dict[tuple[int, int], dict] = {}
 
     def start_job(self, tag: int, job: str, tensors: list[Tensor], world: int = 2, mode: str = "sum",
                   optimizer: str = "adam", compute_s: Sequence[float] | float = 0.0,
-                  target_s: float | None = None, calib_iters: int = 4, timeout: float = 30.0) -> None:
+                  target_s: float | None = None, calib_iters: int = 4, timeout: float = 30.0,
+                  go: bool = True) -> None:
+        """Spawn the job's workers; they register when ``go`` (or ``open(tag)``)."""
         self.jobs[tag], self.world[tag] = job, world
         self.stop[tag] = self.ctx.Value("q", BIG)
+        self.gates[tag] = self.ctx.Event()
+        if go:
+            self.gates[tag].set()
         for rank in range(world):
-            self.progress[(tag, rank)] = self.ctx.Value("q", 0)
+            self.progress[(tag, rank)] = self.ctx.Value("q", -1)
             c = compute_s[rank] if isinstance(compute_s, (list, tuple)) else float(compute_s)
             p = self.ctx.Process(target=_worker, name=f"{job}-r{rank}", daemon=True,
                                  args=(self.master, job, tag, rank, world, tensors, mode, optimizer, c, target_s,
-                                       calib_iters, self.progress[(tag, rank)], self.stop[tag], self.results,
-                                       timeout))
+                                       calib_iters, self.progress[(tag, rank)], self.stop[tag], self.gates[tag],
+                                       self.results, timeout))
             p.start()
             self.procs.append(p)
+
+    def open(self, tag: int) -> None:
+        self.gates[tag].set()
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Until every spawned worker has its buffers and waits at its gate (or runs)."""
+        deadline = time.monotonic() + timeout
+        while min(v.value for v in self.progress.values()) < 0:
+            self.check()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"workers did not start within {timeout:.0f}s")
+            time.sleep(0.1)
 
     def iteration(self, tag: int) -> int:
         """Iterations completed by the slowest rank of job ``tag``."""
@@ -298,17 +322,22 @@ def _run_mode(mode: str, model: str, njobs: int, tensors: list[Tensor], target_s
     run_id = uuid.uuid4().hex[:5]
     names = [f"{model}-{mode[:3]}{i}-{run_id}" for i in range(njobs)]
     timeline: list[dict] = []
-    started = time.monotonic()
+    t_begin = started = time.monotonic()
     with LocalPool(2 * njobs, log_level=args.log_level, master_args=master_args) as pool, Admin(pool.master) as admin:
         workers = Workers(pool.master)
         try:
-            # start the jobs (staggered when shared)
+            # spawn every worker first (imports and buffers, CPU-heavy on this machine), then let
+            # the jobs register --stagger seconds apart (in both modes: similar phases between jobs)
             for i, name in enumerate(names):
-                if shared and i:
-                    _sleep_checking(workers, args.stagger)
                 workers.start_job(i, name, tensors, compute_s=compute[i] if compute else target_s,
                                   target_s=None if compute else target_s, calib_iters=args.calib_iters,
-                                  timeout=args.agent_timeout)
+                                  timeout=args.agent_timeout, go=False)
+            workers.wait_ready()
+            started = time.monotonic()
+            for i in range(njobs):
+                if i:
+                    _sleep_checking(workers, args.stagger)
+                workers.open(i)
             # wait for steady state
             deadline = time.monotonic() + args.steady_timeout
             steady = False
@@ -376,7 +405,10 @@ def _run_mode(mode: str, model: str, njobs: int, tensors: list[Tensor], target_s
             "keys_per_aggregator": js.get("keys_per_aggregator"), "reverts": js.get("reverts"),
             "autops_speed_vs_standalone": statistics.median(speeds_autops[name]) if speeds_autops[name] else None,
             "autops_standalone_iteration_s": js.get("standalone_iteration_time_s"),
-            "autops_iteration_s": js.get("iteration_time_s"), "autops_cpu_demand": js.get("cpu_demand")})
+            "autops_iteration_s": js.get("iteration_time_s"), "autops_cpu_demand": js.get("cpu_demand"),
+            # rank 0: [iteration, end (s since the first job was let go), iteration s, communication s]
+            "trace": [[it, round(e - started, 3), round(e - b, 4), round(e - c, 4)]
+                      for it, b, c, e in results[(i, 0)]["records"]]})
     known = [c for c in cpu.values() if c is not None]
     cpu_total = sum(known)
     cpu_in_use = sum(c for a, c in cpu.items() if c is not None and a in used)
@@ -391,14 +423,14 @@ def _run_mode(mode: str, model: str, njobs: int, tensors: list[Tensor], target_s
         "aggregators_used_ids": sorted(used), "aggregator_processes": len(agg_pids),
         "cpu_s_total": round(cpu_total, 3), "cpu_s_in_use": round(cpu_in_use, 3),
         "master_cpu_s": round(master_cpu1 - master_cpu0, 3) if master_cpu0 is not None and master_cpu1 else None,
-        "job_iterations": round(job_iters, 2),
+        "job_iterations": round(job_iters, 2), "window_start_s": round(t0 - started, 2),
         "cpu_s_per_iter": cpu_total / job_iters if job_iters else None,
         "cpu_s_per_iter_in_use": cpu_in_use / job_iters if job_iters else None,
         "migrations_in_window": {"completed": mig1["completed"] - mig0["completed"],
                                  "failed": mig1["failed"] - mig0["failed"]},
         "migrations_total": {"completed": mig1["completed"], "failed": mig1["failed"]},
         "jobs": per_job, "aggregators": aggs, "timeline": timeline,
-        "wall_s": round(time.monotonic() - started, 1)}
+        "wall_s": round(time.monotonic() - t_begin, 1)}
 
 
 def _sleep_checking(workers: Workers, seconds: float) -> None:
@@ -492,10 +524,10 @@ def packing_main(argv: list[str] | None = None) -> int:
     p.add_argument("--measure-iters", type=int, default=20, help="steady window, in iterations of the model")
     p.add_argument("--min-window", type=float, default=10.0, help="shortest steady window, seconds")
     p.add_argument("--settle-iters", type=float, default=3, help="iterations waited after steady state")
-    p.add_argument("--calib-iters", type=int, default=4, help="dedicated run: iterations before calibrating")
-    p.add_argument("--stagger", type=float, default=3.0, help="seconds between job starts (shared run)")
-    p.add_argument("--warmup-iters", type=int, default=2, help="pMaster --warmup-iters (shared run)")
-    p.add_argument("--profile-iters", type=int, default=5, help="pMaster --profile-iters (shared run)")
+    p.add_argument("--calib-iters", type=int, default=6, help="dedicated run: iterations before calibrating")
+    p.add_argument("--stagger", type=float, default=3.0, help="seconds between job starts")
+    p.add_argument("--warmup-iters", type=int, default=3, help="pMaster --warmup-iters (shared run)")
+    p.add_argument("--profile-iters", type=int, default=6, help="pMaster --profile-iters (shared run)")
     p.add_argument("--period", type=float, default=5.0, help="pMaster --period (shared run)")
     p.add_argument("--revert-window", type=int, default=20, help="pMaster --window (shared run)")
     p.add_argument("--steady-timeout", type=float, default=90.0)

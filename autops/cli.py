@@ -41,6 +41,7 @@ def _cmd_local(args: argparse.Namespace) -> int:
     with LocalPool(0, log_level=args.log_level, master_args=master_args) as pool:
         env = dict(os.environ, AUTOPS_MASTER=pool.master)
         env.setdefault("AUTOPS_JOB", f"job-{uuid.uuid4().hex[:8]}")
+        env.setdefault("AUTOPS_AGGREGATORS", str(args.aggregators))   # the job's standalone PS count
         print(f"autops local: master {pool.master}, up to {args.aggregators} aggregator(s) started on demand, "
               f"job {env['AUTOPS_JOB']}", file=sys.stderr)
         proc = subprocess.Popen(cmd, env=env)

@@ -151,6 +151,7 @@ class Elastic:
                 shared = min(live, key=lambda a: (load.get(a.agg_id, 0), a.agg_id))
                 job.aggregators = [shared.agg_id]
                 job.best_effort = True
+                job.state = "best-effort"
                 log.info("job %s shares %s (no idle aggregator, no reservation asked for)", job.job, shared.agg_id)
                 return
         else:

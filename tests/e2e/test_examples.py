@@ -28,7 +28,8 @@ def test_torchrun_example_reaches_95_percent(tmp_path, mode, optimizer):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["world_size"] == 2
-    assert result["aggregators"] == ["agg-0", "agg-1"]
+    # profiled on the 2 aggregators it asked for, then packed: pMaster started them on demand
+    assert result["aggregators"] and all(a.startswith("local-") for a in result["aggregators"])
     assert result["test_accuracy"] >= 0.95, result
 
 
@@ -73,7 +74,7 @@ def test_sigterm_to_local_stops_the_command_and_the_pool():
     try:
         assert proc.stdout.readline().strip() == "up"
         children = psutil.Process(proc.pid).children(recursive=True)
-        assert len(children) == 3                    # master, aggregator, command
+        assert len(children) >= 2                    # master and command (aggregators start on demand)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) != 0
         time.sleep(0.2)

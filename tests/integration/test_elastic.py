@@ -98,18 +98,19 @@ def test_revert_when_a_packed_job_falls_below_loss_limit():
 
 
 def test_recycling_after_a_job_exit_frees_the_least_loaded_aggregator():
-    # X (0.3 s) and Y (0.095 s) share one aggregator (Y runs 3 times per cycle, 5% loss);
-    # Z (0.2 s) would lose 33% there, so it gets its own. When X leaves, Y and Z fit together
-    # (Z's cycle 0.2 s: Y twice, 5% loss) and one aggregator is recycled.
-    with LocalPool(4, master_args=FAST) as pool:
-        x = Job(pool.master, "X", lambda it: 0.3, iters=10_000)
-        y = Job(pool.master, "Y", lambda it: 0.095, iters=10_000)
+    # LossLimit 0.25. X (0.4 s) and Y (0.05 s) share one aggregator (Y runs 8 times per
+    # cycle). Z (0.22 s) would lose 45% there (it runs once per 0.4 s cycle), so it gets its
+    # own. When X leaves, Y and Z fit together (cycle 0.22 s: Y 4 times, 9% loss) and one
+    # aggregator is recycled. Iteration overheads of tens of ms keep every case on its side.
+    with LocalPool(4, master_args=[*FAST, "--loss-limit", "0.25"]) as pool:
+        x = Job(pool.master, "X", lambda it: 0.4, iters=10_000)
+        y = Job(pool.master, "Y", lambda it: 0.05, iters=10_000)
         z = None
         try:
             both = wait_for(pool, lambda s: all((job_of(s, n) or {}).get("state") == "packed" for n in "XY")
                             and s["migrations"]["active"] == 0, 60, "X and Y packed")
             assert job_of(both, "X")["aggregators"] == job_of(both, "Y")["aggregators"]
-            z = Job(pool.master, "Z", lambda it: 0.2, iters=10_000)
+            z = Job(pool.master, "Z", lambda it: 0.22, iters=10_000)
             three = wait_for(pool, lambda s: (job_of(s, "Z") or {}).get("state") == "packed"
                              and s["migrations"]["active"] == 0, 60, "Z packed")
             assert job_of(three, "Z")["aggregators"] != job_of(three, "Y")["aggregators"]
