@@ -395,6 +395,7 @@ class _IOLoop:
         self.staged_busy: dict[str, int] = {}                     # key -> iteration not yet pulled
         self.arena = shm.Arena(f"autops-agent-{agent.rank}")
         self.attached = shm.Attachments()
+        self.premapped: set[str] = set()
         self.running = True
         self.tuned = False
         self.master = MasterClient(agent.ctx, agent.master, agent.timeout)
@@ -695,6 +696,7 @@ class _IOLoop:
 
     def fill(self, request: Request, msg: wire.Message) -> None:
         by_key = {p.spec.key: p for p in request.parts}
+        moved: list = []
         for item in msg["items"]:
             part = by_key.pop(item[0], None)
             if part is None:
@@ -713,13 +715,15 @@ class _IOLoop:
                     f"pull of {part.spec.key!r}: reply has {src.size} elements, expected {part.out.size}"))
                 continue
             np.copyto(part.out, src)
-            if len(item) > 4 and isinstance(item[4], dict) and item[4].get("moved"):
-                self.learn_move(part.spec.key, item[4]["moved"])
             if self.staged_busy.get(part.spec.key, 1 << 62) <= part.iteration:
                 del self.staged_busy[part.spec.key]     # the aggregator is done with our staged push
             part.handle._part_done()
+            if len(item) > 4 and isinstance(item[4], dict) and item[4].get("moved"):
+                moved.append((part.spec.key, item[4]["moved"]))
         for part in by_key.values():
             part.handle._part_done(AutoPSError(f"pull reply from {request.agg} lacks {part.spec.key!r}"))
+        for key, notice in moved:        # after the worker has its values: off its critical path
+            self.learn_move(key, notice)
 
     def learn_move(self, key: str, moved: list) -> None:
         """The old owner said: ``key`` is served by ``agg`` from iteration ``first`` on."""
@@ -732,6 +736,24 @@ class _IOLoop:
             return
         self.table.learn(key, agg, first, info)
         self.small = {}
+        try:
+            local = self.uses_shm(agg)
+        except AutoPSError:
+            local = False
+        fresh = [h for h in info.get("segments") or () if isinstance(h, list) and h and h[0] not in self.premapped]
+        self.premapped.update(h[0] for h in fresh)
+        if fresh and local:
+            # map the new owner's published buffers before the first pull needs them, in the
+            # background: populating a large mapping takes milliseconds this thread owes to
+            # the replies still arriving for this iteration
+            threading.Thread(target=self._premap, args=(agg, fresh), daemon=True).start()
+
+    def _premap(self, agg: str, handles: list) -> None:
+        for handle in handles:
+            try:
+                self.attached.attach(handle, tag=agg)
+            except (ValueError, OSError) as exc:
+                log.info("could not map %s's shared memory ahead of time: %s", agg, exc)
 
     def redirect(self, request: Request, msg: wire.Message) -> None:
         """The key moved: learn where from the reply (or, without details, from pMaster's

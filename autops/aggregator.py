@@ -520,7 +520,10 @@ class Aggregator:
                 ks = state.keys[spec.key]
                 ks.incoming = msg["mid"]
                 ks.awaiting_workers = (msg["mid"], 1 << 62)
-            self.ctrl.send_multipart(wire.encode(wire.OK, req=req, agg=self.agg_id))
+            arena = self.arenas.get(msg["job"])
+            # the new buffers are mapped and populated by now; agents can map them early
+            segments = [arena.segments[-1].handle()] if arena is not None and arena.segments and keys else []
+            self.ctrl.send_multipart(wire.encode(wire.OK, req=req, agg=self.agg_id, segments=segments))
         except (StoreError, ValueError, TypeError) as exc:
             self.ctrl.send_multipart(wire.error(str(exc), req=req, agg=self.agg_id))
 
@@ -565,6 +568,9 @@ class Aggregator:
         mv["sent"] = True
         state = self.store.jobs[ks.job]
         meta, arrays = self.store.export_key(ks)
+        # the workers' shared buffers this aggregator maps: the new owner maps them before
+        # the workers' first push reaches it, not on that push's path
+        meta["segments"] = self.attached.handles(ks.job) if mv["info"].get("host") == host_id() else []
         req = next(self._copy_reqs)
         self.copy_waits[req] = (mv["mid"], ks.job, [ks.spec.key])
         self._peer(mv["info"]).send_multipart(
@@ -604,6 +610,11 @@ class Aggregator:
             arrays = [np.frombuffer(wire.payload_view(f), dtype=ks.spec.dtype)
                       for f in msg.payloads[frame:frame + count]]
             frame += count
+            for handle in meta.get("segments") or ():
+                try:
+                    self.attached.attach(handle, tag=state.job)
+                except (ValueError, OSError) as exc:
+                    log.info("could not map a worker segment ahead of time: %s", exc)
             t0 = time.thread_time()
             first = meta.get("completed", 0) + 1 if isinstance(meta.get("completed"), int) else 1
             hp, ks.held_hp = ks.held_hp, None

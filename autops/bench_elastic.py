@@ -11,32 +11,43 @@
     emptied aggregators.
 
 Once every job is ``packed``/``dedicated`` with no migration active (and after a settle time),
-a steady window of ``--measure-iters`` iterations (at least ``--min-window`` seconds) is
+a steady window (measured again, ``--window-restarts`` times at most, if a migration such as a
+revert ran in it) of ``--measure-iters`` iterations (at least ``--min-window`` seconds) is
 measured: aggregators in use (alive, state != idle; sampled every 0.5 s, max and median),
 aggregator CPU seconds (psutil user+system of every aggregator process of the pool, pids from
 ``status``) per job-iteration, and each job's speed (iterations/s between its first and last
 iteration end inside the window; slower rank) relative to the same job index in the dedicated
 run, next to AutoPS's own ``speed_vs_standalone``.
 
+``max_slowdown`` is ``1 - min_j(shared it/s / dedicated it/s)`` (0.07: the worst job ran 7%
+slower than dedicated; negative: every job ran faster); with ``--rounds R`` the dedicated and
+shared runs alternate R times and each job's ratio is its median over the rounds. Jobs let go
+``--stagger`` seconds apart in both runs (all worker processes are spawned and have their
+buffers before the first job registers, so process start-up does not disturb profiling).
+
 Worker compute is emulated: each iteration a worker sleeps (compute), then push_pulls every
 tensor of the model (last layer first), waits for all handles, and records the times. The
-sleep is calibrated in the dedicated run so that compute + communication matches the model's
-iteration time (``ITERATION_S``, per iteration of a worker with 4 GPUs):
+sleep is calibrated in the dedicated run (target minus the median communication time of
+iterations 3..``--calib-iters``) so that compute + communication matches the model's iteration
+time; the shared run reuses each worker's calibrated sleep, so any extra communication time
+there shows as a slowdown. ``ITERATION_S`` holds the targets, per iteration of a worker with
+4 GPUs. They are plausible values chosen for this benchmark, not measurements; what matters
+for packing is their order and ratio (a job's aggregation CPU per second of training is
+``e / D``, and the thesis notes AlexNet's short iteration as the reason it packs worst):
 
 =========  ========  ==============================================================
-model      target    why
+model      target    rationale
 =========  ========  ==============================================================
-vgg19      1.0 s     largest compute per sample of the four (≈20 GFLOP/img fwd)
-bert-base  0.8 s     seq 128, batch 32/GPU
-resnet50   0.6 s     ≈4 GFLOP/img, batch 64/GPU
-alexnet    0.3 s     tiny compute per sample: shortest iteration (thesis §4.5.2.3)
+vgg19      1.0 s     ~20 GFLOP/image forward, the heaviest image model here
+bert-base  0.8 s     ~22 GFLOP per 128-token sequence forward, smaller batches
+resnet50   0.6 s     ~4 GFLOP/image forward
+alexnet    0.3 s     ~0.7 GFLOP/image: the shortest iteration (thesis §4.5.2.3)
 =========  ========  ==============================================================
 
-The ordering and ratios are what matter for packing (a job's aggregation CPU per second of
-training is ``e / D``); ``--time-scale F`` multiplies all of them. Tensor sizes are scaled by
-``--scale`` (default 0.1: every tensor keeps 10% of its elements, at least 1, as one flat
-tensor): 8 workers of vgg19 at full size would need ~10 GB of RAM on this 2-core machine and
-make aggregation CPU-bound. ``--json FILE`` writes one JSON object per (model, jobs).
+``--time-scale F`` multiplies all of them. Tensor sizes are scaled by ``--scale`` (default
+0.1: every tensor keeps 10% of its elements, at least 1, as one flat tensor): 8 workers of
+vgg19 at full size would need ~10 GB of RAM on this 2-core machine and make aggregation
+CPU-bound. ``--json FILE`` writes one JSON object per (model, jobs).
 
 **migrate** (thesis §4.5.2.2, Table 4.3): one job (2 workers, ``num_aggregators=2``, ``sum``
 mode or ``server`` mode with adam) on a ``--static`` pool of 4 aggregators trains with the
@@ -45,8 +56,11 @@ model's real tensors (``--scale 1.0``) and sleep-emulated compute; after a warm-
 benchmark waits until no migration is active and every key is there; ``--repeats`` times,
 back and forth. A worker's pause in an iteration is its communication time (push_pull start
 to all handles done) minus the median communication time of iterations without a migration in
-flight; ``max_pause_ms`` is the largest over workers and migration iterations. The migration
-duration is MIGRATE call to done (status polled every 20 ms).
+flight; ``max_pause_ms`` is the largest over workers and migration iterations (the iterations
+overlapping [MIGRATE, done] and the first one after done), ``median_pause_ms`` the median over
+repeats of that per-repeat maximum. The migration duration is MIGRATE call to done (status
+polled every 20 ms). Each repeat also records, per aggregator and worker process, CPU seconds
+and minor page faults during the migration and per iteration before and after it.
 """
 from __future__ import annotations
 
@@ -117,7 +131,7 @@ class Admin:
 # --- worker process (both benchmarks) ------------------------------------------------------
 def _worker(master: str, job: str, tag: int, rank: int, world: int, tensors: list[Tensor], mode: str,
             optimizer: str, compute_s: float, target_s: float | None, calib_iters: int,
-            progress: Any, stop_at: Any, gate: Any, results: Any, timeout: float) -> None:
+            progress: Any, stop_at: Any, gate: Any, results: Any, timeout: float, transport: str) -> None:
     """One training worker: sleep (compute), push_pull all tensors, wait; until ``stop_at``.
 
     ``progress`` is -1 while starting, 0 once imports and buffers are ready (it then waits for
@@ -140,7 +154,7 @@ def _worker(master: str, job: str, tag: int, rank: int, world: int, tensors: lis
                 return
         agent = Agent(master, job, rank, world, mode=mode, num_aggregators=2,
                       optimizer=optimizer if mode == "server" else None,
-                      hp={"lr": 1e-3} if mode == "server" else None, timeout=timeout)
+                      hp={"lr": 1e-3} if mode == "server" else None, timeout=timeout, transport=transport)
         agent.declare([(n, s, d, opts) for n, s, d in tensors])
         if mode == "server":
             if rank == 0:
@@ -196,7 +210,7 @@ class Workers:
     def start_job(self, tag: int, job: str, tensors: list[Tensor], world: int = 2, mode: str = "sum",
                   optimizer: str = "adam", compute_s: Sequence[float] | float = 0.0,
                   target_s: float | None = None, calib_iters: int = 4, timeout: float = 30.0,
-                  go: bool = True) -> None:
+                  go: bool = True, transport: str = "auto") -> None:
         """Spawn the job's workers; they register when ``go`` (or ``open(tag)``)."""
         self.jobs[tag], self.world[tag] = job, world
         self.stop[tag] = self.ctx.Value("q", BIG)
@@ -209,7 +223,7 @@ class Workers:
             p = self.ctx.Process(target=_worker, name=f"{job}-r{rank}", daemon=True,
                                  args=(self.master, job, tag, rank, world, tensors, mode, optimizer, c, target_s,
                                        calib_iters, self.progress[(tag, rank)], self.stop[tag], self.gates[tag],
-                                       self.results, timeout))
+                                       self.results, timeout, transport))
             p.start()
             self.procs.append(p)
 
@@ -287,6 +301,57 @@ def _cpu_seconds(pid: int) -> float | None:
         return None
 
 
+def _proc_counters(pids: dict[str, int]) -> dict[str, tuple[float, int]]:
+    """name -> (CPU seconds user+system, minor page faults) from /proc/PID/stat."""
+    tick = 100.0
+    try:
+        import os
+        tick = float(os.sysconf("SC_CLK_TCK"))
+    except (ValueError, OSError, AttributeError):
+        pass
+    out = {}
+    for name, pid in pids.items():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[name] = ((int(fields[11]) + int(fields[12])) / tick, int(fields[7]))
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
+
+def _delta(a: dict, b: dict, per: float = 1.0) -> dict[str, list]:
+    return {k: [round((b[k][0] - a[k][0]) / per, 3), int((b[k][1] - a[k][1]) / per)] for k in a if k in b}
+
+
+def _all_cpu() -> dict[int, tuple[str, float]]:
+    """pid -> (command line, CPU seconds) of every process on the machine."""
+    import psutil
+    out = {}
+    for proc in psutil.process_iter(["cmdline", "cpu_times"]):
+        try:
+            t = proc.info["cpu_times"]
+            out[proc.pid] = (" ".join(proc.info["cmdline"] or [])[:120], t.user + t.system)
+        except (psutil.Error, TypeError, AttributeError):
+            pass
+    return out
+
+
+def _background(before: dict[int, tuple[str, float]], wall: float) -> dict[str, float]:
+    """Other processes' CPU use during a measurement, in cores, when above 5% of one core (ours
+    are gone by then; processes that ended during the measurement are missed)."""
+    import os
+    after = _all_cpu()
+    out = {}
+    for pid, (cmd, cpu) in after.items():
+        if pid != os.getpid() and wall > 0:
+            # ours have exited by now; a process that is new started during the measurement
+            share = (cpu - (before[pid][1] if pid in before else 0.0)) / wall
+            if share > 0.05:
+                out[f"{pid} {cmd}"] = round(share, 3)
+    return out
+
+
 def _in_use(status: dict) -> list[str]:
     return sorted(a["id"] for a in status["aggregators"] if a["alive"] and a["state"] != "idle")
 
@@ -331,7 +396,7 @@ def _run_mode(mode: str, model: str, njobs: int, tensors: list[Tensor], target_s
             for i, name in enumerate(names):
                 workers.start_job(i, name, tensors, compute_s=compute[i] if compute else target_s,
                                   target_s=None if compute else target_s, calib_iters=args.calib_iters,
-                                  timeout=args.agent_timeout, go=False)
+                                  timeout=args.agent_timeout, go=False, transport=args.transport)
             workers.wait_ready()
             started = time.monotonic()
             for i in range(njobs):
@@ -358,28 +423,44 @@ def _run_mode(mode: str, model: str, njobs: int, tensors: list[Tensor], target_s
                       f"status: {json.dumps(_status_brief(status))}", flush=True)
             steady_after = time.monotonic() - started
             _sleep_checking(workers, args.settle_iters * target_s)
-            # the steady window
-            status = admin.status()
-            agg_pids = {a["id"]: a["pid"] for a in status["aggregators"]}
-            mig0 = dict(status["migrations"])
-            master_cpu0 = _cpu_seconds(pool.procs[0].pid)
-            cpu0 = {a: _cpu_seconds(p) for a, p in agg_pids.items()}
-            t0 = time.monotonic()
+            # the steady window; measured again (up to --window-restarts times) when a migration
+            # (a revert, a recycling) ran in it, after that migration is over
             window_s = max(args.min_window, args.measure_iters * target_s)
-            samples: list[int] = []
-            used: set[str] = set()
-            speeds_autops: dict[str, list[float]] = {n: [] for n in names}
-            while time.monotonic() < t0 + window_s:
-                workers.check()
+            discarded: list[dict] = []
+            while True:
                 status = admin.status()
-                in_use = _in_use(status)
-                samples.append(len(in_use))
-                used.update(in_use)
-                for j in status["jobs"]:
-                    if j["job"] in speeds_autops and j.get("speed_vs_standalone"):
-                        speeds_autops[j["job"]].append(j["speed_vs_standalone"])
-                timeline.append({"t": round(time.monotonic() - started, 2), **_status_brief(status)})
-                time.sleep(min(0.5, max(0.0, t0 + window_s - time.monotonic())))
+                agg_pids = {a["id"]: a["pid"] for a in status["aggregators"]}
+                mig0 = dict(status["migrations"])
+                master_cpu0 = _cpu_seconds(pool.procs[0].pid)
+                cpu0 = {a: _cpu_seconds(p) for a, p in agg_pids.items()}
+                t0 = time.monotonic()
+                samples: list[int] = []
+                used: set[str] = set()
+                speeds_autops: dict[str, list[float]] = {n: [] for n in names}
+                migrating = False
+                while time.monotonic() < t0 + window_s:
+                    workers.check()
+                    status = admin.status()
+                    in_use = _in_use(status)
+                    samples.append(len(in_use))
+                    used.update(in_use)
+                    migrating = migrating or status["migrations"]["active"] > 0
+                    for j in status["jobs"]:
+                        if j["job"] in speeds_autops and j.get("speed_vs_standalone"):
+                            speeds_autops[j["job"]].append(j["speed_vs_standalone"])
+                    timeline.append({"t": round(time.monotonic() - started, 2), **_status_brief(status)})
+                    time.sleep(min(0.5, max(0.0, t0 + window_s - time.monotonic())))
+                moved = status["migrations"]["completed"] + status["migrations"]["failed"] \
+                    - mig0["completed"] - mig0["failed"]
+                if not (migrating or moved) or len(discarded) >= args.window_restarts:
+                    break
+                discarded.append({"start_s": round(t0 - started, 2), "keys_migrated": moved,
+                                  "aggregators_max": max(samples)})
+                print(f"  [{mode}] a migration ran in the steady window (t={t0 - started:.0f}s); measuring again",
+                      flush=True)
+                while admin.status()["migrations"]["active"] > 0:
+                    _sleep_checking(workers, 0.5)
+                _sleep_checking(workers, args.settle_iters * target_s)
             t1 = time.monotonic()
             cpu1 = {a: _cpu_seconds(p) for a, p in agg_pids.items()}
             master_cpu1 = _cpu_seconds(pool.procs[0].pid)
@@ -426,6 +507,7 @@ def _run_mode(mode: str, model: str, njobs: int, tensors: list[Tensor], target_s
         "job_iterations": round(job_iters, 2), "window_start_s": round(t0 - started, 2),
         "cpu_s_per_iter": cpu_total / job_iters if job_iters else None,
         "cpu_s_per_iter_in_use": cpu_in_use / job_iters if job_iters else None,
+        "discarded_windows": discarded,
         "migrations_in_window": {"completed": mig1["completed"] - mig0["completed"],
                                  "failed": mig1["failed"] - mig0["failed"]},
         "migrations_total": {"completed": mig1["completed"], "failed": mig1["failed"]},
@@ -443,49 +525,82 @@ def _sleep_checking(workers: Workers, seconds: float) -> None:
         time.sleep(min(0.5, left))
 
 
+def _med(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
 def run_packing(model: str, njobs: int, args: argparse.Namespace) -> dict:
+    """``args.rounds`` x (dedicated run, then shared run); per-job speed ratios are the median
+    over rounds, aggregators the largest seen in any round's steady window."""
     tensors = scaled_tensors(model, args.scale, args.shapes)
     target_s = ITERATION_S[model] * args.time_scale
     started = time.monotonic()
-    dedicated = _run_mode("dedicated", model, njobs, tensors, target_s, args, None)
-    compute = {i: j["compute_s"] for i, j in enumerate(dedicated["jobs"])}
-    shared = _run_mode("shared", model, njobs, tensors, target_s, args, compute)
+    others = _all_cpu()
+    runs = []
+    for _ in range(args.rounds):
+        dedicated = _run_mode("dedicated", model, njobs, tensors, target_s, args, None)
+        compute = {i: j["compute_s"] for i, j in enumerate(dedicated["jobs"])}
+        shared = _run_mode("shared", model, njobs, tensors, target_s, args, compute)
+        runs.append({"dedicated": dedicated, "shared": shared})
     detail = []
-    for d, s in zip(dedicated["jobs"], shared["jobs"]):
-        rel = s["speed_it_s"] / d["speed_it_s"] if s["speed_it_s"] and d["speed_it_s"] else None
-        rel_med = (s["speed_median_it_s"] / d["speed_median_it_s"]
-                   if s["speed_median_it_s"] and d["speed_median_it_s"] else None)
-        detail.append({"job": s["job"], "dedicated_it_s": d["speed_it_s"], "shared_it_s": s["speed_it_s"],
-                       "speed_vs_dedicated": rel, "speed_vs_dedicated_median": rel_med,
-                       "autops_speed_vs_standalone": s["autops_speed_vs_standalone"],
-                       "state": s["state"], "aggregators": s["aggregators"], "reverts": s["reverts"],
-                       "compute_s": s["compute_s"], "dedicated_comm_ms": d["comm_ms_median"],
-                       "shared_comm_ms": s["comm_ms_median"]})
+    for i in range(njobs):
+        per_round = []
+        for run in runs:
+            d, s = run["dedicated"]["jobs"][i], run["shared"]["jobs"][i]
+            per_round.append({
+                "dedicated_it_s": d["speed_it_s"], "shared_it_s": s["speed_it_s"],
+                "speed_vs_dedicated": s["speed_it_s"] / d["speed_it_s"] if s["speed_it_s"] and d["speed_it_s"] else None,
+                "speed_vs_dedicated_median": (s["speed_median_it_s"] / d["speed_median_it_s"]
+                                              if s["speed_median_it_s"] and d["speed_median_it_s"] else None),
+                "autops_speed_vs_standalone": s["autops_speed_vs_standalone"], "state": s["state"],
+                "aggregators": s["aggregators"], "reverts": s["reverts"], "compute_s": s["compute_s"],
+                "dedicated_comm_ms": d["comm_ms_median"], "shared_comm_ms": s["comm_ms_median"]})
+        last = per_round[-1]
+        detail.append({
+            "job": runs[-1]["shared"]["jobs"][i]["job"],
+            **{k: _med([r[k] for r in per_round]) for k in (
+                "dedicated_it_s", "shared_it_s", "speed_vs_dedicated", "speed_vs_dedicated_median",
+                "autops_speed_vs_standalone", "dedicated_comm_ms", "shared_comm_ms")},
+            "state": last["state"], "aggregators": last["aggregators"], "reverts": last["reverts"],
+            "compute_s": last["compute_s"],
+            "speed_vs_dedicated_per_round": [r["speed_vs_dedicated"] for r in per_round]})
     rels = [x["speed_vs_dedicated"] for x in detail if x["speed_vs_dedicated"] is not None]
     rels_med = [x["speed_vs_dedicated_median"] for x in detail if x["speed_vs_dedicated_median"] is not None]
-    agg_sh, agg_de = shared["aggregators_max"], dedicated["aggregators_max"]
-    cpu_sh, cpu_de = shared["cpu_s_per_iter"], dedicated["cpu_s_per_iter"]
+    agg_sh = max(run["shared"]["aggregators_max"] for run in runs)
+    agg_de = max(run["dedicated"]["aggregators_max"] for run in runs)
+    cpu_sh = _med([run["shared"]["cpu_s_per_iter"] for run in runs])
+    cpu_de = _med([run["dedicated"]["cpu_s_per_iter"] for run in runs])
+    round_slowdowns = []
+    for run in runs:
+        r = [s["speed_it_s"] / d["speed_it_s"] for d, s in zip(run["dedicated"]["jobs"], run["shared"]["jobs"])
+             if s["speed_it_s"] and d["speed_it_s"]]
+        round_slowdowns.append(1 - min(r) if r else None)
     row = {
         "benchmark": "packing", "model": model, "jobs": njobs, "workers_per_job": 2, "aggregators_per_job": 2,
-        "scale": args.scale, "time_scale": args.time_scale, "iteration_target_s": target_s,
+        "scale": args.scale, "transport": args.transport, "time_scale": args.time_scale,
+        "iteration_target_s": target_s,
         "iteration_targets_s": {m: t * args.time_scale for m, t in ITERATION_S.items()},
         "tensors": len(tensors), "model_bytes": tensor_bytes(model_tensors(model, args.shapes)),
-        "scaled_bytes": tensor_bytes(tensors),
+        "scaled_bytes": tensor_bytes(tensors), "rounds": len(runs),
         "aggregators_dedicated": agg_de, "aggregators_shared": agg_sh,
-        "aggregators_shared_median": shared["aggregators_median"],
+        "aggregators_shared_median": _med([run["shared"]["aggregators_median"] for run in runs]),
         "aggregator_reduction": 1 - agg_sh / agg_de if agg_de else None,
         "cpu_s_per_iter_dedicated": cpu_de, "cpu_s_per_iter_shared": cpu_sh,
-        "cpu_s_per_iter_dedicated_in_use": dedicated["cpu_s_per_iter_in_use"],
-        "cpu_s_per_iter_shared_in_use": shared["cpu_s_per_iter_in_use"],
+        "cpu_s_per_iter_dedicated_in_use": _med([run["dedicated"]["cpu_s_per_iter_in_use"] for run in runs]),
+        "cpu_s_per_iter_shared_in_use": _med([run["shared"]["cpu_s_per_iter_in_use"] for run in runs]),
         "cpu_reduction": 1 - cpu_sh / cpu_de if cpu_sh and cpu_de else None,
         "max_slowdown": 1 - min(rels) if rels else None,
         "mean_slowdown": 1 - statistics.mean(rels) if rels else None,
         "max_slowdown_median_based": 1 - min(rels_med) if rels_med else None,
+        "max_slowdown_per_round": round_slowdowns,
         "min_autops_speed_vs_standalone": min((x["autops_speed_vs_standalone"] for x in detail
                                                if x["autops_speed_vs_standalone"]), default=None),
-        "all_packed": shared["steady"],
-        "job_detail": detail, "dedicated": dedicated, "shared": shared,
+        "all_packed": all(run["shared"]["steady"] for run in runs),
+        "job_detail": detail, "dedicated": runs[0]["dedicated"], "shared": runs[0]["shared"],
+        "more_runs": runs[1:],
         "params": {k: v for k, v in vars(args).items() if k not in ("json", "model", "jobs")},
+        "background_cpu_cores": _background(others, time.monotonic() - started),
         "wall_s": round(time.monotonic() - started, 1)}
     row["targets"] = {
         "aggregator_reduction_ge_0.5": row["aggregator_reduction"] is not None and row["aggregator_reduction"] >= 0.5,
@@ -530,8 +645,14 @@ def packing_main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile-iters", type=int, default=6, help="pMaster --profile-iters (shared run)")
     p.add_argument("--period", type=float, default=5.0, help="pMaster --period (shared run)")
     p.add_argument("--revert-window", type=int, default=20, help="pMaster --window (shared run)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="dedicated+shared pairs per configuration; per-job speed ratios are their medians")
+    p.add_argument("--window-restarts", type=int, default=1,
+                   help="measure the steady window again this often when a migration ran in it")
     p.add_argument("--steady-timeout", type=float, default=90.0)
     p.add_argument("--agent-timeout", type=float, default=30.0)
+    p.add_argument("--transport", default="auto", choices=["auto", "shm", "ipc", "tcp"],
+                   help="agents' transport (auto: shared memory on this host)")
     p.add_argument("--log-level", default="WARNING", help="log level of the pool's processes")
     p.add_argument("--shapes", default=None, help="tensor_shapes.json (default: shared/data/models)")
     p.add_argument("--json", nargs="?", const="-", default=None, help="JSON lines, one per configuration")
@@ -551,13 +672,24 @@ def packing_main(argv: list[str] | None = None) -> int:
                   f" vs dedicated (AutoPS min speed_vs_standalone "
                   f"{row['min_autops_speed_vs_standalone'] or float('nan'):.3f}), "
                   f"{'all packed' if row['all_packed'] else 'NOT STEADY'}, {row['wall_s']:.0f}s", flush=True)
+            if row["rounds"] > 1:
+                print(f"      worst job per round: "
+                      f"{', '.join(_pct(None if x is None else -x) for x in row['max_slowdown_per_round'])} vs dedicated "
+                      f"(rows below: medians over rounds)", flush=True)
             for x in row["job_detail"]:
                 print(f"      {x['job']}: {x['state']:<9} on {','.join(x['aggregators'] or [])}  "
                       f"{x['dedicated_it_s'] or 0:.3f} -> {x['shared_it_s'] or 0:.3f} it/s "
                       f"({_pct((x['speed_vs_dedicated'] or 1) - 1)}), comm {x['dedicated_comm_ms']:.1f} -> "
                       f"{x['shared_comm_ms']:.1f} ms", flush=True)
+            _warn_background(row)
             _write_rows([row], args.json, append=args.append or len(rows) > 1)
     return 0
+
+
+def _warn_background(row: dict) -> None:
+    busy = {k: v for k, v in row["background_cpu_cores"].items() if v > 0.3}
+    if busy:
+        print(f"      NOTE: other processes used CPU during this measurement (cores): {busy}", flush=True)
 
 
 def _ms(x: float | None) -> str:
@@ -571,17 +703,26 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
     compute_s = ITERATION_S[model] * args.time_scale if args.compute_s is None else args.compute_s
     job = f"mig-{model}-{mode}-{uuid.uuid4().hex[:5]}"
     started = time.monotonic()
+    others = _all_cpu()
     repeats: list[dict] = []
     with LocalPool(4, log_level=args.log_level, master_args=["--static"]) as pool, Admin(pool.master) as admin:
         workers = Workers(pool.master)
         try:
             workers.start_job(0, job, tensors, mode=mode, optimizer=args.optimizer, compute_s=compute_s,
-                              timeout=args.agent_timeout)
+                              timeout=args.agent_timeout, transport=args.transport)
             deadline = time.monotonic() + args.start_timeout
             while workers.iteration(0) < args.warmup:
                 workers.check()
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"job did not reach iteration {args.warmup} in {args.start_timeout:.0f}s")
+                time.sleep(0.05)
+            status = admin.status()
+            pids = {a["id"]: a["pid"] for a in status["aggregators"]}
+            pids.update({p.name.rsplit("-", 1)[1]: p.pid for p in workers.procs})
+            mark = (_proc_counters(pids), workers.iteration(0))
+            target = mark[1] + args.gap        # a steady stretch before the first migration, measured
+            while workers.iteration(0) < target:
+                workers.check()
                 time.sleep(0.05)
             for rep in range(args.repeats):
                 status = admin.status()
@@ -591,6 +732,7 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
                 targets = [a for a in live if a not in current][:2]
                 failed0 = status["migrations"]["failed"]
                 it_before = workers.iteration(0)
+                before = _proc_counters(pids)
                 t_call = time.monotonic()
                 reply = admin.migrate(job, targets)
                 t_reply = time.monotonic()
@@ -605,13 +747,20 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
                         t_done, done = time.monotonic(), True
                         break
                     time.sleep(args.poll)
+                during = _proc_counters(pids)
                 failed = (last or status)["migrations"]["failed"] - failed0
                 rec = {"repeat": rep + 1, "from": current, "to": targets, "keys": reply["keys"],
                        "batches": reply["batches"], "iteration_at_call": it_before, "t_call": t_call,
                        "t_done": t_done, "done": done, "failed_keys": failed,
                        "call_ms": round(1e3 * (t_reply - t_call), 2),
                        "migration_s": round(t_done - t_call, 4) if t_done else None,
-                       "iteration_at_done": workers.iteration(0)}
+                       "iteration_at_done": workers.iteration(0),
+                       # per process [CPU s, minor page faults]: per iteration in the steady stretch
+                       # before the first call (later repeats: see the previous proc_after_per_iter),
+                       # in total from the call to done, per iteration in the --gap iterations after done
+                       "proc_before_per_iter": (_delta(mark[0], before, max(1, it_before - mark[1]))
+                                                if it_before > mark[1] else None),
+                       "proc_migration": _delta(before, during)}
                 repeats.append(rec)
                 print(f"  repeat {rep + 1}: {reply['keys']} keys {current} -> {targets} "
                       f"{'done' if done else 'NOT DONE'} in "
@@ -621,10 +770,13 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
                     print("  status: " + json.dumps({"migrations": (last or status)["migrations"],
                                                      "job": js}), flush=True)
                     break
-                target = workers.iteration(0) + args.gap
+                it_done = workers.iteration(0)
+                target = it_done + args.gap
                 while workers.iteration(0) < target:
                     workers.check()
                     time.sleep(0.05)
+                mark = (_proc_counters(pids), workers.iteration(0))
+                rec["proc_after_per_iter"] = _delta(during, mark[0], max(1, mark[1] - it_done))
             final = admin.status()
             results = workers.finish()
         finally:
@@ -646,11 +798,14 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
     baseline = statistics.median(base) if base else float("nan")
     excess_all: list[float] = []
     for rec in repeats:
-        ex = []
+        ex, totals = [], []
         for r, records in per_rank.items():
             its = affected[rec["repeat"]][r]
-            ex += [(e - s) - baseline for it, _, s, e in records if it in its]
+            mine = [(e - s) - baseline for it, _, s, e in records if it in its]
+            ex += mine
+            totals.append(sum(mine))
         rec["excess_ms"] = [round(1e3 * x, 2) for x in ex]
+        rec["total_excess_ms"] = round(1e3 * max(totals), 2) if totals else None   # slowest rank, all its iterations
         rec["pause_ms"] = round(1e3 * max(ex), 2) if ex else None
         excess_all += ex
         rec.pop("t_call")
@@ -660,13 +815,15 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
     iters = [e - b for records in per_rank.values() for it, b, _, e in records if it > args.skip]
     return {
         "benchmark": "migrate", "model": model, "mode": mode, "optimizer": args.optimizer if mode == "server" else None,
-        "scale": args.scale, "workers": 2, "aggregators": 4, "compute_s": compute_s,
+        "scale": args.scale, "transport": args.transport, "workers": 2, "aggregators": 4, "compute_s": compute_s,
         "tensors": len(tensors), "model_bytes": tensor_bytes(tensors), "keys_moved": repeats[0]["keys"] if repeats else 0,
         "repeats": len(repeats), "all_completed": all(r["done"] and not r["failed_keys"] for r in repeats),
         "max_pause_ms": max(pauses) if pauses else None,
         "median_pause_ms": statistics.median(pauses) if pauses else None,
         "median_excess_ms": round(1e3 * statistics.median(excess_all), 2) if excess_all else None,
         "pause_ms_per_repeat": pauses,
+        "total_excess_ms_per_repeat": [rec["total_excess_ms"] for rec in repeats],
+        "first_iterations_comm_ms": [comm[:2] for comm in comm_all],
         "migration_s": [r["migration_s"] for r in repeats],
         "baseline_comm_ms": round(1e3 * baseline, 2),
         "baseline_comm_ms_p90": round(1e3 * float(np.percentile(base, 90)), 2) if base else None,
@@ -675,6 +832,7 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
         "per_repeat": repeats, "comm_ms": comm_all,
         "target_max_pause_le_20ms": bool(pauses) and max(pauses) <= 20.0,
         "params": {k: v for k, v in vars(args).items() if k not in ("json", "model", "mode")},
+        "background_cpu_cores": _background(others, time.monotonic() - started),
         "wall_s": round(time.monotonic() - started, 1)}
 
 
@@ -692,13 +850,15 @@ def migrate_main(argv: list[str] | None = None) -> int:
     p.add_argument("--time-scale", type=float, default=1.0, help="multiplies the models' iteration times")
     p.add_argument("--compute-s", type=float, default=None, help="sleep per iteration (default: the model's)")
     p.add_argument("--repeats", type=int, default=3, help="migrations, back and forth")
-    p.add_argument("--warmup", type=int, default=6, help="iterations before the first migration")
+    p.add_argument("--warmup", type=int, default=4, help="iterations before the steady stretch (--gap) that precedes the first migration")
     p.add_argument("--gap", type=int, default=5, help="iterations between a migration's end and the next")
     p.add_argument("--skip", type=int, default=2, help="first iterations left out of the baseline")
     p.add_argument("--poll", type=float, default=0.02, help="status poll interval while migrating, seconds")
     p.add_argument("--migrate-timeout", type=float, default=60.0)
     p.add_argument("--start-timeout", type=float, default=120.0)
     p.add_argument("--agent-timeout", type=float, default=60.0)
+    p.add_argument("--transport", default="auto", choices=["auto", "shm", "ipc", "tcp"],
+                   help="agents' transport (auto: shared memory on this host)")
     p.add_argument("--log-level", default="WARNING", help="log level of the pool's processes")
     p.add_argument("--shapes", default=None, help="tensor_shapes.json (default: shared/data/models)")
     p.add_argument("--json", nargs="?", const="-", default=None, help="JSON lines, one per configuration")
@@ -716,6 +876,7 @@ def migrate_main(argv: list[str] | None = None) -> int:
                   f"{row['pause_ms_per_repeat']}), baseline comm {row['baseline_comm_ms']:.1f} ms, migration "
                   f"{row['migration_s']} s, {'all completed' if row['all_completed'] else 'INCOMPLETE'}, "
                   f"{row['wall_s']:.0f}s", flush=True)
+            _warn_background(row)
             _write_rows([row], args.json, append=args.append or len(rows) > 1)
     return 0
 

@@ -42,6 +42,18 @@ log = logging.getLogger("autops.elastic")
 EWMA = 0.3
 
 
+def weighted_median(samples: list[tuple[int, float]]) -> float:
+    """Median iteration duration over ``(iterations, mean duration)`` records."""
+    ordered = sorted(samples, key=lambda s: s[1])
+    half = sum(c for c, _ in ordered) / 2
+    seen = 0
+    for count, duration in ordered:
+        seen += count
+        if seen >= half:
+            return duration
+    return ordered[-1][1]
+
+
 @dataclass
 class Cluster:
     name: str
@@ -190,18 +202,26 @@ class Elastic:
             return
         job.rank_d[msg["rank"]] = float(duration)
         job.measured = max(job.rank_d.values())
-        if job.state == "profiling" and job.iterations > self.cfg.warmup_iters and msg["rank"] == min(job.ranks):
+        if msg["rank"] != min(job.ranks):
+            return                      # one rank's records drive the job's profile
+        if job.state == "profiling" and job.iterations > self.cfg.warmup_iters:
             job.samples.append((count, float(duration)))
-            total = sum(c for c, _ in job.samples)
-            mean = sum(c * d for c, d in job.samples) / total
-            job.standalone = mean
-            job.profiled = total
-        elif job.state == "packed" and job.standalone:
-            if job.standalone / job.measured < 1 - self.cfg.loss_limit:
-                job.low_iters += count
-            else:
-                job.low_iters = 0
-            if job.low_iters >= self.cfg.window and not self.m.migrations.active(job=job.job):
+            job.standalone = weighted_median(job.samples)
+            job.profiled = sum(c for c, _ in job.samples)
+        elif job.state in ("packed", "dedicated") and job.standalone:
+            # calibration: the profile is the job's best case; a faster period lowers it (it was
+            # taken while something else, e.g. another job's migration, slowed the machine)
+            if duration < job.standalone:
+                job.standalone = (1 - EWMA) * job.standalone + EWMA * duration
+            if job.state != "packed":
+                return
+            job.recent.append((count, float(duration)))
+            while sum(c for c, _ in job.recent) - job.recent[0][0] >= self.cfg.window:
+                job.recent.popleft()
+            seen = sum(c for c, _ in job.recent)
+            mean = sum(c * d for c, d in job.recent) / seen
+            job.low_iters = seen if job.standalone / mean < 1 - self.cfg.loss_limit else 0
+            if seen >= self.cfg.window and job.low_iters and not self.m.migrations.active(job=job.job):
                 self.revert(job)
 
     def on_aggregator_profile(self, profile: dict) -> None:
@@ -275,6 +295,7 @@ class Elastic:
             cluster.aggs.add(a)
         job.state = "packed"
         job.low_iters = 0
+        job.recent.clear()
         job.aggregators = sorted(set(table.values()))
         log.info("job %s (D=%.3fs, demand %.2f aggregators) packed into cluster %s on %s (asked for %d)",
                  job.job, job.standalone, demand, cluster.name, job.aggregators, job.requested)
@@ -312,7 +333,7 @@ class Elastic:
                 self.release_aggregator(a)
 
     # --- feedback ----------------------------------------------------------------------
-    def revert(self, job: "JobInfo") -> None:
+    def revert(self, job: "JobInfo", force: bool = False) -> None:
         job.reverts += 1
         k = max(1, min(job.reverts, job.requested or 1))
         idle = self.idle()
@@ -321,14 +342,17 @@ class Elastic:
                         job.job, 100 * (1 - job.standalone / job.measured))
             job.reverts -= 1
             job.low_iters = 0
+            job.recent.clear()
             return
-        if not allocate_now(k, self.cfg.threshold) and job.job not in self.pending_reverts:
-            self.pending_reverts.append(job.job)
+        if not allocate_now(k, self.cfg.threshold) and not force:
+            if job.job not in self.pending_reverts:
+                self.pending_reverts.append(job.job)     # hybrid scaling: at the next period
             job.reverts -= 1
             return
         log.info("job %s ran below %.0f%% of its standalone speed for %d iterations: reverting onto %d "
                  "aggregator(s) of its own", job.job, 100 * (1 - self.cfg.loss_limit), job.low_iters, k)
         job.low_iters = 0
+        job.recent.clear()
         take = [a.agg_id for a in idle[:k]]
         started = self.m.provider.start(k - len(take)) if len(take) < k else []
         if started:
@@ -430,11 +454,7 @@ class Elastic:
             self.pending_reverts.remove(job_id)
             job = self.m.jobs.get(job_id)
             if job is not None and job.state == "packed":
-                saved, self.cfg.threshold = self.cfg.threshold, 1
-                try:
-                    self.revert(job)
-                finally:
-                    self.cfg.threshold = saved
+                self.revert(job, force=True)
         for cluster in list(self.clusters.values()):
             loads = self.loads([a for a in cluster.aggs if a in self.m.aggs and self.m.aggs[a].state == "active"])
             for a in idle_to_release({a: j for a, j in loads.items() if self.empty(a)}, self.cfg.spare):

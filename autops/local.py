@@ -18,6 +18,7 @@ import time
 
 from . import wire
 from .agent import MasterClient
+from .providers import die_with_parent
 from .transport.zmq import make_context
 
 
@@ -54,7 +55,7 @@ class LocalPool:
 
     def _spawn(self, *args: str) -> subprocess.Popen:
         proc = subprocess.Popen([sys.executable, "-m", "autops.cli", "--log-level", self.log_level, *args],
-                                env=self.env, stdin=subprocess.DEVNULL)
+                                env=self.env, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
         self.procs.append(proc)
         return proc
 

@@ -12,6 +12,7 @@ utilization report and Prometheus metrics (``report``).
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import logging
@@ -104,6 +105,7 @@ class JobInfo:
     e: dict = field(default_factory=dict)          # key -> CPU seconds per iteration (EWMA)
     e_reports: int = 0
     low_iters: int = 0
+    recent: collections.deque = field(default_factory=collections.deque)   # (iterations, mean d) in the window
     reverts: int = 0
     revert_waiting: tuple | None = None
     last_heard: float = field(default_factory=time.monotonic)
@@ -122,7 +124,7 @@ class Master:
     """pMaster's state and message loop; ``run()`` blocks until ``stop()`` or a signal."""
 
     def __init__(self, bind: str = "tcp://127.0.0.1:5555", heartbeat_timeout: float = 5.0,
-                 assign_timeout: float = 10.0, provider: Provider | None = None,
+                 assign_timeout: float = 60.0, provider: Provider | None = None,
                  elastic: ElasticConfig | None = None, report_bind: str | None = None,
                  metrics_port: int | None = None, report_period: float = 1.0) -> None:
         self.heartbeat_timeout = heartbeat_timeout

@@ -106,9 +106,9 @@ class Migrations:
             self._fail(batch, "the new aggregator is gone", drop_dst=False)
             return
         batch.phase = "init"
+        info = {"endpoints": dst.endpoints, "host": dst.host, "segments": msg.get("segments") or []}
         self.master.send_agg(batch.src, wire.MIGRATE_INIT, lambda m, b=batch: self._initiated(b, m),
-                             mid=batch.mid, job=batch.job, to=batch.dst,
-                             info={"endpoints": dst.endpoints, "host": dst.host}, keys=batch.keys)
+                             mid=batch.mid, job=batch.job, to=batch.dst, info=info, keys=batch.keys)
 
     def _initiated(self, batch: Batch, msg: wire.Message | None) -> None:
         if batch.mid not in self.batches:

@@ -21,6 +21,14 @@ import time
 log = logging.getLogger("autops.providers")
 
 
+def die_with_parent() -> None:
+    """``preexec_fn``: SIGTERM to the child when the process that started it dies, so no
+    aggregator or master outlives a killed pool, benchmark or test (Linux PR_SET_PDEATHSIG)."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)    # PR_SET_PDEATHSIG
+
+
 class Provider:
     """Base: a provider that cannot start aggregators (standby)."""
 
@@ -91,7 +99,8 @@ class LocalProvider(Provider):
             name = f"{self.prefix}-{next(self._ids)}"
             cmd = [sys.executable, "-m", "autops.cli", "--log-level", self.log_level, "aggregator",
                    "--master", self.master, "--name", name, "--bind-host", self.bind_host]
-            self.procs[name] = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=dict(os.environ))
+            self.procs[name] = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=dict(os.environ),
+                                                preexec_fn=die_with_parent)
             log.info("started aggregator %s (pid %d)", name, self.procs[name].pid)
             names.append(name)
         return names

@@ -23,6 +23,10 @@ def available() -> bool:
     return hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
 
 
+def _flags(populate: bool) -> int:
+    return mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
+
+
 class Segment:
     """One shared-memory segment, created here or attached from a peer."""
 
@@ -33,26 +37,28 @@ class Segment:
         self.buf = memoryview(mm)
 
     @classmethod
-    def create(cls, size: int, name: str = "autops") -> "Segment":
+    def create(cls, size: int, name: str = "autops", populate: bool = False) -> "Segment":
+        """``populate``: allocate and map every page now (MAP_POPULATE), so the first use of
+        the memory does not page-fault on a latency-critical path."""
         size = max(ALIGN, size)
         fd = os.memfd_create(name, os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, size)
-            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            mm = mmap.mmap(fd, size, _flags(populate), mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
             raise
         return cls(uuid.uuid4().hex, os.getpid(), fd, size, mm, owner=True)
 
     @classmethod
-    def attach(cls, seg_id: str, pid: int, fd: int, size: int) -> "Segment":
+    def attach(cls, seg_id: str, pid: int, fd: int, size: int, populate: bool = True) -> "Segment":
         path = f"/proc/{int(pid)}/fd/{int(fd)}"
         local = os.open(path, os.O_RDWR)
         try:
             actual = os.fstat(local).st_size
             if actual < size:
                 raise ValueError(f"shared segment {seg_id} is {actual} bytes, expected {size}")
-            mm = mmap.mmap(local, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            mm = mmap.mmap(local, size, _flags(populate), mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(local)
         return cls(seg_id, pid, fd, size, mm, owner=False)
@@ -67,6 +73,10 @@ class Segment:
 
     def ref(self, offset: int) -> list:
         return [self.seg_id, self.pid, self.fd, self.size, offset]
+
+    def handle(self) -> list:
+        """What a peer needs to map the whole segment: [id, pid, fd, size]."""
+        return [self.seg_id, self.pid, self.fd, self.size]
 
     def close(self) -> None:
         try:
@@ -84,8 +94,9 @@ class Segment:
 class Arena:
     """Aligned slices of freshly created segments (one segment per ``allocate`` call)."""
 
-    def __init__(self, name: str = "autops") -> None:
+    def __init__(self, name: str = "autops", populate: bool = True) -> None:
         self.name = name
+        self.populate = populate
         self.segments: list[Segment] = []
 
     def allocate(self, sizes: list[tuple[int, str]]) -> list[tuple[np.ndarray, list]]:
@@ -94,7 +105,7 @@ class Arena:
         for numel, dtype in sizes:
             offsets.append(total)
             total += -(-numel * np.dtype(dtype).itemsize // ALIGN) * ALIGN
-        seg = Segment.create(total, self.name)
+        seg = Segment.create(total, self.name, populate=self.populate)
         self.segments.append(seg)
         return [(seg.array(off, numel * np.dtype(dtype).itemsize, dtype), seg.ref(off))
                 for off, (numel, dtype) in zip(offsets, sizes)]
@@ -121,15 +132,31 @@ class Attachments:
             raise ValueError(f"malformed shared-memory reference {ref!r}")
         with self._lock:
             seg = self._segs.get(seg_id)
-            if seg is None:
-                try:
-                    seg = Segment.attach(seg_id, pid, fd, size)
-                except OSError as exc:
-                    raise ValueError(f"cannot map shared memory of process {pid} ({exc.strerror}); "
-                                     "use the ipc or tcp transport") from None
-                self._segs[seg_id] = seg
-                self._tags.setdefault(tag, set()).add(seg_id)
+        if seg is None:
+            # map outside the lock: populating a large segment must not stall other threads
+            try:
+                fresh = Segment.attach(seg_id, pid, fd, size)
+            except OSError as exc:
+                raise ValueError(f"cannot map shared memory of process {pid} ({exc.strerror}); "
+                                 "use the ipc or tcp transport") from None
+            with self._lock:
+                seg = self._segs.get(seg_id)
+                if seg is None:
+                    seg = self._segs[seg_id] = fresh
+                    self._tags.setdefault(tag, set()).add(seg_id)
+                else:
+                    fresh.close()          # another thread mapped it meanwhile
         return seg.array(offset, nbytes, dtype)
+
+    def attach(self, handle: list, tag: str = "") -> None:
+        """Map a peer's whole segment ahead of its first use (``Segment.handle``)."""
+        if not isinstance(handle, (list, tuple)) or len(handle) != 4:
+            raise ValueError(f"malformed shared-memory handle {handle!r}")
+        self.array([*handle, 0], 0, "uint8", tag=tag)
+
+    def handles(self, tag: str) -> list[list]:
+        with self._lock:
+            return [self._segs[s].handle() for s in self._tags.get(tag, ()) if s in self._segs]
 
     def release(self, tag: str) -> None:
         with self._lock:

@@ -81,4 +81,6 @@ def test_sigterm_to_local_stops_the_command_and_the_pool():
         assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     finally:
         if proc.poll() is None:
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                child.kill()
             proc.kill()

@@ -1,0 +1,56 @@
+"""Smoke test of ``autops bench packing`` and ``autops bench migrate`` in tiny configurations.
+
+Real pMaster, aggregator and worker processes on loopback; alexnet with 1% of its elements
+and half its iteration time, so both benchmarks finish in well under a minute together.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autops.bench_elastic import migrate_main, packing_main
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_packing_shares_aggregators_and_reports_every_figure(tmp_path):
+    out = tmp_path / "packing.json"
+    rc = packing_main(["packing", "--jobs", "2", "--model", "alexnet", "--scale", "0.01", "--time-scale", "0.5",
+                       "--measure-iters", "10", "--min-window", "2", "--settle-iters", "2", "--stagger", "0.5",
+                       "--calib-iters", "4", "--warmup-iters", "2", "--profile-iters", "3", "--period", "2",
+                       "--steady-timeout", "40", "--json", str(out)])
+    assert rc == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 1
+    row = rows[0]
+    for key in ("aggregators_shared", "aggregators_dedicated", "cpu_s_per_iter_shared", "cpu_s_per_iter_dedicated",
+                "max_slowdown", "aggregator_reduction", "job_detail", "scale", "iteration_target_s", "params"):
+        assert key in row, key
+    assert row["model"] == "alexnet" and row["jobs"] == 2 and row["scale"] == 0.01
+    assert row["aggregators_dedicated"] == 4
+    assert 1 <= row["aggregators_shared"] <= row["aggregators_dedicated"]
+    assert row["all_packed"], row["shared"]["timeline"][-1]
+    assert row["cpu_s_per_iter_shared"] > 0 and row["cpu_s_per_iter_dedicated"] > 0
+    assert len(row["job_detail"]) == 2
+    for job in row["job_detail"]:
+        assert job["state"] in ("packed", "dedicated")
+        assert job["dedicated_it_s"] > 0 and job["shared_it_s"] > 0
+    assert row["shared"]["migrations_total"]["failed"] == 0
+
+
+def test_migrate_moves_every_key_and_reports_the_pause(tmp_path):
+    out = tmp_path / "migrate.json"
+    rc = migrate_main(["migrate", "--model", "alexnet", "--scale", "0.01", "--time-scale", "0.5", "--repeats", "1",
+                       "--warmup", "3", "--gap", "3", "--json", str(out)])
+    assert rc == 0
+    row = json.loads(out.read_text().splitlines()[0])
+    for key in ("model", "mode", "max_pause_ms", "median_pause_ms", "migration_s", "keys_moved", "baseline_comm_ms"):
+        assert key in row, key
+    assert row["model"] == "alexnet" and row["mode"] == "sum"
+    assert row["all_completed"] and row["migrations_failed"] == 0
+    assert row["keys_moved"] > 0 and row["migrations_completed_keys"] >= row["keys_moved"]
+    rep = row["per_repeat"][0]
+    assert rep["done"] and set(rep["to"]).isdisjoint(rep["from"])
+    assert len(row["migration_s"]) == 1 and row["migration_s"][0] > 0
+    assert row["max_pause_ms"] is not None and row["baseline_comm_ms"] > 0
