@@ -40,6 +40,8 @@ from .transport.zmq import bound_address, choose_endpoint, ipc_address, keep_fre
 
 log = logging.getLogger("autops.aggregator")
 
+PREFAULT_IN_BACKGROUND = 4 << 20    # incoming keys with more buffer bytes are populated by a thread
+
 
 @dataclass
 class PendingPull:
@@ -109,6 +111,11 @@ class Aggregator:
         self.admitted: dict[str, int] = {}
         self.postponed: dict[str, tuple[float, int, list]] = {}   # job -> (run at, iteration, pushes)
         self.timers: list[tuple[float, str]] = []
+        # work finished by helper threads (memory populated for an incoming migration)
+        self._ready: list = []
+        self.premapped: set[str] = set()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
 
     def _allocate(self, job: str, sizes: list) -> list:
         """Published buffers in shared memory, so same-host agents read them with one memcpy."""
@@ -152,6 +159,11 @@ class Aggregator:
     def close(self) -> None:
         for sock in [*self.data_socks, *self.peers.values()]:
             sock.close(0)
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
         self.ctrl.close(0)
         self.ctx.term()
         self.attached.close()
@@ -169,6 +181,7 @@ class Aggregator:
         for sock in self.data_socks:
             poller.register(sock, zmq.POLLIN)
         poller.register(self.ctrl, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
         self.poller = poller
         next_beat = time.monotonic()
         while not self._stop.is_set():
@@ -180,6 +193,9 @@ class Aggregator:
             wake = min(next_beat, self.timers[0][0]) if self.timers else next_beat
             timeout = max(0.0, min(wake - now, 0.2))
             for sock, _ in poller.poll(int(timeout * 1000) + 1):
+                if sock == self._wake_r:
+                    self._run_ready()
+                    continue
                 # drain what is queued on this socket before polling again
                 for _ in range(64):
                     try:
@@ -504,17 +520,57 @@ class Aggregator:
 
     # --- live migration ---------------------------------------------------------------
     def _migrate_prepare(self, msg: wire.Message) -> None:
-        """New side: create the keys in the incoming state (pushes held, pulls parked)."""
-        req = msg.get("req")
+        """New side: create the keys in the incoming state (pushes held, pulls parked).
+
+        Large buffers are created and populated by a helper thread first, so neither the
+        jobs this aggregator already serves nor the migrating job wait for page faults."""
         try:
             keys = [KeySpec.from_wire(k) for k in msg["keys"]]
+            sizes = Store.buffer_sizes(msg["mode"], keys)
+            _, total = shm.Arena.layout(sizes)
+        except (ValueError, TypeError, IndexError) as exc:
+            self.ctrl.send_multipart(wire.error(str(exc), req=msg.get("req"), agg=self.agg_id))
+            return
+        if not self.shm or total < PREFAULT_IN_BACKGROUND:
+            self._finish_prepare(msg, keys, None)
+            return
+
+        def populate() -> None:
+            try:
+                done = (shm.Segment.create(total, f"autops-{msg['job']}", populate=True), None)
+            except OSError as exc:
+                done = (None, exc)
+            self._ready.append((self._finish_prepare, (msg, keys, (sizes, *done))))
+            os.write(self._wake_w, b"x")
+
+        threading.Thread(target=populate, name="autops-populate", daemon=True).start()
+
+    def _run_ready(self) -> None:
+        try:
+            os.read(self._wake_r, 4096)
+        except BlockingIOError:
+            pass
+        while self._ready:
+            fn, args = self._ready.pop(0)
+            fn(*args)
+
+    def _finish_prepare(self, msg: wire.Message, keys: list, made: tuple | None) -> None:
+        req = msg.get("req")
+        try:
             state = self.store.jobs.get(msg["job"])
             for spec in keys:
                 if state is not None and spec.key in state.keys:
                     raise StoreError(f"key {spec.key!r} of job {msg['job']!r} is already here")
+            buffers = None
+            if made is not None:
+                sizes, seg, error = made
+                if error is not None:
+                    raise StoreError(f"cannot allocate shared memory for the incoming keys: {error}")
+                arena = self.arenas.setdefault(msg["job"], shm.Arena(f"autops-{msg['job']}"))
+                buffers = arena.adopt(seg, sizes)
             self.store.assign(msg["job"], msg["secret"], msg["world_size"], msg["mode"], keys,
                               average=bool(msg.get("average", True)), optimizer=msg.get("optimizer"),
-                              hp=msg.get("hp") or {})
+                              hp=msg.get("hp") or {}, buffers=buffers)
             state = self.store.jobs[msg["job"]]
             for spec in keys:
                 ks = state.keys[spec.key]
@@ -577,6 +633,14 @@ class Aggregator:
             wire.encode(wire.TENSOR_COPY, arrays, req=req, mid=mv["mid"], job=ks.job, secret=state.secret,
                         items=[[ks.spec.key, meta, len(arrays)]]), copy=False)
 
+    def _premap(self, handles: list, job: str) -> None:
+        """Map the workers' shared buffers before their first push arrives (helper thread)."""
+        for handle in handles:
+            try:
+                self.attached.attach(handle, tag=job)
+            except (ValueError, OSError) as exc:
+                log.info("could not map a worker segment ahead of time: %s", exc)
+
     def _on_peer(self, frames: list) -> None:
         try:
             msg = wire.decode(frames)
@@ -610,11 +674,11 @@ class Aggregator:
             arrays = [np.frombuffer(wire.payload_view(f), dtype=ks.spec.dtype)
                       for f in msg.payloads[frame:frame + count]]
             frame += count
-            for handle in meta.get("segments") or ():
-                try:
-                    self.attached.attach(handle, tag=state.job)
-                except (ValueError, OSError) as exc:
-                    log.info("could not map a worker segment ahead of time: %s", exc)
+            fresh = [h for h in meta.get("segments") or ()
+                     if isinstance(h, list) and h and h[0] not in self.premapped]
+            if fresh:
+                self.premapped.update(h[0] for h in fresh)
+                threading.Thread(target=self._premap, args=(fresh, state.job), daemon=True).start()
             t0 = time.thread_time()
             first = meta.get("completed", 0) + 1 if isinstance(meta.get("completed"), int) else 1
             hp, ks.held_hp = ks.held_hp, None

@@ -76,7 +76,7 @@ import sys
 import time
 from array import array
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from .assignment import (LOSS_LIMIT, _EPS, Loads, busy_fraction, free_time, job_demand, loss, pack_job, recycle,
@@ -354,11 +354,10 @@ class Simulation:
         self.samples_t = array("d")
         self.samples_alloc = array("l")
         self.samples_req = array("l")
-        self.stats = dict(migrations=0, recycled_aggregators=0, aggregators_opened=0,
-                          aggregators_released=0, deferred_allocations=0, oversize_placements=0, spills=0,
-                          clusters_opened=0, clusters_dissolved=0, recycle_plans_cut=0, recycle_futile=0, clusters_peak=0,
-                          largest_cluster=0, jobs_placed=0, jobs_exited_while_profiling=0,
-                          recycle_calls=0)
+        self.stats = dict(migrations=0, recycled_aggregators=0, aggregators_opened=0, aggregators_released=0,
+                          deferred_allocations=0, oversize_placements=0, spills=0, clusters_opened=0,
+                          clusters_dissolved=0, clusters_peak=0, largest_cluster=0, jobs_placed=0,
+                          jobs_exited_while_profiling=0, recycle_calls=0, recycle_futile=0, recycle_plans_cut=0)
         self.model_counts: dict[str, int] = {}
 
     # --- job model --------------------------------------------------------------------------

@@ -129,9 +129,19 @@ class Store:
         return buf[:numel]
 
     # --- control (from the master) ------------------------------------------------
+    @staticmethod
+    def buffer_sizes(mode: str, keys: list[KeySpec]) -> list[tuple[int, str]]:
+        """The buffers ``assign`` allocates for new ``keys``, in order."""
+        copies = 2 if mode == "sum" else 1
+        return [(spec.numel, spec.dtype) for spec in dict((k.key, k) for k in keys).values() for _ in range(copies)]
+
     def assign(self, job: str, secret: str, world_size: int, mode: str, keys: list[KeySpec],
-               average: bool = True, optimizer: str | None = None, hp: dict | None = None) -> None:
-        """Create the job if new and preallocate the given keys (idempotent per key)."""
+               average: bool = True, optimizer: str | None = None, hp: dict | None = None,
+               buffers: list | None = None) -> None:
+        """Create the job if new and preallocate the given keys (idempotent per key).
+
+        ``buffers``: ``(array, reference)`` pairs allocated beforehand for all of ``keys``
+        (``buffer_sizes``), used instead of the allocator when every key is new."""
         if mode not in MODES:
             raise StoreError(f"job {job}: unknown mode {mode!r} (sum or server)")
         if world_size < 1:
@@ -146,7 +156,10 @@ class Store:
             raise StoreError(f"job {job}: assignment with a different secret or world size")
         fresh = [spec for spec in dict((k.key, k) for k in keys).values() if spec.key not in state.keys]
         copies = 2 if mode == "sum" else 1
-        arrays = iter(self._allocate(job, [(spec.numel, spec.dtype) for spec in fresh for _ in range(copies)]))
+        if buffers is not None and len(fresh) * copies == len(buffers):
+            arrays = iter(buffers)
+        else:
+            arrays = iter(self._allocate(job, [(spec.numel, spec.dtype) for spec in fresh for _ in range(copies)]))
         for spec in fresh:
             ks = KeyState(spec, mode, state.world_size, average, job=job)
             if mode == "sum":

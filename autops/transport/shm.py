@@ -99,13 +99,25 @@ class Arena:
         self.populate = populate
         self.segments: list[Segment] = []
 
-    def allocate(self, sizes: list[tuple[int, str]]) -> list[tuple[np.ndarray, list]]:
-        """Arrays of ``(numel, dtype)`` backed by one new segment, with their references."""
+    @staticmethod
+    def layout(sizes: list[tuple[int, str]]) -> tuple[list[int], int]:
+        """Aligned offsets of ``(numel, dtype)`` arrays in one segment, and its size."""
         offsets, total = [], 0
         for numel, dtype in sizes:
             offsets.append(total)
             total += -(-numel * np.dtype(dtype).itemsize // ALIGN) * ALIGN
-        seg = Segment.create(total, self.name, populate=self.populate)
+        return offsets, total
+
+    def allocate(self, sizes: list[tuple[int, str]]) -> list[tuple[np.ndarray, list]]:
+        """Arrays of ``(numel, dtype)`` backed by one new segment, with their references."""
+        _, total = self.layout(sizes)
+        return self.adopt(Segment.create(total, self.name, populate=self.populate), sizes)
+
+    def adopt(self, seg: Segment, sizes: list[tuple[int, str]]) -> list[tuple[np.ndarray, list]]:
+        """Carve a segment created elsewhere (e.g. populated by another thread) into arrays."""
+        offsets, total = self.layout(sizes)
+        if seg.size < total:
+            raise ValueError(f"segment of {seg.size} bytes cannot hold {total}")
         self.segments.append(seg)
         return [(seg.array(off, numel * np.dtype(dtype).itemsize, dtype), seg.ref(off))
                 for off, (numel, dtype) in zip(offsets, sizes)]
