@@ -158,13 +158,16 @@ def recycle(aggregators: Loads, tasks: Mapping[str, Sequence[tuple[str, str, flo
     """Aggregators that can be freed after a job exit (thesis §4.3.3.3, "Job Exit").
 
     From the least-loaded aggregator up, try to re-assign all its tasks
-    (``tasks[name]`` = ``[(job, task, cost)]``) to the others with Pseudocode 3 and no new
-    allocation; on success it is recycled and the next one is tried, on the first failure
-    the procedure stops. Returns ``[(freed aggregator, {task: new aggregator})]`` in order.
-    Aggregators in ``exclude`` are neither freed nor used as destinations.
+    (``tasks[name]`` = ``[(job, task, cost)]``; task ids unique across jobs) to the others with
+    Pseudocode 3 and no new allocation; on success it is recycled and the next one is tried,
+    on the first failure the procedure stops. Returns ``[(freed aggregator, {task: new
+    aggregator})]`` in order; tasks an earlier step moved onto a later victim move again with
+    it, so a task's last entry is where it ends (``final_moves``). Aggregators in ``exclude``
+    are neither freed nor used as destinations.
     """
     blocked = set(exclude)
     loads = {name: dict(jobs) for name, jobs in aggregators.items() if name not in blocked}
+    current = {name: list(tasks.get(name, ())) for name in loads}
     plan: list[tuple[str, dict[str, str]]] = []
     order = sorted(loads, key=lambda n: (busy_fraction(loads[n]), n))
     for victim in order:
@@ -174,7 +177,8 @@ def recycle(aggregators: Loads, tasks: Mapping[str, Sequence[tuple[str, str, flo
         if not others:
             break
         moves: dict[str, str] = {}
-        for job, task, cost in sorted(tasks.get(victim, ()), key=lambda t: (-t[2], t[1])):
+        arrived: dict[str, list] = {}
+        for job, task, cost in sorted(current[victim], key=lambda t: (-t[2], t[1])):
             dest = pack_task(job, durations[job], cost, others, loss_limit)
             if dest is None:
                 moves = {}
@@ -182,8 +186,20 @@ def recycle(aggregators: Loads, tasks: Mapping[str, Sequence[tuple[str, str, flo
             d_old, e_old = others[dest].get(job, (durations[job], 0.0))
             others[dest][job] = (d_old, e_old + cost)
             moves[task] = dest
+            arrived.setdefault(dest, []).append((job, task, cost))
         if not moves:
             break
         plan.append((victim, moves))
         loads = others
+        current[victim] = []
+        for dest, items in arrived.items():
+            current[dest].extend(items)
     return plan
+
+
+def final_moves(plan: Sequence[tuple[str, Mapping[str, str]]]) -> dict[str, str]:
+    """Where each task of a ``recycle`` plan ends up."""
+    out: dict[str, str] = {}
+    for _, moves in plan:
+        out.update(moves)
+    return out

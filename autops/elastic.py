@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from . import wire
-from .assignment import LOSS_LIMIT, busy_fraction, job_demand, pack_job, recycle, spread_by_bytes
+from .assignment import LOSS_LIMIT, busy_fraction, final_moves, job_demand, pack_job, recycle, spread_by_bytes
 from .scaling import admissible, allocate_now, choose_cluster, cluster_free_cpu, idle_to_release
 
 if TYPE_CHECKING:
@@ -434,20 +434,22 @@ class Elastic:
             durations[job.job] = job.standalone
             for key, owner in job.table.items():
                 if owner in tasks:
-                    tasks[owner].append((job.job, key, job.cost(key)))
+                    tasks[owner].append((job.job, (job.job, key), job.cost(key)))   # ids unique across jobs
         plan = recycle(loads, tasks, durations, self.cfg.loss_limit)
-        for victim, moves in plan:
+        if not plan:
+            return
+        victims = [victim for victim, _ in plan]
+        by_job: dict[str, dict[str, str]] = {}
+        for (job_id, key), dest in final_moves(plan).items():
+            by_job.setdefault(job_id, {})[key] = dest
+        for victim in victims:
             self.m.aggs[victim].state = "draining"
-            by_job: dict[str, dict[str, str]] = {}
-            for job in self.m.jobs.values():
-                for key in job.keys:
-                    if key in moves and job.table.get(key) == victim:
-                        by_job.setdefault(job.job, {})[key] = moves[key]
-            log.info("recycling aggregator %s: %d tasks move elsewhere", victim, len(moves))
-            for job_id, table in by_job.items():
-                job = self.m.jobs[job_id]
-                self.migrate(job, table, after=[victim])
-                job.aggregators = sorted({job.table[k] if k not in table else table[k] for k in job.keys})
+        log.info("recycling aggregator(s) %s: %d tasks move elsewhere", victims,
+                 sum(len(t) for t in by_job.values()))
+        for job_id, table in by_job.items():
+            job = self.m.jobs[job_id]
+            job.aggregators = sorted({table.get(k, job.table[k]) for k in job.keys})
+            self.migrate(job, table, after=victims)
 
     def period_pass(self) -> None:
         for job_id in list(self.pending_reverts):

@@ -126,3 +126,41 @@ def test_hybrid_scaling_and_admission_decisions():
     assert idle_to_release({"a": {}, "b": {"J": (1.0, 0.1)}, "c": {}}, spare=1) == ["a"]
     assert idle_to_release({"a": {}, "c": {}}, spare=0) == ["a", "c"]
     assert admissible(2, 4, 2) and not admissible(3, 4, 2) and admissible(100, None, 50)
+
+
+# --- recycle: properties over random pools ------------------------------------------------------
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from autops.assignment import final_moves, free_time, loss  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.sampled_from([4.0, 5.0, 8.0, 10.0, 12.0]),
+                                   st.floats(0.1, 3.0)), min_size=1, max_size=3),
+                min_size=2, max_size=6))
+def test_recycle_never_strands_a_task_on_a_freed_aggregator(pool):
+    aggs, tasks, durations = {}, {}, {}
+    for i, members in enumerate(pool):
+        name = f"agg{i}"
+        aggs[name], tasks[name] = {}, []
+        for j, (d, e) in enumerate(members):
+            job = f"J{i}-{j}"                       # the same task name in every job: ids must not collide
+            durations[job] = d
+            aggs[name][job] = (d, e)
+            tasks[name].append((job, (job, "fc.weight"), e))
+    plan = recycle(aggs, tasks, durations)
+    freed = {victim for victim, _ in plan}
+    placed = {t: a for a, items in tasks.items() for _, t, _ in items}
+    placed.update(final_moves(plan))
+    assert not freed & set(placed.values())
+    # aggregators that received tasks stay within their cycle and the loss limit
+    cost = {t: e for items in tasks.values() for _, t, e in items}
+    final: dict = {}
+    for (job, name), agg in placed.items():
+        d, e = final.setdefault(agg, {}).get(job, (durations[job], 0.0))
+        final[agg][job] = (d, e + cost[(job, name)])
+    for agg in set(final_moves(plan).values()):
+        jobs = final[agg]
+        cycle = max(d for d, _ in jobs.values())
+        assert free_time(cycle, jobs) >= -1e-9
+        assert all(loss(d, cycle) < 0.1 for d, _ in jobs.values())
