@@ -11,8 +11,25 @@ setup: $(STAMP)
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
+# System packages: libfuse3 (+ pkg-config) to build the C core's FUSE front end, fuse3 (fusermount3),
+# fio and stress-ng for the benchmarks and memory-pressure tests.  Installed when missing and we are
+# root with apt-get; otherwise skipped quietly (the C build then says that libfuse3-dev is missing).
+SYSPKGS := fuse3 libfuse3-dev pkg-config fio stress-ng
+
 # torch first, pinned: the machine carries a CPU build of 2.13.0; an unpinned torch would pull CUDA wheels.
-$(STAMP): pyproject.toml | $(PY)
+# The C core is built by `pip install -e`: a change to its sources re-runs this step.
+$(STAMP): pyproject.toml infiniswap/_build_core.py $(wildcard csrc/infiniswap/*.c csrc/infiniswap/*.h) | $(PY)
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    missing=""; \
+	    for p in $(SYSPKGS); do \
+	        dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
+	    done; \
+	    if [ -n "$$missing" ]; then \
+	        echo "apt-get install$$missing"; \
+	        (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing) \
+	            || echo "warning: could not install$$missing"; \
+	    fi; \
+	fi
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test]'

@@ -6,9 +6,12 @@ written there (shared memory on the same host, TCP across hosts) while a backup 
 a copy of everything.  Daemons lend the memory their machine does not need, keep HeadRoom
 free for local applications by batch-evicting the least active slabs, and there is no
 central coordinator: a device only knows a list of daemons.  Every page written reads back
-the same through evictions and daemon failures.  ``infiniswap --help`` lists the commands.
+the same through evictions and daemon failures.  A ``Frontend`` serves a device as a FUSE
+file, attachable as a loop device and usable as swap.  ``infiniswap --help`` lists the
+commands.
 """
 from infiniswap.daemon import Daemon
 from infiniswap.device import Device
+from infiniswap.frontend import Frontend
 
-__all__ = ["Device", "Daemon"]
+__all__ = ["Device", "Daemon", "Frontend"]

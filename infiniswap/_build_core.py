@@ -3,10 +3,17 @@
 Built by setuptools through ``setup.py`` (``cffi_modules``); running this file builds in place
 (``setup.py build_ext --inplace``).  cffi API mode releases the GIL around every call, which
 the blocking calls (page I/O, eviction drain, flush, server stop) rely on.
+
+The FUSE front end (``isw_fuse.c``) links libfuse3: its compile and link flags come from
+``pkg-config --cflags --libs fuse3``; without libfuse3's development files the build stops
+with a message saying what to install.
 """
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
+import subprocess
 
 from cffi import FFI
 
@@ -23,7 +30,31 @@ _SOURCES = [
     "isw_device.c",
     "isw_store.c",
     "isw_dataserver.c",
+    "isw_fuse.c",
 ]
+
+_FUSE_HELP = ("the Infiniswap C core needs libfuse3's development files (fuse3.pc, fuse_lowlevel.h) "
+              "and pkg-config: install them, e.g. `apt-get install fuse3 libfuse3-dev pkg-config` "
+              "(`make setup` does this when run as root)")
+
+
+def _fuse3_flags() -> tuple[list[str], list[str], list[str]]:
+    """(include dirs, extra compile args, link args) of libfuse3, from pkg-config."""
+    if shutil.which("pkg-config") is None:
+        raise SystemExit(f"pkg-config was not found: {_FUSE_HELP}")
+    try:
+        cflags = subprocess.run(["pkg-config", "--cflags", "fuse3"], check=True,
+                                capture_output=True, text=True).stdout
+        libs = subprocess.run(["pkg-config", "--libs", "fuse3"], check=True,
+                              capture_output=True, text=True).stdout
+    except subprocess.CalledProcessError as exc:
+        first = (exc.stderr.strip().splitlines() or ["no output"])[0]
+        raise SystemExit(f"pkg-config does not know fuse3 ({first}): {_FUSE_HELP}") from None
+    inc = [f[2:] for f in shlex.split(cflags) if f.startswith("-I")]
+    other = [f for f in shlex.split(cflags) if not f.startswith("-I")]
+    if not any(os.path.exists(os.path.join(d, "fuse_lowlevel.h")) for d in inc or ["/usr/include"]):
+        raise SystemExit(f"fuse_lowlevel.h is missing: {_FUSE_HELP}")
+    return inc, other, shlex.split(libs)
 
 CDEF = """
 #define ISW_SLAB_UNMAPPED 0
@@ -125,7 +156,28 @@ int isw_server_port(struct isw_server *srv);
 int isw_server_stop(struct isw_server *srv);
 void isw_server_free(struct isw_server *srv);
 int isw_server_get_stats(struct isw_server *srv, struct isw_server_stats *out);
+
+#define ISW_FUSE_MAX_IO ...
+#define ISW_FUSE_MAX_THREADS ...
+struct isw_fuse;
+struct isw_fuse_stats {
+    uint64_t reads, writes;
+    uint64_t bytes_read, bytes_written;
+    uint64_t unaligned;
+    uint64_t flushes;
+    uint64_t errors;
+    uint64_t conn_id;
+};
+int isw_fuse_start(struct isw_device *d, const char *mountpoint, const char *fsname,
+                   struct isw_fuse **out);
+int isw_fuse_stop(struct isw_fuse *f);
+void isw_fuse_free(struct isw_fuse *f);
+int isw_fuse_stats(struct isw_fuse *f, struct isw_fuse_stats *out);
+int isw_fuse_last_io_error(struct isw_fuse *f, char *out, size_t n);
+const char *isw_fuse_mountpoint(struct isw_fuse *f);
 """
+
+_FUSE_INC, _FUSE_CFLAGS, _FUSE_LIBS = _fuse3_flags()
 
 ffibuilder = FFI()
 ffibuilder.cdef(CDEF)
@@ -137,17 +189,18 @@ ffibuilder.set_source(
 #include "isw_device.h"
 #include "isw_store.h"
 #include "isw_dataserver.h"
+#include "isw_fuse.h"
 """,
     sources=[f"{_CSRC}/{name}" for name in _SOURCES],
-    include_dirs=[_CSRC],
+    include_dirs=[_CSRC, *_FUSE_INC],
     depends=[os.path.join(_CSRC, n) for n in sorted(os.listdir(os.path.join(_ROOT, _CSRC)))
              if n.endswith(".h")],
-    extra_compile_args=["-O2", "-std=c11", "-D_GNU_SOURCE", "-pthread", "-Wall", "-Wextra"],
-    extra_link_args=["-pthread"],
+    extra_compile_args=["-O2", "-std=c11", "-D_GNU_SOURCE", "-pthread", "-Wall", "-Wextra",
+                        *_FUSE_CFLAGS],
+    extra_link_args=["-pthread", *_FUSE_LIBS],
 )
 
 if __name__ == "__main__":
-    import subprocess
     import sys
 
     subprocess.check_call([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=_ROOT)

@@ -2,6 +2,8 @@
 
     infiniswap daemon   --bind tcp://0.0.0.0:7300 [--headroom 8G] [--slab-size 1G] ...
     infiniswap device   --size 4G --backup FILE --daemons ADDR,ADDR,... [--status-bind ADDR]
+                        [--mount DIR [--loop] [--swap] [--swap-priority N]]
+    infiniswap device stop --mount DIR
     infiniswap status   --daemons ADDR,... [--devices ADDR,...] [--json]
     infiniswap simulate --machines 1000 [--json]
     infiniswap bench    --size 2G --daemons 3 [--json OUT]
@@ -20,6 +22,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any, Callable, Sequence
 
 from infiniswap.sizes import format_size, parse_size
@@ -118,9 +121,22 @@ def _exit_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+def _harden(what: str) -> None:
+    from infiniswap.hardening import harden_process
+    harden_process(what)
+
+
 def _cmd_daemon(args: argparse.Namespace) -> int:
     if args.exit_with_parent:
         _exit_with_parent()
+    # First thing, before slab memory is mapped and threads start: the data server thread
+    # is on the paging path of devices that swap into this daemon.
+    if not args.no_harden and os.geteuid() == 0:
+        _harden("infiniswap daemon")
+    if args.no_lock:
+        log.warning("--no-lock: slab memory is not mlocked by the daemon; do not use it on a "
+                    "host where an Infiniswap device is used as swap (slab pages swapped out "
+                    "into that device can deadlock it)")
     from infiniswap.daemon import Daemon
 
     reader = total = None
@@ -147,6 +163,14 @@ def _cmd_daemon(args: argparse.Namespace) -> int:
 # ---- device ----
 
 def _cmd_device(args: argparse.Namespace) -> int:
+    if (args.loop or args.swap or args.swap_priority is not None) and not args.mount:
+        raise UsageError("--loop, --swap and --swap-priority need --mount DIR")
+    if args.swap_priority is not None and not -1 <= args.swap_priority <= 32767:
+        raise UsageError(f"--swap-priority {args.swap_priority} must be in -1..32767")
+    if args.mount and not args.no_harden:
+        # First thing, before threads start and before a daemon's memfd is mapped: this
+        # process serves the pages the kernel swaps out.
+        _harden("infiniswap device")
     from infiniswap.device import Device
 
     with _Signals() as signals:
@@ -154,15 +178,82 @@ def _cmd_device(args: argparse.Namespace) -> int:
                      slab_size=args.slab_size, hot_slab=args.hot_slab, period=args.period,
                      timeout=args.timeout, transport=args.transport,
                      status_bind=args.status_bind, device_id=args.device_id)
+        fe = None
         try:
             if args.map_all:
                 n = dev.map_now()
                 log.info("mapped %d of %d slabs", n, dev.num_slabs)
+            extra = ""
+            if args.mount:
+                from infiniswap.frontend import Frontend
+                fe = Frontend(dev, args.mount, loop=args.loop or args.swap, swap=args.swap,
+                              swap_priority=args.swap_priority,
+                              fsname=f"infiniswap-{os.getpid()}").start()
+                extra = (f" mount {fe.mountpoint} disk {fe.disk_path} loop "
+                         f"{fe.loop_device or 'none'} swap {'on' if fe.swap_on else 'off'}")
             print(f"infiniswap device: {dev.device_id} status {dev.status_address or 'none'} "
-                  f"size {args.size} slabs {dev.num_slabs} pid {os.getpid()}", flush=True)
+                  f"size {args.size} slabs {dev.num_slabs} pid {os.getpid()}{extra}", flush=True)
             log.info("%s: shutting down", signals.wait())
         finally:
-            dev.close()
+            try:
+                if fe is not None:
+                    _stop_frontend(fe)
+            finally:
+                dev.close()
+    return 0
+
+
+def _stop_frontend(fe: Any) -> None:
+    """Undo the front end in reverse order.  While swapoff fails the swap area is still in
+    use (pages of other processes are in it): keep serving and retry rather than exit."""
+    from infiniswap.frontend import SwapStillActive
+
+    delay = 1.0
+    while True:
+        try:
+            fe.stop()
+            return
+        except SwapStillActive as exc:
+            log.error("%s; still serving %s, retrying in %g s (SIGKILL abandons it: processes "
+                      "with pages in this swap would then crash)", exc, fe.disk_path, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 10.0)
+
+
+def _cmd_device_stop(args: argparse.Namespace) -> int:
+    """Stop the device serving --mount: SIGTERM it and wait for its own cleanup; if it is
+    gone (crashed, SIGKILLed), undo what it left: swapoff, losetup -d, unmount."""
+    from infiniswap import frontend
+
+    mount = os.path.abspath(args.mount)
+    state = frontend.read_state(mount)
+    pid = int((state or {}).get("pid") or 0)
+    if frontend.owner_alive(state):
+        log.info("stopping infiniswap device pid %d (SIGTERM)", pid)
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + args.timeout
+        while frontend.owner_alive(state):
+            if time.monotonic() > deadline:
+                print(f"infiniswap device stop: error: device pid {pid} is still cleaning up "
+                      f"{mount} after {args.timeout:g} s (swapoff may need longer): run this "
+                      f"again, or kill -9 {pid} and run it again", file=sys.stderr)
+                return 1
+            time.sleep(0.1)
+    elif state is None and not frontend.remains(mount):
+        print(f"infiniswap device stop: nothing to stop at {mount}")
+        return 0
+    done = frontend.cleanup(mount)
+    for step in done:
+        log.info("cleanup: %s", step)
+    left = frontend.remains(mount)
+    if left:
+        print(f"infiniswap device stop: error: still up: {', '.join(left)}", file=sys.stderr)
+        return 1
+    print(f"infiniswap device stop: {mount}: stopped"
+          + (f" (cleaned up after a dead device: {', '.join(done)})" if done else ""))
     return 0
 
 
@@ -253,7 +344,11 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--slab-size", type=_size, default=parse_size("1G"), help="default 1G")
     d.add_argument("--capacity", type=_size, default=None,
                    help="most memory to lend (default: all of it above HeadRoom)")
-    d.add_argument("--no-lock", action="store_true", help="do not mlock slab memory")
+    d.add_argument("--no-lock", action="store_true",
+                   help="do not mlock slab memory (never on a host that swaps into Infiniswap)")
+    d.add_argument("--no-harden", action="store_true",
+                   help="as root the daemon mlocks itself, sets PR_SET_IO_FLUSHER and "
+                        "oom_score_adj -1000 (its data server is on the paging path); skip that")
     d.add_argument("--exit-with-parent", action="store_true",
                    help="stop (SIGTERM) when the process that started this one dies (Linux)")
     d.add_argument("--period", type=_positive(float), default=1.0,
@@ -290,6 +385,18 @@ def _parser() -> argparse.ArgumentParser:
                    help="endpoint where `infiniswap status --devices` can ask this device")
     v.add_argument("--device-id", default=None, help="name shown by daemons (default host:pid)")
     v.add_argument("--map-all", action="store_true", help="map every slab at start")
+    v.add_argument("--mount", metavar="DIR", default=None,
+                   help="serve the device as DIR/disk over FUSE (created if missing); "
+                        "undo with SIGTERM or `infiniswap device stop --mount DIR`")
+    v.add_argument("--loop", action="store_true",
+                   help="attach DIR/disk as a loop device (direct I/O)")
+    v.add_argument("--swap", action="store_true",
+                   help="mkswap + swapon the loop device (implies --loop)")
+    v.add_argument("--swap-priority", type=int, default=None, metavar="N",
+                   help="swapon --priority N (default: the kernel's)")
+    v.add_argument("--no-harden", action="store_true",
+                   help="with --mount the process mlocks itself, sets PR_SET_IO_FLUSHER and "
+                        "oom_score_adj -1000; skip that")
     _add_logging(v)
     v.set_defaults(run=_cmd_device)
 
@@ -309,9 +416,26 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _stop_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="infiniswap device stop",
+        description="stop the device serving a mount: SIGTERM it and wait for its cleanup; "
+                    "if it is gone (crashed, killed), undo what it left (swapoff, losetup -d, "
+                    "unmount)")
+    ap.add_argument("--mount", required=True, metavar="DIR", help="the device's --mount DIR")
+    ap.add_argument("--timeout", type=_positive(float), default=120.0,
+                    help="wait this long for the device to clean up (default 120 s)")
+    _add_logging(ap)
+    ap.set_defaults(run=_cmd_device_stop, command="device stop")
+    return ap
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = _parser()
+    if argv[:2] == ["device", "stop"]:
+        ap = _stop_parser()
+        argv = argv[2:]
     if argv and argv[0] == "simulate":
         from infiniswap import simulate
         return simulate.main(argv[1:])

@@ -8,6 +8,8 @@ Three objects, no policy and no threads of their own:
 * :class:`SlabStore` — a daemon's slab memory (one memfd; slabs allocated lazily, optionally
   mlocked, freed by hole punching) (thesis §2.5).
 * :class:`DataServer` — the daemon's TCP data server for devices on other hosts.
+* :class:`FuseServer` — the device as the file ``disk`` of a FUSE mount (libfuse3, C
+  threads; no Python on its I/O path), for ``losetup`` / ``mkswap`` / ``swapon``.
 
 Every C call releases the GIL, so several Python threads can do I/O at once.  C errors come
 back as ``ValueError`` (a bad argument: unaligned, out of range, wrong size) or ``OSError``
@@ -32,6 +34,8 @@ __all__ = [
     "CoreDevice",
     "SlabStore",
     "DataServer",
+    "FuseServer",
+    "FuseStats",
 ]
 
 PAGE_SIZE: int = int(lib.ISW_PAGE_SIZE)
@@ -94,6 +98,18 @@ class ServerStats:
     bytes_read: int
     bytes_written: int
     errors: int
+
+
+@dataclass(frozen=True)
+class FuseStats:
+    reads: int
+    writes: int
+    bytes_read: int
+    bytes_written: int
+    unaligned: int              # requests not on 4 KiB pages (widened / read-modify-write)
+    flushes: int
+    errors: int
+    conn_id: int                # the kernel's FUSE connection (name under fusectl)
 
 
 def _message() -> str:
@@ -438,5 +454,63 @@ class DataServer(_Handle):
             return
         lib.isw_server_stop(p)
         self._ptr = None
+
+    close = stop
+
+
+class FuseServer(_Handle):
+    """Serve ``device`` (an open :class:`CoreDevice`) as the regular file ``disk`` (mode
+    0600, the device's size) in a FUSE mount at ``mountpoint`` (an existing directory).
+
+    C threads on libfuse3's low-level API do all I/O; any offset and length works
+    (unaligned ones are widened / read-modify-written).  Files are opened with direct I/O,
+    so ``losetup --direct-io=on`` on :attr:`path` gives a loop device without a page-cache
+    copy.  The constructor returns once the mount answers.  :meth:`stop` detaches the
+    mount, lets requests in flight finish for a few seconds while something (a loop
+    device) still holds the file, then aborts the FUSE connection.  Keep ``device`` open
+    until :meth:`stop` returned.  Mounting needs /dev/fuse (root, or fusermount3).
+    """
+
+    _kind = "FUSE server"
+
+    def __init__(self, device: CoreDevice, mountpoint: str | os.PathLike[str],
+                 fsname: str = "infiniswap") -> None:
+        self._ptr = None
+        if not isinstance(device, CoreDevice):
+            raise TypeError(f"device must be a CoreDevice, got {type(device).__name__}")
+        out = ffi.new("struct isw_fuse **")
+        _check(lib.isw_fuse_start(device._p(), os.fsencode(mountpoint), fsname.encode(), out),
+               "FuseServer")
+        self._ptr = ffi.gc(out[0], lib.isw_fuse_free)
+        self._device = device       # the C server uses the device: keep it alive
+        self.mountpoint: str = os.fsdecode(ffi.string(lib.isw_fuse_mountpoint(self._ptr)))
+        self.fsname: str = fsname
+
+    @property
+    def path(self) -> str:
+        """The served file: ``<mountpoint>/disk``."""
+        return os.path.join(self.mountpoint, "disk")
+
+    def stats(self) -> FuseStats:
+        st = ffi.new("struct isw_fuse_stats *")
+        _check(lib.isw_fuse_stats(self._p(), st), "stats")
+        return FuseStats(**_fields(st, tuple(FuseStats.__dataclass_fields__)))
+
+    def last_io_error(self) -> str:
+        """The message of the last request answered with an error ('' if none)."""
+        out = ffi.new("char[]", 512)
+        _check(lib.isw_fuse_last_io_error(self._p(), out, 512), "last_io_error")
+        return ffi.string(out).decode("utf-8", "replace")
+
+    def stop(self) -> None:
+        """Unmount and join the threads.  Idempotent.  OSError(EBUSY) if the FUSE
+        connection could not be aborted while something still held the file (call again
+        to retry)."""
+        p = self._ptr
+        if p is None:
+            return
+        _check(lib.isw_fuse_stop(p), "stop")
+        self._ptr = None
+        self._device = None
 
     close = stop

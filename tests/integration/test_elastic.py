@@ -83,10 +83,12 @@ class Job:
 
 def test_revert_when_a_packed_job_falls_below_loss_limit():
     with LocalPool(3, master_args=[*FAST, "--window", "15"]) as pool:
-        # 40 ms per iteration while profiled, then twice as slow: below 90% of standalone speed
-        job = Job(pool.master, "slowing", lambda it: 0.04 if it <= 40 else 0.08, iters=400)
+        # 40 ms per iteration while profiled and packed, then twice as slow: below 90% of standalone
+        slow = threading.Event()
+        job = Job(pool.master, "slowing", lambda it: 0.08 if slow.is_set() else 0.04, iters=2000)
         try:
             wait_for(pool, lambda s: (job_of(s, "slowing") or {}).get("state") == "packed", 30, "packing")
+            slow.set()
             status = wait_for(pool, lambda s: (job_of(s, "slowing") or {}).get("state") == "dedicated"
                               and s["migrations"]["active"] == 0, 60, "revert")
             info = job_of(status, "slowing")
