@@ -396,6 +396,7 @@ class _IOLoop:
         self.arena = shm.Arena(f"autops-agent-{agent.rank}")
         self.attached = shm.Attachments()
         self.premapped: set[str] = set()
+        self.premap_queue: list = []
         self.running = True
         self.tuned = False
         self.master = MasterClient(agent.ctx, agent.master, agent.timeout)
@@ -484,6 +485,10 @@ class _IOLoop:
                         break
                     self.reply(sock, frames)
             self.expire()
+            if self.premap_queue and not self.inflight:
+                for agg, handles in self.premap_queue:
+                    threading.Thread(target=self._premap, args=(agg, handles), daemon=True).start()
+                self.premap_queue = []
             if time.monotonic() >= self.next_profile:
                 self.profile()
 
@@ -743,12 +748,12 @@ class _IOLoop:
         fresh = [h for h in info.get("segments") or () if isinstance(h, list) and h and h[0] not in self.premapped]
         self.premapped.update(h[0] for h in fresh)
         if fresh and local:
-            # map the new owner's published buffers before the first pull needs them, in the
-            # background: populating a large mapping takes milliseconds this thread owes to
-            # the replies still arriving for this iteration
-            threading.Thread(target=self._premap, args=(agg, fresh), daemon=True).start()
+            # map the new owner's published buffers before the first pull needs them: in a
+            # low-priority thread, started once this iteration's requests are all answered
+            self.premap_queue.append((agg, fresh))
 
     def _premap(self, agg: str, handles: list) -> None:
+        shm.background_priority()
         for handle in handles:
             try:
                 self.attached.attach(handle, tag=agg)

@@ -536,6 +536,7 @@ class Aggregator:
             return
 
         def populate() -> None:
+            shm.background_priority()
             try:
                 done = (shm.Segment.create(total, f"autops-{msg['job']}", populate=True), None)
             except OSError as exc:
@@ -635,6 +636,7 @@ class Aggregator:
 
     def _premap(self, handles: list, job: str) -> None:
         """Map the workers' shared buffers before their first push arrives (helper thread)."""
+        shm.background_priority()
         for handle in handles:
             try:
                 self.attached.attach(handle, tag=job)

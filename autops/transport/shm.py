@@ -23,6 +23,15 @@ def available() -> bool:
     return hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
 
 
+def background_priority() -> None:
+    """Lowest CPU priority for the calling thread (Linux nice is per thread): memory
+    population and mapping done ahead of time must not take CPU from the data path."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (OSError, AttributeError):
+        pass
+
+
 def _flags(populate: bool) -> int:
     return mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
 
