@@ -44,6 +44,12 @@ test: setup
 bench: setup
 	$(PY) bench/autops_pushpull.py --transport shm ipc tcp --json bench/results/autops_pushpull.json
 	$(PY) bench/autops_pushpull.py --model flat64m resnet50 --workers 2 --transport shm ipc --mode server --json bench/results/autops_pushpull_server_adam.json
+	$(PY) bench/autops_packing.py --jobs 4 --model vgg19 --rounds 3 --json bench/results/autops_packing.json
+	$(PY) bench/autops_packing.py --jobs 4 --model bert-base resnet50 alexnet --json bench/results/autops_packing.json --append
+	$(PY) bench/autops_packing.py --jobs 2 3 --model vgg19 --json bench/results/autops_packing.json --append
+	$(PY) bench/autops_migrate.py --model vgg19 bert-base --repeats 3 --json bench/results/autops_migrate.json
+	$(PY) bench/autops_migrate.py --model vgg19 --mode server --repeats 3 --json bench/results/autops_migrate.json --append
+	$(PY) -m autops.simulate --trace ../shared/data/traces/philly.csv --json bench/results/autops_simulate.json --plot bench/results/autops_simulate.png
 	$(PY) bench/tiresias_scale.py --json bench/results/tiresias_scale.json
 	$(PY) bench/infiniswap_bench.py --size 2G --daemons 3 --json bench/results/infiniswap_bench.json
 	$(VENV)/bin/tiresias compare --trace ../shared/data/traces/philly.csv --cluster 48x8 --original --no-progress \
