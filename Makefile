@@ -37,6 +37,7 @@ $(STAMP): pyproject.toml infiniswap/_build_core.py $(wildcard csrc/infiniswap/*.
 
 demo: setup
 	$(PY) -m autops.demo
+	$(PY) -m infiniswap.demo
 
 test: setup
 	$(PY) -m pytest -q -ra
@@ -52,6 +53,8 @@ bench: setup
 	$(PY) -m autops.simulate --trace ../shared/data/traces/philly.csv --json bench/results/autops_simulate.json --plot bench/results/autops_simulate.png
 	$(PY) bench/tiresias_scale.py --json bench/results/tiresias_scale.json
 	$(PY) bench/infiniswap_bench.py --size 2G --daemons 3 --json bench/results/infiniswap_bench.json
+	$(PY) bench/infiniswap_fio.py --json bench/results/infiniswap_fio.json
+	$(PY) bench/infiniswap_apps.py --json bench/results/infiniswap_apps.json
 	$(VENV)/bin/tiresias compare --trace ../shared/data/traces/philly.csv --cluster 48x8 --original --no-progress \
 	    --json bench/results/tiresias_philly_original.json --plot bench/results/tiresias_philly_cdf.png
 	$(VENV)/bin/tiresias compare --trace ../shared/data/traces/philly.csv --cluster 48x8 --models cycle --no-progress \

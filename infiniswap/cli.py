@@ -5,6 +5,7 @@
                         [--mount DIR [--loop] [--swap] [--swap-priority N]]
     infiniswap device stop --mount DIR
     infiniswap status   --daemons ADDR,... [--devices ADDR,...] [--json]
+    infiniswap run      --memory 64M [--swappiness N] -- CMD...
     infiniswap simulate --machines 1000 [--json]
     infiniswap bench    --size 2G --daemons 3 [--json OUT]
 
@@ -328,6 +329,80 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- run ----
+
+def _vmstat_swap() -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/vmstat", encoding="ascii") as fh:
+            for line in fh:
+                key, _, value = line.partition(" ")
+                if key in ("pswpin", "pswpout"):
+                    out[key] = int(value)
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="infiniswap run",
+        description="run CMD in a new memory-limited cgroup (it pages to whatever swap is "
+                    "active, e.g. an `infiniswap device --swap`); prints peak memory and "
+                    "swap-ins/outs on stderr at the end and exits with CMD's status")
+    ap.add_argument("--memory", type=_size, required=True,
+                    help="memory limit of the cgroup, e.g. 64M")
+    ap.add_argument("--swappiness", type=int, default=None, metavar="N",
+                    help="memory.swappiness of the cgroup (cgroup v1 only; 0..100)")
+    ap.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...")
+    _add_logging(ap)
+    ap.set_defaults(run=_cmd_run, command="run")
+    return ap
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise UsageError("give the command to run after --, e.g. infiniswap run --memory 64M "
+                         "-- python app.py")
+    if args.swappiness is not None and not 0 <= args.swappiness <= 100:
+        raise UsageError(f"--swappiness {args.swappiness} must be in 0..100")
+    from infiniswap import cgroup
+    why = cgroup.available()
+    if why:
+        print(f"infiniswap run: error: memory cgroups are unavailable: {why}", file=sys.stderr)
+        return 1
+    before = _vmstat_swap()
+    t0 = time.monotonic()
+    try:
+        rc, stats = cgroup.run_limited(cmd, args.memory, swappiness=args.swappiness)
+    except cgroup.CgroupError as exc:
+        print(f"infiniswap run: error: {exc}", file=sys.stderr)
+        return 1
+    except FileNotFoundError as exc:
+        print(f"infiniswap run: error: cannot run {cmd[0]!r}: {exc.strerror}", file=sys.stderr)
+        return 127
+    elapsed = time.monotonic() - t0
+    after = _vmstat_swap()
+    parts = [f"exit {rc if rc >= 0 else signal.Signals(-rc).name}", f"{elapsed:.1f} s"]
+    if "peak_bytes" in stats:
+        parts.append(f"peak memory {format_size(stats['peak_bytes'])} "
+                     f"(limit {format_size(args.memory)})")
+    # cgroup v2 memory.stat counts its own swap traffic; v1 does not: system-wide deltas
+    if "pswpin" in stats or "pswpout" in stats:
+        parts.append(f"swap-ins {stats.get('pswpin', 0)} swap-outs {stats.get('pswpout', 0)} "
+                     f"pages (cgroup)")
+    elif before and after:
+        parts.append(f"swap-ins {after['pswpin'] - before['pswpin']} swap-outs "
+                     f"{after['pswpout'] - before['pswpout']} pages (system-wide /proc/vmstat)")
+    if stats.get("swap"):
+        parts.append(f"in swap at exit {format_size(stats['swap'])}")
+    print("infiniswap run: " + ", ".join(parts), file=sys.stderr, flush=True)
+    return rc if rc >= 0 else 128 - rc
+
+
 # ---- parser ----
 
 def _parser() -> argparse.ArgumentParser:
@@ -408,6 +483,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", type=_positive(float), default=2.0)
     s.set_defaults(run=_cmd_status)
 
+    r = sub.add_parser("run", help="run a command in a memory-limited cgroup", add_help=False)
+    r.add_argument("rest", nargs=argparse.REMAINDER)
+    r.set_defaults(run=None)
+
     for name, text in (("simulate", "cluster-scale placement and eviction simulation"),
                        ("bench", "benchmark remote memory (shm, TCP) against the backup file")):
         x = sub.add_parser(name, help=text, add_help=False)
@@ -436,6 +515,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:2] == ["device", "stop"]:
         ap = _stop_parser()
         argv = argv[2:]
+    if argv and argv[0] == "run":
+        ap = _run_parser()
+        argv = argv[1:]
     if argv and argv[0] == "simulate":
         from infiniswap import simulate
         return simulate.main(argv[1:])
