@@ -360,6 +360,10 @@ class Elastic:
             for a in take:
                 self.m.aggs[a].state, self.m.aggs[a].exclusive = "active", job.job
             return
+        if not take:
+            log.warning("job %s: no aggregator could be had to revert it", job.job)
+            job.reverts -= 1
+            return
         self._revert_onto(job, take)
 
     def _revert_onto(self, job: "JobInfo", aggs: list[str]) -> None:
