@@ -626,6 +626,16 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:+.1f}%"
 
 
+def _add_common_args(p: argparse.ArgumentParser) -> None:
+    """Options both benchmarks take: transport, logging, shapes, JSON output."""
+    p.add_argument("--transport", default="auto", choices=["auto", "shm", "ipc", "tcp"],
+                   help="agents' transport (auto: shared memory on this host)")
+    p.add_argument("--log-level", default="WARNING", help="log level of the pool's processes")
+    p.add_argument("--shapes", default=None, help="tensor_shapes.json (default: shared/data/models)")
+    p.add_argument("--json", nargs="?", const="-", default=None, help="JSON lines, one per configuration")
+    p.add_argument("--append", action="store_true", help="append to --json FILE instead of replacing it")
+
+
 def packing_main(argv: list[str] | None = None) -> int:
     """``autops bench packing``: dedicated vs shared aggregators for J concurrent 2s-2w jobs."""
     argv = list(argv or [])
@@ -651,12 +661,7 @@ def packing_main(argv: list[str] | None = None) -> int:
                    help="measure the steady window again this often when a migration ran in it")
     p.add_argument("--steady-timeout", type=float, default=90.0)
     p.add_argument("--agent-timeout", type=float, default=30.0)
-    p.add_argument("--transport", default="auto", choices=["auto", "shm", "ipc", "tcp"],
-                   help="agents' transport (auto: shared memory on this host)")
-    p.add_argument("--log-level", default="WARNING", help="log level of the pool's processes")
-    p.add_argument("--shapes", default=None, help="tensor_shapes.json (default: shared/data/models)")
-    p.add_argument("--json", nargs="?", const="-", default=None, help="JSON lines, one per configuration")
-    p.add_argument("--append", action="store_true", help="append to --json FILE instead of replacing it")
+    _add_common_args(p)
     args = p.parse_args(argv)
 
     rows = []
@@ -857,12 +862,7 @@ def migrate_main(argv: list[str] | None = None) -> int:
     p.add_argument("--migrate-timeout", type=float, default=60.0)
     p.add_argument("--start-timeout", type=float, default=120.0)
     p.add_argument("--agent-timeout", type=float, default=60.0)
-    p.add_argument("--transport", default="auto", choices=["auto", "shm", "ipc", "tcp"],
-                   help="agents' transport (auto: shared memory on this host)")
-    p.add_argument("--log-level", default="WARNING", help="log level of the pool's processes")
-    p.add_argument("--shapes", default=None, help="tensor_shapes.json (default: shared/data/models)")
-    p.add_argument("--json", nargs="?", const="-", default=None, help="JSON lines, one per configuration")
-    p.add_argument("--append", action="store_true", help="append to --json FILE instead of replacing it")
+    _add_common_args(p)
     args = p.parse_args(argv)
 
     rows = []

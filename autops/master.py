@@ -226,9 +226,6 @@ class Master:
             self.by_identity.pop(info.identity, None)
 
     def load_bytes(self) -> dict[str, int]:
-        return self._load_bytes()
-
-    def _load_bytes(self) -> dict[str, int]:
         load = {agg: 0 for agg in self.aggs}
         for job in self.jobs.values():
             for key, agg in job.table.items():
@@ -384,7 +381,7 @@ class Master:
             for key, agg in job.table.items():
                 load[agg] = load.get(agg, 0) + job.keys[key].nbytes
             # balanced within the job; ties go to the aggregator with less load from other jobs
-            pool_load = self._load_bytes()
+            pool_load = self.load_bytes()
             order = sorted(job.aggregators, key=lambda a: (pool_load.get(a, 0), job.aggregators.index(a)))
             table = spread_by_bytes([(k.key, k.nbytes) for k in keys], order, load)
             for spec in keys:
@@ -545,7 +542,7 @@ class Master:
         """The pool as plain data: the source of ``autops status``, reports and metrics."""
         from .report import skew_of
         now = time.monotonic()
-        load = self._load_bytes()
+        load = self.load_bytes()
         tasks: dict[str, int] = {}
         jobs_on: dict[str, set] = {}
         for job in self.jobs.values():
