@@ -163,6 +163,11 @@ def test_crossing_due_within_time_tolerance_is_taken_not_refiled_forever():
     pol.add(job, now)
     job.running = True
     pol.started(job, now)
-    pol.refresh([job], now)
+    change = pol.due(now)
+    assert change is not None and change.kind == "demote" and change.job is job
+    assert job.service < 3200.0          # the policy decides, it does not write the job
+    job.service = change.service         # (the driver applies it)
+    pol.changed(change, now)
+    assert pol.due(now) is None
     assert pol.queue_of(job) == 1
     assert pol.next_change([job], now) == float("inf")

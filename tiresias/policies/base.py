@@ -1,10 +1,12 @@
 """The interface between scheduling policies and whatever drives them (simulator, live master).
 
-A driver owns ``JobState`` records (plain data) and tells the policy which jobs are active
-(``add``/``remove``), which started or stopped (``started``/``stopped``) and which running
-jobs gained service (``refresh``). A policy defines a priority ``key`` (smaller runs first,
-a tuple ending with the job id) and says when its order may change on its own
-(``next_change``: a queue threshold crossed, a quantum over).
+A driver (``tiresias.driver``) owns ``JobState`` records (plain data) and tells the policy
+which jobs are active (``add``/``remove``) and which started or stopped (``started``/
+``stopped``). A policy defines a priority ``key`` (smaller runs first, a tuple ending with the
+job id) and says when its order may change on its own (``next_change``: a queue threshold
+crossed, a quantum over). A policy never writes a job's fields: a change of a job's state
+that it decides (a demotion at a threshold, a promotion back to Q1) is returned by ``due``
+as a ``Change``; the driver applies it to the job and calls ``changed``.
 
 Every policy's key of a *waiting* job is static while it waits (LAS: its queue and start
 time; SRTF: its remaining time; Gandiva: when it last ran), so the base class keeps waiting
@@ -25,6 +27,15 @@ from typing import Callable, Iterable, Iterator
 from sortedcontainers import SortedList
 
 INF = math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A job state change a policy decided: ``demote`` sets ``job.service`` to ``service`` (a
+    threshold crossed); ``promote`` resets its service and waiting time (back to Q1)."""
+    kind: str
+    job: "JobState"
+    service: float
 
 
 @dataclass(slots=True, eq=False)
@@ -78,8 +89,12 @@ class Policy:
         """The running jobs as ``(key, job)`` in priority order."""
         return sorted(((self.key(j, now), j) for j in self.running.values()), key=itemgetter(0))
 
-    def refresh(self, jobs: Iterable[JobState], now: float) -> None:
-        """``jobs`` (running) gained service since the last call."""
+    def due(self, now: float) -> Change | None:
+        """The next job state change due at ``now`` (None when there is none)."""
+        return None
+
+    def changed(self, change: Change, now: float) -> None:
+        """The driver applied ``change`` (returned by ``due``): file the job anew."""
 
     def next_change(self, running: Iterable[JobState], now: float) -> float:
         """The earliest time the order may change without an arrival or completion."""

@@ -21,7 +21,7 @@ from typing import Iterable
 import numpy as np
 from sortedcontainers import SortedList
 
-from .base import INF, JobState, Policy
+from .base import INF, Change, JobState, Policy
 
 DEFAULT_THRESHOLDS = (3200.0,)
 
@@ -110,26 +110,31 @@ class DiscretizedLAS(Policy):
             heapq.heappop(heap)
         return None
 
-    def refresh(self, jobs: Iterable[JobState], now: float) -> None:
-        """Running jobs whose threshold crossing is due change queue; waiting jobs whose
-        promotion is due go back to Q1 (order within a queue does not depend on service)."""
+    def due(self, now: float) -> Change | None:
+        """The next change due at ``now``: a running job's threshold crossing (``demote``; it
+        is at least at the threshold: a crossing due within the time tolerance snaps to it,
+        else it would be re-filed at the same instant forever) or a waiting job's promotion
+        back to Q1 (``promote``). The driver applies it and calls ``changed``."""
         limit = now + 1e-9 * max(1.0, now)
-        while (top := self._valid_top(self.crossings)) is not None and top[0] <= limit:
+        top = self._valid_top(self.crossings)
+        if top is not None and top[0] <= limit:
             heapq.heappop(self.crossings)
             job = self.active[top[2]]
             q = self.queue_of(job)
-            if q < len(self.thresholds):
-                # due within the time tolerance: the job is at its threshold (snap, or a
-                # crossing a hair away would be re-filed at the same instant forever)
-                job.service = max(job.service, self.thresholds[q])
+            floor = self.thresholds[q] if q < len(self.thresholds) else job.service
+            return Change("demote", job, max(job.service, floor))
+        top = self._valid_top(self.promotions)
+        if top is not None and top[0] <= limit:
+            heapq.heappop(self.promotions)
+            return Change("promote", self.active[top[2]], 0.0)
+        return None
+
+    def changed(self, change: Change, now: float) -> None:
+        job = change.job
+        if change.kind == "demote":
             self._file_running(job, now)
             self._schedule_crossing(job, now)
-        while (top := self._valid_top(self.promotions)) is not None and top[0] <= limit:
-            heapq.heappop(self.promotions)
-            job = self.active[top[2]]
-            job.service = 0.0
-            job.waited = 0.0
-            job.wait_since = now
+        else:
             self.tokens[job.job_id] += 1
             self.rekey(job, now)
 

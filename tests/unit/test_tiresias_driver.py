@@ -1,0 +1,165 @@
+"""The driver shared by the simulator and the live master.
+
+The simulator's figures are pinned: they were measured before the driver was extracted from
+``simulate()`` and must not move by a second (subsets of philly.csv and the 60-job trace, so
+that the test runs fast; the whole-trace figures are in the README). The live mode (GPUs of
+preempted jobs drain before reuse, nodes go offline, jobs confined to eligible nodes) is
+tested on hand-built cases.
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import pytest
+
+from tiresias.cli import CYCLE_MODELS
+from tiresias.cluster import ClusterSpec, parse_cluster
+from tiresias.driver import Driver, DriverConfig
+from tiresias.metrics import summarize
+from tiresias.policies import make_policy
+from tiresias.policies.base import JobState
+from tiresias.policies.las import DiscretizedLAS
+from tiresias.sim import SimConfig, simulate
+from tiresias.trace import load_trace
+
+DATA = pathlib.Path(__file__).resolve().parents[3] / "shared" / "data"
+PHILLY = DATA / "traces" / "philly.csv"
+JOB60 = DATA / "tiresias" / "60_job.csv"
+
+ORIGINAL = SimConfig("count", overheads=False, slowdown=False)
+MODELLED = SimConfig("tiresias", overheads=True, slowdown=True, migrate=True)
+K3 = (3200.0, 25600.0)
+
+# (avg JCT, median JCT, preemptions) before the driver existed
+PINNED = {
+    "philly1500/fifo": (443161.55666666664, 385737.5, 0),
+    "philly1500/best-effort": (426303.05333333334, 383834.0, 0),
+    "philly1500/srtf": (81202.59133333333, 212.0, 2352),
+    "philly1500/gandiva": (78907.21733333333, 445.5, 5033),
+    "philly1500/las": (92434.98466666667, 212.0, 2146),
+    "philly1500/gittins-k3": (91459.32533333333, 212.0, 3081),
+    "philly1500/las-k3": (91459.32533333333, 212.0, 3081),
+    "job60-2x4/las": (715.977157899617, 150.5, 0),
+    "job60-2x4/gittins": (880.2889631405557, 372.0, 58),
+    "job60-2x4/srsf": (581.3048896941638, 147.02080147596337, 13),
+    "job60-2x4/gandiva": (626.9893495662836, 156.5, 4),
+    "philly800-16x8-cycle/las": (195124.4636933974, 224.30333333322778, 1165),
+    "philly800-16x8-cycle-consolidate/srtf": (199413.89444895834, 215.0, 467),
+}
+
+CASES = {
+    "philly1500/fifo": (PHILLY, "48x8", 1500, "fifo", ORIGINAL, {}),
+    "philly1500/best-effort": (PHILLY, "48x8", 1500, "best-effort", ORIGINAL, {}),
+    "philly1500/srtf": (PHILLY, "48x8", 1500, "srtf", ORIGINAL, {}),
+    "philly1500/gandiva": (PHILLY, "48x8", 1500, "gandiva", ORIGINAL, {}),
+    "philly1500/las": (PHILLY, "48x8", 1500, "las", ORIGINAL, {}),
+    "philly1500/gittins-k3": (PHILLY, "48x8", 1500, "gittins", ORIGINAL, {"thresholds": K3, "promote_knob": 8.0}),
+    "philly1500/las-k3": (PHILLY, "48x8", 1500, "las", ORIGINAL, {"thresholds": K3, "promote_knob": 8.0}),
+    "job60-2x4/las": (JOB60, "2x4", None, "las", MODELLED, {"promote_knob": 2.0}),
+    "job60-2x4/gittins": (JOB60, "2x4", None, "gittins", MODELLED, {"promote_knob": 2.0}),
+    "job60-2x4/srsf": (JOB60, "2x4", None, "srsf", MODELLED, {"promote_knob": 2.0}),
+    "job60-2x4/gandiva": (JOB60, "2x4", None, "gandiva", MODELLED, {"promote_knob": 2.0}),
+    "philly800-16x8-cycle/las": (PHILLY, "16x8", 800, "las", MODELLED, {"cycle": True}),
+    "philly800-16x8-cycle-consolidate/srtf": (PHILLY, "16x8", 800, "srtf",
+                                              SimConfig("consolidate", overheads=True, slowdown=True), {"cycle": True}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PINNED))
+def test_simulator_figures_unchanged_by_the_driver(case):
+    trace, shape, limit, name, config, opts = CASES[case]
+    opts = dict(opts)
+    cycle = opts.pop("cycle", False)
+    cluster = parse_cluster(shape)
+    jobs = load_trace(trace, None, max_gpus=cluster.total_gpus, limit=limit).jobs
+    if cycle:
+        jobs = [j if j.model else dataclasses.replace(j, model=CYCLE_MODELS[j.job_id % len(CYCLE_MODELS)])
+                for j in jobs]
+    policy = make_policy(name, history=[j.num_gpus * j.duration for j in jobs], **opts)
+    target = cluster if config.placement != "count" else cluster.total_gpus
+    summary = summarize(simulate(jobs, target, policy, config=config))
+    assert (summary["avg_jct"], summary["median_jct"], summary["preemptions"]) == PINNED[case]
+
+
+# --- live mode -------------------------------------------------------------------------------
+LIVE = DriverConfig("tiresias", defer_release=True)
+
+
+def _job(jid, gpus, t=0.0, skew=0.0):
+    return JobState(jid, gpus, t, wait_since=t, skew=skew)
+
+
+def test_policy_changes_are_applied_by_the_driver_not_the_policy():
+    drv = Driver(DiscretizedLAS(thresholds=[10.0]), ClusterSpec(1, 2), LIVE)
+    a = _job(1, 2)
+    drv.submit(a)
+    assert [j.job_id for j in drv.schedule().started] == [1]
+    drv.advance(5.0)                       # 2 GPUs x 5 s = the threshold
+    assert a.service == pytest.approx(10.0)
+    drv.schedule()
+    assert drv.policy.queue_of(a) == 1
+
+
+def test_preempted_gpus_drain_before_a_waiting_job_starts_on_them():
+    drv = Driver(DiscretizedLAS(thresholds=[4.0]), ClusterSpec(1, 2), LIVE)
+    old = _job(1, 2)
+    drv.submit(old)
+    drv.schedule()
+    drv.advance(10.0)                      # old is in Q2 now
+    new = _job(2, 2, t=10.0)
+    drv.submit(new)
+    d = drv.schedule()
+    assert [j.job_id for j in d.stopped] == [1] and d.started == []
+    assert drv.draining == {1: [(0, 2)]} and "released" in drv.reasons[2]
+    assert drv.schedule().started == []    # still draining: nothing starts twice on the GPUs
+    drv.advance(12.0)
+    drv.released(old)
+    d = drv.schedule()
+    assert [j.job_id for j in d.started] == [2] and drv.allocation(2) == [(0, 2)]
+    assert old.service == pytest.approx(20.0) and new.first_start == 12.0
+
+
+def test_offline_node_preempts_its_jobs_and_takes_its_gpus_away():
+    drv = Driver(DiscretizedLAS(), ClusterSpec(2, 2), LIVE)
+    a, b = _job(1, 2), _job(2, 2)
+    for j in (a, b):
+        drv.submit(j)
+    drv.schedule()
+    node_of_a = drv.allocation(1)[0][0]
+    hit = drv.set_online(node_of_a, False)
+    assert hit == [a] and not a.running
+    drv.released(a)
+    assert drv.schedule().started == []    # the other node is full, a's node offline
+    drv.remove(b)
+    d = drv.schedule()
+    assert [j.job_id for j in d.started] == [1] and drv.allocation(1)[0][0] != node_of_a
+    drv.set_online(node_of_a, True)
+    assert sum(drv.nodes.free) == 2
+
+
+def test_eligibility_confines_a_job_and_says_why_it_waits():
+    allowed = {1: [False, True], 2: [False, False]}
+    drv = Driver(DiscretizedLAS(), ClusterSpec(2, 2), LIVE, eligible=lambda j: allowed.get(j.job_id))
+    drv.submit(_job(1, 1))
+    drv.submit(_job(2, 1))
+    d = drv.schedule()
+    assert [j.job_id for j in d.started] == [1] and drv.allocation(1) == [(1, 1)]
+    assert "memory" in drv.reasons[2]
+
+
+def test_high_skew_job_waits_for_a_consolidated_placement_low_skew_spreads():
+    drv = Driver(DiscretizedLAS(), ClusterSpec(2, 4), LIVE)
+    for jid in (1, 2):
+        drv.submit(_job(jid, 3))
+    drv.schedule()                          # one free GPU left on each node
+    drv.submit(_job(3, 2, t=1.0, skew=0.7))
+    drv.submit(_job(4, 2, t=2.0, skew=0.05))
+    d = drv.schedule()
+    assert [j.job_id for j in d.started] == [4] and len(drv.allocation(4)) == 2
+    assert "PACKLIMIT" in drv.reasons[3] and "fragmented" in drv.reasons[3]
+
+
+def test_simulator_refuses_live_mode():
+    with pytest.raises(ValueError, match="live"):
+        simulate([], ClusterSpec(1, 1), DiscretizedLAS(), config=DriverConfig("tiresias", defer_release=True))

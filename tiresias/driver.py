@@ -1,0 +1,401 @@
+"""The one driver of scheduling policies, shared by the simulator and the live master.
+
+It owns what neither a policy nor a clock should: the ``JobState`` records, node and GPU
+state, lifecycle transitions (submit, start, preempt, finish, cancel), attained-service
+accounting and the application of the policy's own state changes (demotions at a
+threshold, promotions). A caller advances it to a time (``advance``: the simulator's
+virtual clock, the master's real one), tells it what happened (``submit``, ``finish``,
+``released``, node changes) and asks for a pass (``schedule``), which runs the policy's
+``allocate`` and the placement and applies the decision.
+
+Placement (``DriverConfig.placement``):
+
+* ``count``: GPUs counted cluster-wide, no nodes — the original Tiresias simulator;
+* ``tiresias``: consolidate jobs whose skew exceeds ``packlimit``, others where they limit
+  fragmentation (``tiresias.placement``); a job admitted by count that cannot be consolidated
+  waits for the next pass (or, with ``migrate``, the running jobs are repacked and renamed
+  onto nodes with Tesserae's migration-minimizing matching);
+* ``consolidate``: every job consolidated (YARN-CS' constraint); ``spread``: none is.
+
+Costs (``tiresias.overheads``, simulator only): a resumed job stalls for its pause + resume
+time (``overheads``); a multi-GPU job placed on more nodes than it needs runs slower by its
+skew (``slowdown``).
+
+Live mode (``defer_release``): a preempted job keeps its GPUs ("draining") until the caller
+says its processes are gone (``released``); a pass admits jobs onto GPUs that are free now,
+so a job that needs a stopping job's GPUs starts at the pass after they drain. Nodes can go
+offline (their jobs are preempted) and a job can be confined to some nodes (``eligible``,
+e.g. where its declared memory fits); jobs admitted but not placeable carry a reason.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from . import overheads as ovh
+from . import placement as plc
+from .cluster import ClusterSpec
+from .policies.base import Change, JobState, Policy, allocate
+
+EPS = 1e-9
+PLACEMENTS = ("count", "tiresias", "consolidate", "spread")
+
+Eligibility = Callable[[JobState], "list[bool] | None"]
+
+
+@dataclass
+class DriverConfig:
+    placement: str = "count"
+    packlimit: float = plc.DEFAULT_PACKLIMIT
+    overheads: bool = False        # charge pause + resume on every resume after a preemption
+    slowdown: bool = False         # slow down skewed jobs placed unconsolidated
+    migrate: bool = False          # repack + Hungarian renaming when consolidation is blocked
+    defer_release: bool = False    # live: preempted jobs hold their GPUs until ``released``
+
+    def __post_init__(self) -> None:
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
+        if self.defer_release and (self.placement == "count" or self.migrate):
+            raise ValueError("live scheduling places jobs on nodes and does not repack running jobs "
+                             "(placement 'count' and migrate are simulator-only)")
+
+
+@dataclass
+class Decision:
+    """What a pass changed: jobs started, jobs preempted, running jobs moved (repack)."""
+    started: list[JobState] = field(default_factory=list)
+    stopped: list[JobState] = field(default_factory=list)
+    moved: list[JobState] = field(default_factory=list)
+
+
+class Driver:
+    """Job and cluster state around one ``Policy``; see the module docstring."""
+
+    def __init__(self, policy: Policy, cluster: ClusterSpec, config: DriverConfig | None = None,
+                 start: float = 0.0, eligible: Eligibility | None = None) -> None:
+        self.policy = policy
+        self.cluster = cluster
+        self.config = config or DriverConfig()
+        self.capacity = cluster.total_gpus
+        self.nodes = None if self.config.placement == "count" else Nodes(cluster, self.config)
+        self.eligible = eligible
+        self.jobs: dict[int, JobState] = {}
+        self.running: dict[int, JobState] = {}
+        self.draining: dict[int, plc.Allocation] = {}     # preempted, GPUs not given back yet
+        self.reasons: dict[int, str] = {}                 # admitted by count, not placeable
+        self.now = start
+        self.used = 0
+        self.busy = 0.0
+        self.preemptions = 0
+        self.overhead = 0.0
+
+    # --- time ----------------------------------------------------------------------------
+    def advance(self, t: float) -> None:
+        """Account ``t - now`` of service (GPUs x time) and execution to the running jobs."""
+        dt = t - self.now
+        if dt <= 0:
+            return
+        for job in self.running.values():
+            job.service += job.num_gpus * dt
+            if job.stall > 0.0:
+                s = job.stall if job.stall < dt else dt
+                job.stall -= s
+                job.executed += (dt - s) * job.speed
+            else:
+                job.executed += dt * job.speed
+        self.busy += self.used * dt
+        self.now = t
+
+    def next_change(self) -> float:
+        return self.policy.next_change(self.running.values(), self.now)
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def submit(self, job: JobState) -> None:
+        if job.num_gpus > self.capacity:
+            raise ValueError(f"job {job.job_id} needs {job.num_gpus} GPUs; the cluster has {self.capacity}")
+        self.jobs[job.job_id] = job
+        self.policy.add(job, self.now)
+
+    def finish(self, job: JobState) -> None:
+        """A running job completed: it leaves the cluster and the policy."""
+        job.running = False
+        self.policy.stopped(job, self.now)
+        job.end_time = self.now
+        del self.running[job.job_id]
+        self.used -= job.num_gpus
+        if self.nodes is not None:
+            self.nodes.release(job)
+        self.policy.remove(job, self.now)
+
+    def remove(self, job: JobState) -> None:
+        """A job leaves for good (cancelled, failed): running, draining or waiting."""
+        if job.running:
+            self.finish(job)
+        else:
+            self.released(job)
+            job.end_time = self.now
+            self.policy.remove(job, self.now)
+        self.reasons.pop(job.job_id, None)
+
+    def released(self, job: JobState) -> None:
+        """A preempted job's processes are gone: its draining GPUs are free again."""
+        alloc = self.draining.pop(job.job_id, None)
+        if alloc is not None and self.nodes is not None:
+            self.nodes.give_back(alloc)
+
+    def preempt(self, job: JobState) -> None:
+        """Stop a running job outside a pass (e.g. its node was lost)."""
+        self._stop([job])
+
+    # --- the pass --------------------------------------------------------------------------
+    def apply_changes(self) -> None:
+        """Apply the policy's due changes (demotions, promotions) to the jobs."""
+        now = self.now
+        while (change := self.policy.due(now)) is not None:
+            _apply(change, now)
+            self.policy.changed(change, now)
+
+    def schedule(self) -> Decision:
+        """One scheduling pass at ``now``: policy order, placement, start and stop."""
+        now = self.now
+        self.apply_changes()
+        capacity = self.capacity
+        if self.nodes is not None and self.config.defer_release:
+            capacity = sum(max(0, f) for f in self.nodes.free) + self.used
+        to_start, to_stop = allocate(self.policy, capacity, self.running.values(), now)
+        if self.nodes is not None:
+            # place the admitted jobs on the GPUs the preempted ones free; a preempted job
+            # whose GPUs nobody could use after all (placement blocked) keeps running
+            nodes = self.nodes
+            held = {job.job_id: nodes.release(job) for job in to_stop}
+            stopping = {job.job_id for job in to_stop}
+            staying = {jid: j for jid, j in self.running.items() if jid not in stopping}
+            admitted = to_start
+            to_start = nodes.place_all(admitted, staying, now, self.eligible)
+            to_stop = [job for job in to_stop if not nodes.retake(job, held[job.job_id])]
+            if self.config.defer_release:
+                to_start = self._defer(admitted, to_start, to_stop, held, staying, now)
+        self._stop(to_stop)
+        for job in to_start:
+            self._start(job)
+        moved: list[JobState] = []
+        if self.nodes is not None and self.nodes.moved:
+            moved, self.nodes.moved = self.nodes.moved, []
+        if self.used > self.capacity:
+            raise AssertionError(f"{self.used} GPUs allocated of {self.capacity} at t={now}")
+        return Decision(to_start, to_stop, moved)
+
+    def _defer(self, admitted: list[JobState], placed: list[JobState], to_stop: list[JobState],
+               held: dict, staying: dict, now: float) -> list[JobState]:
+        """Live: the stopped jobs' GPUs drain first; place the admitted jobs on free GPUs only."""
+        nodes = self.nodes
+        for job in placed:
+            nodes.release(job)
+        for job in to_stop:
+            if held[job.job_id] is not None:
+                nodes.give_back(held[job.job_id], sign=-1)
+                self.draining[job.job_id] = held[job.job_id]
+        self.reasons = {}
+        started = nodes.place_all(admitted, staying, now, self.eligible)
+        got = {j.job_id for j in started}
+        waiting_for_drain = bool(to_stop) or bool(self.draining)
+        for job in admitted:
+            if job.job_id not in got:
+                self.reasons[job.job_id] = nodes.why_not(job, self.eligible, waiting_for_drain)
+        return started
+
+    def _stop(self, jobs: Iterable[JobState]) -> None:
+        now = self.now
+        for job in jobs:
+            job.running = False
+            job.preemptions += 1
+            job.wait_since = now
+            job.last_run = now
+            self.policy.stopped(job, now)
+            self.preemptions += 1
+            del self.running[job.job_id]
+            self.used -= job.num_gpus
+            if self.config.defer_release and self.nodes is not None and job.job_id in self.nodes.alloc:
+                alloc = self.nodes.alloc.pop(job.job_id)
+                self.draining[job.job_id] = alloc      # GPUs still busy: taken, not yet free
+
+    def _start(self, job: JobState) -> None:
+        now = self.now
+        job.running = True
+        job.waited += max(0.0, now - job.wait_since)
+        if job.first_start is None:
+            job.first_start = now
+        elif self.config.overheads and job.preemptions:
+            cost = ovh.preemption_cost(job.model, job.num_gpus)
+            job.stall += cost
+            job.overhead += cost
+            self.overhead += cost
+        self.running[job.job_id] = job
+        self.used += job.num_gpus
+        self.policy.started(job, now)
+
+    # --- nodes (live) --------------------------------------------------------------------------
+    def allocation(self, job_id: int) -> plc.Allocation | None:
+        if self.nodes is None:
+            return None
+        return self.nodes.alloc.get(job_id) or self.draining.get(job_id)
+
+    def set_online(self, node: int, online: bool) -> list[JobState]:
+        """Take a node offline (its running jobs are preempted and returned) or back online."""
+        if self.nodes is None:
+            raise ValueError("node state needs node placement")
+        hit = []
+        if not online:
+            hit = [self.running[jid] for jid, a in list(self.nodes.alloc.items())
+                   if jid in self.running and any(n == node for n, _ in a)]
+            self._stop(hit)
+        self.nodes.set_online(node, online)
+        return hit
+
+
+def _apply(change: Change, now: float) -> None:
+    job = change.job
+    if change.kind == "demote":
+        job.service = change.service
+    elif change.kind == "promote":
+        job.service = 0.0
+        job.waited = 0.0
+        job.wait_since = now
+    else:
+        raise ValueError(f"unknown policy change {change.kind!r}")
+
+
+class Nodes:
+    """Node-level GPU state of the cluster (mechanism around ``tiresias.placement``)."""
+
+    def __init__(self, cluster: ClusterSpec, config: DriverConfig) -> None:
+        self.per = cluster.gpus_per_node
+        self.count = cluster.nodes
+        self.free = [self.per] * cluster.nodes
+        self.offline: set[int] = set()
+        self.alloc: dict[int, plc.Allocation] = {}
+        self.config = config
+        self.waits = 0
+        self.repacks = 0
+        self.migrations = 0
+        self.migrations_naive = 0
+        self.moved: list[JobState] = []      # running jobs migrated this pass (new end times)
+
+    def set_online(self, node: int, online: bool) -> None:
+        if not 0 <= node < self.count:
+            raise ValueError(f"no node {node}")
+        if online and node in self.offline:
+            self.offline.discard(node)
+            self.free[node] += self.per
+        elif not online and node not in self.offline:
+            self.offline.add(node)
+            self.free[node] -= self.per       # may go negative while its jobs drain
+
+    def consolidate(self, job: JobState) -> bool:
+        mode = self.config.placement
+        return mode == "consolidate" or (mode == "tiresias" and plc.needs_consolidation(job.skew, self.config.packlimit))
+
+    def give_back(self, alloc: plc.Allocation, sign: int = +1) -> None:
+        for node, g in alloc:
+            self.free[node] += sign * g
+
+    def release(self, job: JobState) -> plc.Allocation | None:
+        alloc = self.alloc.pop(job.job_id, None)
+        if alloc is not None:
+            self.give_back(alloc)
+        return alloc
+
+    def retake(self, job: JobState, alloc: plc.Allocation | None) -> bool:
+        """Give ``job`` its released GPUs back if they are all still free."""
+        if alloc is None or any(self.free[n] < g for n, g in alloc):
+            return False
+        plc.apply(self.free, alloc)
+        self.alloc[job.job_id] = alloc
+        return True
+
+    def _take(self, job: JobState, alloc: plc.Allocation) -> None:
+        plc.apply(self.free, alloc)
+        self.alloc[job.job_id] = alloc
+        consolidated = plc.is_consolidated(alloc, self.per)
+        job.speed = ovh.placement_speed(job.skew, consolidated) if self.config.slowdown else 1.0
+
+    def _free_for(self, job: JobState, eligible: Eligibility | None) -> list[int]:
+        free = [max(0, f) for f in self.free]
+        mask = eligible(job) if eligible is not None else None
+        if mask is not None:
+            free = [f if ok else 0 for f, ok in zip(free, mask)]
+        return free
+
+    def place_all(self, to_start: list[JobState], running: dict[int, JobState], now: float,
+                  eligible: Eligibility | None = None) -> list[JobState]:
+        """Place admitted jobs, consolidated ones and larger ones first; return those placed."""
+        placed = []
+        order = sorted(to_start, key=lambda j: (not self.consolidate(j), -j.num_gpus, j.job_id))
+        for job in order:
+            if eligible is None and not self.offline:
+                alloc = plc.place(self.free, job.num_gpus, self.consolidate(job), self.per)
+            else:
+                alloc = plc.place(self._free_for(job, eligible), job.num_gpus, self.consolidate(job), self.per)
+            if alloc is None and self.config.migrate:
+                alloc = self._repack(job, running, now)
+            if alloc is None:
+                self.waits += 1
+                continue
+            self._take(job, alloc)
+            placed.append(job)
+        placed.sort(key=lambda j: j.job_id)
+        return placed
+
+    def why_not(self, job: JobState, eligible: Eligibility | None, draining: bool) -> str:
+        """Why an admitted job found no placement (for the operator)."""
+        free = self._free_for(job, None)
+        mask = eligible(job) if eligible is not None else None
+        if mask is not None and not any(mask):
+            return "no node has the memory it declared (free + lendable remote memory)"
+        if mask is not None:
+            usable = sum(f for f, ok in zip(free, mask) if ok)
+            if usable < job.num_gpus <= sum(free):
+                return "free GPUs are on nodes without the memory it declared"
+        if sum(free) >= job.num_gpus and self.consolidate(job):
+            need = plc.min_nodes(job.num_gpus, self.per)
+            return (f"skew {job.skew:.2f} > PACKLIMIT {self.config.packlimit:.2f}: waits for "
+                    f"{job.num_gpus} GPUs on {need} node(s) (free GPUs are fragmented)")
+        if draining:
+            return "waits for the GPUs of preempted jobs to be released"
+        return "not enough free GPUs on online nodes"
+
+    def _repack(self, job: JobState, running: dict[int, JobState], now: float) -> plc.Allocation | None:
+        """Place every running job plus ``job`` from scratch; rename nodes to move the fewest."""
+        members = [(j.job_id, j.num_gpus, self.consolidate(j)) for j in running.values()]
+        members.append((job.job_id, job.num_gpus, True))
+        # jobs placed earlier this pass are running-to-be: keep them in the repack too
+        pending = [jid for jid in self.alloc if jid not in running and jid != job.job_id]
+        members += [(jid, sum(g for _, g in self.alloc[jid]), True) for jid in pending]
+        plan = plc.repack(members, self.count, self.per)
+        if plan is None:
+            return None
+        old = {jid: self.alloc[jid] for jid in plan if jid in self.alloc}
+        relabel, moved, naive = plc.migration_plan(old, plan, self.count)
+        self.repacks += 1
+        self.migrations += moved
+        self.migrations_naive += naive
+        new = {jid: [(relabel[n], g) for n, g in a] for jid, a in plan.items()}
+        self.free = [self.per] * self.count
+        self.alloc = {}
+        for jid, alloc in new.items():
+            if jid == job.job_id:
+                continue
+            changed = old.get(jid) is not None and sorted(old[jid]) != sorted(alloc)
+            plc.apply(self.free, alloc)
+            self.alloc[jid] = alloc
+            moved_job = running.get(jid)
+            if changed and moved_job is not None:
+                moved_job.migrations += 1
+                if self.config.overheads:
+                    cost = ovh.preemption_cost(moved_job.model, moved_job.num_gpus)
+                    moved_job.stall += cost
+                    moved_job.overhead += cost
+                moved_job.speed = (ovh.placement_speed(moved_job.skew, plc.is_consolidated(alloc, self.per))
+                                   if self.config.slowdown else 1.0)
+                self.moved.append(moved_job)
+        return new[job.job_id]
