@@ -159,22 +159,19 @@ class Driver:
         """One scheduling pass at ``now``: policy order, placement, start and stop."""
         now = self.now
         self.apply_changes()
-        capacity = self.capacity
-        if self.nodes is not None and self.config.defer_release:
-            capacity = sum(max(0, f) for f in self.nodes.free) + self.used
-        to_start, to_stop = allocate(self.policy, capacity, self.running.values(), now)
-        if self.nodes is not None:
-            # place the admitted jobs on the GPUs the preempted ones free; a preempted job
-            # whose GPUs nobody could use after all (placement blocked) keeps running
-            nodes = self.nodes
-            held = {job.job_id: nodes.release(job) for job in to_stop}
-            stopping = {job.job_id for job in to_stop}
-            staying = {jid: j for jid, j in self.running.items() if jid not in stopping}
-            admitted = to_start
-            to_start = nodes.place_all(admitted, staying, now, self.eligible)
-            to_stop = [job for job in to_stop if not nodes.retake(job, held[job.job_id])]
-            if self.config.defer_release:
-                to_start = self._defer(admitted, to_start, to_stop, held, staying, now)
+        if self.config.defer_release:
+            to_start, to_stop = self._pass_live()
+        else:
+            to_start, to_stop = allocate(self.policy, self.capacity, self.running.values(), now)
+            if self.nodes is not None:
+                # place the admitted jobs on the GPUs the preempted ones free; a preempted job
+                # whose GPUs nobody could use after all (placement blocked) keeps running
+                nodes = self.nodes
+                held = {job.job_id: nodes.release(job) for job in to_stop}
+                stopping = {job.job_id for job in to_stop}
+                staying = {jid: j for jid, j in self.running.items() if jid not in stopping}
+                to_start = nodes.place_all(to_start, staying, now)
+                to_stop = [job for job in to_stop if not nodes.retake(job, held[job.job_id])]
         self._stop(to_stop)
         for job in to_start:
             self._start(job)
@@ -184,6 +181,35 @@ class Driver:
         if self.used > self.capacity:
             raise AssertionError(f"{self.used} GPUs allocated of {self.capacity} at t={now}")
         return Decision(to_start, to_stop, moved)
+
+    def _pass_live(self, rounds: int = 4) -> tuple[list[JobState], list[JobState]]:
+        """Live pass: a job admitted by count that no placement can hold (even with the
+        preemptions) is set aside and the pass runs again, so that it does not keep GPUs from
+        the jobs after it; then the preempted jobs' GPUs drain and the admitted jobs are
+        placed on GPUs free now (the rest start at the pass after the drain)."""
+        now, nodes = self.now, self.nodes
+        capacity = sum(max(0, f) for f in nodes.free) + self.used
+        blocked: dict[int, str] = {}
+        for attempt in range(rounds):
+            fits = (lambda job, free: job.job_id not in blocked) if blocked else None
+            admitted, to_stop = allocate(self.policy, capacity, self.running.values(), now, fits)
+            saved = (list(nodes.free), dict(nodes.alloc))
+            held = {job.job_id: nodes.release(job) for job in to_stop}
+            stopping = {job.job_id for job in to_stop}
+            staying = {jid: j for jid, j in self.running.items() if jid not in stopping}
+            placed = {j.job_id for j in nodes.place_all(admitted, staying, now, self.eligible)}
+            unplaced = [j for j in admitted if j.job_id not in placed]
+            if unplaced and attempt + 1 < rounds:
+                for job in unplaced:
+                    blocked[job.job_id] = nodes.why_not(job, self.eligible, bool(self.draining))
+                nodes.free, nodes.alloc = saved
+                continue
+            to_stop = [job for job in to_stop if not nodes.retake(job, held[job.job_id])]
+            to_start = self._defer(admitted, [j for j in admitted if j.job_id in placed], to_stop, held,
+                                   staying, now)
+            self.reasons.update(blocked)
+            return to_start, to_stop
+        raise AssertionError("unreachable")
 
     def _defer(self, admitted: list[JobState], placed: list[JobState], to_stop: list[JobState],
                held: dict, staying: dict, now: float) -> list[JobState]:
@@ -198,10 +224,9 @@ class Driver:
         self.reasons = {}
         started = nodes.place_all(admitted, staying, now, self.eligible)
         got = {j.job_id for j in started}
-        waiting_for_drain = bool(to_stop) or bool(self.draining)
         for job in admitted:
             if job.job_id not in got:
-                self.reasons[job.job_id] = nodes.why_not(job, self.eligible, waiting_for_drain)
+                self.reasons[job.job_id] = nodes.why_not(job, self.eligible, bool(self.draining))
         return started
 
     def _stop(self, jobs: Iterable[JobState]) -> None:
