@@ -1,6 +1,7 @@
 """The ``infiniswap`` command: run a daemon or a device, ask for status, simulate, benchmark.
 
     infiniswap daemon   --bind tcp://0.0.0.0:7300 [--headroom 8G] [--slab-size 1G] ...
+                        [--reports ADDR] [--metrics-port PORT] [--report-host NAME]
     infiniswap device   --size 4G --backup FILE --daemons ADDR,ADDR,... [--status-bind ADDR]
                         [--mount DIR [--loop] [--swap] [--swap-priority N]]
     infiniswap device stop --mount DIR
@@ -17,6 +18,7 @@ traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -127,6 +129,39 @@ def _harden(what: str) -> None:
     harden_process(what)
 
 
+def _metrics_host(bind: str) -> str:
+    """Where the Prometheus exporter listens: the host of ``--bind`` (127.0.0.1 unless it
+    says otherwise; any address for ``*``, 127.0.0.1 for ipc://)."""
+    from infiniswap.channel import endpoint
+
+    ep = endpoint(bind, bind=True)
+    if not ep.startswith("tcp://"):
+        return "127.0.0.1"
+    host = ep[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+    return "0.0.0.0" if host == "*" else host
+
+
+def _open_reporters(args: argparse.Namespace, stack: contextlib.ExitStack) -> list[Any]:
+    """The ``--reports`` publisher and ``--metrics-port`` exporter asked for, closed by ``stack``."""
+    from infiniswap.report import PrometheusExporter, ReportPublisher
+
+    reporters: list[Any] = []
+    if args.reports:
+        reporters.append(stack.enter_context(contextlib.closing(ReportPublisher(args.reports))))
+    if args.metrics_port:
+        exporter = PrometheusExporter(args.metrics_port, _metrics_host(args.bind))
+        reporters.append(stack.enter_context(contextlib.closing(exporter)))
+    return reporters
+
+
+def _announce_reporters(reporters: Sequence[Any]) -> str:
+    """`` reports ENDPOINT`` / `` metrics URL`` for the ready line (after ``pid N``)."""
+    from infiniswap.report import ReportPublisher
+
+    return "".join(f" reports {r.address}" if isinstance(r, ReportPublisher)
+                   else f" metrics {r.url}" for r in reporters)
+
+
 def _cmd_daemon(args: argparse.Namespace) -> int:
     if args.exit_with_parent:
         _exit_with_parent()
@@ -145,16 +180,21 @@ def _cmd_daemon(args: argparse.Namespace) -> int:
         if args.capacity is None:
             raise UsageError("--emulate-usage needs --capacity (the emulated machine's memory)")
         reader, total = _file_reader(args.emulate_usage), args.capacity
-    daemon = Daemon(args.bind, headroom=args.headroom, slab_size=args.slab_size,
-                    capacity=args.capacity, total_memory=total, memory_reader=reader,
-                    period=args.period, timeout=args.timeout, lock=not args.no_lock,
-                    data_host=None if args.no_data_server else args.data_host,
-                    data_port=args.data_port)
-    with _Signals() as signals:
+    if not 0 <= args.metrics_port <= 65535:
+        raise UsageError(f"--metrics-port {args.metrics_port} must be in 0..65535 (0 = off)")
+    with contextlib.ExitStack() as stack, _Signals() as signals:
+        reporters = _open_reporters(args, stack)
+        daemon = Daemon(args.bind, headroom=args.headroom, slab_size=args.slab_size,
+                        capacity=args.capacity, total_memory=total, memory_reader=reader,
+                        period=args.period, timeout=args.timeout, lock=not args.no_lock,
+                        data_host=None if args.no_data_server else args.data_host,
+                        data_port=args.data_port, host_name=args.report_host,
+                        reporters=reporters, report_interval=args.report_interval)
         daemon.start()
         try:
             print(f"infiniswap daemon: control {daemon.address} data "
-                  f"{daemon.data_address or 'none'} pid {os.getpid()}", flush=True)
+                  f"{daemon.data_address or 'none'} pid {os.getpid()}"
+                  f"{_announce_reporters(reporters)}", flush=True)
             log.info("%s: shutting down", signals.wait())
         finally:
             daemon.stop()
@@ -441,6 +481,19 @@ def _parser() -> argparse.ArgumentParser:
                    help="testing: read the memory used by everything else from FILE "
                         "(bytes, e.g. 512M; re-read every period) and take --capacity as "
                         "the machine's memory")
+    d.add_argument("--reports", metavar="ADDR", default=None,
+                   help="publish utilization reports (ZeroMQ PUB, topic infiniswap.utilization; "
+                        "see infiniswap/report.py) on ADDR, e.g. tcp://127.0.0.1:5600 "
+                        "(port 0 = any; the bound one is announced) (default: off)")
+    d.add_argument("--report-interval", type=_positive(float), default=1.0, metavar="SECONDS",
+                   help="seconds between reports and metrics updates (default 1)")
+    d.add_argument("--report-host", metavar="NAME", default=None,
+                   help="host name in the reports and metrics (default: this machine's, "
+                        "socket.gethostname(); lets daemons on one machine stand for "
+                        "emulated hosts)")
+    d.add_argument("--metrics-port", type=int, default=0, metavar="PORT",
+                   help="serve Prometheus metrics on http://HOST:PORT/metrics, HOST being "
+                        "--bind's host (default 0 = off)")
     _add_logging(d)
     d.set_defaults(run=_cmd_daemon)
 

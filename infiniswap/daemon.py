@@ -26,6 +26,9 @@ GiB) runs on a second thread, the memory worker, so the control thread always an
 quickly; a MAP that finds no preallocated slab waits for the worker for at most a second
 (then ERROR ``no_memory``; the device tries again later).  How many slabs and which ones is pure policy (``eviction.py``); this module
 is the mechanism.
+Every ``report_interval`` the control thread also hands ``stats()`` to its reporters (a
+``report.ReportPublisher``, a ``report.PrometheusExporter``: objects with ``publish(stats)``,
+none of which blocks), so a cluster manager sees free and lent memory per host.
 A device is known by its ZeroMQ routing id (the DEALER it sent MAP from), so the daemon can
 send EVICT / CHECK_ACTIVITY to it at any time.  A malformed or unexpected message gets an
 ERROR reply and a log line; nothing a peer sends stops the daemon.
@@ -41,7 +44,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, Sequence
 
 import psutil
 import zmq
@@ -52,7 +55,7 @@ from infiniswap.channel import Waker, bind_router, endpoint
 from infiniswap.core import DataServer, SlabStore
 from infiniswap.timings import Timings
 
-__all__ = ["Daemon", "GiB", "MiB"]
+__all__ = ["Daemon", "GiB", "MiB", "Reporter"]
 
 log = logging.getLogger("infiniswap.daemon")
 
@@ -83,6 +86,12 @@ class _Round:
     sent_at: float = 0.0
 
 
+class Reporter(Protocol):
+    """What the daemon hands its figures to (``infiniswap.report``); must not block."""
+
+    def publish(self, stats: dict[str, Any]) -> Any: ...
+
+
 def _pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
@@ -105,6 +114,10 @@ class Daemon:
     loses its slabs while it may still be using them.  ``lock``: mlock slabs (falls
     back to unlocked slabs, with a warning, when RLIMIT_MEMLOCK is too small).
     ``data_host``: where the TCP data server listens (``None``: no TCP data path).
+    ``host_name``: the host this daemon reports itself on (default ``socket.gethostname()``;
+    several daemons on one machine can stand for emulated hosts).  ``reporters``: given
+    ``stats()`` every ``report_interval`` seconds from the control thread, the first time at
+    start; the caller closes them after ``stop()``.
     """
 
     def __init__(self, bind: str = "tcp://127.0.0.1:0", *, headroom: int = 8 * GiB,
@@ -113,7 +126,9 @@ class Daemon:
                  memory_reader: Callable[[], int] | None = None, period: float = 1.0,
                  beta: float = 0.2, e_prime: int | Callable[[int], int] | None = None,
                  timeout: float = 5.0, lock: bool = True, data_host: str | None = "127.0.0.1",
-                 data_port: int = 0, rng: random.Random | None = None) -> None:
+                 data_port: int = 0, rng: random.Random | None = None,
+                 host_name: str | None = None, reporters: Sequence[Reporter] = (),
+                 report_interval: float = 1.0) -> None:
         if not isinstance(slab_size, int) or not _pow2(slab_size) or slab_size < MiB:
             raise ValueError(f"slab size {slab_size!r} must be a power of two of at least 1 MiB")
         if not isinstance(headroom, int) or headroom < 0:
@@ -124,6 +139,8 @@ class Daemon:
             raise ValueError(f"beta {beta!r} must be in (0, 1]")
         if not timeout > 0:
             raise ValueError(f"timeout {timeout!r} must be positive (seconds)")
+        if not report_interval > 0:
+            raise ValueError(f"report interval {report_interval!r} must be positive (seconds)")
         total = int(total_memory) if total_memory is not None else psutil.virtual_memory().total
         cap = int(capacity) if capacity is not None else total
         if cap < slab_size:
@@ -149,6 +166,9 @@ class Daemon:
         self._rng = rng or random.Random()
         self.instance = uuid.uuid4().hex[:12]
         self.host_id = p.local_host_id()
+        self.host_name = host_name or socket.gethostname()
+        self._reporters = list(reporters)
+        self.report_interval = float(report_interval)
 
         self._mu = threading.RLock()            # guards everything below against stats()
         self._store: SlabStore | None = None
@@ -380,10 +400,11 @@ class Daemon:
         poller.register(sock, zmq.POLLIN)
         poller.register(self._waker.fd, zmq.POLLIN)
         next_tick = time.monotonic() + self.period
+        next_report = time.monotonic() if self._reporters else float("inf")
         try:
             while not self._stopping.is_set():
                 now = time.monotonic()
-                wake_at = next_tick
+                wake_at = min(next_tick, next_report)
                 if self._round is not None:
                     wake_at = min(wake_at, self._round.deadline)
                 if self._pending_maps:
@@ -402,10 +423,23 @@ class Daemon:
                     if now >= next_tick:
                         self._monitor(now)
                         next_tick = max(next_tick + self.period, now + self.period / 2)
+                if now >= next_report:
+                    next_report = max(next_report + self.report_interval,
+                                      now + self.report_interval / 2)
+                    self._report()
             self._give_back_all(poller, sock)
         except BaseException as exc:  # pragma: no cover - a bug; keep the traceback in the log
             self._failure = exc
             log.exception("daemon control thread failed")
+
+    def _report(self) -> None:
+        """Hand ``stats()`` to every reporter; a failing one is logged, never fatal."""
+        stats = self.stats()
+        for reporter in self._reporters:
+            try:
+                reporter.publish(stats)
+            except Exception as exc:
+                log.warning("daemon: reporter %s failed: %s", type(reporter).__name__, exc)
 
     def _drain(self, sock: zmq.Socket) -> None:
         for _ in range(_MAX_BATCH):
@@ -728,6 +762,7 @@ class Daemon:
             served = self._server.stats() if self._server is not None else None
             free = self._free()
             return {
+                "time": time.time(), "host": self.host_name,
                 "address": self._address, "instance": self.instance, "pid": os.getpid(),
                 "host_id": self.host_id, "data_address": self.data_address,
                 "slab_size": self.slab_size, "headroom": self.headroom,
