@@ -1,4 +1,5 @@
-"""The ``tiresias`` command: ``simulate`` one policy on a trace, ``compare`` several."""
+"""The ``tiresias`` command: ``simulate`` one policy on a trace, ``compare`` several, and the
+live service (``master``, ``submit``, ``jobs``, ... in ``tiresias.service.cli``)."""
 from __future__ import annotations
 
 import argparse
@@ -139,8 +140,11 @@ def _cmd_compare(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tiresias", description="Tiresias GPU cluster scheduling simulator")
-    sub = parser.add_subparsers(dest="command", required=True)
+    from .service import cli as service_cli
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    parser = argparse.ArgumentParser(prog="tiresias", description="Tiresias GPU cluster scheduler: simulator "
+                                     "and live master")
+    sub = parser.add_subparsers(dest="command")
     p = sub.add_parser("simulate", help="simulate one policy on a trace")
     _common(p)
     p.add_argument("--policy", choices=sorted(POLICIES), default="las")
@@ -154,7 +158,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None, help="PNG: the policies' JCT CDFs (log x-axis)")
     p.set_defaults(func=_cmd_compare)
+    service_cli.add_commands(sub, fmt)
     args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    if args.command not in ("simulate", "compare"):
+        try:
+            return service_cli.run(args)
+        except (ValueError, RuntimeError, OSError) as exc:
+            print(f"tiresias {args.command}: {exc}", file=sys.stderr)
+            return 1
     try:
         return args.func(args)
     except (TraceError, ValueError, RuntimeError, OSError) as exc:

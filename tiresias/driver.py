@@ -147,6 +147,31 @@ class Driver:
         """Stop a running job outside a pass (e.g. its node was lost)."""
         self._stop([job])
 
+    def withdraw(self, job: JobState) -> None:
+        """Take a job out of scheduling for good (cancelled). A running or draining one keeps
+        its GPUs until ``released``."""
+        if job.running:
+            self._stop([job])
+        self.policy.remove(job, self.now)
+        self.reasons.pop(job.job_id, None)
+
+    def restore(self, job: JobState, alloc: plc.Allocation | None, draining: bool = False) -> None:
+        """A restarted master re-attaches a job found running (or draining) on ``alloc``."""
+        self.submit(job)
+        if alloc is None:
+            return
+        if self.nodes is not None:
+            self.nodes.give_back(alloc, sign=-1)
+        if draining:
+            self.draining[job.job_id] = alloc
+            return
+        if self.nodes is not None:
+            self.nodes.alloc[job.job_id] = alloc
+        job.running = True
+        self.running[job.job_id] = job
+        self.used += job.num_gpus
+        self.policy.started(job, self.now)
+
     # --- the pass --------------------------------------------------------------------------
     def apply_changes(self) -> None:
         """Apply the policy's due changes (demotions, promotions) to the jobs."""

@@ -1,0 +1,43 @@
+"""A preemptible test job: counts to N, one step per SLEEP seconds, checkpointing on request.
+
+``counter.py N SLEEP [--ignore-stop] [--fail-at K]``. Holds an exclusive lock in its
+checkpoint dir while it runs: a second copy of the same job running at once exits 9 and
+writes DOUBLE there, so a test can tell that no job ever ran twice.
+"""
+import fcntl
+import json
+import os
+import sys
+import time
+
+from tiresias import job
+
+total, pause = int(sys.argv[1]), float(sys.argv[2])
+ignore = "--ignore-stop" in sys.argv
+fail_at = int(sys.argv[sys.argv.index("--fail-at") + 1]) if "--fail-at" in sys.argv else None
+ckdir = job.checkpoint_dir()
+lock = open(ckdir / "lock", "w")
+try:
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+except BlockingIOError:
+    (ckdir / "DOUBLE").write_text(f"pid {os.getpid()}\n")
+    sys.exit(9)
+state = ckdir / "state.json"
+step = json.loads(state.read_text())["step"] if state.exists() else 0
+print(f"start at step {step} on {os.environ.get('TIRESIAS_NODE')} gpus {os.environ.get('CUDA_VISIBLE_DEVICES')}",
+      flush=True)
+while step < total:
+    if job.should_stop() and not ignore:
+        tmp = ckdir / "state.json.tmp"
+        tmp.write_text(json.dumps({"step": step}))
+        os.replace(tmp, state)
+        print(f"stopped at step {step}", flush=True)
+        job.exit_stopped()
+    if fail_at is not None and step == fail_at:
+        print("failing on purpose", flush=True)
+        sys.exit(3)
+    time.sleep(pause)
+    step += 1
+    with open(ckdir / "steps.log", "a") as f:
+        f.write(f"{step}\n")
+print(f"done at step {step}", flush=True)

@@ -1,0 +1,312 @@
+"""The live master's decisions on a fake clock with an in-memory executor.
+
+No processes: ``FakeExecutor`` records launches and signals, and the test says when a run
+ends. What is checked is the mechanism around the shared driver: the stop protocol and its
+escalation, requeue of lost runs, cancel, drain, restart recovery from SQLite (no job lost,
+none started twice, service kept), and the two report feeds steering placement.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tiresias.service.executor import LaunchSpec, NodeInfo, RunEnd
+from tiresias.service.master import Master, MasterConfig, Refused, autops_job_name
+from tiresias.service.reports import ReportFeed
+from tiresias.service.store import MIGRATIONS, SCHEMA_VERSION, StateError, Store, migrate_to
+
+
+class Clock:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class FakeExecutor:
+    name = "fake"
+
+    def __init__(self, nodes: int = 2, gpus: int = 2) -> None:
+        self._nodes = [NodeInfo(f"node{i}", gpus) for i in range(nodes)]
+        self.launched: list[LaunchSpec] = []
+        self.signals: list[tuple[int, int, bool]] = []
+        self.ended: list[RunEnd] = []
+        self.alive: set[tuple[int, int]] = set()
+
+    def nodes(self):
+        return list(self._nodes)
+
+    def launch(self, spec):
+        self.launched.append(spec)
+        self.alive.add((spec.job_id, spec.run))
+        return {"fake": [spec.job_id, spec.run]}
+
+    def terminate(self, job_id, run, handle, force=False):
+        self.signals.append((job_id, run, force))
+
+    def end(self, job_id, run, code=0, stopped=False, lost=False):
+        self.alive.discard((job_id, run))
+        self.ended.append(RunEnd(job_id, run, code, stopped, lost))
+
+    def poll(self):
+        out, self.ended = self.ended, []
+        return out
+
+    def reconcile(self, runs):
+        ends = [e for e in self.ended if (e.job_id, e.run) in runs]
+        self.ended = [e for e in self.ended if (e.job_id, e.run) not in runs]
+        return ends + [RunEnd(j, r, None, lost=True) for (j, r) in runs if (j, r) not in self.alive
+                       and not any(e.job_id == j for e in ends)]
+
+    def close(self):
+        pass
+
+
+def make(tmp_path, clock=None, executor=None, reports=None, **cfg):
+    cfg.setdefault("thresholds", (100.0,))
+    cfg.setdefault("stop_grace", 10.0)
+    cfg.setdefault("interval", 1.0)
+    clock = clock or Clock()
+    executor = executor or FakeExecutor()
+    m = Master(MasterConfig(str(tmp_path / "state"), **cfg), executor, reports=reports or ReportFeed(clock=clock),
+               clock=clock)
+    return m, clock, executor
+
+
+def spec(gpus, name="j", **kw):
+    return {"gpus": gpus, "command": ["python", "train.py"], "name": name, "workdir": "/", **kw}
+
+
+def status(m, job_id):
+    return m.job(job_id)["status"]
+
+
+def test_submit_runs_and_finishes(tmp_path):
+    m, clock, ex = make(tmp_path)
+    j = m.submit(spec(2))["id"]
+    m.tick()
+    assert status(m, j) == "running" and len(ex.launched) == 1
+    launch = ex.launched[0]
+    assert launch.launcher == "torchrun" and launch.env["TIRESIAS_JOB_ID"] == str(j)
+    assert launch.env["TIRESIAS_CHECKPOINT_DIR"].endswith(f"/{j}/checkpoint")
+    clock.t += 30
+    ex.end(j, 1, 0)
+    m.tick()
+    view = m.job(j)
+    assert view["status"] == "finished" and view["jct"] == pytest.approx(30.0)
+    assert view["attained_service"] == pytest.approx(60.0)
+    assert m.nodes()[0]["free_gpus"] == 2
+
+
+def test_preemption_asks_then_sigterm_then_sigkill_and_resumes(tmp_path):
+    m, clock, ex = make(tmp_path, executor=FakeExecutor(1, 2))
+    a = m.submit(spec(2, "a"))["id"]
+    m.tick()
+    clock.t += 60                                   # 120 GPU-s: a is in Q2
+    b = m.submit(spec(2, "b"))["id"]
+    m.tick()
+    assert status(m, a) == "stopping" and status(m, b) == "waiting"
+    assert "released" in m.job(b)["reason"]
+    stop_file = ex.launched[0].env["TIRESIAS_STOP_FILE"]
+    import os
+    assert os.path.exists(stop_file)
+    clock.t += 9.9
+    m.tick()
+    assert ex.signals == []                          # inside the grace period
+    clock.t += 0.2
+    m.tick()
+    assert ex.signals == [(a, 1, False)]             # SIGTERM
+    clock.t += 5.0
+    m.tick()
+    assert ex.signals[-1] == (a, 1, True)            # SIGKILL
+    ex.end(a, 1, -9)
+    m.tick()
+    assert status(m, a) == "preempted" and status(m, b) == "running"
+    assert m.job(a)["preemptions"] == 1
+    clock.t += 10
+    ex.end(b, 1, 0)
+    m.tick()
+    assert status(m, a) == "running" and ex.launched[-1].run == 2
+    assert not os.path.exists(stop_file)             # a fresh run starts without the old request
+    kinds = [e["kind"] for e in m.events(job_id=a)]
+    assert kinds == ["submitted", "started", "stopping", "sigterm", "sigkill", "preempted", "resumed"]
+
+
+def test_job_that_finishes_while_asked_to_stop_is_finished(tmp_path):
+    m, clock, ex = make(tmp_path, executor=FakeExecutor(1, 2))
+    a = m.submit(spec(2, "a"))["id"]
+    m.tick()
+    clock.t += 60
+    m.submit(spec(2, "b"))
+    m.tick()
+    ex.end(a, 1, 0, stopped=False)
+    m.tick()
+    assert status(m, a) == "finished"
+
+
+def test_failed_job_keeps_its_code_and_others_run_on(tmp_path):
+    m, clock, ex = make(tmp_path)
+    a = m.submit(spec(1, "a"))["id"]
+    b = m.submit(spec(1, "b"))["id"]
+    m.tick()
+    ex.end(a, 1, 3)
+    m.tick()
+    view = m.job(a)
+    assert view["status"] == "failed" and view["exit_code"] == 3 and "exit code 3" in view["detail"]
+    assert status(m, b) == "running"
+
+
+def test_lost_run_requeues_and_resumes(tmp_path):
+    m, clock, ex = make(tmp_path)
+    a = m.submit(spec(2))["id"]
+    m.tick()
+    ex.end(a, 1, None, lost=True)
+    m.tick()
+    assert status(m, a) == "running" and ex.launched[-1].run == 2
+    assert [e["kind"] for e in m.events(job_id=a)][-2:] == ["lost", "resumed"]
+
+
+def test_cancel_waiting_and_running(tmp_path):
+    m, clock, ex = make(tmp_path, executor=FakeExecutor(1, 2))
+    a = m.submit(spec(2, "a"))["id"]
+    b = m.submit(spec(2, "b"))["id"]
+    m.tick()
+    assert m.cancel(b)["status"] == "cancelled"
+    assert m.cancel(a)["status"] == "stopping"
+    ex.end(a, 1, 0, stopped=True)
+    m.tick()
+    assert status(m, a) == "cancelled" and m.nodes()[0]["free_gpus"] == 2
+    with pytest.raises(Refused, match="already cancelled"):
+        m.cancel(a)
+
+
+def test_drained_node_requeues_its_jobs_elsewhere(tmp_path):
+    m, clock, ex = make(tmp_path)
+    a = m.submit(spec(2))["id"]
+    m.tick()
+    node = ex.launched[0].placement[0][0]
+    out = m.drain(node)
+    assert out["preempted"] == [a] and status(m, a) == "stopping"
+    ex.end(a, 1, 0, stopped=True)
+    m.tick()
+    assert status(m, a) == "running" and ex.launched[-1].placement[0][0] != node
+
+
+def test_validation_refuses_and_stores_nothing(tmp_path):
+    m, clock, ex = make(tmp_path, policy="srtf")
+    bad = [spec(5), spec(0), {"gpus": 1, "command": []}, spec(1, name="bad name"), spec(1, colour="red"),
+           spec(1, duration=-1), spec(1), spec(1, duration=10, autops_aggregators=2), "not a dict"]
+    for s in bad:
+        with pytest.raises(Refused):
+            m._validate(s) if not isinstance(s, dict) else m.submit(s)
+    assert m.jobs() == []
+    assert m.submit(spec(1, duration=10))["duration"] == 10.0
+
+
+def test_restart_loses_nothing_runs_nothing_twice_and_keeps_service(tmp_path):
+    clock = Clock()
+    ex = FakeExecutor()
+    m, _, _ = make(tmp_path, clock=clock, executor=ex)
+    a = m.submit(spec(2, "a"))["id"]
+    b = m.submit(spec(2, "b"))["id"]
+    c = m.submit(spec(2, "c"))["id"]
+    m.tick()
+    clock.t += 10.0
+    m.tick()
+    assert {status(m, a), status(m, b), status(m, c)} == {"running", "waiting"}
+    running = [j for j in (a, b, c) if status(m, j) == "running"]
+    # the master dies (no close); while down, one run ends and one keeps running
+    clock.t += 20.0
+    ex.end(running[0], 1, 0)
+    launched = len(ex.launched)
+    m2, _, _ = make(tmp_path, clock=clock, executor=ex)
+    assert status(m2, running[0]) == "finished"
+    assert status(m2, running[1]) == "running" and len(ex.launched) == launched
+    assert m2.job(running[1])["attained_service"] == pytest.approx(2 * 30.0, abs=2 * 1.0)
+    m2.tick()                                        # the waiting job starts on the freed GPUs
+    waiting = ({a, b, c} - set(running)).pop()
+    assert status(m2, waiting) == "running" and len(ex.launched) == launched + 1
+
+
+def test_restart_relaunches_a_run_the_executor_lost(tmp_path):
+    clock, ex = Clock(), FakeExecutor()
+    m, _, _ = make(tmp_path, clock=clock, executor=ex)
+    a = m.submit(spec(2))["id"]
+    m.tick()
+    ex.alive.clear()                                 # the run vanished with the master
+    m2, _, _ = make(tmp_path, clock=clock, executor=ex)
+    m2.tick()
+    assert status(m2, a) == "running" and ex.launched[-1].run == 2
+
+
+def test_state_schema_upgrades_in_place(tmp_path):
+    import sqlite3
+    path = str(tmp_path / "old.db")
+    db = sqlite3.connect(path, isolation_level=None)
+    migrate_to(db, 1)
+    db.execute("INSERT INTO jobs(name, spec, gpus, status, submitted) VALUES ('old', ?, 1, 'waiting', 5.0)",
+               (json.dumps(spec(1, "old")),))
+    db.close()
+    store = Store(path)
+    assert store.upgraded_from == 1 and store.version() == SCHEMA_VERSION == len(MIGRATIONS)
+    [row] = store.jobs()
+    assert row["name"] == "old" and row["queue"] == 0 and row["skew"] is None
+    store.set_meta("schema_version", str(SCHEMA_VERSION + 1))
+    store.close()
+    with pytest.raises(StateError, match="schema version"):
+        Store(path)
+
+
+def test_measured_skew_consolidates_from_the_next_start(tmp_path):
+    clock = Clock()
+    feed = ReportFeed(autops=["tcp://127.0.0.1:1"], clock=clock)
+    m, _, ex = make(tmp_path, clock=clock, executor=FakeExecutor(2, 4), reports=feed,
+                    autops_master="tcp://127.0.0.1:5555")
+    for name in ("x", "y"):
+        m.submit(spec(3, name))
+    m.tick()                                          # 1 GPU left on each node
+    j = m.submit(spec(2, "vgg", autops_aggregators=1))["id"]
+    m.tick()
+    assert status(m, j) == "running" and len(ex.launched[-1].placement) == 2   # spread: skew unknown
+    report = {"type": "autops.utilization", "version": 1, "master": "tcp://127.0.0.1:5555",
+              "jobs": [{"job": autops_job_name(j, 1), "skew": 0.71}]}
+    assert feed.ingest(b"autops.utilization " + json.dumps(report).encode())
+    m.tick()
+    assert m.job(j)["skew"] == pytest.approx(0.71) and m.job(j)["skew_measured"]
+    ex.end(j, 1, None, lost=True)                     # it must start again: consolidated now
+    m.tick()
+    assert status(m, j) == "preempted" and "PACKLIMIT" in m.job(j)["reason"]
+
+
+def test_declared_memory_places_where_reports_say_it_fits(tmp_path, monkeypatch):
+    import tiresias.service.cgroup as cg
+    monkeypatch.setattr(cg, "unavailable", lambda: None)
+    clock = Clock()
+    feed = ReportFeed(infiniswap=["tcp://127.0.0.1:1"], clock=clock, max_age=5.0)
+    m, _, ex = make(tmp_path, clock=clock, executor=FakeExecutor(2, 2), reports=feed)
+    ex.name = "local"
+    GiB = 1 << 30
+
+    def report(host, free, lendable):
+        r = {"type": "infiniswap.utilization", "version": 1, "daemon": f"d-{host}", "host": host,
+             "memory_total_bytes": 16 * GiB, "memory_free_bytes": free, "lendable_bytes": lendable,
+             "slabs_lent": 0, "slab_bytes": GiB}
+        feed.ingest(b"infiniswap.utilization " + json.dumps(r).encode())
+
+    report("node0", 1 * GiB, 0)
+    report("node1", 6 * GiB, 0)
+    j = m.submit(spec(1, memory=4 * GiB))["id"]
+    m.tick()
+    assert ex.launched[-1].placement[0][0] == "node1" and ex.launched[-1].memory_bytes == 4 * GiB
+    k = m.submit(spec(1, memory=12 * GiB))["id"]
+    m.tick()
+    assert status(m, k) == "waiting" and "memory" in m.job(k)["reason"]
+    report("node0", 1 * GiB, 8 * GiB)                  # node0's daemon can lend 8 GiB to node1
+    m.tick()
+    assert status(m, k) == "running" and ex.launched[-1].placement[0][0] == "node1"
+    clock.t += 6.0                                     # reports go stale: ignored and flagged
+    assert all(s["stale"] for s in feed.sources())
+    assert m.nodes()[0]["memory_free_bytes"] is None
+    assert status(m, j) == "running"

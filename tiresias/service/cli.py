@@ -1,0 +1,319 @@
+"""The live-service commands of ``tiresias``: ``master`` and its clients.
+
+``tiresias master --state DIR --bind HOST:PORT --executor local|ray --nodes NxG --policy ...``
+runs a master; ``submit``, ``jobs``, ``job``, ``cancel``, ``nodes``, ``drain``, ``undrain``,
+``logs`` and ``events`` talk to one, found through ``--state DIR`` (its address and token
+files) or ``--master URL --token-file FILE``. Exit status: 0 done, 1 the master refused (the
+reason is printed) or could not be reached, 2 a usage error.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import sys
+import time
+from typing import Any
+
+from .client import Client, ClientError, read_token
+
+DEFAULT_STATE = os.environ.get("TIRESIAS_STATE") or os.path.expanduser("~/.tiresias")
+SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+
+
+class UsageError(ValueError):
+    pass
+
+
+def parse_size(text: str) -> int:
+    """``4G``, ``512MiB``, ``1000000`` -> bytes (binary units)."""
+    m = SIZE_RE.match(text)
+    if not m:
+        raise UsageError(f"size {text!r}: expected a number with an optional K/M/G/T suffix, e.g. 4G")
+    value = float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " ")
+    if value < 1:
+        raise UsageError(f"size {text!r} must be at least one byte")
+    return int(value)
+
+
+def parse_bind(text: str) -> tuple[str, int]:
+    text = text[len("tcp://"):] if text.startswith("tcp://") else text
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise UsageError(f"--bind {text!r}: expected HOST:PORT, e.g. 127.0.0.1:8470")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def add_commands(sub: argparse._SubParsersAction, formatter) -> None:
+    p = sub.add_parser("master", help="run a live master (scheduler + HTTP API)", formatter_class=formatter)
+    _master_args(p)
+    p.set_defaults(func=cmd_master)
+
+    p = _client(sub, "submit", "submit a job: tiresias submit --gpus N [options] -- CMD ...", formatter)
+    p.add_argument("--gpus", type=int, required=True)
+    p.add_argument("--name", default=None, help="default: the command's file name")
+    p.add_argument("--memory", default=None, help="memory the job needs per node (e.g. 4G): placed where it "
+                                                  "fits, enforced by a memory cgroup")
+    p.add_argument("--autops-aggregators", type=int, default=None,
+                   help="run on the shared AutoPS pool, asking for K aggregators")
+    p.add_argument("--duration", type=float, default=None, help="declared duration in seconds (srtf/srsf)")
+    p.add_argument("--launcher", choices=["torchrun", "plain"], default=None,
+                   help="torchrun: one worker per GPU (default for a .py script); plain: the command once per node")
+    p.add_argument("--model", default=None, help="model name, for its skew until AutoPS measures it")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--workdir", default=None, help="default: the current directory")
+    p.add_argument("job_command", nargs=argparse.REMAINDER, metavar="-- CMD", help="the job's command")
+    p.set_defaults(func=cmd_submit)
+
+    p = _client(sub, "jobs", "list jobs", formatter)
+    p.add_argument("--status", default=None, help="comma-separated statuses to show")
+    p.set_defaults(func=cmd_jobs)
+    p = _client(sub, "job", "show one job", formatter)
+    p.add_argument("id", type=int)
+    p.set_defaults(func=cmd_job)
+    p = _client(sub, "cancel", "cancel a job", formatter)
+    p.add_argument("id", type=int)
+    p.set_defaults(func=cmd_cancel)
+    p = _client(sub, "nodes", "show nodes: GPUs, jobs, memory", formatter)
+    p.set_defaults(func=cmd_nodes)
+    for name, online in (("drain", False), ("undrain", True)):
+        p = _client(sub, name, f"{'return a node to service' if online else 'take a node out of service'}",
+                    formatter)
+        p.add_argument("node")
+        p.set_defaults(func=cmd_drain, online=online)
+    p = _client(sub, "logs", "print a job's output", formatter)
+    p.add_argument("id", type=int)
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
+    p.set_defaults(func=cmd_logs)
+    p = _client(sub, "events", "recent events", formatter)
+    p.add_argument("--job", type=int, default=None)
+    p.add_argument("--limit", type=int, default=50)
+    p.set_defaults(func=cmd_events)
+
+
+def _client(sub, name: str, help_text: str, formatter) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=formatter)
+    p.add_argument("--state", default=DEFAULT_STATE, help="the master's state dir (address and token)")
+    p.add_argument("--master", default=None, help="the master's URL (instead of --state)")
+    p.add_argument("--token-file", default=None, help="with --master: the token file")
+    p.add_argument("--json", default=None, metavar="FILE", help="write JSON to FILE ('-' for stdout)")
+    p.add_argument("--log-level", default="warning")
+    return p
+
+
+def _master_args(p: argparse.ArgumentParser) -> None:
+    from ..placement import DEFAULT_PACKLIMIT
+    from .master import LIVE_POLICIES
+    p.add_argument("--state", default=DEFAULT_STATE, help="state dir (SQLite, token, logs, checkpoints)")
+    p.add_argument("--bind", default="127.0.0.1:8470", help="HOST:PORT of the HTTP API (port 0: any)")
+    p.add_argument("--executor", choices=["local", "ray"], default="local")
+    p.add_argument("--nodes", default="2x4", help="local executor: NODESxGPUS emulated on this machine")
+    p.add_argument("--ray-address", default=None, help="ray executor: the Ray cluster's address")
+    p.add_argument("--policy", choices=LIVE_POLICIES, default="las")
+    p.add_argument("--queues", type=int, default=2)
+    p.add_argument("--thresholds", default="3200", help="queue thresholds in GPU-seconds, comma-separated")
+    p.add_argument("--promote-knob", type=float, default=None)
+    p.add_argument("--distribution", default=None, help="gittins: CSV of past jobs' GPU-seconds")
+    p.add_argument("--packlimit", type=float, default=DEFAULT_PACKLIMIT)
+    p.add_argument("--interval", type=float, default=5.0, help="seconds between scheduling passes")
+    p.add_argument("--stop-grace", type=float, default=30.0,
+                   help="seconds a job has to checkpoint and exit before SIGTERM (SIGKILL 5 s later)")
+    p.add_argument("--checkpoint-root", default=None,
+                   help="where checkpoints live, a path every node sees (default: STATE/checkpoints)")
+    p.add_argument("--autops-master", default=None, help="pMaster endpoint given to jobs with --autops-aggregators")
+    p.add_argument("--autops-reports", nargs="*", default=[], metavar="ENDPOINT",
+                   help="pMaster utilization PUB endpoint(s)")
+    p.add_argument("--infiniswap-reports", nargs="*", default=[], metavar="ENDPOINT",
+                   help="Infiniswap daemons' utilization PUB endpoints")
+    p.add_argument("--node-host", action="append", default=[], metavar="NODE=HOST",
+                   help="the host name a node's Infiniswap reports carry (default: the node's name)")
+    p.add_argument("--report-max-age", type=float, default=10.0, help="older reports are ignored and flagged")
+    p.add_argument("--log-level", default="info")
+
+
+def cmd_master(args) -> int:
+    from ..cluster import parse_cluster
+    from .master import Master, MasterConfig
+    from .reports import ReportFeed
+    from .server import serve
+    host, port = parse_bind(args.bind)
+    thresholds = tuple(float(t) for t in args.thresholds.split(",") if t.strip())
+    if len(thresholds) != args.queues - 1:
+        raise UsageError(f"--queues {args.queues} needs {args.queues - 1} thresholds, got {list(thresholds)}")
+    node_hosts = {}
+    for item in args.node_host:
+        node, sep, hostname = item.partition("=")
+        if not sep or not node or not hostname:
+            raise UsageError(f"--node-host {item!r}: expected NODE=HOST")
+        node_hosts[node] = hostname
+    config = MasterConfig(args.state, args.policy, thresholds, args.promote_knob, args.distribution,
+                          args.packlimit, args.interval, args.stop_grace, args.checkpoint_root,
+                          args.autops_master, node_hosts)
+    if args.executor == "local":
+        from .local import LocalExecutor
+        shape = parse_cluster(args.nodes) if re.match(r"^\s*\d+\s*[xX]\s*\d+\s*$", args.nodes) else None
+        if shape is None:
+            raise UsageError(f"--nodes {args.nodes!r}: expected NODESxGPUS, e.g. 2x4")
+        executor = LocalExecutor(shape.nodes, shape.gpus_per_node)
+    else:
+        from .ray_executor import RayExecutor
+        executor = RayExecutor(args.ray_address)
+    os.makedirs(args.state, exist_ok=True)
+    reports = ReportFeed(args.autops_reports, args.infiniswap_reports, max_age=args.report_max_age)
+    master = Master(config, executor, reports=reports)
+    return serve(master, host, port)
+
+
+def _connect(args) -> Client:
+    if args.master:
+        if not args.token_file:
+            raise UsageError("--master needs --token-file")
+        return Client(args.master, read_token(args.token_file))
+    return Client.from_state(args.state)
+
+
+def _emit(args, data: Any, text: str) -> None:
+    if args.json:
+        out = json.dumps(data, indent=2)
+        if args.json == "-":
+            print(out)
+        else:
+            with open(args.json, "w") as f:
+                f.write(out + "\n")
+            print(text)
+    else:
+        print(text)
+
+
+def cmd_submit(args) -> int:
+    command = list(args.job_command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UsageError("no command: tiresias submit --gpus N [options] -- CMD ...")
+    env = {}
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--env {item!r}: expected KEY=VALUE")
+        env[key] = value
+    spec = {"gpus": args.gpus, "command": command, "name": args.name, "env": env,
+            "workdir": os.path.abspath(args.workdir or os.getcwd()), "launcher": args.launcher,
+            "autops_aggregators": args.autops_aggregators, "duration": args.duration, "model": args.model,
+            "memory": parse_size(args.memory) if args.memory else None}
+    job = _connect(args).post("/api/v1/jobs", {k: v for k, v in spec.items() if v is not None})
+    _emit(args, job, f"submitted job {job['id']} ({job['name']}, {job['gpus']} GPU(s)): {job['status']}")
+    return 0
+
+
+def _ts(t: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def _placement(p: dict[str, list[int]]) -> str:
+    return " ".join(f"{n}[{','.join(map(str, g))}]" for n, g in p.items()) or "-"
+
+
+def jobs_table(jobs: list[dict[str, Any]]) -> str:
+    lines = [f"{'id':>4} {'name':<18} {'status':<10} {'gpus':>4} {'queue':>5} {'preempt':>7} "
+             f"{'service':>9} {'submitted':>9} {'jct':>8}  placement / reason"]
+    for j in jobs:
+        where = _placement(j["placement"]) if j["status"] in ("running", "stopping") else (j.get("reason") or "")
+        if j["status"] == "failed" and j.get("detail"):
+            where = j["detail"].splitlines()[0]
+        jct = f"{j['jct']:.1f}" if j.get("jct") is not None else "-"
+        lines.append(f"{j['id']:>4} {j['name'][:18]:<18} {j['status']:<10} {j['gpus']:>4} {j['queue']:>5} "
+                     f"{j['preemptions']:>7} {j['attained_service']:>9.1f} {_ts(j['submitted']):>9} {jct:>8}  {where}")
+    return "\n".join(lines)
+
+
+def cmd_jobs(args) -> int:
+    path = "/api/v1/jobs" + (f"?status={args.status}" if args.status else "")
+    jobs = _connect(args).get(path)
+    _emit(args, jobs, jobs_table(jobs))
+    return 0
+
+
+def cmd_job(args) -> int:
+    job = _connect(args).get(f"/api/v1/jobs/{args.id}")
+    runs = "\n".join(f"  run {r['run']}: {_placement({n: g for n, g in r['nodes']})} from {_ts(r['started'])} "
+                     f"to {_ts(r['ended'])} ({r['outcome'] or 'running'})" for r in job.get("runs", []))
+    text = jobs_table([job]) + f"\ncommand: {' '.join(job['command'])}\ncheckpoints: {job['checkpoint_dir']}\n"
+    text += f"skew: {job['skew']:.3f} ({'measured by AutoPS' if job['skew_measured'] else 'declared'})\n"
+    if job.get("detail"):
+        text += f"detail: {job['detail']}\n"
+    _emit(args, job, text + (f"runs:\n{runs}" if runs else "runs: none yet"))
+    return 0
+
+
+def cmd_cancel(args) -> int:
+    job = _connect(args).post(f"/api/v1/jobs/{args.id}/cancel")
+    _emit(args, job, f"job {job['id']}: {job['status']}")
+    return 0
+
+
+def _mib(v: Any) -> str:
+    return f"{v / 2**20:.0f} MiB" if isinstance(v, (int, float)) else "-"
+
+
+def cmd_nodes(args) -> int:
+    nodes = _connect(args).get("/api/v1/nodes")
+    lines = [f"{'node':<10} {'state':<8} {'gpus':>4} {'free':>4}  {'mem free':>10} {'lent':>10} "
+             f"{'lendable':>10}  jobs"]
+    for n in nodes:
+        state = "drained" if n["drained"] else ("online" if n["online"] else "offline")
+        jobs = " ".join(f"{j}[{','.join(map(str, g))}]" for j, g in n["jobs"].items()) or "-"
+        lines.append(f"{n['name']:<10} {state:<8} {n['gpus']:>4} {n['free_gpus']:>4}  "
+                     f"{_mib(n['memory_free_bytes']):>10} {_mib(n['memory_lent_bytes']):>10} "
+                     f"{_mib(n['memory_lendable_bytes']):>10}  {jobs}")
+    _emit(args, nodes, "\n".join(lines))
+    return 0
+
+
+def cmd_drain(args) -> int:
+    verb = "undrain" if args.online else "drain"
+    out = _connect(args).post(f"/api/v1/nodes/{args.node}/{verb}")
+    _emit(args, out, f"node {out['node']}: {'online' if out['online'] else 'drained'}"
+                     + (f"; preempting jobs {out['preempted']}" if out["preempted"] else ""))
+    return 0
+
+
+def cmd_logs(args) -> int:
+    client = _connect(args)
+    offset = 0
+    while True:
+        out = client.get(f"/api/v1/jobs/{args.id}/logs?offset={offset}")
+        if out["data"]:
+            sys.stdout.write(out["data"])
+            sys.stdout.flush()
+        offset = out["offset"]
+        if not args.follow or (out["status"] in ("finished", "failed", "cancelled") and not out["data"]):
+            return 0
+        if not out["data"]:
+            time.sleep(0.5)
+
+
+def cmd_events(args) -> int:
+    path = f"/api/v1/events?limit={args.limit}" + (f"&job={args.job}" if args.job else "")
+    events = _connect(args).get(path)
+    text = "\n".join(f"{_ts(e['time'])} {('job ' + str(e['job_id'])) if e['job_id'] else '':<8} "
+                     f"{e['kind']:<10} {e['detail']}" for e in events)
+    _emit(args, events, text)
+    return 0
+
+
+def run(args) -> int:
+    """Run a service command; map failures to the exit convention."""
+    level = getattr(args, "log_level", "warning")
+    logging.basicConfig(level=getattr(logging, str(level).upper(), logging.WARNING),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        print(f"tiresias {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except ClientError as exc:
+        print(f"tiresias {args.command}: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,692 @@
+"""The live master: the driver on a real clock, SQLite as the source of truth, an executor.
+
+``Master`` is the mechanism around ``tiresias.driver.Driver`` (the same one the simulator
+drives): it validates and stores submissions, runs a scheduling pass on every submission,
+completion and report and every ``interval`` seconds, starts the jobs the pass admits
+(``executor.launch``), stops the ones it preempts (a stop request the job polls, then SIGTERM
+after ``stop_grace``, then SIGKILL), and records every transition, placement and event.
+
+Restart: a new ``Master`` on the same state dir rebuilds the driver from SQLite, re-attaches
+runs the executor still has (``reconcile``), learns how the others ended (the local
+executor's supervisors write it down), and credits re-attached jobs with the service they
+gained while it was down, so attained service stays within one interval of the truth.
+
+Placement inputs from reports (``ReportFeed``): the skew pMaster measures for a job's tensors
+replaces the declared one from the job's next (re)start on; a job that declares its memory
+runs only on a node whose free memory plus the memory the cluster's Infiniswap daemons can
+lend covers it (and in a memory cgroup of that size).
+
+Every public method takes the master's lock; the HTTP API and the scheduling thread share it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..cluster import ClusterSpec, skew_of
+from ..driver import Driver, DriverConfig
+from ..placement import DEFAULT_PACKLIMIT
+from ..policies import POLICIES, make_policy
+from ..policies.base import JobState
+from .executor import Executor, LaunchSpec, RunEnd, default_launcher
+from .reports import ReportFeed
+from .store import ACTIVE, TERMINAL, Store
+
+log = logging.getLogger("tiresias.master")
+
+LIVE_POLICIES = tuple(p for p in POLICIES if p != "gandiva")
+KILL_AFTER_S = 5.0           # SIGTERM -> SIGKILL
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+LOG_TAIL_BYTES = 2000
+
+
+class Refused(ValueError):
+    """A request the master refuses (bad input); nothing was stored."""
+
+
+class NotFound(KeyError):
+    pass
+
+
+@dataclass
+class MasterConfig:
+    state_dir: str
+    policy: str = "las"
+    thresholds: tuple[float, ...] = (3200.0,)
+    promote_knob: float | None = None
+    distribution: str | None = None
+    packlimit: float = DEFAULT_PACKLIMIT
+    interval: float = 5.0
+    stop_grace: float = 30.0
+    checkpoint_root: str | None = None
+    autops_master: str | None = None          # given to jobs that ask for AutoPS aggregators
+    node_hosts: dict[str, str] = field(default_factory=dict)   # node -> host in Infiniswap reports
+
+    def __post_init__(self) -> None:
+        if self.policy not in LIVE_POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r} (one of {', '.join(LIVE_POLICIES)})")
+        if self.interval <= 0 or self.stop_grace < 0:
+            raise ValueError("--interval must be > 0 and --stop-grace >= 0")
+
+
+@dataclass
+class _Run:
+    """What the master knows of an active job beyond its ``JobState``."""
+    name: str
+    spec: dict[str, Any]
+    status: str
+    submitted: float
+    run: int = 0
+    started: float | None = None
+    placement: list[tuple[str, list[int]]] | None = None
+    handle: dict[str, Any] | None = None
+    stop_requested: float | None = None
+    stop_reason: str = ""
+    term_sent: float | None = None
+    skew_measured: float | None = None
+
+
+class Master:
+    def __init__(self, config: MasterConfig, executor: Executor, store: Store | None = None,
+                 reports: ReportFeed | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.executor = executor
+        self.clock = clock
+        self.reports = reports or ReportFeed(clock=clock)
+        os.makedirs(config.state_dir, exist_ok=True)
+        self.store = store or Store(os.path.join(config.state_dir, "state.db"))
+        self.ckpt_root = os.path.abspath(config.checkpoint_root or os.path.join(config.state_dir, "checkpoints"))
+        self.jobs_dir = os.path.abspath(os.path.join(config.state_dir, "jobs"))
+        self.lock = threading.RLock()
+        self.wake = threading.Event()
+        self.node_infos = executor.nodes()
+        if not self.node_infos:
+            raise ValueError(f"executor {executor.name} has no nodes")
+        per = min(n.gpus for n in self.node_infos)
+        self.cluster = ClusterSpec(len(self.node_infos), per)
+        self.node_index = {n.name: i for i, n in enumerate(self.node_infos)}
+        self.drained: set[str] = set()
+        self.runs: dict[int, _Run] = {}
+        self.states: dict[int, JobState] = {}
+        self.gpus_busy: dict[str, set[int]] = {n.name: set() for n in self.node_infos}
+        self.pass_seconds: list[float] = []
+        self.last_persist = 0.0
+        self.driver = Driver(self._policy(), self.cluster,
+                             DriverConfig("tiresias", packlimit=config.packlimit, defer_release=True),
+                             start=clock(), eligible=self._eligible)
+        self._recover()
+
+    # --- construction --------------------------------------------------------------------------
+    def _policy(self):
+        history = None
+        if self.config.policy == "gittins" and not self.config.distribution:
+            history = [r["attained_service"] for r in self.store.jobs(["finished"]) if r["attained_service"] > 0]
+            if len(history) < 2:
+                raise ValueError("gittins needs a service distribution: --distribution CSV (GPU-seconds of past "
+                                 "jobs), or at least two finished jobs in the state dir")
+        return make_policy(self.config.policy, thresholds=self.config.thresholds,
+                           promote_knob=self.config.promote_knob, distribution=self.config.distribution,
+                           history=history)
+
+    def _recover(self) -> None:
+        """Rebuild the driver from SQLite and reconcile the executor's runs with it."""
+        now = self.clock()
+        rows = self.store.jobs(ACTIVE)
+        live: dict[tuple[int, int], dict[str, Any]] = {}
+        for row in rows:
+            job = self._job_state(row)
+            run = _Run(row["name"], row["spec"], row["status"], row["submitted"], row["run"], row["started"],
+                       [(n, list(g)) for n, g in row["placement"]] if row["placement"] else None, row["handle"],
+                       row["stop_requested"], skew_measured=row["skew"])
+            self.runs[job.job_id] = run
+            self.states[job.job_id] = job
+            alloc = self._alloc_of(run.placement) if run.placement else None
+            if row["status"] in ("running", "stopping") and run.handle is not None:
+                if row["status"] == "running" and row["service_at"] is not None:
+                    gained = max(0.0, now - row["service_at"])
+                    job.service += job.num_gpus * gained
+                    job.executed += gained
+                self.driver.restore(job, alloc, draining=row["status"] == "stopping")
+                self._take_gpus(run.placement)
+                live[(job.job_id, run.run)] = run.handle
+            else:
+                if row["status"] in ("running", "stopping"):
+                    run.status = "preempted"
+                self.driver.submit(job)
+        ended = self.executor.reconcile(live) if live else []
+        if rows:
+            self.store.event("recovered", detail=f"{len(rows)} active job(s), {len(live)} run(s) to re-attach, "
+                                                 f"{len(ended)} ended while the master was down")
+        for end in ended:
+            self._on_end(end)
+        self._persist(force=True)
+
+    def _job_state(self, row: dict[str, Any]) -> JobState:
+        spec = row["spec"]
+        skew = row["skew"] if row["skew"] is not None else skew_of(spec.get("model"), spec.get("skew"))
+        return JobState(row["id"], row["gpus"], row["submitted"], duration=spec.get("duration"),
+                        executed=row["executed"], service=row["attained_service"], first_start=row["started"],
+                        running=False, wait_since=row["wait_since"], waited=row["waited"],
+                        preemptions=row["preemptions"], skew=skew, model=spec.get("model"))
+
+    # --- requests ----------------------------------------------------------------------------
+    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """Validate and store a job; it is scheduled at the next pass (woken now)."""
+        clean = self._validate(spec)
+        with self.lock:
+            now = self.clock()
+            self.driver.advance(now)
+            job_id = self.store.add_job(clean["name"], clean, clean["gpus"], now)
+            job = JobState(job_id, clean["gpus"], now, duration=clean.get("duration"), wait_since=now,
+                           skew=skew_of(clean.get("model"), clean.get("skew")), model=clean.get("model"))
+            self.states[job_id] = job
+            self.runs[job_id] = _Run(clean["name"], clean, "waiting", now)
+            self.driver.submit(job)
+        self.wake.set()
+        return self.job(job_id)
+
+    def _validate(self, spec: Any) -> dict[str, Any]:
+        if not isinstance(spec, dict):
+            raise Refused("a job is a JSON object")
+        known = {"name", "gpus", "command", "memory", "autops_aggregators", "duration", "launcher", "env",
+                 "workdir", "model", "skew"}
+        unknown = sorted(set(spec) - known)
+        if unknown:
+            raise Refused(f"unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+        gpus = spec.get("gpus")
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+            raise Refused(f"gpus must be an integer >= 1, got {gpus!r}")
+        total = sum(n.gpus for n in self.node_infos)
+        if gpus > total:
+            raise Refused(f"the job asks for {gpus} GPUs; the cluster has {total} "
+                          f"({len(self.node_infos)} nodes x {self.cluster.gpus_per_node})")
+        command = spec.get("command")
+        if not isinstance(command, list) or not command or not all(isinstance(c, str) and c for c in command):
+            raise Refused("command must be a non-empty list of strings (everything after '--')")
+        name = spec.get("name") or os.path.basename(command[0])
+        if not isinstance(name, str) or not NAME_RE.match(name):
+            raise Refused(f"name {name!r}: letters, digits, '.', '_' and '-' (at most 64)")
+        clean: dict[str, Any] = {"name": name, "gpus": gpus, "command": command}
+        launcher = spec.get("launcher") or default_launcher(command)
+        if launcher not in ("torchrun", "plain"):
+            raise Refused(f"launcher must be torchrun or plain, got {launcher!r}")
+        clean["launcher"] = launcher
+        for key in ("memory", "autops_aggregators"):
+            v = spec.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise Refused(f"{key} must be a positive integer, got {v!r}")
+            clean[key] = v
+        if clean["memory"] is not None:
+            from .cgroup import unavailable
+            why = unavailable() if self.executor.name == "local" else None
+            if why:
+                raise Refused(f"cannot enforce --memory here: {why}")
+        if clean["autops_aggregators"] and not self.config.autops_master:
+            raise Refused("the job asks for AutoPS aggregators but the master has no --autops-master")
+        duration = spec.get("duration")
+        if duration is not None and (isinstance(duration, bool) or not isinstance(duration, (int, float))
+                                     or not duration > 0):
+            raise Refused(f"duration must be a positive number of seconds, got {duration!r}")
+        if duration is None and self.config.policy in ("srtf", "srsf"):
+            raise Refused(f"policy {self.config.policy} needs each job's --duration")
+        clean["duration"] = float(duration) if duration is not None else None
+        env = spec.get("env") or {}
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise Refused("env must map strings to strings")
+        clean["env"] = env
+        workdir = spec.get("workdir") or os.getcwd()
+        if not isinstance(workdir, str) or not os.path.isdir(workdir):
+            raise Refused(f"workdir {workdir!r} is not a directory on the master")
+        clean["workdir"] = workdir
+        model = spec.get("model")
+        if model is not None and not isinstance(model, str):
+            raise Refused("model must be a string")
+        clean["model"] = model
+        skew = spec.get("skew")
+        if skew is not None:
+            try:
+                skew_of(None, skew)
+            except (TypeError, ValueError):
+                raise Refused(f"skew must be a number in [0, 1], got {skew!r}") from None
+        clean["skew"] = skew
+        return clean
+
+    def cancel(self, job_id: int) -> dict[str, Any]:
+        with self.lock:
+            run, job = self._active(job_id)
+            now = self.clock()
+            self.driver.advance(now)
+            if run.status in ("running", "stopping"):
+                self.driver.withdraw(job)
+                if run.status == "running":
+                    self._request_stop(job_id, run, now, "cancel")
+                run.stop_reason = "cancel"
+                self._persist_job(job_id, events=[(now, job_id, "cancelling", "stop requested")])
+            else:
+                self.driver.withdraw(job)
+                self._close(job_id, "cancelled", now, detail="cancelled while waiting")
+        self.wake.set()
+        return self.job(job_id)
+
+    def drain(self, node: str, online: bool = False) -> dict[str, Any]:
+        """Take ``node`` out of service (its jobs are preempted and resume elsewhere) or back."""
+        with self.lock:
+            if node not in self.node_index:
+                raise NotFound(f"no node {node!r} (nodes: {', '.join(self.node_index)})")
+            now = self.clock()
+            self.driver.advance(now)
+            hit = self.driver.set_online(self.node_index[node], online)
+            (self.drained.discard if online else self.drained.add)(node)
+            events = [(now, None, "node-undrained" if online else "node-drained", node)]
+            for job in hit:
+                self._request_stop(job.job_id, self.runs[job.job_id], now, f"node {node} drained")
+            self.store.update_jobs([], events)
+        self.wake.set()
+        return {"node": node, "online": online, "preempted": [j.job_id for j in hit]}
+
+    def _active(self, job_id: int) -> tuple[_Run, JobState]:
+        if job_id not in self.runs:
+            row = self.store.job(job_id)
+            if row is None:
+                raise NotFound(f"no job {job_id}")
+            raise Refused(f"job {job_id} is already {row['status']}")
+        return self.runs[job_id], self.states[job_id]
+
+    # --- the loop ------------------------------------------------------------------------------
+    def tick(self) -> None:
+        """Learn what ended, escalate stops, take reports, run one pass, start and stop jobs."""
+        with self.lock:
+            now = self.clock()
+            self.driver.advance(now)
+            for end in self.executor.poll():
+                self._on_end(end)
+            self._check_nodes(now)
+            self._escalate(now)
+            self._take_reports()
+            t0 = time.perf_counter()
+            decision = self.driver.schedule()
+            for job in decision.stopped:
+                self._request_stop(job.job_id, self.runs[job.job_id], now, "preempted by the policy")
+            for job in decision.started:
+                self._launch(job, now)
+            self.pass_seconds.append(time.perf_counter() - t0)
+            del self.pass_seconds[:-1000]
+            self._persist(force=bool(decision.started or decision.stopped))
+
+    def serve(self, stop: threading.Event, poll: float = 0.2) -> None:
+        """Run ``tick`` on every wake-up, every ``poll`` s for ended runs, every ``interval``."""
+        last = 0.0
+        while not stop.is_set():
+            woken = self.wake.wait(poll)
+            self.wake.clear()
+            try:
+                ended = woken or self._any_ended() or time.monotonic() - last >= self.config.interval
+                if ended:
+                    last = time.monotonic()
+                    self.tick()
+            except Exception:
+                log.exception("scheduling pass failed")
+
+    def _any_ended(self) -> bool:
+        """Cheap check between passes: did a run end, or is a stop due to escalate?"""
+        with self.lock:
+            ends = self.executor.poll()
+            for end in ends:
+                self._on_end(end)
+            now = self.clock()
+            due = any(r.stop_requested is not None and now - r.stop_requested >= self.config.stop_grace
+                      and (r.term_sent is None or now - r.term_sent >= KILL_AFTER_S) for r in self.runs.values())
+            return bool(ends) or due
+
+    # --- transitions -----------------------------------------------------------------------------
+    def _launch(self, job: JobState, now: float) -> None:
+        run = self.runs[job.job_id]
+        alloc = self.driver.allocation(job.job_id)
+        placement = self._pick_gpus(alloc)
+        run.run += 1
+        run.placement = placement
+        run.stop_requested = run.term_sent = None
+        run.stop_reason = ""
+        spec = self._launch_spec(job.job_id, run)
+        first = run.started is None
+        try:
+            run.handle = self.executor.launch(spec)
+        except Exception as exc:                      # the executor could not start it: failed
+            log.warning("job %d: launch failed: %s", job.job_id, exc)
+            self.driver.finish(job)
+            self._release_gpus(placement)
+            self._close(job.job_id, "failed", now, detail=f"launch failed: {exc}")
+            return
+        run.status = "running"
+        if first:
+            run.started = now
+        self.store.add_placement(job.job_id, run.run, placement, now)
+        where = ", ".join(f"{n}[{','.join(map(str, g))}]" for n, g in placement)
+        self._persist_job(job.job_id, events=[(now, job.job_id, "started" if first else "resumed",
+                                               f"run {run.run} on {where}")])
+
+    def _launch_spec(self, job_id: int, run: _Run) -> LaunchSpec:
+        spec = run.spec
+        job_dir = os.path.join(self.jobs_dir, str(job_id))
+        control = os.path.join(self.ckpt_root, str(job_id), "control")
+        for d in (job_dir, control):
+            os.makedirs(d, exist_ok=True)
+        stop_file, stopped_file = os.path.join(control, "stop"), os.path.join(control, "stopped")
+        for f in (stop_file, stopped_file):
+            try:
+                os.unlink(f)
+            except FileNotFoundError:
+                pass
+        env = dict(spec.get("env") or {})
+        env.update({"TIRESIAS_JOB_ID": str(job_id), "TIRESIAS_JOB_NAME": run.name,
+                    "TIRESIAS_CHECKPOINT_DIR": self.checkpoint_dir(job_id),
+                    "TIRESIAS_STOP_FILE": stop_file, "TIRESIAS_STOPPED_FILE": stopped_file})
+        if spec.get("autops_aggregators"):
+            env.update({"AUTOPS_MASTER": self.config.autops_master, "AUTOPS_JOB": autops_job_name(job_id, run.run),
+                        "AUTOPS_AGGREGATORS": str(spec["autops_aggregators"])})
+        memory = spec.get("memory")
+        return LaunchSpec(job_id, run.run, run.name, list(spec["command"]), spec["launcher"], run.placement,
+                          env=env, workdir=spec["workdir"], log_path=self.log_path(job_id),
+                          run_dir=os.path.join(job_dir, f"run{run.run}"), memory_bytes=memory)
+
+    def _request_stop(self, job_id: int, run: _Run, now: float, why: str) -> None:
+        """Ask the job to checkpoint and exit (the stop file); escalation follows the grace."""
+        run.status = "stopping"
+        run.stop_requested = now
+        run.term_sent = None
+        run.stop_reason = run.stop_reason or why
+        stop_file = os.path.join(self.ckpt_root, str(job_id), "control", "stop")
+        os.makedirs(os.path.dirname(stop_file), exist_ok=True)
+        pathlib.Path(stop_file).touch()
+        self._persist_job(job_id, events=[(now, job_id, "stopping", why)])
+
+    def _escalate(self, now: float) -> None:
+        grace = self.config.stop_grace
+        for job_id, run in self.runs.items():
+            if run.status != "stopping" or run.stop_requested is None or run.handle is None:
+                continue
+            if run.term_sent is None and now - run.stop_requested >= grace:
+                self.executor.terminate(job_id, run.run, run.handle)
+                run.term_sent = now
+                self.store.event("sigterm", job_id, f"no exit {grace:g} s after the stop request", now)
+            elif run.term_sent is not None and now - run.term_sent >= KILL_AFTER_S:
+                self.executor.terminate(job_id, run.run, run.handle, force=True)
+                run.term_sent = now
+                self.store.event("sigkill", job_id, f"still running {KILL_AFTER_S:g} s after SIGTERM", now)
+
+    def _on_end(self, end: RunEnd) -> None:
+        run = self.runs.get(end.job_id)
+        if run is None or end.run != run.run:
+            return                                   # an old run, already accounted
+        now = self.clock()
+        job = self.states[end.job_id]
+        self._release_gpus(run.placement)
+        outcome = "lost" if end.lost else f"exit {end.exit_code}"
+        self.store.end_placement(end.job_id, end.run, now, outcome + (" (stopped)" if end.stopped else ""))
+        run.handle = None
+        if run.status == "stopping":
+            if run.stop_reason == "cancel":
+                self.driver.released(job)
+                self._close(end.job_id, "cancelled", now, detail="cancelled while running", code=end.exit_code)
+            elif end.exit_code == 0 and not end.stopped and not end.lost:
+                self.driver.released(job)        # it finished before it saw the request
+                self.driver.remove(job)
+                self._close(end.job_id, "finished", now, code=0)
+            else:
+                self.driver.released(job)
+                how = "checkpointed and exited" if end.stopped else (
+                    "lost" if end.lost else f"exit {end.exit_code} (signalled after the grace period)")
+                run.status = "preempted"
+                run.stop_requested = run.term_sent = None
+                self._persist_job(end.job_id, events=[(now, end.job_id, "preempted", f"run {end.run}: {how}; "
+                                                       f"{run.stop_reason}")])
+                run.stop_reason = ""
+            return
+        if end.lost:                                   # node gone: requeue from its checkpoint
+            self.driver.preempt(job)
+            self.driver.released(job)
+            run.status = "preempted"
+            self._persist_job(end.job_id, events=[(now, end.job_id, "lost", end.detail or "run lost")])
+            return
+        self.driver.finish(job)
+        if end.exit_code == 0:
+            self._close(end.job_id, "finished", now, code=0)
+        else:
+            tail = self.log_tail(end.job_id)
+            self._close(end.job_id, "failed", now, code=end.exit_code,
+                        detail=f"exit code {end.exit_code}" + (f"; {end.detail}" if end.detail else "") +
+                        (f"\n{tail}" if tail else ""))
+
+    def _close(self, job_id: int, status: str, now: float, detail: str = "", code: int | None = None) -> None:
+        assert status in TERMINAL
+        run = self.runs.pop(job_id)
+        job = self.states.pop(job_id)
+        self.store.update_jobs([(job_id, {"status": status, "ended": now, "exit_code": code, "detail": detail,
+                                          "attained_service": job.service, "executed": job.executed,
+                                          "preemptions": job.preemptions, "handle": None})],
+                               [(now, job_id, status, detail.splitlines()[0] if detail else run.name)])
+
+    def _check_nodes(self, now: float) -> None:
+        """Executor-side node changes (a Ray node removed or back)."""
+        if self.executor.name == "local":
+            return
+        alive = {n.name: n.alive for n in self.executor.nodes()}
+        for name, i in self.node_index.items():
+            up = alive.get(name, False) and name not in self.drained
+            if up == (i not in self.driver.nodes.offline):
+                continue
+            hit = self.driver.set_online(i, up)
+            self.store.event("node-up" if up else "node-lost", None, name, now)
+            for job in hit:
+                self._request_stop(job.job_id, self.runs[job.job_id], now, f"node {name} lost")
+
+    def _take_reports(self) -> None:
+        skews = self.reports.job_skews()
+        if not skews:
+            return
+        for job_id, run in self.runs.items():
+            for r in range(run.run, 0, -1):
+                measured = skews.get(autops_job_name(job_id, r))
+                if measured is not None:
+                    if run.skew_measured != measured:
+                        run.skew_measured = measured
+                        self.states[job_id].skew = measured        # used from its next placement on
+                        self.store.update_job(job_id, skew=measured)
+                    break
+
+    def _eligible(self, job: JobState) -> list[bool] | None:
+        """Nodes whose free memory plus the cluster's lendable remote memory covers the job's."""
+        run = self.runs.get(job.job_id)
+        memory = run.spec.get("memory") if run else None
+        if not memory or not self.reports.infiniswap_endpoints:
+            return None
+        hosts = self.reports.memory()
+        lendable = {h: int(r.get("lendable_bytes") or 0) for h, r in hosts.items()}
+        mask = []
+        for node in self.node_infos:
+            host = self.config.node_hosts.get(node.name, node.name)
+            report = hosts.get(host)
+            if report is None:
+                mask.append(False)
+                continue
+            remote = sum(v for h, v in lendable.items() if h != host)
+            mask.append(int(report.get("memory_free_bytes") or 0) + remote >= memory)
+        return mask
+
+    # --- GPUs --------------------------------------------------------------------------------------
+    def _alloc_of(self, placement: list[tuple[str, list[int]]]) -> list[tuple[int, int]]:
+        return [(self.node_index[n], len(g)) for n, g in placement if n in self.node_index]
+
+    def _pick_gpus(self, alloc: list[tuple[int, int]]) -> list[tuple[str, list[int]]]:
+        placement = []
+        for node, count in alloc:
+            name = self.node_infos[node].name
+            free = [g for g in range(self.node_infos[node].gpus) if g not in self.gpus_busy[name]]
+            if len(free) < count:
+                raise AssertionError(f"node {name}: {count} GPUs placed, {len(free)} free")
+            placement.append((name, free[:count]))
+        self._take_gpus(placement)
+        return placement
+
+    def _take_gpus(self, placement) -> None:
+        for name, gpus in placement or []:
+            self.gpus_busy.setdefault(name, set()).update(gpus)
+
+    def _release_gpus(self, placement) -> None:
+        for name, gpus in placement or []:
+            self.gpus_busy.get(name, set()).difference_update(gpus)
+
+    # --- persistence ---------------------------------------------------------------------------------
+    def _fields(self, job_id: int) -> dict[str, Any]:
+        run, job = self.runs[job_id], self.states[job_id]
+        return {"status": run.status, "started": run.started, "run": run.run, "placement": run.placement,
+                "handle": run.handle, "stop_requested": run.stop_requested,
+                "attained_service": job.service, "executed": job.executed, "waited": job.waited,
+                "wait_since": job.wait_since, "preemptions": job.preemptions, "service_at": self.driver.now,
+                "queue": self._queue(job), "checkpoint_dir": self.checkpoint_dir(job_id)}
+
+    def _persist_job(self, job_id: int, events: list[tuple] = ()) -> None:
+        self.store.update_jobs([(job_id, self._fields(job_id))], events)
+
+    def _persist(self, force: bool = False) -> None:
+        """Running and stopping jobs' service, at least once per interval (durable)."""
+        now = time.monotonic()
+        if not force and now - self.last_persist < self.config.interval:
+            return
+        self.last_persist = now
+        self.store.update_jobs([(jid, self._fields(jid)) for jid, r in self.runs.items()
+                                if r.status in ("running", "stopping")])
+
+    def _queue(self, job: JobState) -> int:
+        queue_of = getattr(self.driver.policy, "queue_of", None)
+        return int(queue_of(job)) if queue_of is not None else 0
+
+    # --- views ---------------------------------------------------------------------------------------
+    def checkpoint_dir(self, job_id: int) -> str:
+        return os.path.join(self.ckpt_root, str(job_id), "checkpoint")
+
+    def log_path(self, job_id: int) -> str:
+        return os.path.join(self.jobs_dir, str(job_id), "job.log")
+
+    def log_tail(self, job_id: int, nbytes: int = LOG_TAIL_BYTES) -> str:
+        try:
+            with open(self.log_path(job_id), "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - nbytes))
+                return f.read().decode("utf-8", "replace").strip()
+        except OSError:
+            return ""
+
+    def read_log(self, job_id: int, offset: int = 0, limit: int = 1 << 20) -> tuple[str, int]:
+        if self.store.job(job_id) is None:
+            raise NotFound(f"no job {job_id}")
+        try:
+            with open(self.log_path(job_id), "rb") as f:
+                f.seek(max(0, offset))
+                data = f.read(limit)
+        except FileNotFoundError:
+            return "", offset
+        return data.decode("utf-8", "replace"), offset + len(data)
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        with self.lock:
+            row = self.store.job(job_id)
+            if row is None:
+                raise NotFound(f"no job {job_id}")
+            view = self._view(row)
+            view["runs"] = self.store.placements(job_id)
+            return view
+
+    def jobs(self, statuses: list[str] | None = None) -> list[dict[str, Any]]:
+        with self.lock:
+            return [self._view(r) for r in self.store.jobs(statuses)]
+
+    def _view(self, row: dict[str, Any]) -> dict[str, Any]:
+        job_id = row["id"]
+        spec = row["spec"]
+        view = {"id": job_id, "name": row["name"], "status": row["status"], "gpus": row["gpus"],
+                "submitted": row["submitted"], "started": row["started"], "ended": row["ended"],
+                "preemptions": row["preemptions"], "attained_service": row["attained_service"],
+                "executed": row["executed"], "queue": row["queue"], "run": row["run"],
+                "placement": {n: g for n, g in row["placement"]} if row["placement"] else {},
+                "command": spec["command"], "launcher": spec.get("launcher"), "memory": spec.get("memory"),
+                "autops_aggregators": spec.get("autops_aggregators"), "duration": spec.get("duration"),
+                "skew": row["skew"] if row["skew"] is not None else skew_of(spec.get("model"), spec.get("skew")),
+                "skew_measured": row["skew"] is not None, "exit_code": row["exit_code"], "detail": row["detail"],
+                "checkpoint_dir": row["checkpoint_dir"], "reason": None,
+                "jct": row["ended"] - row["submitted"] if row["ended"] is not None else None}
+        job, run = self.states.get(job_id), self.runs.get(job_id)
+        if job is not None and run is not None:      # live figures, fresher than the last write
+            view.update(status=run.status, attained_service=job.service, executed=job.executed,
+                        preemptions=job.preemptions, queue=self._queue(job), run=run.run,
+                        placement={n: g for n, g in run.placement} if run.placement and run.status in
+                        ("running", "stopping") else view["placement"])
+            if run.status in ("waiting", "preempted"):
+                view["reason"] = self.driver.reasons.get(job_id) or "queued behind higher-priority jobs"
+        if view["status"] in ("waiting", "preempted"):
+            view["placement"] = {}
+        return view
+
+    def nodes(self) -> list[dict[str, Any]]:
+        with self.lock:
+            hosts = self.reports.memory()
+            out = []
+            for i, info in enumerate(self.node_infos):
+                host = self.config.node_hosts.get(info.name, info.name)
+                mem = hosts.get(host)
+                jobs = {jid: [g for n, g in r.placement if n == info.name][0] for jid, r in self.runs.items()
+                        if r.placement and r.status in ("running", "stopping") and
+                        any(n == info.name for n, _ in r.placement)}
+                out.append({"name": info.name, "gpus": info.gpus, "online": i not in self.driver.nodes.offline,
+                            "drained": info.name in self.drained, "free_gpus": info.gpus - len(self.gpus_busy[info.name]),
+                            "jobs": {str(k): v for k, v in jobs.items()}, "host": host,
+                            "memory_total_bytes": mem.get("memory_total_bytes") if mem else None,
+                            "memory_free_bytes": mem.get("memory_free_bytes") if mem else None,
+                            "memory_lent_bytes": (int(mem.get("slabs_lent") or 0) * int(mem.get("slab_bytes") or 0)
+                                                  if mem else None),
+                            "memory_lendable_bytes": mem.get("lendable_bytes") if mem else None})
+            return out
+
+    def summary(self) -> dict[str, Any]:
+        """Cluster-level view: queues, GPU use, JCTs so far, report sources, pass times."""
+        with self.lock:
+            counts: dict[str, int] = {}
+            for r in self.store.jobs():
+                counts[r["status"]] = counts.get(r["status"], 0) + 1
+            finished = [r["ended"] - r["submitted"] for r in self.store.jobs(["finished"])]
+            queues: dict[int, int] = {}
+            for jid, run in self.runs.items():
+                if run.status in ("waiting", "preempted"):
+                    q = self._queue(self.states[jid])
+                    queues[q] = queues.get(q, 0) + 1
+            passes = sorted(self.pass_seconds)
+            return {"policy": self.config.policy, "executor": self.executor.name,
+                    "nodes": len(self.node_infos), "gpus": sum(n.gpus for n in self.node_infos),
+                    "gpus_used": sum(len(s) for s in self.gpus_busy.values()), "jobs": counts,
+                    "queues": {str(k): v for k, v in sorted(queues.items())},
+                    "thresholds": list(self.config.thresholds),
+                    "finished": len(finished), "avg_jct": sum(finished) / len(finished) if finished else None,
+                    "reports": self.reports.sources(), "lendable_bytes": self.reports.lendable_bytes(),
+                    "pass_ms_p50": passes[len(passes) // 2] * 1e3 if passes else None}
+
+    def events(self, since: int = 0, job_id: int | None = None, limit: int = 200) -> list[dict[str, Any]]:
+        return self.store.events(since, job_id, limit)
+
+    def close(self) -> None:
+        with self.lock:
+            self._persist(force=True)
+            self.reports.stop()
+            self.executor.close()
+            self.store.close()
+
+
+def autops_job_name(job_id: int, run: int) -> str:
+    """The AutoPS job name of a run (a new registration per run)."""
+    return f"tiresias-{job_id}-r{run}"
+

@@ -1,0 +1,94 @@
+"""Running a master: the state dir's token and address files, the scheduling thread, HTTP.
+
+``STATE/token`` (mode 0600) is generated at the first start and kept; ``STATE/master.json``
+holds the URL the master listens on and its pid, so client commands given ``--state DIR``
+find it. SIGTERM or SIGINT stops the master cleanly: the HTTP server closes, the scheduling
+thread finishes its pass, state is written. Jobs keep running — a restarted master
+re-attaches them.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import signal
+import threading
+
+from aiohttp import web
+
+from .api import build_app
+from .master import Master
+
+log = logging.getLogger("tiresias.server")
+
+
+def ensure_token(state_dir: str) -> str:
+    """The master's bearer token: read from ``STATE/token``, created (0600) if missing."""
+    path = os.path.join(state_dir, "token")
+    try:
+        with open(path) as f:
+            token = f.read().strip()
+        if token:
+            return token
+    except FileNotFoundError:
+        pass
+    token = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token
+
+
+def write_address(state_dir: str, url: str) -> None:
+    path = os.path.join(state_dir, "master.json")
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"url": url, "pid": os.getpid()}, f)
+    os.replace(tmp, path)
+
+
+def serve(master: Master, host: str, port: int, ready=None) -> int:
+    """Serve ``master`` on ``host:port`` until SIGTERM/SIGINT; returns an exit status."""
+    token = ensure_token(master.config.state_dir)
+    master.reports.on_report = lambda topic: master.wake.set()
+    master.reports.start()
+    stop = threading.Event()
+    loop_thread = threading.Thread(target=master.serve, args=(stop,), name="tiresias-scheduler", daemon=True)
+    loop_thread.start()
+    try:
+        return asyncio.run(_http(master, token, host, port, ready))
+    finally:
+        stop.set()
+        master.wake.set()
+        loop_thread.join(timeout=30)
+        master.close()
+
+
+async def _http(master: Master, token: str, host: str, port: int, ready) -> int:
+    runner = web.AppRunner(build_app(master, token), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    bound = runner.addresses[0][1] if runner.addresses else port
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{bound}"
+    write_address(master.config.state_dir, url)
+    log.info("master listening on %s (state %s)", url, master.config.state_dir)
+    print(f"tiresias master: listening on {url}, state {os.path.abspath(master.config.state_dir)}, "
+          f"executor {master.executor.name}, policy {master.config.policy}", flush=True)
+    if ready is not None:
+        ready(url)
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, done.set)
+    await done.wait()
+    log.info("master stopping")
+    await runner.cleanup()
+    return 0

@@ -1,0 +1,148 @@
+"""The per-run supervisor of the local executor: ``python -m tiresias.service.supervisor RUN_DIR``.
+
+Started by the master in a session of its own, so a run outlives a master crash. It reads
+``RUN_DIR/spec.json`` (a ``LaunchSpec``), starts every node's command in a process group of
+its own (``CUDA_VISIBLE_DEVICES`` from the placement, a rendezvous port on 127.0.0.1 for a
+job spanning nodes, output appended to the job's log, a memory cgroup when the job declared
+its memory), records the process groups in ``RUN_DIR/groups.json``, waits, and records how
+the run ended in ``RUN_DIR/exit.json`` — which is how a restarted master learns it.
+
+When one node's command fails, the others are stopped (SIGTERM, then SIGKILL). SIGTERM or
+SIGINT to the supervisor is passed on to every node's process group.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+from . import cgroup
+from .executor import LaunchSpec, node_command, node_env
+
+KILL_AFTER_S = 10.0
+
+
+def write_json(path: str, data: Any) -> None:
+    """Write ``data`` to ``path`` atomically (temp file, fsync, rename)."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: str) -> Any | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class Supervisor:
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir = run_dir
+        spec = read_json(os.path.join(run_dir, "spec.json"))
+        if spec is None:
+            raise SystemExit(f"supervisor: no readable spec.json in {run_dir}")
+        self.spec = LaunchSpec.from_dict(spec)
+        self.procs: list[subprocess.Popen] = []
+        self.cgroups: list[cgroup.MemoryLimit] = []
+        self.signalled = False
+
+    def _log(self, text: str) -> None:
+        with open(self.spec.log_path, "a") as f:
+            f.write(text + "\n")
+
+    def start(self) -> None:
+        spec = self.spec
+        port = free_port()
+        nodes = ", ".join(f"{n}[{','.join(map(str, g))}]" for n, g in spec.placement)
+        self._log(f"=== tiresias: run {spec.run} of job {spec.job_id} on {nodes} at "
+                  f"{time.strftime('%Y-%m-%d %H:%M:%S')} ===")
+        log = open(spec.log_path, "ab", buffering=0)
+        for rank in range(len(spec.placement)):
+            limit = None
+            if spec.memory_bytes:
+                limit = cgroup.MemoryLimit.create(f"job{spec.job_id}-run{spec.run}-node{rank}", spec.memory_bytes)
+                self.cgroups.append(limit)
+            proc = subprocess.Popen(node_command(spec, rank, "127.0.0.1", port),
+                                    env=node_env(spec, rank, "127.0.0.1", port), cwd=spec.workdir,
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True,
+                                    preexec_fn=limit.join_self if limit is not None else None)
+            self.procs.append(proc)
+        log.close()
+        write_json(os.path.join(self.run_dir, "groups.json"),
+                   {"supervisor": os.getpid(), "groups": [p.pid for p in self.procs]})
+
+    def signal_all(self, sig: int) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:
+                    pass
+
+    def wait(self) -> dict[str, Any]:
+        codes: list[int | None] = [None] * len(self.procs)
+        failed_at = None
+        while any(c is None for c in codes):
+            for i, p in enumerate(self.procs):
+                if codes[i] is None and p.poll() is not None:
+                    codes[i] = p.returncode
+                    if p.returncode != 0 and failed_at is None:
+                        failed_at = time.monotonic()
+                        self.signal_all(signal.SIGTERM)       # one node failed: stop the others
+            if failed_at is not None and time.monotonic() - failed_at > KILL_AFTER_S:
+                self.signal_all(signal.SIGKILL)
+            time.sleep(0.05)
+        for limit in self.cgroups:
+            limit.remove()
+        stopped_file = self.spec.env.get("TIRESIAS_STOPPED_FILE")
+        nonzero = [c for c in codes if c != 0]
+        return {"exit_code": nonzero[0] if nonzero else 0, "codes": codes, "ended": time.time(),
+                "stopped": bool(stopped_file) and os.path.exists(stopped_file)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m tiresias.service.supervisor RUN_DIR", file=sys.stderr)
+        return 2
+    sup = Supervisor(argv[0])
+
+    def forward(signum, frame) -> None:
+        sup.signal_all(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    try:
+        sup.start()
+    except Exception as exc:                     # a command that cannot start is a failed run
+        sup.signal_all(signal.SIGKILL)
+        sup._log(f"=== tiresias: run {sup.spec.run} could not start: {exc} ===")
+        write_json(os.path.join(argv[0], "exit.json"), {"exit_code": 127, "codes": [], "ended": time.time(),
+                                                         "stopped": False, "detail": str(exc)})
+        return 1
+    result = sup.wait()
+    sup._log(f"=== tiresias: run {sup.spec.run} ended with exit code {result['exit_code']}"
+             f"{' (stopped on request)' if result['stopped'] else ''} ===")
+    write_json(os.path.join(argv[0], "exit.json"), result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
