@@ -44,6 +44,8 @@ class LocalExecutor:
                                 stdout=subprocess.DEVNULL, stderr=open(os.path.join(spec.run_dir, "supervisor.err"), "ab"),
                                 start_new_session=True, close_fds=True)
         self._children[proc.pid] = proc
+        with open(os.path.join(spec.run_dir, "supervisor.pid"), "w") as f:
+            f.write(str(proc.pid))
         handle = {"supervisor": proc.pid, "run_dir": spec.run_dir}
         self._runs[(spec.job_id, spec.run)] = handle
         return handle
