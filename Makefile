@@ -12,9 +12,10 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # System packages: libfuse3 (+ pkg-config) to build the C core's FUSE front end, fuse3 (fusermount3),
-# fio and stress-ng for the benchmarks and memory-pressure tests.  Installed when missing and we are
+# fio and stress-ng for the benchmarks and memory-pressure tests, chromium (headless) for the
+# Tiresias dashboard test.  Installed when missing and we are
 # root with apt-get; otherwise skipped quietly (the C build then says that libfuse3-dev is missing).
-SYSPKGS := fuse3 libfuse3-dev pkg-config fio stress-ng
+SYSPKGS := fuse3 libfuse3-dev pkg-config fio stress-ng chromium
 
 # torch first, pinned: the machine carries a CPU build of 2.13.0; an unpinned torch would pull CUDA wheels.
 # The C core is built by `pip install -e`: a change to its sources re-runs this step.

@@ -144,7 +144,7 @@ def build_app(master: Master, token: str) -> web.Application:
         given = str(form.get("token", ""))
         if not hmac.compare_digest(given.encode(), token.encode()):
             return web.Response(text=_login_page("wrong token"), content_type="text/html", status=401)
-        resp = web.HTTPSeeOther("/")
+        resp = web.Response(status=303, headers={"Location": "/"})
         resp.set_cookie(COOKIE, given, httponly=True, samesite="Strict")
         return resp
 
