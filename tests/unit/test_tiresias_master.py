@@ -271,7 +271,7 @@ def test_measured_skew_consolidates_from_the_next_start(tmp_path):
     m.tick()
     assert status(m, j) == "running" and len(ex.launched[-1].placement) == 2   # spread: skew unknown
     report = {"type": "autops.utilization", "version": 1, "master": "tcp://127.0.0.1:5555",
-              "jobs": [{"job": autops_job_name(j, 1), "skew": 0.71}]}
+              "jobs": [{"job": autops_job_name(j, 1), "skew": 0.71, "tensors": 38}]}
     assert feed.ingest(b"autops.utilization " + json.dumps(report).encode())
     m.tick()
     assert m.job(j)["skew"] == pytest.approx(0.71) and m.job(j)["skew_measured"]

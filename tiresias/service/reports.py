@@ -125,7 +125,9 @@ class ReportFeed:
         skews: dict[str, float] = {}
         for report in self._fresh(AUTOPS_TOPIC):
             for job in report.get("jobs") or []:
-                skew = job.get("skew") if isinstance(job, dict) else None
+                if not isinstance(job, dict) or not job.get("tensors"):
+                    continue                     # no tensor declared yet: no profile to take
+                skew = job.get("skew")
                 if isinstance(skew, (int, float)) and 0.0 <= skew <= 1.0 and job.get("job"):
                     skews[str(job["job"])] = float(skew)
         return skews
