@@ -131,3 +131,32 @@ def test_cli_refusals_and_usage_errors(master, tmp_path):
     assert oct(os.stat(m.state / "token").st_mode & 0o777) == "0o600"
     r = subprocess.run([str(BIN / "tiresias")], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "master" in r.stdout
+
+
+def test_sigkill_reaches_torchrun_workers_in_their_own_sessions(master, tmp_path):
+    """torchrun starts workers in new sessions; a cancelled job that ignores SIGTERM must still
+    leave no worker behind."""
+    import sys
+    from tiresias_live import JOBS
+    piddir = tmp_path / "pids"
+    piddir.mkdir()
+    m = master("--nodes", "1x2", "--interval", "0.5", "--stop-grace", "1")
+    j = m.submit(2, sys.executable, str(JOBS / "stubborn_worker.py"), str(piddir), name="stubborn",
+                 launcher="torchrun")
+    m.wait_status(j, "running")
+    pids = wait_for(lambda: len(list(piddir.iterdir())) == 2 and [int(p.read_text()) for p in piddir.iterdir()],
+                    60, "two torchrun workers")
+    for pid in pids:
+        assert os.getsid(pid) == pid          # each worker leads a session of its own
+    m.client.post(f"/api/v1/jobs/{j}/cancel")
+    m.wait_status(j, "cancelled", 60)
+    kinds = [e["kind"] for e in m.client.get(f"/api/v1/events?job={j}")]
+    assert "sigkill" in kinds or "sigterm" in kinds
+
+    def gone(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            return True
+    wait_for(lambda: all(gone(p) for p in pids), 30, "the workers to be gone")

@@ -15,6 +15,7 @@ import sys
 import time
 
 from tiresias.service.client import Client
+from tiresias.service.supervisor import kill_tree
 
 BIN = pathlib.Path(sys.executable).parent
 JOBS = pathlib.Path(__file__).with_name("tiresias_jobs")
@@ -82,37 +83,28 @@ class MasterProcess:
     def stop(self) -> None:
         """Stop the master and everything its runs started."""
         self.kill(signal.SIGTERM)
+        for pidfile in self.state.glob("jobs/*/run*/supervisor.pid"):
+            pid = int(pidfile.read_text())
+            if _is_supervisor(pid):
+                kill_tree(pid, include_root=True)
         for groups in self.state.glob("jobs/*/run*/groups.json"):
             try:
                 record = json.loads(groups.read_text())
             except ValueError:
                 continue
             for pgid in record.get("groups", []):
-                _kill_group(pgid)
-            _kill_pid(record.get("supervisor"))
-        for spec in self.state.glob("jobs/*/run*/spec.json"):
-            sup = spec.parent / "supervisor.pid"
-            if sup.exists():
-                _kill_pid(int(sup.read_text()))
+                try:
+                    os.killpg(pgid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
 
 
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _kill_pid(pid) -> None:
-    if not pid:
-        return
+def _is_supervisor(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if b"tiresias.service.supervisor" not in f.read():
-                return
-        os.kill(pid, signal.SIGKILL)
-    except (OSError, ProcessLookupError):
-        pass
+            return b"tiresias.service.supervisor" in f.read()
+    except OSError:
+        return False
 
 
 def counter(total: int, pause: float, *flags: str) -> list[str]:

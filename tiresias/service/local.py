@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from .executor import LaunchSpec, NodeInfo, RunEnd
-from .supervisor import read_json, write_json
+from .supervisor import kill_tree, read_json, write_json
 
 SUPERVISOR = "tiresias.service.supervisor"
 
@@ -53,6 +53,8 @@ class LocalExecutor:
     def terminate(self, job_id: int, run: int, handle: dict[str, Any], force: bool = False) -> None:
         sig = signal.SIGKILL if force else signal.SIGTERM
         groups = read_json(os.path.join(handle["run_dir"], "groups.json")) or {}
+        if force and _alive(handle["supervisor"]):
+            kill_tree(handle["supervisor"])           # workers in sessions of their own too
         for pgid in groups.get("groups", []):
             try:
                 os.killpg(pgid, sig)
@@ -60,9 +62,6 @@ class LocalExecutor:
                 pass
 
     def poll(self) -> list[RunEnd]:
-        for pid, proc in list(self._children.items()):
-            if proc.poll() is not None:
-                del self._children[pid]
         ended = []
         for (job_id, run), handle in list(self._runs.items()):
             end = self._ended(job_id, run, handle)
@@ -89,7 +88,13 @@ class LocalExecutor:
         if record is not None:
             return RunEnd(job_id, run, record.get("exit_code"), bool(record.get("stopped")),
                           detail=record.get("detail", ""))
-        if _alive(handle["supervisor"]):
+        pid = handle["supervisor"]
+        child = self._children.get(pid)
+        if child is not None:                # ours: Popen knows, also before it has exec'd
+            if child.poll() is None:
+                return None
+            del self._children[pid]
+        elif _alive(pid):
             return None
         record = read_json(os.path.join(handle["run_dir"], "exit.json"))   # written as it exited
         if record is not None:

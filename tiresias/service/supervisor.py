@@ -9,9 +9,16 @@ the run ended in ``RUN_DIR/exit.json`` — which is how a restarted master learn
 
 When one node's command fails, the others are stopped (SIGTERM, then SIGKILL). SIGTERM or
 SIGINT to the supervisor is passed on to every node's process group.
+
+Launchers such as torchrun start their workers in sessions of their own, so a process group
+does not hold a whole run. The supervisor therefore makes itself the child subreaper
+(``PR_SET_CHILD_SUBREAPER``): workers orphaned by a killed launcher come to it, not to init,
+and ``kill_tree`` (also what the executor's SIGKILL uses) reaches every descendant. When the
+run is over, whatever is left of it is killed.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -21,10 +28,35 @@ import sys
 import time
 from typing import Any
 
+import psutil
+
 from . import cgroup
 from .executor import LaunchSpec, node_command, node_env
 
 KILL_AFTER_S = 10.0
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass                                     # not Linux: orphans go to init as usual
+
+
+def kill_tree(root: int, sig: int = signal.SIGKILL, include_root: bool = False) -> int:
+    """Signal every descendant of ``root`` (children first collected, then signalled)."""
+    try:
+        proc = psutil.Process(root)
+        procs = proc.children(recursive=True) + ([proc] if include_root else [])
+    except psutil.Error:
+        return 0
+    for p in procs:
+        try:
+            p.send_signal(sig)
+        except psutil.Error:
+            pass
+    return len(procs)
 
 
 def write_json(path: str, data: Any) -> None:
@@ -96,6 +128,22 @@ class Supervisor:
                 except ProcessLookupError:
                     pass
 
+    def _reap_orphans(self) -> None:
+        """Reap exited orphans that came to us (never the node commands: Popen reaps those)."""
+        roots = {p.pid for p in self.procs}
+        try:
+            children = psutil.Process().children()
+        except psutil.Error:
+            return
+        for child in children:
+            if child.pid in roots:
+                continue
+            try:
+                if child.status() == psutil.STATUS_ZOMBIE:
+                    os.waitpid(child.pid, os.WNOHANG)
+            except (psutil.Error, ChildProcessError):
+                pass
+
     def wait(self) -> dict[str, Any]:
         codes: list[int | None] = [None] * len(self.procs)
         failed_at = None
@@ -108,7 +156,12 @@ class Supervisor:
                         self.signal_all(signal.SIGTERM)       # one node failed: stop the others
             if failed_at is not None and time.monotonic() - failed_at > KILL_AFTER_S:
                 self.signal_all(signal.SIGKILL)
+                kill_tree(os.getpid())
+            self._reap_orphans()
             time.sleep(0.05)
+        while kill_tree(os.getpid()):                 # what the run left behind
+            time.sleep(0.05)
+            self._reap_orphans()
         for limit in self.cgroups:
             limit.remove()
         stopped_file = self.spec.env.get("TIRESIAS_STOPPED_FILE")
@@ -129,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    become_subreaper()
     try:
         sup.start()
     except Exception as exc:                     # a command that cannot start is a failed run
