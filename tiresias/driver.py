@@ -51,6 +51,7 @@ class DriverConfig:
     slowdown: bool = False         # slow down skewed jobs placed unconsolidated
     migrate: bool = False          # repack + Hungarian renaming when consolidation is blocked
     defer_release: bool = False    # live: preempted jobs hold their GPUs until ``released``
+    preemption_cost: float | None = None   # seconds per resume instead of the model's (measured live)
 
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:
@@ -276,7 +277,9 @@ class Driver:
         if job.first_start is None:
             job.first_start = now
         elif self.config.overheads and job.preemptions:
-            cost = ovh.preemption_cost(job.model, job.num_gpus)
+            cost = self.config.preemption_cost
+            if cost is None:
+                cost = ovh.preemption_cost(job.model, job.num_gpus)
             job.stall += cost
             job.overhead += cost
             self.overhead += cost

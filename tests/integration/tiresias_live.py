@@ -1,21 +1,17 @@
-"""Test helpers: a real ``tiresias master`` process on 127.0.0.1 and its clean-up.
+"""Test helpers around a real ``tiresias master`` process on 127.0.0.1 (``LocalMaster``).
 
-``MasterProcess`` starts the master with the local executor, waits for its address file,
-and on ``stop`` terminates the master and every process of the runs it started (their
-supervisors and process groups, found in the state dir), so no test leaves a job behind.
+``MasterProcess`` adds what tests ask of a master: submitting, waiting for a job's status,
+running the CLI against it. ``stop`` (inherited) ends the master and every process of the
+runs it started, so no test leaves a job behind.
 """
 from __future__ import annotations
 
-import json
-import os
 import pathlib
-import signal
 import subprocess
 import sys
 import time
 
-from tiresias.service.client import Client
-from tiresias.service.supervisor import kill_tree
+from tiresias.service.launch import LocalMaster
 
 BIN = pathlib.Path(sys.executable).parent
 JOBS = pathlib.Path(__file__).with_name("tiresias_jobs")
@@ -31,34 +27,7 @@ def wait_for(predicate, timeout: float = 30.0, what: str = "condition", step: fl
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
-class MasterProcess:
-    def __init__(self, state: pathlib.Path, *args: str, env: dict | None = None) -> None:
-        self.state = state
-        self.args = list(args)
-        self.env = env
-        self.proc: subprocess.Popen | None = None
-        self.log = state.parent / f"{state.name}-master.log"
-
-    def start(self) -> "MasterProcess":
-        self.state.mkdir(parents=True, exist_ok=True)
-        try:
-            (self.state / "master.json").unlink()
-        except FileNotFoundError:
-            pass
-        self.proc = subprocess.Popen([str(BIN / "tiresias"), "master", "--state", str(self.state),
-                                      "--bind", "127.0.0.1:0", *self.args],
-                                     stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
-                                     env=self.env, start_new_session=True)
-        wait_for(lambda: (self.state / "master.json").exists() or self.proc.poll() is not None,
-                 30, "the master's address file")
-        if self.proc.poll() is not None:
-            raise AssertionError(f"master exited {self.proc.returncode}:\n{self.log.read_text()}")
-        return self
-
-    @property
-    def client(self) -> Client:
-        return Client.from_state(str(self.state))
-
+class MasterProcess(LocalMaster):
     def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
         return subprocess.run([str(BIN / "tiresias"), *args[:1], "--state", str(self.state), *args[1:]],
                               capture_output=True, text=True, timeout=timeout)
@@ -74,37 +43,6 @@ class MasterProcess:
         statuses = {statuses} if isinstance(statuses, str) else set(statuses)
         return wait_for(lambda: (j := self.job(job_id))["status"] in statuses and j, timeout,
                         f"job {job_id} to be {'/'.join(sorted(statuses))}")
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, sig)
-            self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        """Stop the master and everything its runs started."""
-        self.kill(signal.SIGTERM)
-        for pidfile in self.state.glob("jobs/*/run*/supervisor.pid"):
-            pid = int(pidfile.read_text())
-            if _is_supervisor(pid):
-                kill_tree(pid, include_root=True)
-        for groups in self.state.glob("jobs/*/run*/groups.json"):
-            try:
-                record = json.loads(groups.read_text())
-            except ValueError:
-                continue
-            for pgid in record.get("groups", []):
-                try:
-                    os.killpg(pgid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-
-
-def _is_supervisor(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"tiresias.service.supervisor" in f.read()
-    except OSError:
-        return False
 
 
 def counter(total: int, pause: float, *flags: str) -> list[str]:

@@ -340,6 +340,8 @@ class Master:
             for end in ends:
                 self._on_end(end)
             now = self.clock()
+            if self.driver.next_change() <= now:
+                return True                      # a queue threshold crossed, a promotion due
             due = any(r.stop_requested is not None and now - r.stop_requested >= self.config.stop_grace
                       and (r.term_sent is None or now - r.term_sent >= KILL_AFTER_S) for r in self.runs.values())
             return bool(ends) or due
