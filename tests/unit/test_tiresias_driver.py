@@ -31,44 +31,37 @@ ORIGINAL = SimConfig("count", overheads=False, slowdown=False)
 MODELLED = SimConfig("tiresias", overheads=True, slowdown=True, migrate=True)
 K3 = (3200.0, 25600.0)
 
-# (avg JCT, median JCT, preemptions) before the driver existed
-PINNED = {
-    "philly1500/fifo": (443161.55666666664, 385737.5, 0),
-    "philly1500/best-effort": (426303.05333333334, 383834.0, 0),
-    "philly1500/srtf": (81202.59133333333, 212.0, 2352),
-    "philly1500/gandiva": (78907.21733333333, 445.5, 5033),
-    "philly1500/las": (92434.98466666667, 212.0, 2146),
-    "philly1500/gittins-k3": (91459.32533333333, 212.0, 3081),
-    "philly1500/las-k3": (91459.32533333333, 212.0, 3081),
-    "job60-2x4/las": (715.977157899617, 150.5, 0),
-    "job60-2x4/gittins": (880.2889631405557, 372.0, 58),
-    "job60-2x4/srsf": (581.3048896941638, 147.02080147596337, 13),
-    "job60-2x4/gandiva": (626.9893495662836, 156.5, 4),
-    "philly800-16x8-cycle/las": (195124.4636933974, 224.30333333322778, 1165),
-    "philly800-16x8-cycle-consolidate/srtf": (199413.89444895834, 215.0, 467),
-}
-
+# name: (trace, cluster, first N jobs, policy, config, policy options,
+#        (avg JCT, median JCT, preemptions) measured before the driver existed)
 CASES = {
-    "philly1500/fifo": (PHILLY, "48x8", 1500, "fifo", ORIGINAL, {}),
-    "philly1500/best-effort": (PHILLY, "48x8", 1500, "best-effort", ORIGINAL, {}),
-    "philly1500/srtf": (PHILLY, "48x8", 1500, "srtf", ORIGINAL, {}),
-    "philly1500/gandiva": (PHILLY, "48x8", 1500, "gandiva", ORIGINAL, {}),
-    "philly1500/las": (PHILLY, "48x8", 1500, "las", ORIGINAL, {}),
-    "philly1500/gittins-k3": (PHILLY, "48x8", 1500, "gittins", ORIGINAL, {"thresholds": K3, "promote_knob": 8.0}),
-    "philly1500/las-k3": (PHILLY, "48x8", 1500, "las", ORIGINAL, {"thresholds": K3, "promote_knob": 8.0}),
-    "job60-2x4/las": (JOB60, "2x4", None, "las", MODELLED, {"promote_knob": 2.0}),
-    "job60-2x4/gittins": (JOB60, "2x4", None, "gittins", MODELLED, {"promote_knob": 2.0}),
-    "job60-2x4/srsf": (JOB60, "2x4", None, "srsf", MODELLED, {"promote_knob": 2.0}),
-    "job60-2x4/gandiva": (JOB60, "2x4", None, "gandiva", MODELLED, {"promote_knob": 2.0}),
-    "philly800-16x8-cycle/las": (PHILLY, "16x8", 800, "las", MODELLED, {"cycle": True}),
+    "philly1500/fifo": (PHILLY, "48x8", 1500, "fifo", ORIGINAL, {}, (443161.55666666664, 385737.5, 0)),
+    "philly1500/best-effort": (PHILLY, "48x8", 1500, "best-effort", ORIGINAL, {},
+                               (426303.05333333334, 383834.0, 0)),
+    "philly1500/srtf": (PHILLY, "48x8", 1500, "srtf", ORIGINAL, {}, (81202.59133333333, 212.0, 2352)),
+    "philly1500/gandiva": (PHILLY, "48x8", 1500, "gandiva", ORIGINAL, {}, (78907.21733333333, 445.5, 5033)),
+    "philly1500/las": (PHILLY, "48x8", 1500, "las", ORIGINAL, {}, (92434.98466666667, 212.0, 2146)),
+    "philly1500/gittins-k3": (PHILLY, "48x8", 1500, "gittins", ORIGINAL, {"thresholds": K3, "promote_knob": 8.0},
+                              (91459.32533333333, 212.0, 3081)),
+    "philly1500/las-k3": (PHILLY, "48x8", 1500, "las", ORIGINAL, {"thresholds": K3, "promote_knob": 8.0},
+                          (91459.32533333333, 212.0, 3081)),
+    "job60-2x4/las": (JOB60, "2x4", None, "las", MODELLED, {"promote_knob": 2.0}, (715.977157899617, 150.5, 0)),
+    "job60-2x4/gittins": (JOB60, "2x4", None, "gittins", MODELLED, {"promote_knob": 2.0},
+                          (880.2889631405557, 372.0, 58)),
+    "job60-2x4/srsf": (JOB60, "2x4", None, "srsf", MODELLED, {"promote_knob": 2.0},
+                       (581.3048896941638, 147.02080147596337, 13)),
+    "job60-2x4/gandiva": (JOB60, "2x4", None, "gandiva", MODELLED, {"promote_knob": 2.0},
+                          (626.9893495662836, 156.5, 4)),
+    "philly800-16x8-cycle/las": (PHILLY, "16x8", 800, "las", MODELLED, {"cycle": True},
+                                 (195124.4636933974, 224.30333333322778, 1165)),
     "philly800-16x8-cycle-consolidate/srtf": (PHILLY, "16x8", 800, "srtf",
-                                              SimConfig("consolidate", overheads=True, slowdown=True), {"cycle": True}),
+                                              SimConfig("consolidate", overheads=True, slowdown=True),
+                                              {"cycle": True}, (199413.89444895834, 215.0, 467)),
 }
 
 
-@pytest.mark.parametrize("case", sorted(PINNED))
+@pytest.mark.parametrize("case", sorted(CASES))
 def test_simulator_figures_unchanged_by_the_driver(case):
-    trace, shape, limit, name, config, opts = CASES[case]
+    trace, shape, limit, name, config, opts, pinned = CASES[case]
     opts = dict(opts)
     cycle = opts.pop("cycle", False)
     cluster = parse_cluster(shape)
@@ -79,7 +72,7 @@ def test_simulator_figures_unchanged_by_the_driver(case):
     policy = make_policy(name, history=[j.num_gpus * j.duration for j in jobs], **opts)
     target = cluster if config.placement != "count" else cluster.total_gpus
     summary = summarize(simulate(jobs, target, policy, config=config))
-    assert (summary["avg_jct"], summary["median_jct"], summary["preemptions"]) == PINNED[case]
+    assert (summary["avg_jct"], summary["median_jct"], summary["preemptions"]) == pinned
 
 
 # --- live mode -------------------------------------------------------------------------------

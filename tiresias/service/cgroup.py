@@ -87,20 +87,27 @@ class MemoryLimit:
             return []
 
     def remove(self, timeout: float = 5.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            pids = self.pids()
-            for pid in pids:
+        """Kill what is left in the cgroup (``cgroup.kill`` on v2) and remove it."""
+        kill_file = os.path.join(self.path, "cgroup.kill")
+        if os.path.exists(kill_file):
+            with open(kill_file, "w") as f:
+                f.write("1")
+        else:
+            for pid in self.pids():
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+        deadline = time.monotonic() + timeout
+        while True:
             try:
                 os.rmdir(self.path)
                 return
             except FileNotFoundError:
                 return
-            except OSError:
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    raise CgroupError(f"cannot remove {self.path}: {exc}") from None
                 time.sleep(0.05)
 
 

@@ -1,0 +1,253 @@
+"""Benchmark of the live Tiresias master (local executor), with the simulator as its peer.
+
+    python bench/tiresias_live.py --json bench/results/tiresias_live.json
+
+1. submit -> running: 100 short jobs submitted one after the other onto free GPUs; the
+   latency is the master's own record (``started - submitted``: the run's processes were
+   started), p50 and p99, and until the worker's first step (Python start-up included).
+   Goal <= 1 s.
+2. stop request -> GPUs free: a running job is preempted by a higher-priority arrival; from
+   the ``stopping`` event to the ``preempted`` one (GPUs released), next to the time the job
+   itself spent saving. Goal <= checkpoint time + 1 s.
+3. one scheduling pass with 1k and 10k queued jobs, in process, durable writes included
+   (each measured pass ends one running job and starts a waiting one). Goal <= 10 ms at 10k.
+4. live vs simulator: a 30-job trace compressed in time (5-60 s jobs, 1-4 GPUs), run live on
+   2x4 with workers that honour preemption, then simulated with the same policy and the
+   overheads the live run measured (per-resume cost = mean stop time + mean restart time).
+   Goal: average JCT within 10%.
+
+Prints one JSON object; ``--json FILE`` writes it too.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import random
+import statistics
+import sys
+import tempfile
+import time
+from types import SimpleNamespace
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tiresias.cluster import ClusterSpec  # noqa: E402
+from tiresias.policies import make_policy  # noqa: E402
+from tiresias.service.executor import NodeInfo, RunEnd  # noqa: E402
+from tiresias.service.launch import LocalMaster  # noqa: E402
+from tiresias.service.master import Master, MasterConfig  # noqa: E402
+from tiresias.service.reports import ReportFeed  # noqa: E402
+from tiresias.sim import SimConfig, simulate  # noqa: E402
+
+WORKER = ROOT / "bench" / "tiresias_worker.py"
+
+
+def worker(work: float, *flags: str) -> list[str]:
+    return [sys.executable, str(WORKER), f"{work:g}", *flags]
+
+
+def percentile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))]
+
+
+def wait(client, job_ids, statuses=("finished",), timeout=600.0) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while True:
+        jobs = {j["id"]: j for j in client.get("/api/v1/jobs")}
+        if all(jobs[i]["status"] in statuses for i in job_ids):
+            return [jobs[i] for i in job_ids]
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"jobs not {statuses} after {timeout} s")
+        time.sleep(0.2)
+
+
+def submit(client, gpus: int, command: list[str], name: str) -> int:
+    return client.post("/api/v1/jobs", {"gpus": gpus, "command": command, "name": name, "launcher": "plain"})["id"]
+
+
+# --- 1 -------------------------------------------------------------------------------------------
+def bench_submit(tmp: pathlib.Path, jobs: int) -> dict:
+    with LocalMaster(tmp / "submit", "--nodes", "8x8", "--interval", "5") as m:
+        c = m.client
+        ids = []
+        for i in range(jobs):
+            ids.append(submit(c, 1, worker(0.5), f"short{i}"))
+            time.sleep(0.05)
+        done = wait(c, ids)
+        working = []
+        for j in done:                                 # the worker's own record: when it began work
+            record = json.loads((m.state / "checkpoints" / str(j["id"]) / "checkpoint" / "runs.jsonl")
+                                .read_text().splitlines()[0])
+            working.append(record["working"] - j["submitted"])
+    lat = [j["started"] - j["submitted"] for j in done]
+    return {"submit_to_running_p50_s": percentile(lat, 50), "submit_to_running_p99_s": percentile(lat, 99),
+            "submit_to_first_step_p50_s": percentile(working, 50),
+            "submit_to_first_step_p99_s": percentile(working, 99), "submit_jobs": jobs}
+
+
+# --- 2 -------------------------------------------------------------------------------------------
+def bench_stop(tmp: pathlib.Path, rounds: int, ckpt: float) -> dict:
+    stops, saves = [], []
+    with LocalMaster(tmp / "stop", "--nodes", "1x2", "--interval", "5", "--thresholds", "2",
+                     "--stop-grace", "30") as m:
+        c = m.client
+        for i in range(rounds):
+            long_ = submit(c, 2, worker(600, "--ckpt-seconds", str(ckpt)), f"long{i}")
+            wait(c, [long_], ("running",))
+            while c.get(f"/api/v1/jobs/{long_}")["queue"] < 1:     # past its threshold: lower priority
+                time.sleep(0.1)
+            short = submit(c, 2, worker(0.2), f"short{i}")
+            wait(c, [short])
+            events = c.get(f"/api/v1/events?job={long_}")
+            asked = next(e["time"] for e in events if e["kind"] == "stopping")
+            freed = next(e["time"] for e in events if e["kind"] == "preempted")
+            stops.append(freed - asked)
+            runs = [json.loads(x) for x in (m.state / "checkpoints" / str(long_) / "checkpoint" / "runs.jsonl")
+                    .read_text().splitlines()]
+            saves.append(runs[0]["saved"] - runs[0]["stop_seen"])
+            c.post(f"/api/v1/jobs/{long_}/cancel")
+            wait(c, [long_], ("cancelled",))
+    return {"stop_to_free_p50_s": statistics.median(stops), "stop_to_free_max_s": max(stops),
+            "checkpoint_s": statistics.median(saves), "stop_rounds": rounds}
+
+
+# --- 3 -------------------------------------------------------------------------------------------
+class NullExecutor:
+    """Launches nothing; ``finish`` ends one run at the next poll."""
+    name = "null"
+
+    def __init__(self, nodes: int, gpus: int) -> None:
+        self._nodes = [NodeInfo(f"node{i}", gpus) for i in range(nodes)]
+        self.running: list[tuple[int, int]] = []
+        self.ended: list[RunEnd] = []
+
+    def nodes(self):
+        return self._nodes
+
+    def launch(self, spec):
+        self.running.append((spec.job_id, spec.run))
+        return {"null": True}
+
+    def terminate(self, *a, **k):
+        pass
+
+    def finish_one(self) -> None:
+        job_id, run = self.running.pop(0)
+        self.ended.append(RunEnd(job_id, run, 0))
+
+    def poll(self):
+        out, self.ended = self.ended, []
+        return out
+
+    def reconcile(self, runs):
+        return []
+
+    def close(self):
+        pass
+
+
+def bench_pass(tmp: pathlib.Path, queued: int, passes: int = 30) -> float:
+    ex = NullExecutor(2, 4)
+    m = Master(MasterConfig(str(tmp / f"pass{queued}"), interval=3600), ex, reports=ReportFeed())
+    rng = random.Random(queued)
+    for i in range(queued + 8):
+        m.submit({"gpus": rng.choice([1, 1, 2, 4]), "command": ["x"], "name": f"q{i}", "workdir": "/"})
+    m.tick()                                           # fills the cluster
+    times = []
+    for _ in range(passes):
+        ex.finish_one()
+        t0 = time.perf_counter()
+        m.tick()                                       # one job ends, the next starts: rows and events written
+        times.append(time.perf_counter() - t0)
+    m.close()
+    return statistics.median(times) * 1e3
+
+
+# --- 4 -------------------------------------------------------------------------------------------
+def make_trace(n: int, seed: int, spread: float) -> list[SimpleNamespace]:
+    rng = random.Random(seed)
+    t, jobs = 0.0, []
+    for i in range(n):
+        jobs.append(SimpleNamespace(job_id=i, submit_time=round(t, 1), num_gpus=rng.choice([1, 1, 2, 2, 4]),
+                                    duration=float(rng.randint(5, 60))))
+        t += rng.expovariate(n / spread)
+    return jobs
+
+
+def bench_live_vs_sim(tmp: pathlib.Path, n: int, seed: int, threshold: float, ckpt: float) -> dict:
+    trace = make_trace(n, seed, spread=90.0)
+    args = ("--nodes", "2x4", "--interval", "1", "--thresholds", str(threshold), "--stop-grace", "20")
+    with LocalMaster(tmp / "trace", *args) as m:
+        c = m.client
+        t0 = time.time()
+        ids = {}
+        for tj in trace:
+            delay = t0 + tj.submit_time - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            ids[submit(c, tj.num_gpus, worker(tj.duration, "--ckpt-seconds", str(ckpt)), f"t{tj.job_id}")] = tj
+        done = wait(c, list(ids), timeout=1800)
+        stop_times, restart_times, starts = [], [], []
+        for job in done:
+            runs_file = m.state / "checkpoints" / str(job["id"]) / "checkpoint" / "runs.jsonl"
+            runs = [json.loads(x) for x in runs_file.read_text().splitlines()]
+            placements = c.get(f"/api/v1/jobs/{job['id']}")["runs"]
+            for record, placement in zip(runs, placements):
+                starts.append(record["working"] - placement["started"])
+                if "stop_seen" in record:
+                    stop_times.append(placement["ended"] - record["stop_seen"])
+                if placement["run"] > 1:
+                    restart_times.append(record["working"] - placement["started"])
+    live = [j["ended"] - j["submitted"] for j in done]
+    start_cost = statistics.mean(starts)
+    resume_cost = (statistics.mean(stop_times) if stop_times else 0.0) + \
+                  (statistics.mean(restart_times) if restart_times else start_cost)
+    sim_trace = [SimpleNamespace(job_id=t.job_id, submit_time=t.submit_time, num_gpus=t.num_gpus,
+                                 duration=t.duration + start_cost) for t in trace]
+    config = SimConfig("tiresias", overheads=True, slowdown=False, preemption_cost=resume_cost)
+    result = simulate(sim_trace, ClusterSpec(2, 4), make_policy("las", thresholds=(threshold,)), config=config)
+    sim = [j.end_time - j.submit_time for j in result.jobs]
+    return {"live_avg_jct": statistics.mean(live), "sim_avg_jct": statistics.mean(sim),
+            "live_vs_sim": statistics.mean(live) / statistics.mean(sim),
+            "live_median_jct": statistics.median(live), "sim_median_jct": statistics.median(sim),
+            "live_preemptions": sum(j["preemptions"] for j in done), "sim_preemptions": result.preemptions,
+            "measured_start_s": start_cost, "measured_resume_cost_s": resume_cost, "trace_jobs": n,
+            "threshold_gpu_s": threshold}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--jobs", type=int, default=100, help="short jobs for the submit latency")
+    ap.add_argument("--stop-rounds", type=int, default=5)
+    ap.add_argument("--ckpt-seconds", type=float, default=0.5, help="what the workers spend saving")
+    ap.add_argument("--trace-jobs", type=int, default=30)
+    ap.add_argument("--threshold", type=float, default=60.0, help="2D-LAS queue threshold (GPU-s) of the trace run")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--skip-trace", action="store_true")
+    args = ap.parse_args()
+    out: dict = {"machine_cpus": os.cpu_count()}
+    with tempfile.TemporaryDirectory(prefix="tiresias-bench-") as d:
+        tmp = pathlib.Path(d)
+        out.update(bench_submit(tmp, args.jobs))
+        print(json.dumps(out), flush=True)
+        out.update(bench_stop(tmp, args.stop_rounds, args.ckpt_seconds))
+        print(json.dumps(out), flush=True)
+        out["pass_ms_1k"] = bench_pass(tmp, 1000)
+        out["pass_ms_10k"] = bench_pass(tmp, 10000)
+        print(json.dumps(out), flush=True)
+        if not args.skip_trace:
+            out.update(bench_live_vs_sim(tmp, args.trace_jobs, args.seed, args.threshold, args.ckpt_seconds))
+    text = json.dumps(out, indent=2)
+    print(text)
+    if args.json:
+        pathlib.Path(args.json).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
