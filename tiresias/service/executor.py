@@ -37,7 +37,8 @@ class LaunchSpec:
     name: str
     command: list[str]
     launcher: str                                  # "torchrun": one worker per GPU; "plain": once per node
-    placement: list[tuple[str, list[int]]]         # (node name, GPU indices on that node)
+    placement: list[tuple[str, list[int]]]         # (node name, GPU indices on that node); an executor
+                                                   # that assigns GPUs itself (Ray) records its own in the handle
     env: dict[str, str] = field(default_factory=dict)
     workdir: str = "."
     log_path: str = "job.log"                      # output of every node, appended

@@ -159,7 +159,7 @@ class Master:
                 if row["status"] in ("running", "stopping"):
                     run.status = "preempted"
                 self.driver.submit(job)
-        ended = self.executor.reconcile(live) if live else []
+        ended = self.executor.reconcile(live)           # also stops what SQLite does not know
         if rows:
             self.store.event("recovered", detail=f"{len(rows)} active job(s), {len(live)} run(s) to re-attach, "
                                                  f"{len(ended)} ended while the master was down")

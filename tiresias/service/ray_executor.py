@@ -23,7 +23,8 @@ a restart of the Ray node itself (a restarted node gets a new id). Only nodes wi
 
 A launcher's process group holds the node command and what it starts; launchers such as
 torchrun that put workers in sessions of their own are reached by the process tree on
-SIGKILL (``kill_tree``) while the launcher lives. Every node needs this package installed
+SIGKILL (``kill_tree``) while the launcher lives. The node command dies with its launcher
+(``PR_SET_PDEATHSIG``), so a lost node's raylet taking its actors down takes the job too. Every node needs this package installed
 (the actor class is imported there) and ``spec.log_path`` must be a path every node sees.
 Ray 2.60 resolves a loopback driver address to the machine's IP, which a cluster bound to
 127.0.0.1 (as in tests) does not listen on; ``connect`` keeps loopback addresses as given.
@@ -31,6 +32,7 @@ Ray 2.60 resolves a loopback driver address to the machine's IP, which a cluster
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import os
 import re
@@ -40,7 +42,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from . import cgroup
 from .executor import LaunchSpec, NodeInfo, RunEnd, node_command, node_env
@@ -61,6 +63,7 @@ RAY_NODE_ID_LABEL = "ray.io/node-id"
 BUNDLE_CPU = 0.01
 NAME_RE = re.compile(r"^tiresias-job(\d+)-run(\d+)(?:-node(\d+))?$")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+PR_SET_PDEATHSIG = 1
 
 
 def run_name(job_id: int, run: int) -> str:
@@ -122,10 +125,14 @@ class NodeLauncher:
         with open(spec.log_path, "ab", buffering=0) as out:
             out.write(f"=== tiresias: run {spec.run} of job {spec.job_id}, node {rank} ({spec.placement[rank][0]}, "
                       f"GPUs {env['CUDA_VISIBLE_DEVICES']}) at {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n".encode())
-            self.proc = subprocess.Popen(node_command(spec, rank, host, port), env=env, cwd=spec.workdir,
-                                         stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True,
-                                         preexec_fn=self.limit.join_self if self.limit is not None else None)
+            try:
+                self.proc = subprocess.Popen(node_command(spec, rank, host, port), env=env, cwd=spec.workdir,
+                                             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                             start_new_session=True, preexec_fn=_child_setup(self.limit))
+            except Exception:
+                if self.limit is not None:
+                    self.limit.remove()
+                raise
         return {"node_id": ctx.get_node_id(), "gpus": gpus, "pid": self.proc.pid}
 
     async def wait(self) -> dict[str, Any]:
@@ -164,6 +171,22 @@ class NodeLauncher:
                          "stopped": bool(self.stopped_file) and os.path.exists(self.stopped_file)}
 
 
+def _child_setup(limit: cgroup.MemoryLimit | None) -> Callable[[], None]:
+    """The node command's pre-exec step: join the memory cgroup; die with the launcher actor."""
+    parent = os.getpid()
+
+    def setup() -> None:
+        if limit is not None:
+            limit.join_self()
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass                                     # not Linux
+        if os.getppid() != parent:                   # the actor died before the line above
+            os._exit(1)
+    return setup
+
+
 @dataclass
 class _Run:
     """A run this executor watches: its handle, launcher actors and what each node ended with."""
@@ -195,8 +218,8 @@ class RayExecutor:
         self.namespace = namespace
         self.ready_timeout = ready_timeout
         self.call_timeout = call_timeout
-        with _loopback_kept(address) as extra:
-            ray.init(address=address, namespace=namespace, ignore_reinit_error=True,
+        with _loopback_kept(address) as extra:             # None: the cluster this machine runs (never a new one)
+            ray.init(address=address or "auto", namespace=namespace, ignore_reinit_error=True,
                      log_to_driver=False, logging_level=logging.WARNING, **extra)
         self._launcher = ray.remote(NodeLauncher)
         self._runs: dict[tuple[int, int], _Run] = {}
@@ -217,11 +240,12 @@ class RayExecutor:
         """Ray's nodes with GPUs: name -> (NodeInfo, Ray node id); a live node wins over a dead one."""
         found: dict[str, tuple[NodeInfo, str]] = {}
         for node in ray.nodes():
-            gpus = int((node.get("Resources") or {}).get("GPU", 0))
             name = node_name(node)
-            if gpus <= 0 and not (name in self._known and not node["Alive"]):
+            known = self._known.get(name)
+            gpus = int((node.get("Resources") or {}).get("GPU", 0)) or (known.gpus if known else 0)
+            if gpus <= 0:
                 continue
-            info = NodeInfo(name, gpus or self._known[name].gpus, bool(node["Alive"]), node["NodeManagerAddress"])
+            info = NodeInfo(name, gpus, bool(node["Alive"]), node["NodeManagerAddress"])
             if name not in found or (info.alive and not found[name][0].alive):
                 found[name] = (info, node["NodeID"])
         return found
@@ -243,6 +267,7 @@ class RayExecutor:
                 placed = ray.get([a.start.remote(spec.to_dict(), i, host, port) for i, a in enumerate(actors)],
                                  timeout=self.ready_timeout)
             except Exception:
+                self._signal(actors, signal.SIGKILL)
                 self._discard(actors, pg)
                 raise
             handle = {"executor": "ray", "namespace": self.namespace, "placement_group": name,
@@ -290,8 +315,7 @@ class RayExecutor:
             ray.wait(refs, num_returns=len(refs), timeout=self.call_timeout)
 
     def _discard(self, actors: list[Any], pg: Any | None) -> None:
-        """Kill whatever the actors still run, then the actors, then free the placement group."""
-        self._signal(actors, signal.SIGKILL)
+        """Kill the actors (their commands have ended or been killed) and free the placement group."""
         for actor in actors:
             try:
                 ray.kill(actor, no_restart=True)
@@ -385,7 +409,9 @@ class RayExecutor:
         """Kill the ``tiresias-*`` actors and placement groups of runs not in ``wanted``."""
         strays = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
                   if a.get("namespace") == self.namespace and _run_of(a["name"]) not in (None, *wanted)]
-        self._discard([a for a in map(self._actor, strays) if a is not None], None)
+        actors = [a for a in map(self._actor, strays) if a is not None]
+        self._signal(actors, signal.SIGKILL)
+        self._discard(actors, None)
         for info in placement_group_table().values():
             name = info.get("name", "")
             if info.get("state") != "REMOVED" and _run_of(name) not in (None, *wanted):
