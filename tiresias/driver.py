@@ -216,8 +216,12 @@ class Driver:
         now, nodes = self.now, self.nodes
         capacity = sum(max(0, f) for f in nodes.free) + self.used
         blocked: dict[int, str] = {}
+        draining = self.draining
+
+        def fits(job: JobState, free: int) -> bool:    # a job whose last run still exits waits
+            return job.job_id not in blocked and job.job_id not in draining
+
         for attempt in range(rounds):
-            fits = (lambda job, free: job.job_id not in blocked) if blocked else None
             admitted, to_stop = allocate(self.policy, capacity, self.running.values(), now, fits)
             saved = (list(nodes.free), dict(nodes.alloc))
             held = {job.job_id: nodes.release(job) for job in to_stop}
@@ -234,6 +238,9 @@ class Driver:
             to_start = self._defer(admitted, [j for j in admitted if j.job_id in placed], to_stop, held,
                                    staying, now)
             self.reasons.update(blocked)
+            for job_id in draining:
+                if job_id in self.policy.active and job_id not in self.running:
+                    self.reasons[job_id] = "waits for its previous run to exit"
             return to_start, to_stop
         raise AssertionError("unreachable")
 

@@ -156,3 +156,17 @@ def test_high_skew_job_waits_for_a_consolidated_placement_low_skew_spreads():
 def test_simulator_refuses_live_mode():
     with pytest.raises(ValueError, match="live"):
         simulate([], ClusterSpec(1, 1), DiscretizedLAS(), config=DriverConfig("tiresias", defer_release=True))
+
+
+def test_a_draining_job_never_starts_again_before_its_run_exits():
+    drv = Driver(DiscretizedLAS(), ClusterSpec(2, 2), LIVE)
+    a = _job(1, 2)
+    drv.submit(a)
+    drv.schedule()
+    node = drv.allocation(1)[0][0]
+    drv.set_online(node, False)              # its node is drained: a stops, the other node is free
+    d = drv.schedule()
+    assert d.started == [] and "previous run" in drv.reasons[1]
+    drv.released(a)
+    d = drv.schedule()
+    assert [j.job_id for j in d.started] == [1] and drv.allocation(1)[0][0] != node

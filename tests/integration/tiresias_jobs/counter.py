@@ -2,7 +2,8 @@
 
 ``counter.py N SLEEP [--ignore-stop] [--fail-at K]``. Holds an exclusive lock in its
 checkpoint dir while it runs: a second copy of the same job running at once exits 9 and
-writes DOUBLE there, so a test can tell that no job ever ran twice.
+writes DOUBLE there, so a test can tell that no job ever ran twice. Launched on several
+nodes (plain launcher), node rank 0 counts and the others wait for it or for a stop request.
 """
 import fcntl
 import json
@@ -16,6 +17,12 @@ total, pause = int(sys.argv[1]), float(sys.argv[2])
 ignore = "--ignore-stop" in sys.argv
 fail_at = int(sys.argv[sys.argv.index("--fail-at") + 1]) if "--fail-at" in sys.argv else None
 ckdir = job.checkpoint_dir()
+if os.environ.get("TIRESIAS_NODE_RANK", "0") != "0":
+    while not (ckdir / "done").exists():
+        if job.should_stop() and not ignore:
+            job.exit_stopped()
+        time.sleep(0.05)
+    sys.exit(0)
 lock = open(ckdir / "lock", "w")
 try:
     fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -40,4 +47,5 @@ while step < total:
     step += 1
     with open(ckdir / "steps.log", "a") as f:
         f.write(f"{step}\n")
+(ckdir / "done").touch()
 print(f"done at step {step}", flush=True)
