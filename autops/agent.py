@@ -11,6 +11,8 @@ User threads (training loop, autograd hooks) enqueue operations; one I/O thread 
 ZeroMQ sockets, sends pushes and pulls without copying the tensors, batches small keys
 into one message per aggregator, copies pull replies into the caller's buffers, and fails
 requests that get no reply within the timeout with an error that says what it waited for.
+In server mode ``fetch_state`` brings a tensor's master copy, optimizer state and step back
+from its aggregators (for checkpoints), reassembled from its partitions.
 """
 from __future__ import annotations
 
@@ -44,6 +46,15 @@ class AutoPSError(RuntimeError):
 
 class Handle:
     """Completion of one asynchronous operation on one tensor (all its keys)."""
+
+    @classmethod
+    def of(cls, name: str, agent: "Agent", specs: list[KeySpec], parts: int) -> "Handle":
+        """A handle for ``parts`` requests on ``specs``; ``batched`` is known before the I/O
+        thread sees the operation, so a ``wait()`` right after submitting flushes the batch."""
+        handle = cls(name, agent)
+        handle._add(parts)
+        handle.batched = any(spec.small for spec in specs)
+        return handle
 
     def __init__(self, name: str, agent: "Agent") -> None:
         self.name = name
@@ -82,6 +93,31 @@ class Handle:
             raise TimeoutError(f"operation on {self.name!r} did not complete")
         if self.error is not None:
             raise self.error
+
+
+class StateHandle(Handle):
+    """A fetch of one tensor's server-side state; after ``wait()``: ``param`` (the master
+    copy), ``state`` (optimizer arrays under torch's names) and ``step``, all flat."""
+
+    def __init__(self, name: str, agent: "Agent", numel: int, dtype: str) -> None:
+        super().__init__(name, agent)
+        self.param = np.empty(numel, dtype)
+        self.state: dict[str, np.ndarray] = {}
+        self.step = 0
+
+    def _absorb(self, spec: KeySpec, meta: dict, arrays: list[np.ndarray]) -> None:
+        """Place one key's part of the state (I/O thread; read by the user after ``wait``)."""
+        names = list(meta.get("state") or [])
+        if len(arrays) != 1 + len(names) or any(a.size != spec.numel for a in arrays):
+            raise AutoPSError(f"state of {spec.key!r}: {len(arrays)} arrays for {len(names)} state "
+                              f"entries of {spec.numel} elements")
+        sl = slice(spec.offset, spec.offset + spec.numel)
+        self.param[sl] = arrays[0]
+        for name, arr in zip(names, arrays[1:]):
+            if name not in self.state:
+                self.state[name] = np.zeros_like(self.param)
+            self.state[name][sl] = arr
+        self.step = int(meta.get("step") or 0)
 
 
 @dataclass
@@ -276,8 +312,7 @@ class Agent:
     def push(self, name: str, array: np.ndarray, iteration: int, hp: dict | None = None) -> Handle:
         """Send ``array`` as this rank's contribution to ``iteration``; the handle completes on ack."""
         specs, flat = self._check(name, array)
-        handle = Handle(name, self)
-        handle._add(len(specs))
+        handle = Handle.of(name, self, specs, len(specs))
         self._submit(("push", specs, flat, iteration, handle, hp))
         return handle
 
@@ -286,8 +321,7 @@ class Agent:
         if not out.flags.c_contiguous or not out.flags.writeable:
             raise AutoPSError(f"pull of {name!r}: the output array must be contiguous and writeable")
         specs, flat = self._check(name, out)
-        handle = Handle(name, self)
-        handle._add(len(specs))
+        handle = Handle.of(name, self, specs, len(specs))
         self._submit(("pull", specs, flat, iteration, handle))
         return handle
 
@@ -298,8 +332,7 @@ class Agent:
         if not out.flags.c_contiguous or not out.flags.writeable:
             raise AutoPSError(f"push_pull of {name!r}: the output array must be contiguous and writeable")
         _, out_flat = self._check(name, out)
-        handle = Handle(name, self)
-        handle._add(2 * len(specs))
+        handle = Handle.of(name, self, specs, 2 * len(specs))
         self._submit(("push", specs, flat, iteration, handle, hp))
         self._submit(("pull", specs, out_flat, iteration, handle))
         return handle
@@ -312,6 +345,16 @@ class Agent:
         handle = Handle(name, self)
         handle._add(len(specs))
         self._submit(("init", specs, flat, handle, hp, state, step))
+        return handle
+
+    def fetch_state(self, name: str, iteration: int) -> StateHandle:
+        """Server mode: fetch the master copy, optimizer state and step of ``name`` as they are
+        right after ``iteration`` (the last one this worker completed; for checkpoints)."""
+        specs = self.keys_of(name)
+        shape, dtype = self.table.tensors[name]
+        handle = StateHandle(name, self, int(np.prod(shape, dtype=np.int64)), dtype)
+        handle._add(len(specs))
+        self._submit(("state", specs, iteration, handle))
         return handle
 
     def broadcast(self, name: str, array: np.ndarray, root: int, seq: int) -> Handle:
@@ -522,6 +565,8 @@ class _IOLoop:
                 self.do_init(*cmd[1:])
             elif kind == "bcast":
                 self.do_bcast(*cmd[1:])
+            elif kind == "state":
+                self.do_state(*cmd[1:])
             elif kind == "flush":
                 self.flush_all()
             elif kind == "table":
@@ -656,6 +701,13 @@ class _IOLoop:
             self.inflight[req] = Request(wire.INIT, agg, parts, time.monotonic() + agent.timeout)
             self.sock_for(agg).send_multipart(frames, copy=False)
 
+    def do_state(self, specs, iteration, handle) -> None:
+        per_agg: dict[str, list[Part]] = collections.defaultdict(list)
+        for spec in specs:
+            per_agg[self.table.route(spec.key, iteration)].append(Part(spec, handle, iteration))
+        for agg, parts in per_agg.items():
+            self.send(agg, wire.STATE_GET, parts)
+
     def do_bcast(self, name, flat, root, seq, handle) -> None:
         agent = self.agent
         agg = self.table.home or agent.aggregators[0]
@@ -691,6 +743,8 @@ class _IOLoop:
             self.redirect(request, msg)
         elif msg.op == wire.PULL_REPLY:
             self.fill(request, msg)
+        elif msg.op == wire.STATE_REPLY:
+            self.fill_state(request, msg)
         else:
             if request.kind == wire.INIT:
                 for part in request.parts:
@@ -729,6 +783,28 @@ class _IOLoop:
             part.handle._part_done(AutoPSError(f"pull reply from {request.agg} lacks {part.spec.key!r}"))
         for key, notice in moved:        # after the worker has its values: off its critical path
             self.learn_move(key, notice)
+
+    def fill_state(self, request: Request, msg: wire.Message) -> None:
+        by_key = {p.spec.key: p for p in request.parts}
+        try:
+            copies = list(wire.key_copies(msg))
+        except wire.ProtocolError as exc:
+            copies, error = [], AutoPSError(f"state reply from {request.agg}: {exc}")
+        else:
+            error = AutoPSError(f"state reply from {request.agg} lacks a key")
+        for key, meta, frames in copies:
+            part = by_key.pop(key, None)
+            if part is None:
+                continue
+            try:
+                arrays = [np.frombuffer(wire.payload_view(f), dtype=part.spec.dtype) for f in frames]
+                part.handle._absorb(part.spec, meta, arrays)
+            except (AutoPSError, ValueError) as exc:
+                part.handle._part_done(exc if isinstance(exc, AutoPSError) else AutoPSError(str(exc)))
+                continue
+            part.handle._part_done()
+        for part in by_key.values():
+            part.handle._part_done(error)
 
     def learn_move(self, key: str, moved: list) -> None:
         """The old owner said: ``key`` is served by ``agg`` from iteration ``first`` on."""

@@ -13,7 +13,8 @@ else at the next cycle start); and it takes part in live migration (Fig. 4.5): a
 owner it finishes the cutover iteration, tells the workers the new address in those pull
 replies (and REDIRECTs anything later), then sends TENSOR_COPY to the new owner and
 TENSOR_COPY_DONE to pMaster; as the new owner it holds pushes until the copy arrived and
-sends WORKER_DONE once the workers pushed to it.
+sends WORKER_DONE once the workers pushed to it. A worker taking a checkpoint in server mode
+gets the same serialisation (master copy, optimizer state, step) with STATE_GET.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import socket as pysocket
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import numpy as np
 import psutil
@@ -34,7 +36,7 @@ from . import wire
 from .cycle import CyclicSchedule
 from .hostinfo import host_id
 from .partition import KeySpec
-from .store import KeyState, Store, StoreError
+from .store import JobState, KeyState, Store, StoreError
 from .transport import shm
 from .transport.zmq import bound_address, choose_endpoint, ipc_address, keep_freed_buffers, make_context
 
@@ -300,6 +302,8 @@ class Aggregator:
                 self._bcast_get(sock, identity, msg)
             elif msg.op == wire.TENSOR_COPY:
                 self._tensor_copy(sock, identity, msg)
+            elif msg.op == wire.STATE_GET:
+                self._state_get(sock, identity, msg)
             else:
                 raise wire.ProtocolError(f"operation {msg.op!r} is not served by an aggregator")
         except (wire.ProtocolError, StoreError) as exc:
@@ -440,16 +444,20 @@ class Aggregator:
             for ks, rank, data, deferred in (pending[2] if pending else ()):
                 self._apply_push(ks, rank, data, deferred)
 
+    def _requested(self, state: JobState, msg: wire.Message) -> Iterator[tuple[KeyState, int]]:
+        """The ``[key, iteration]`` items of a PULL or STATE_GET, validated."""
+        for key, iteration in (i[:2] for i in wire.items_of(msg, 2)):
+            if not isinstance(key, str) or not isinstance(iteration, int):
+                raise wire.ProtocolError(f"{msg.op}: bad item {key!r}")
+            yield self.store.key(state, key), iteration
+
     def _pull(self, sock: zmq.Socket, identity: bytes, msg: wire.Message) -> None:
         state = self.store.job(msg["job"], msg["secret"])
         rank = msg["rank"]
         if not 0 <= rank < state.world_size:
             raise StoreError(f"job {state.job!r}: rank {rank} outside world size {state.world_size}")
         items, redirects = [], []
-        for key, iteration in (i[:2] for i in wire.items_of(msg, 2)):
-            if not isinstance(key, str) or not isinstance(iteration, int):
-                raise wire.ProtocolError(f"pull: bad item {key!r}")
-            ks = self.store.key(state, key)
+        for ks, iteration in self._requested(state, msg):
             if self._moved_past(ks, iteration):
                 redirects.append(self._move_item(ks))
             items.append((ks, iteration))
@@ -665,17 +673,10 @@ class Aggregator:
     def _tensor_copy(self, sock: zmq.Socket, identity: bytes, msg: wire.Message) -> None:
         """New side: install the copy, apply the held pushes, answer parked pulls."""
         state = self.store.job(msg["job"], msg["secret"])
-        frame = 0
         installed = []
-        for item in wire.items_of(msg, 3):
-            key, meta, count = item[:3]
+        for key, meta, frames in wire.key_copies(msg):
             ks = self.store.key(state, key)
-            if not isinstance(meta, dict) or not isinstance(count, int) or count < 0 \
-                    or frame + count > len(msg.payloads):
-                raise wire.ProtocolError(f"tensor_copy: malformed item for {key!r}")
-            arrays = [np.frombuffer(wire.payload_view(f), dtype=ks.spec.dtype)
-                      for f in msg.payloads[frame:frame + count]]
-            frame += count
+            arrays = [np.frombuffer(wire.payload_view(f), dtype=ks.spec.dtype) for f in frames]
             fresh = [h for h in meta.get("segments") or ()
                      if isinstance(h, list) and h and h[0] not in self.premapped]
             if fresh:
@@ -698,6 +699,24 @@ class Aggregator:
         sock.send_multipart([identity, *wire.encode(wire.OK, req=msg.get("req"))])
         for ks in installed:
             self._published(ks)
+
+    def _state_get(self, sock: zmq.Socket, identity: bytes, msg: wire.Message) -> None:
+        """Server-side state of keys right after an iteration (a worker's checkpoint): master
+        copy, optimizer state and step, serialised as TENSOR_COPY serialises them."""
+        state = self.store.job(msg["job"], msg["secret"])
+        items, arrays, redirects = [], [], []
+        for ks, iteration in self._requested(state, msg):
+            if self._moved_past(ks, iteration):
+                redirects.append(self._move_item(ks))
+                continue
+            meta, key_arrays = self.store.export_state(ks, iteration)
+            items.append([ks.spec.key, meta, len(key_arrays)])
+            arrays.extend(key_arrays)
+        if redirects:
+            sock.send_multipart([identity, *wire.encode(wire.REDIRECT, req=msg.get("req"), items=redirects)])
+            return
+        # copied into the message (copy=True): the next iteration may update the live arrays
+        sock.send_multipart([identity, *wire.encode(wire.STATE_REPLY, arrays, req=msg.get("req"), items=items)])
 
     def _init(self, sock: zmq.Socket, identity: bytes, msg: wire.Message) -> None:
         state = self.store.job(msg["job"], msg["secret"])

@@ -329,6 +329,18 @@ class Store:
             meta["hp"] = ks.optimizer.hp
         return meta, arrays
 
+    def export_state(self, ks: KeyState, iteration: int) -> tuple[dict, list[np.ndarray]]:
+        """``export_key`` of a server-mode key whose last completed iteration is ``iteration``
+        (what a checkpoint taken after that iteration needs); StoreError otherwise."""
+        if ks.mode != "server":
+            raise StoreError(f"key {ks.spec.key!r} is in {ks.mode} mode: its optimizer state is on the workers")
+        if ks.incoming is not None or not ks.initialized:
+            raise StoreError(f"key {ks.spec.key!r} has no master copy here yet; retry after the next step")
+        if ks.completed != iteration:
+            raise StoreError(f"state of {ks.spec.key!r} after iteration {iteration} is not available: "
+                             f"iteration {ks.completed} is the last completed one")
+        return self.export_key(ks)
+
     def install_key(self, ks: KeyState, meta: dict, arrays: list[np.ndarray]) -> tuple[int, list[str]]:
         """Take over a migrated key from its copy, then apply the pushes held meanwhile.
 

@@ -15,12 +15,31 @@ the aggregators return the mean gradient and the wrapped optimizer steps locally
 same hyper-parameters (read from the wrapped optimizer's param groups at every step, so
 LR schedulers keep working), and workers pull parameters. Without ``AUTOPS_MASTER`` and
 with a world size of 1 everything runs locally, so the same script trains alone.
+
+Checkpoints. ``opt.state_dict()`` of a ``DistributedOptimizer`` is always the full state in
+``torch.optim``'s format. In ``sum`` mode that is the local optimizer state (the same on
+every rank). In ``server`` mode the local state is stale (the aggregators step), so
+``state_dict()`` first fetches every parameter's optimizer state and step from the
+aggregators as they are after the last completed ``step()`` (STATE_GET requests, answered
+with the serialisation of live migration's TENSOR_COPY); it is not collective, call it on the
+rank that writes the checkpoint, between steps. ``load_state_dict()`` loads it locally, and
+in ``server`` mode root's first ``step()`` sends it to the aggregators with the parameters
+(``broadcast_optimizer_state(opt)`` sends it at once); so a job resumed under a new job id,
+on new aggregators, continues exactly. Both formats are interchangeable with a local
+``torch.optim`` optimizer of the same class.
+
+Agreement. ``any_rank(flag, name)`` is True on every rank when ``flag`` is True on at least
+one (a summed push_pull of one number): call it at the same point on every rank, e.g. to
+stop all ranks at the same iteration when one saw a preemption request;
+``any_rank_async`` starts it early so the round trip overlaps the iteration.
+``allgather(tensor, name)`` gives every rank all ranks' tensors (per-rank RNG states for the
+checkpoint rank 0 writes).
 """
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
@@ -30,7 +49,8 @@ from .optim import hp_from_torch_group, optimizer_name_of
 log = logging.getLogger("autops.torch")
 
 __all__ = ["init", "shutdown", "rank", "size", "DistributedOptimizer", "broadcast_parameters",
-           "broadcast_optimizer_state", "push_pull", "push_pull_async", "synchronize", "placement"]
+           "broadcast_optimizer_state", "push_pull", "push_pull_async", "synchronize", "placement",
+           "any_rank", "any_rank_async", "allgather"]
 
 
 class _Context:
@@ -169,6 +189,27 @@ def synchronize(handle: Handle | None = None) -> None:
         h.wait()
 
 
+def any_rank_async(flag: bool, name: str = "any_rank") -> Callable[[], bool]:
+    """Start ``any_rank(flag, name)``; the returned function waits and gives the answer.
+
+    Every rank must make the same sequence of calls for a given ``name``."""
+    vote = torch.tensor([1.0 if flag else 0.0])
+    handle = push_pull_async(vote, f"any_rank.{name}", average=False)
+    if handle is None:                 # training alone
+        return lambda: bool(flag)
+
+    def result() -> bool:
+        synchronize(handle)
+        return bool(vote.item() > 0)
+    return result
+
+
+def any_rank(flag: bool, name: str = "any_rank") -> bool:
+    """True on every rank if ``flag`` is True on at least one rank (``flag`` alone when
+    training locally). A collective: every rank calls it at the same point."""
+    return any_rank_async(flag, name)()
+
+
 def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
                          root_rank: int = 0) -> None:
     """Overwrite every worker's tensors with ``root_rank``'s values (in place)."""
@@ -176,15 +217,30 @@ def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[tuple[str
     if ctx.agent is None:
         return
     items = list(params.items()) if isinstance(params, Mapping) else list(params)
-    handles = []
-    for name, tensor in items:
-        if not isinstance(tensor, torch.Tensor):
-            continue
-        seq = ctx.bcast_seq.get(name, 0)
-        ctx.bcast_seq[name] = seq + 1
-        handles.append(ctx.agent.broadcast(f"bcast.{name}", _flat_numpy(tensor.data), root_rank, seq))
+    handles = [_broadcast_start(ctx, name, tensor, root_rank) for name, tensor in items
+               if isinstance(tensor, torch.Tensor)]
     for h in handles:
         h.wait()
+
+
+def _broadcast_start(ctx: _Context, name: str, tensor: torch.Tensor, root_rank: int) -> Handle:
+    seq = ctx.bcast_seq.get(name, 0)
+    ctx.bcast_seq[name] = seq + 1
+    return ctx.agent.broadcast(f"bcast.{name}", _flat_numpy(tensor.data), root_rank, seq)
+
+
+def allgather(tensor: torch.Tensor, name: str) -> list[torch.Tensor]:
+    """Every rank's ``tensor``, in rank order, byte for byte (e.g. per-rank RNG states for a
+    checkpoint). A collective: every rank passes a tensor of the same shape and dtype."""
+    ctx = _context()
+    mine = tensor.detach().clone().contiguous()
+    if ctx.agent is None:
+        return [mine]
+    out = [mine if r == ctx.rank else torch.empty_like(mine) for r in range(ctx.size)]
+    handles = [_broadcast_start(ctx, f"allgather.{name}.{r}", out[r], r) for r in range(ctx.size)]
+    for h in handles:
+        h.wait()
+    return out
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
@@ -222,6 +278,7 @@ class _DistributedMixin:
         self._aps_iteration = 0
         self._aps_hp_sent: dict[int, dict] = {}
         self._aps_initialized = False
+        self._aps_loaded = False         # load_state_dict() ran: root's INIT carries the state
         self._aps_optimizer = optimizer_name_of(class_name) if mode == "server" else None
         if named_parameters is None:
             named = [(f"param.{gi}.{pi}", p) for gi, g in enumerate(self.param_groups)
@@ -263,6 +320,7 @@ class _DistributedMixin:
         """Server mode: root sends the master copy (and optimizer state) to the aggregators."""
         ctx = self._aps_ctx
         self._aps_initialized = True
+        self._aps_loaded = False
         if ctx.rank != root_rank:
             return
         handles = []
@@ -289,7 +347,7 @@ class _DistributedMixin:
     def _aps_start(self, p: torch.Tensor) -> None:
         ctx = self._aps_ctx
         if self._aps_mode == "server" and not self._aps_initialized:
-            self._aps_init(root_rank=0)
+            self._aps_init(root_rank=0, with_state=self._aps_loaded)
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         grad = p.grad
@@ -332,6 +390,40 @@ class _DistributedMixin:
             for p, staged in self._aps_staging.items():
                 p.copy_(staged)
         return None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The full optimizer state (``torch.optim`` format); in server mode the aggregators'
+        state after the last ``step()`` is fetched into this optimizer first."""
+        if self._aps_server_side():
+            self._aps_fetch_state()
+        return super().state_dict()
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Load a ``state_dict()``; in server mode root's next step (or
+        ``broadcast_optimizer_state``) sends it to the aggregators with the parameters."""
+        super().load_state_dict(state_dict)
+        if self._aps_mode == "server" and self._aps_ctx.agent is not None:
+            self._aps_initialized = False
+            self._aps_loaded = True
+
+    def _aps_server_side(self) -> bool:
+        """Do the aggregators hold state newer than the local one?"""
+        return self._aps_mode == "server" and self._aps_ctx.agent is not None and self._aps_initialized
+
+    def _aps_fetch_state(self) -> None:
+        if self._aps_handles:
+            raise AutoPSError("state_dict() during an iteration: call it before backward or after step()")
+        agent = self._aps_ctx.agent
+        handles = {p: agent.fetch_state(name, self._aps_iteration) for p, name in self._aps_names.items()}
+        for p, handle in handles.items():
+            handle.wait()
+            state: dict[str, Any] = {}
+            if self._aps_optimizer != "sgd":        # torch's Adam/AdamW keep the step as a tensor
+                scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+                state["step"] = torch.tensor(float(handle.step), dtype=scalar)
+            for key, value in handle.state.items():
+                state[key] = torch.from_numpy(value).view(p.shape).to(p.dtype)
+            self.state[p] = state
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None,

@@ -49,12 +49,14 @@ PULL = "pull"
 INIT = "init"
 BCAST_PUT = "bcast_put"
 BCAST_GET = "bcast_get"
+STATE_GET = "state_get"               # server-side state of keys after an iteration (checkpoints)
 # replies
 OK = "ok"
 ERROR = "error"
 PUSH_ACK = "push_ack"
 PULL_REPLY = "pull_reply"
 REDIRECT = "redirect"
+STATE_REPLY = "state_reply"           # items [key, meta, count] + frames, as TENSOR_COPY
 
 _int = (int,)
 _str = (str,)
@@ -86,11 +88,13 @@ SCHEMA: dict[str, dict[str, tuple]] = {
     INIT: {"job": _str, "secret": _str, "rank": _int, "items": _list},
     BCAST_PUT: {"job": _str, "secret": _str, "rank": _int, "name": _str, "seq": _int, "dtype": _str, "shape": _list},
     BCAST_GET: {"job": _str, "secret": _str, "rank": _int, "name": _str, "seq": _int},
+    STATE_GET: {"job": _str, "secret": _str, "rank": _int, "items": _list},
     OK: {},
     ERROR: {"message": _str},
     PUSH_ACK: {"items": _list},
     PULL_REPLY: {"items": _list},
     REDIRECT: {"items": _list},
+    STATE_REPLY: {"items": _list},
 }
 
 
@@ -163,3 +167,16 @@ def items_of(msg: Message, width: int) -> Iterable[list]:
         if not isinstance(item, (list, tuple)) or len(item) < width:
             raise ProtocolError(f"{msg.op}: malformed item {item!r}")
         yield item
+
+
+def key_copies(msg: Message) -> Iterable[tuple[str, dict, list]]:
+    """The ``[key, meta, count]`` items of a TENSOR_COPY or STATE_REPLY, each with its
+    ``count`` payload frames (which follow each other in item order)."""
+    frame = 0
+    for item in items_of(msg, 3):
+        key, meta, count = item[:3]
+        if not isinstance(key, str) or not isinstance(meta, dict) or not isinstance(count, int) \
+                or isinstance(count, bool) or count < 0 or frame + count > len(msg.payloads):
+            raise ProtocolError(f"{msg.op}: malformed item for {key!r}")
+        yield key, meta, msg.payloads[frame:frame + count]
+        frame += count

@@ -6,11 +6,22 @@ Server-side Adam: ... examples/train_digits.py --mode server --optimizer adam
 
 Each worker trains on its own shard of the training set; the three AutoPS lines are marked.
 Prints per-epoch loss, final test accuracy and samples/s; ``--json FILE`` writes them.
+
+Preemptible (Tiresias): between iterations the job polls ``tiresias.job.should_stop()``; the
+ranks agree with ``aps.any_rank`` so that all stop after the same iteration; rank 0 then
+saves a checkpoint to ``--checkpoint-dir`` (default: ``tiresias.job.checkpoint_dir()``) and
+every rank exits 0 after ``mark_stopped()``. A run that finds a checkpoint there continues
+from it exactly (model, optimizer state -- the aggregators' in server mode --, LR scheduler,
+position in the epoch and the data-order generator, the only randomness training draws), so
+it ends with the parameters of an uninterrupted run.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import pathlib
+import sys
 import time
 
 import numpy as np
@@ -21,6 +32,10 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 import autops.torch as aps
+import tiresias.job as tjob
+
+CHECKPOINT_NAME = "train_digits.pt"
+RESUME_CONFIG = ("world_size", "batch_size", "seed", "optimizer")   # must match to resume exactly
 
 
 class DigitsCNN(nn.Module):
@@ -46,17 +61,108 @@ def load_data(seed: int = 0):
     return torch.from_numpy(x_tr), torch.from_numpy(y_tr), torch.from_numpy(x_te), torch.from_numpy(y_te)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--batch-size", type=int, default=32, help="per worker")
     parser.add_argument("--lr", type=float, default=None)
+    parser.add_argument("--lr-step-size", type=int, default=8, help="epochs between halvings of the lr (default 8)")
     parser.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default="sgd")
     parser.add_argument("--mode", choices=["sum", "server"], default="sum")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="write the results of rank 0 here")
+    parser.add_argument("--checkpoint-dir", type=pathlib.Path, default=None,
+                        help="save a checkpoint here when asked to stop, resume from it "
+                             "(default: the Tiresias job's checkpoint dir; none: no checkpoints)")
+    parser.add_argument("--save-params", type=pathlib.Path, default=None,
+                        help="rank 0 writes the final model state_dict here (torch.save)")
+    # tests: behave exactly as if should_stop() turned true just before step N (1-based) began,
+    # on every rank or only on --stop-rank: the job stops with N steps done (the last step of
+    # the last epoch excepted: then it has finished anyway)
+    parser.add_argument("--stop-at-step", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--stop-rank", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.checkpoint_dir is None:
+        args.checkpoint_dir = tjob.checkpoint_dir()
+    return args
 
+
+def make_optimizer(args: argparse.Namespace, model: nn.Module) -> torch.optim.Optimizer:
+    if args.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=args.lr or 0.05, momentum=0.9)
+    if args.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=args.lr or 2e-3)
+    return torch.optim.AdamW(model.parameters(), lr=args.lr or 2e-3)
+
+
+def run_config(args: argparse.Namespace, world: int) -> dict:
+    return {"world_size": world, "batch_size": args.batch_size, "seed": args.seed, "optimizer": args.optimizer}
+
+
+def load_checkpoint(args: argparse.Namespace, world: int) -> dict | None:
+    """The checkpoint in ``--checkpoint-dir`` (every rank reads it), or None."""
+    if args.checkpoint_dir is None or not (args.checkpoint_dir / CHECKPOINT_NAME).exists():
+        return None
+    path = args.checkpoint_dir / CHECKPOINT_NAME
+    ckpt = torch.load(path, weights_only=False)
+    want = run_config(args, world)
+    differ = [f"{k} {ckpt['config'].get(k)} (now {want[k]})" for k in RESUME_CONFIG if ckpt["config"].get(k) != want[k]]
+    if differ:
+        print(f"train_digits: cannot resume from {path}: it was saved with {', '.join(differ)}; "
+              f"run with the same settings or another --checkpoint-dir", file=sys.stderr)
+        sys.exit(2)
+    return ckpt
+
+
+def save_checkpoint(path: pathlib.Path, payload: dict) -> None:
+    """Write atomically: a temporary file in the same directory, fsync, then os.replace."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def stop_wanted(args: argparse.Namespace, rank: int, next_step: int) -> bool:
+    """This rank's view: did the master ask us to stop (or the test option say so)?"""
+    if args.stop_at_step is not None and next_step >= args.stop_at_step and args.stop_rank in (None, rank):
+        return True
+    return tjob.should_stop()
+
+
+def preemptible(args: argparse.Namespace) -> bool:
+    """Can a stop request come? (the same on every rank; no vote per step otherwise)"""
+    return args.stop_at_step is not None or tjob.under_tiresias() or bool(os.environ.get(tjob.ENV_STOP_FILE))
+
+
+def checkpoint_and_stop(args: argparse.Namespace, rank: int, model: nn.Module, opt: torch.optim.Optimizer,
+                        sched: torch.optim.lr_scheduler.LRScheduler, position: dict, rng: torch.Tensor) -> bool:
+    """All ranks stop after the same step: rank 0 saves (with every rank's ``rng`` state),
+    the ranks agree that it did. Returns False if the checkpoint could not be written."""
+    failed = False
+    rngs = aps.allgather(rng, "rng") if args.checkpoint_dir is not None else []
+    if rank == 0 and args.checkpoint_dir is not None:
+        try:
+            payload = {"model": model.state_dict(), "optimizer": opt.state_dict(),
+                       "scheduler": sched.state_dict(), "rng": torch.stack(rngs), **position}
+            save_checkpoint(args.checkpoint_dir / CHECKPOINT_NAME, payload)
+        except Exception as exc:   # reported, and every rank exits 1 instead of claiming a checkpoint
+            print(f"train_digits: could not save the checkpoint: {exc}", file=sys.stderr, flush=True)
+            failed = True
+    failed = aps.any_rank(failed, "checkpoint_failed")        # also a barrier: the file is complete
+    if rank == 0 and not failed:
+        saved = "checkpoint saved" if args.checkpoint_dir is not None else "no --checkpoint-dir: nothing saved"
+        print(f"stopped at step {position['global_step']} ({saved})", flush=True)
+    return not failed
+
+
+def main() -> None:
+    args = parse_args()
     torch.set_num_threads(1)
     aps.init()                                                                   # AutoPS line 1
     rank, world = aps.rank(), aps.size()
@@ -67,24 +173,49 @@ def main() -> None:
     x_tr, y_tr = x_tr[shard], y_tr[shard]
 
     model = DigitsCNN()
-    if args.optimizer == "sgd":
-        opt = torch.optim.SGD(model.parameters(), lr=args.lr or 0.05, momentum=0.9)
-    elif args.optimizer == "adam":
-        opt = torch.optim.Adam(model.parameters(), lr=args.lr or 2e-3)
-    else:
-        opt = torch.optim.AdamW(model.parameters(), lr=args.lr or 2e-3)
+    opt = make_optimizer(args, model)
     opt = aps.DistributedOptimizer(opt, named_parameters=model.named_parameters(), mode=args.mode)  # line 2
     aps.broadcast_parameters(model.state_dict(), root_rank=0)                  # AutoPS line 3
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=8, gamma=0.5)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=args.lr_step_size, gamma=0.5)
 
     gen = torch.Generator().manual_seed(args.seed)
     steps_per_epoch = len(x_tr) // args.batch_size
+    start_epoch, start_step, start_total, resumed_from = 0, 0, 0.0, None
+    ckpt = load_checkpoint(args, world)
+    if ckpt is not None:
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])      # server mode: root's first step sends it on
+        sched.load_state_dict(ckpt["scheduler"])
+        # copies: set_state crashes on a view with a storage offset
+        gen.set_state(ckpt["rng"][rank][0].clone())  # as it was before this epoch's permutation
+        torch.set_rng_state(ckpt["rng"][rank][1].clone())
+        start_epoch, start_step, start_total = ckpt["epoch"], ckpt["step"], ckpt["epoch_loss_sum"]
+        resumed_from = ckpt["global_step"]
+        if rank == 0:
+            print(f"resumed from step {resumed_from} ({args.checkpoint_dir / CHECKPOINT_NAME})", flush=True)
+    voting = preemptible(args)
+
     samples, train_time, loss_value = 0, 0.0, float("nan")
-    for epoch in range(args.epochs):
+    preempted, stop_agreed = False, False
+    for epoch in range(start_epoch, args.epochs):
         model.train()
+        epoch_gen_state = gen.get_state()
         order = torch.randperm(len(x_tr), generator=gen)
-        start, total = time.perf_counter(), 0.0
-        for step in range(steps_per_epoch):
+        first = start_step if epoch == start_epoch else 0
+        start, total = time.perf_counter(), start_total if epoch == start_epoch else 0.0
+        for step in range(first, steps_per_epoch):
+            done = epoch * steps_per_epoch + step          # steps completed before this one
+            if stop_agreed:                                # every rank at the same step
+                position = {"config": run_config(args, world), "epoch": epoch, "step": step,
+                            "epoch_loss_sum": total, "global_step": done}
+                rng = torch.stack([epoch_gen_state, torch.get_rng_state()])    # this rank's
+                if not checkpoint_and_stop(args, rank, model, opt, sched, position, rng):
+                    aps.shutdown()
+                    sys.exit(1)
+                preempted = True
+                break
+            # started before the step, answered after it: the round trip overlaps the step
+            stop_vote = aps.any_rank_async(stop_wanted(args, rank, done + 1), "stop") if voting else None
             idx = order[step * args.batch_size:(step + 1) * args.batch_size]
             opt.zero_grad()
             loss = F.cross_entropy(model(x_tr[idx]), y_tr[idx])
@@ -92,8 +223,11 @@ def main() -> None:
             opt.step()
             total += loss.item()
             samples += len(idx)
-        sched.step()
+            stop_agreed = stop_vote is not None and stop_vote()
         train_time += time.perf_counter() - start
+        if preempted:
+            break
+        sched.step()
         loss_value = total / max(1, steps_per_epoch)
         if rank == 0:
             print(f"epoch {epoch + 1:2d}  loss {loss_value:.4f}", flush=True)
@@ -104,14 +238,19 @@ def main() -> None:
     result = {"rank": rank, "world_size": world, "mode": args.mode, "optimizer": args.optimizer,
               "final_loss": loss_value, "test_accuracy": accuracy,
               "samples_per_s": samples / train_time if train_time else 0.0,
-              "aggregators": sorted(aps.placement())}
+              "aggregators": sorted(aps.placement()), "resumed_from_step": resumed_from, "preempted": preempted}
     if rank == 0:
-        print(f"test accuracy {accuracy:.4f}  samples/s per worker {result['samples_per_s']:.0f}  "
-              f"workers {world}  aggregators {result['aggregators'] or 'none (local)'}", flush=True)
+        if not preempted:
+            print(f"test accuracy {accuracy:.4f}  samples/s per worker {result['samples_per_s']:.0f}  "
+                  f"workers {world}  aggregators {result['aggregators'] or 'none (local)'}", flush=True)
+            if args.save_params:
+                torch.save(model.state_dict(), args.save_params)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(result, f)
     aps.shutdown()
+    if preempted:
+        tjob.mark_stopped()
 
 
 if __name__ == "__main__":
