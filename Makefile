@@ -38,6 +38,7 @@ $(STAMP): pyproject.toml infiniswap/_build_core.py $(wildcard csrc/infiniswap/*.
 
 demo: setup
 	$(PY) -m autops.demo
+	$(PY) examples/tiresias_demo.py
 	$(PY) -m infiniswap.demo
 
 test: setup
@@ -53,6 +54,7 @@ bench: setup
 	$(PY) bench/autops_migrate.py --model vgg19 --mode server --repeats 3 --json bench/results/autops_migrate.json --append
 	$(PY) -m autops.simulate --trace ../shared/data/traces/philly.csv --json bench/results/autops_simulate.json --plot bench/results/autops_simulate.png
 	$(PY) bench/tiresias_scale.py --json bench/results/tiresias_scale.json
+	$(PY) bench/tiresias_live.py --json bench/results/tiresias_live.json
 	$(PY) bench/infiniswap_bench.py --size 2G --daemons 3 --json bench/results/infiniswap_bench.json
 	$(PY) bench/infiniswap_fio.py --json bench/results/infiniswap_fio.json
 	$(PY) bench/infiniswap_apps.py --json bench/results/infiniswap_apps.json

@@ -178,6 +178,15 @@ def make_trace(n: int, seed: int, spread: float) -> list[SimpleNamespace]:
     return jobs
 
 
+def _record_of(records: list[dict], placement: dict) -> dict | None:
+    """The worker's record of a run: the one that began working within the run's lifetime."""
+    end = placement["ended"] if placement["ended"] is not None else float("inf")
+    for record in records:
+        if placement["started"] <= record["started"] <= end:
+            return record
+    return None
+
+
 def bench_live_vs_sim(tmp: pathlib.Path, n: int, seed: int, threshold: float, ckpt: float) -> dict:
     trace = make_trace(n, seed, spread=90.0)
     args = ("--nodes", "2x4", "--interval", "1", "--thresholds", str(threshold), "--stop-grace", "20")
@@ -194,14 +203,14 @@ def bench_live_vs_sim(tmp: pathlib.Path, n: int, seed: int, threshold: float, ck
         stop_times, restart_times, starts = [], [], []
         for job in done:
             runs_file = m.state / "checkpoints" / str(job["id"]) / "checkpoint" / "runs.jsonl"
-            runs = [json.loads(x) for x in runs_file.read_text().splitlines()]
-            placements = c.get(f"/api/v1/jobs/{job['id']}")["runs"]
-            for record, placement in zip(runs, placements):
-                starts.append(record["working"] - placement["started"])
+            records = [json.loads(x) for x in runs_file.read_text().splitlines()]
+            for placement in c.get(f"/api/v1/jobs/{job['id']}")["runs"]:
+                record = _record_of(records, placement)
+                if record is None:
+                    continue                           # a run killed before it could write its record
+                (restart_times if placement["run"] > 1 else starts).append(record["working"] - placement["started"])
                 if "stop_seen" in record:
                     stop_times.append(placement["ended"] - record["stop_seen"])
-                if placement["run"] > 1:
-                    restart_times.append(record["working"] - placement["started"])
     live = [j["ended"] - j["submitted"] for j in done]
     start_cost = statistics.mean(starts)
     resume_cost = (statistics.mean(stop_times) if stop_times else 0.0) + \
