@@ -160,3 +160,22 @@ def test_sigkill_reaches_torchrun_workers_in_their_own_sessions(master, tmp_path
         except OSError:
             return True
     wait_for(lambda: all(gone(p) for p in pids), 30, "the workers to be gone")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="memory cgroups need root")
+def test_declared_memory_is_enforced_by_a_cgroup_of_that_size(master, tmp_path):
+    import sys
+    out = tmp_path / "limit.txt"
+    probe = ("import os, sys\n"
+             "line = [l for l in open('/proc/self/cgroup') if 'memory' in l or l.startswith('0::')][0]\n"
+             "path = line.strip().split(':', 2)[2]\n"
+             "root = '/sys/fs/cgroup/memory' if os.path.isdir('/sys/fs/cgroup/memory' + path) else '/sys/fs/cgroup'\n"
+             "name = 'memory.limit_in_bytes' if root.endswith('memory') else 'memory.max'\n"
+             "open(sys.argv[1], 'w').write(path + ' ' + open(root + path + '/' + name).read())\n")
+    m = master("--nodes", "1x2")
+    j = m.submit(1, sys.executable, "-c", probe, str(out), name="limited", memory=64 << 20)
+    assert m.wait_status(j, ("finished", "failed"))["status"] == "finished", m.job(j)["detail"]
+    path, limit = out.read_text().split()
+    assert "tiresias" in path and int(limit) == 64 << 20
+    leftover = [p for p in ("/sys/fs/cgroup/memory" + path, "/sys/fs/cgroup" + path) if os.path.isdir(p)]
+    assert leftover == []                          # removed when the run ended
