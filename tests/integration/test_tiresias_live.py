@@ -71,6 +71,8 @@ def test_failing_job_is_marked_failed_with_its_log_tail_others_unaffected(master
     failed = m.wait_status(bad, "failed")
     assert failed["exit_code"] == 3 and "failing on purpose" in failed["detail"]
     assert m.wait_status(ok, "finished")["exit_code"] == 0
+    follow = m.cli("logs", str(ok), "--follow")        # returns once the job has ended
+    assert follow.returncode == 0 and "done at step 10" in follow.stdout
     view = m.cli("jobs", "--json", "-")
     jobs = {j["id"]: j for j in json.loads(view.stdout)}
     for key in ("id", "name", "status", "gpus", "submitted", "started", "ended", "preemptions",
