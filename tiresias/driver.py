@@ -148,6 +148,17 @@ class Driver:
         """Stop a running job outside a pass (e.g. its node was lost)."""
         self._stop([job])
 
+    def abort_start(self, job: JobState) -> None:
+        """A job this pass started could not be launched: back to waiting, GPUs free at once
+        (not a preemption)."""
+        job.running = False
+        job.wait_since = self.now
+        self.policy.stopped(job, self.now)
+        del self.running[job.job_id]
+        self.used -= job.num_gpus
+        if self.nodes is not None:
+            self.nodes.release(job)
+
     def withdraw(self, job: JobState) -> None:
         """Take a job out of scheduling for good (cancelled). A running or draining one keeps
         its GPUs until ``released``."""

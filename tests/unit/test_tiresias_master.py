@@ -310,3 +310,31 @@ def test_declared_memory_places_where_reports_say_it_fits(tmp_path, monkeypatch)
     assert all(s["stale"] for s in feed.sources())
     assert m.nodes()[0]["memory_free_bytes"] is None
     assert status(m, j) == "running"
+
+
+def test_a_failed_launch_requeues_and_the_third_in_a_row_fails_the_job(tmp_path):
+    m, clock, ex = make(tmp_path)
+    real_launch, failures = ex.launch, []
+
+    def flaky(spec):
+        if len(failures) < 1:
+            failures.append(spec.run)
+            raise RuntimeError("placement group not ready")
+        return real_launch(spec)
+    ex.launch = flaky
+    a = m.submit(spec(2, "a"))["id"]
+    m.tick()
+    assert status(m, a) == "waiting" and m.job(a)["preemptions"] == 0
+    assert m.nodes()[0]["free_gpus"] + m.nodes()[1]["free_gpus"] == 4
+    m.tick()
+    assert status(m, a) == "running"
+
+    def broken(spec):
+        raise RuntimeError("no such command")
+    ex.launch = broken
+    b = m.submit(spec(1, "b"))["id"]
+    for _ in range(3):
+        m.tick()
+    view = m.job(b)
+    assert view["status"] == "failed" and "launch failed 3 times" in view["detail"]
+    assert [e["kind"] for e in m.events(job_id=b)].count("launch-failed") == 2

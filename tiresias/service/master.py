@@ -42,6 +42,7 @@ log = logging.getLogger("tiresias.master")
 
 LIVE_POLICIES = tuple(p for p in POLICIES if p != "gandiva")
 KILL_AFTER_S = 5.0           # SIGTERM -> SIGKILL
+MAX_LAUNCH_FAILURES = 3      # consecutive failed launches before a job is failed
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 LOG_TAIL_BYTES = 2000
 
@@ -90,6 +91,7 @@ class _Run:
     stop_reason: str = ""
     term_sent: float | None = None
     skew_measured: float | None = None
+    launch_failures: int = 0
 
 
 class Master:
@@ -359,12 +361,18 @@ class Master:
         first = run.started is None
         try:
             run.handle = self.executor.launch(spec)
-        except Exception as exc:                      # the executor could not start it: failed
+        except Exception as exc:                      # the executor could not start it (yet)
             log.warning("job %d: launch failed: %s", job.job_id, exc)
-            self.driver.finish(job)
             self._release_gpus(placement)
-            self._close(job.job_id, "failed", now, detail=f"launch failed: {exc}")
+            run.launch_failures += 1
+            if run.launch_failures >= MAX_LAUNCH_FAILURES:
+                self.driver.finish(job)
+                self._close(job.job_id, "failed", now, detail=f"launch failed {run.launch_failures} times: {exc}")
+            else:                                     # back to the queue; the next pass retries
+                self.driver.abort_start(job)
+                self._persist_job(job.job_id, events=[(now, job.job_id, "launch-failed", str(exc))])
             return
+        run.launch_failures = 0
         run.status = "running"
         if first:
             run.started = now
