@@ -12,6 +12,7 @@ import dataclasses
 import pathlib
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from tiresias.cli import CYCLE_MODELS
 from tiresias.cluster import ClusterSpec, parse_cluster
@@ -170,3 +171,50 @@ def test_a_draining_job_never_starts_again_before_its_run_exits():
     drv.released(a)
     d = drv.schedule()
     assert [j.job_id for j in d.started] == [1] and drv.allocation(1)[0][0] != node
+
+
+# --- invariants of the live driver under random events (hypothesis) ----------------------------
+
+EVENTS = st.lists(st.tuples(st.sampled_from(["submit", "advance", "finish", "release", "offline", "online",
+                                             "cancel"]),
+                            st.integers(0, 1000), st.floats(0.0, 1.0)), min_size=1, max_size=80)
+
+
+@settings(max_examples=150, deadline=None)
+@given(EVENTS)
+def test_live_driver_never_overcommits_a_node_nor_restarts_a_draining_job(events):
+    drv = Driver(DiscretizedLAS(thresholds=[8.0, 40.0]), ClusterSpec(3, 4), LIVE)
+    next_id, t = 0, 0.0
+    for kind, n, x in events:
+        if kind == "submit":
+            next_id += 1
+            drv.submit(_job(next_id, 1 + n % 8, t, skew=x))
+        elif kind == "advance":
+            t += 1 + n % 20
+            drv.advance(t)
+        elif kind == "finish" and drv.running:
+            drv.finish(sorted(drv.running.values(), key=lambda j: j.job_id)[n % len(drv.running)])
+        elif kind == "release" and drv.draining:
+            jid = sorted(drv.draining)[n % len(drv.draining)]
+            drv.released(drv.jobs[jid])
+        elif kind in ("offline", "online"):
+            drv.set_online(n % 3, kind == "online")
+        elif kind == "cancel" and drv.policy.active:
+            jid = sorted(drv.policy.active)[n % len(drv.policy.active)]
+            drv.withdraw(drv.jobs[jid])
+        before = set(drv.draining)
+        decision = drv.schedule()
+        started = {j.job_id for j in decision.started}
+        assert not started & before                       # a draining job never starts again
+        assert not set(drv.running) & set(drv.draining)
+        held = [0, 0, 0]
+        for alloc in list(drv.nodes.alloc.values()) + list(drv.draining.values()):
+            for node, g in alloc:
+                held[node] += g
+        for node in range(3):
+            if node not in drv.nodes.offline:
+                assert held[node] + drv.nodes.free[node] == 4   # every GPU is free, running or draining
+            assert all(node != nd for jid in drv.running for nd, _ in drv.nodes.alloc[jid]) \
+                or node not in drv.nodes.offline                # nothing runs on an offline node
+        assert drv.used == sum(j.num_gpus for j in drv.running.values())
+        assert set(drv.running) == set(drv.nodes.alloc)
