@@ -338,3 +338,19 @@ def test_a_failed_launch_requeues_and_the_third_in_a_row_fails_the_job(tmp_path)
     view = m.job(b)
     assert view["status"] == "failed" and "launch failed 3 times" in view["detail"]
     assert [e["kind"] for e in m.events(job_id=b)].count("launch-failed") == 2
+
+
+def test_master_upgrades_an_older_state_dir_in_place_and_runs_its_jobs(tmp_path):
+    import sqlite3
+    state = tmp_path / "state"
+    state.mkdir()
+    db = sqlite3.connect(str(state / "state.db"), isolation_level=None)
+    migrate_to(db, 1)                                 # a state dir written by the first schema
+    db.execute("INSERT INTO jobs(name, spec, gpus, status, submitted, wait_since) VALUES "
+               "('old', ?, 2, 'waiting', 900.0, 900.0)", (json.dumps(spec(2, "old")),))
+    db.close()
+    m, clock, ex = make(tmp_path)
+    assert m.store.upgraded_from == 1 and m.store.version() == SCHEMA_VERSION
+    m.tick()
+    view = m.job(1)
+    assert view["status"] == "running" and view["name"] == "old" and ex.launched[0].job_id == 1
