@@ -401,8 +401,9 @@ class Master:
             env.update({"AUTOPS_MASTER": self.config.autops_master, "AUTOPS_JOB": autops_job_name(job_id, run.run),
                         "AUTOPS_AGGREGATORS": str(spec["autops_aggregators"])})
         memory = spec.get("memory")
-        return LaunchSpec(job_id, run.run, run.name, list(spec["command"]), spec["launcher"], run.placement,
-                          env=env, workdir=spec["workdir"], log_path=self.log_path(job_id),
+        launcher = spec.get("launcher") or default_launcher(spec["command"])     # older specs lack it
+        return LaunchSpec(job_id, run.run, run.name, list(spec["command"]), launcher, run.placement,
+                          env=env, workdir=spec.get("workdir") or "/", log_path=self.log_path(job_id),
                           run_dir=os.path.join(job_dir, f"run{run.run}"), memory_bytes=memory)
 
     def _request_stop(self, job_id: int, run: _Run, now: float, why: str) -> None:
