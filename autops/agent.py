@@ -272,11 +272,6 @@ class Agent:
             reply = self._master.call(wire.DECLARE, job=self.job, secret=self.secret, tensors=entries)
         self._set_table(reply)
 
-    def refresh_table(self) -> None:
-        with self._master_lock:
-            reply = self._master.call(wire.GET_TABLE, job=self.job, secret=self.secret)
-        self._set_table(reply)
-
     def _set_table(self, reply: wire.Message) -> None:
         table = Table()
         table.load(reply)

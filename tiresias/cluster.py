@@ -11,7 +11,7 @@ import os
 import re
 from dataclasses import dataclass
 
-__all__ = ["ClusterSpec", "parse_cluster", "MODEL_SKEW", "MODEL_ALIASES", "skew_of"]
+__all__ = ["ClusterSpec", "parse_cluster", "MODEL_SKEW", "MODEL_ALIASES", "skew_of", "model_key"]
 
 
 @dataclass(frozen=True)
@@ -128,11 +128,12 @@ MODEL_ALIASES: dict[str, str] = {
 }
 
 
-def _norm(name: str) -> str:
+def model_key(name: str) -> str:
+    """A model name as the tables are keyed: lower case, without '-', '_', '.' and blanks."""
     return re.sub(r"[\s\-_.]", "", name.strip().lower())
 
 
-_LOOKUP: dict[str, float] = {_norm(k): v for k, v in MODEL_SKEW.items()}
+_LOOKUP: dict[str, float] = {model_key(k): v for k, v in MODEL_SKEW.items()}
 _LOOKUP.update({a: MODEL_SKEW[t] for a, t in MODEL_ALIASES.items()})
 
 
@@ -146,7 +147,7 @@ def skew_of(job_model: str | None, trace_skew: float | None, default: float = 0.
             raise ValueError(f"skew must be in [0, 1], got {trace_skew!r}")
         return s
     if job_model:
-        v = _LOOKUP.get(_norm(job_model))
+        v = _LOOKUP.get(model_key(job_model))
         if v is not None:
             return v
     return default

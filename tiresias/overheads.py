@@ -25,7 +25,7 @@ for a multi-GPU job spread over more nodes than it needs::
 """
 from __future__ import annotations
 
-from .cluster import _norm
+from .cluster import model_key
 
 CHECKPOINT_MB_PER_S = 1200.0
 PAUSE_FIXED_S = 1.0
@@ -40,11 +40,11 @@ MODEL_MB: dict[str, float] = {
     "resnet101": 170.4, "resnet50": 97.7, "inception4": 162.9, "inception3": 91.0, "googlenet": 26.7,
     "bert-base": 438.0, "bert-large": 1340.0,
 }
-_MB = {_norm(k): v for k, v in MODEL_MB.items()}
+_MB = {model_key(k): v for k, v in MODEL_MB.items()}
 
 
 def model_mb(model: str | None) -> float:
-    return _MB.get(_norm(model), DEFAULT_MODEL_MB) if model else DEFAULT_MODEL_MB
+    return _MB.get(model_key(model), DEFAULT_MODEL_MB) if model else DEFAULT_MODEL_MB
 
 
 def pause_seconds(model: str | None, gpus: int) -> float:

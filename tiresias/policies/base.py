@@ -60,9 +60,6 @@ class JobState:
     overhead: float = 0.0             # seconds charged to pauses and resumes so far
     migrations: int = 0
 
-    def waiting_time(self, now: float) -> float:
-        return self.waited + (0.0 if self.running else max(0.0, now - self.wait_since))
-
     def remaining(self) -> float:
         return INF if self.duration is None else max(0.0, self.duration - self.executed)
 

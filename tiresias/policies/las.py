@@ -46,10 +46,6 @@ class DiscretizedLAS(Policy):
         self.promotions: list[tuple[float, int, int]] = []
         self.tokens: dict[int, int] = {}
 
-    @property
-    def num_queues(self) -> int:
-        return len(self.thresholds) + 1
-
     def queue_of(self, job: JobState) -> int:
         # tolerance: service adds up GPUs x dt in floating point; a job due to cross a
         # threshold at an event time must be seen across it (else it is re-filed forever)

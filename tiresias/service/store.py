@@ -112,10 +112,6 @@ class Store:
             return start
 
     # --- meta ------------------------------------------------------------------------------
-    def get_meta(self, key: str, default: str | None = None) -> str | None:
-        row = self._query("SELECT value FROM meta WHERE key = ?", (key,))
-        return row[0]["value"] if row else default
-
     def set_meta(self, key: str, value: str) -> None:
         self._write([("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, value))])
 
