@@ -10,8 +10,26 @@ the same through evictions and daemon failures.  A ``Frontend`` serves a device 
 file, attachable as a loop device and usable as swap.  ``infiniswap --help`` lists the
 commands.
 """
-from infiniswap.daemon import Daemon
-from infiniswap.device import Device
-from infiniswap.frontend import Frontend
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __all__ = ["Device", "Daemon", "Frontend"]
+
+# imported on first use, so that the pure modules (placement, eviction, protocol, ...) can be
+# imported without the built C core and without a cycle through the package
+_LAZY = {"Device": "infiniswap.device", "Daemon": "infiniswap.daemon", "Frontend": "infiniswap.frontend"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'infiniswap' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_LAZY))
