@@ -35,7 +35,9 @@ from .assignment import LOSS_LIMIT, busy_fraction, final_moves, job_demand, pack
 from .scaling import admissible, allocate_now, choose_cluster, cluster_free_cpu, idle_to_release
 
 if TYPE_CHECKING:
-    from .master import AggInfo, JobInfo, Master
+    from .migration import Migrations
+    from .pool import AggInfo, JobInfo, PoolHost
+    from .providers import Provider
 
 log = logging.getLogger("autops.elastic")
 
@@ -78,9 +80,12 @@ class ElasticConfig:
 class Elastic:
     """Drives jobs through profiling -> packed | dedicated and keeps the pool small."""
 
-    def __init__(self, master: "Master", config: ElasticConfig) -> None:
+    def __init__(self, master: "PoolHost", config: ElasticConfig, provider: "Provider",
+                 migrations: "Migrations") -> None:
         self.m = master
         self.cfg = config
+        self.provider = provider
+        self.migrations = migrations
         self.clusters: dict[str, Cluster] = {}
         self._cluster_ids = itertools.count()
         self.next_period = time.monotonic() + config.period
@@ -95,13 +100,13 @@ class Elastic:
                 move = job.moves.get(key)
                 if owner == agg or (move is not None and move[0] == agg):
                     out.setdefault(job.job, []).append(key)
-        for batch in self.m.migrations.batches.values():
+        for batch in self.migrations.batches.values():
             if batch.dst == agg:
                 out.setdefault(batch.job, []).extend(k for k in batch.keys if k not in out.get(batch.job, ()))
         return out
 
     def empty(self, agg: str) -> bool:
-        return not self.tasks_on(agg) and not self.m.migrations.active(aggs={agg})
+        return not self.tasks_on(agg) and not self.migrations.active(aggs={agg})
 
     def loads(self, aggs) -> dict[str, dict[str, tuple[float, float]]]:
         """{agg: {job: (D_j, sum of e_t of its keys there)}} for the assignment policy."""
@@ -127,7 +132,7 @@ class Elastic:
         return sum(1 for a in self.m.aggs.values() if a.state != "idle" and a.alive(now, self.m.heartbeat_timeout))
 
     def capacity(self) -> int | None:
-        return self.m.provider.capacity(len(self.m.live_aggregators()))
+        return self.provider.capacity(len(self.m.live_aggregators()))
 
     # --- job arrival ---------------------------------------------------------------------
     def refuse_reason(self, requested: int) -> str | None:
@@ -151,7 +156,7 @@ class Elastic:
         if want == 0:
             take = idle
             if not take:
-                started = self.m.provider.start(1)
+                started = self.provider.start(1)
                 if started:
                     job.pending = set(started)
                     return
@@ -174,7 +179,7 @@ class Elastic:
         job.temps = list(job.aggregators)
         short = want - len(take)
         if short > 0:
-            started = self.m.provider.start(short)
+            started = self.provider.start(short)
             job.pending = set(started)
             if len(started) < short:
                 log.warning("job %s: only %d of %d aggregators could be started", job.job,
@@ -221,7 +226,7 @@ class Elastic:
             seen = sum(c for c, _ in job.recent)
             mean = sum(c * d for c, d in job.recent) / seen
             job.low_iters = seen if job.standalone / mean < 1 - self.cfg.loss_limit else 0
-            if seen >= self.cfg.window and job.low_iters and not self.m.migrations.active(job=job.job):
+            if seen >= self.cfg.window and job.low_iters and not self.migrations.active(job=job.job):
                 self.revert(job)
 
     def on_aggregator_profile(self, profile: dict) -> None:
@@ -252,7 +257,7 @@ class Elastic:
         for job in list(self.m.jobs.values()):
             if (job.state == "profiling" and not job.best_effort and not job.pending and job.keys
                     and job.profiled >= self.cfg.profile_iters and job.e_reports >= 2
-                    and not job.parked and not self.m.migrations.active(job=job.job)):
+                    and not job.parked and not self.migrations.active(job=job.job)):
                 self.pack(job)
         if now >= self.next_period:
             self.next_period = now + self.cfg.period
@@ -317,7 +322,7 @@ class Elastic:
             if left["n"] == 0:
                 self._settle(job.job, involved, after)
 
-        mids = self.m.migrations.start(job, table, on_done=done)
+        mids = self.migrations.start(job, table, on_done=done)
         left["n"] = len(mids)
         homes = [a for a in job.aggregators if a in self.m.aggs]
         if homes and job.home not in homes:
@@ -337,7 +342,7 @@ class Elastic:
         job.reverts += 1
         k = max(1, min(job.reverts, job.requested or 1))
         idle = self.idle()
-        if len(idle) + self.m.provider.can_start(0) < k:
+        if len(idle) + self.provider.can_start(0) < k:
             log.warning("job %s runs %.0f%% slower than standalone but no aggregator is free to revert it",
                         job.job, 100 * (1 - job.standalone / job.measured))
             job.reverts -= 1
@@ -354,7 +359,7 @@ class Elastic:
         job.low_iters = 0
         job.recent.clear()
         take = [a.agg_id for a in idle[:k]]
-        started = self.m.provider.start(k - len(take)) if len(take) < k else []
+        started = self.provider.start(k - len(take)) if len(take) < k else []
         if started:
             job.revert_waiting = (k, take, set(started))
             for a in take:
@@ -419,14 +424,14 @@ class Elastic:
             cluster.aggs.discard(agg)
         info.state, info.cluster, info.exclusive, info.reserved_for, info.busy = "idle", None, None, None, None
         self.m.send_agg(agg, wire.CYCLE, None, jobs={})
-        idle = [a for a in self.idle() if self.m.provider.owns(a.agg_id)]
-        if self.m.provider.owns(agg) and len(idle) > self.cfg.spare:
-            self.m.provider.stop(agg)
+        idle = [a for a in self.idle() if self.provider.owns(a.agg_id)]
+        if self.provider.owns(agg) and len(idle) > self.cfg.spare:
+            self.provider.stop(agg)
             self.m.forget_aggregator(agg)
         log.info("aggregator %s released", agg)
 
     def recycle_cluster(self, cluster: Cluster) -> None:
-        if self.m.migrations.active(aggs=cluster.aggs):
+        if self.migrations.active(aggs=cluster.aggs):
             return
         aggs = self._cluster_aggs(cluster)
         loads = self.loads(aggs)

@@ -7,12 +7,12 @@ tensors; pMaster plans keys (partitioning and batching), assigns them byte-balan
 the job's aggregators, tells the aggregators (``ASSIGN``), and only then hands agents the
 table. Replies wait, without blocking the loop, until every aggregator concerned answered.
 Elasticity (profiling, packing, revert, recycling, clusters) lives in ``elastic``, live
-migration in ``migration``, the aggregator supply in ``providers``; pMaster publishes a
+migration in ``migration``, the aggregator supply in ``providers``, the pool's records and
+the view of pMaster those parts use in ``pool``; pMaster publishes a
 utilization report and Prometheus metrics (``report``).
 """
 from __future__ import annotations
 
-import collections
 import itertools
 import json
 import logging
@@ -20,7 +20,7 @@ import secrets
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import zmq
@@ -29,6 +29,7 @@ from . import wire
 from .assignment import spread_by_bytes
 from .elastic import Elastic, ElasticConfig
 from .migration import Migrations
+from .pool import AggInfo, JobInfo
 from .providers import Provider, StandbyProvider
 from .scaling import cluster_free_cpu
 from .partition import DEFAULT_PARTITION_BYTES, DEFAULT_SMALL_BYTES, KeySpec, plan_keys, validate_tensor
@@ -44,89 +45,16 @@ def _optim():
 log = logging.getLogger("autops.master")
 
 
-@dataclass
-class AggInfo:
-    agg_id: str
-    identity: bytes
-    endpoints: dict
-    host: str
-    pid: int
-    last_seen: float
-    stats: dict = field(default_factory=dict)
-    state: str = "idle"                 # idle | temporary | active | draining
-    cluster: str | None = None
-    reserved_for: str | None = None     # temporary: the job being profiled on it
-    exclusive: str | None = None        # serves only this (reverted or dedicated) job
-    busy: float | None = None           # estimated share of its execution cycle in use
-
-    def alive(self, now: float, timeout: float) -> bool:
-        return now - self.last_seen <= timeout
-
-
-@dataclass
-class JobInfo:
-    job: str
-    secret: str
-    world_size: int
-    num_aggregators: int
-    mode: str
-    average: bool
-    optimizer: str | None
-    hp: dict
-    partition_bytes: int
-    small_bytes: int
-    aggregators: list
-    ranks: set = field(default_factory=set)
-    done_ranks: set = field(default_factory=set)
-    tensors: dict = field(default_factory=dict)   # name -> (shape, dtype)
-    keys: dict = field(default_factory=dict)      # key -> KeySpec
-    table: dict = field(default_factory=dict)     # key -> agg id
-    pending_acks: set = field(default_factory=set)
-    parked: list = field(default_factory=list)    # (identity, req) waiting for acks
-    failure: str | None = None
-    created: float = field(default_factory=time.time)
-    # elasticity
-    requested: int = 0
-    state: str = "profiling"            # profiling | packed | dedicated
-    cluster: str | None = None
-    home: str | None = None             # aggregator for broadcasts
-    moves: dict = field(default_factory=dict)      # key -> (new aggregator, first iteration)
-    touched: set = field(default_factory=set)      # aggregators that hold state of this job
-    temps: list = field(default_factory=list)      # temporary aggregators of the profiling phase
-    pending: set = field(default_factory=set)      # aggregators still starting for it
-    best_effort: bool = False
-    registrations: list = field(default_factory=list)   # (identity, req) waiting for pending
-    iterations: int = 0
-    rank_d: dict = field(default_factory=dict)     # rank -> latest mean iteration duration
-    measured: float | None = None       # d_j: recent iteration duration (slowest rank)
-    standalone: float | None = None     # D_j: profiled standalone iteration duration
-    samples: list = field(default_factory=list)    # (iterations, mean duration) while profiling
-    profiled: int = 0
-    e: dict = field(default_factory=dict)          # key -> CPU seconds per iteration (EWMA)
-    e_reports: int = 0
-    low_iters: int = 0
-    recent: collections.deque = field(default_factory=collections.deque)   # (iterations, mean d) in the window
-    reverts: int = 0
-    revert_waiting: tuple | None = None
-    last_heard: float = field(default_factory=time.monotonic)
-
-    def cost(self, key: str) -> float:
-        """e_t of a key; keys not measured yet get the job's CPU time per byte times their size."""
-        e = self.e.get(key)
-        if e is not None:
-            return e
-        known = [(self.e[k], self.keys[k].nbytes) for k in self.e if k in self.keys]
-        nbytes = sum(b for _, b in known)
-        return sum(x for x, _ in known) / nbytes * self.keys[key].nbytes if nbytes else 0.0
-
-
 class Master:
     """pMaster's state and message loop; ``run()`` blocks until ``stop()`` or a signal."""
 
     def __init__(self, bind: str = "tcp://127.0.0.1:5555", heartbeat_timeout: float = 5.0,
                  assign_timeout: float = 60.0, provider: Provider | None = None,
                  elastic: ElasticConfig | None = None, report_bind: str | None = None,
-                 metrics_port: int | None = None, report_period: float = 1.0) -> None:
+                 metrics_port: int | None = None, report_period: float = 1.0,
+                 make_provider: Callable[[str], Provider] | None = None) -> None:
+        """``make_provider(address)``: builds the provider once the master's address is known
+        (a local provider tells the aggregators it starts where pMaster is)."""
         self.heartbeat_timeout = heartbeat_timeout
         self.assign_timeout = assign_timeout
         self.ctx = make_context()
@@ -141,9 +69,11 @@ class Master:
         self._assign_waits: dict[int, tuple[str, float]] = {}   # req -> (job, deadline)
         self._callbacks: dict[int, tuple[float, object]] = {}   # req -> (deadline, fn(msg | None))
         self._stop = threading.Event()
+        if provider is None and make_provider is not None:
+            provider = make_provider(self.address.replace("0.0.0.0", "127.0.0.1"))
         self.provider = provider or StandbyProvider()
         self.migrations = Migrations(self)
-        self.elastic = Elastic(self, elastic or ElasticConfig())
+        self.elastic = Elastic(self, elastic or ElasticConfig(), self.provider, self.migrations)
         self.report_period = report_period
         self._next_report = time.monotonic()
         self.publisher = None
@@ -599,8 +529,7 @@ class Master:
 def serve(bind: str, provider: str = "standby", max_aggregators: int | None = None,
           log_level: str = "WARNING", **kwargs) -> None:
     from .providers import make_provider
-    master = Master(bind, **kwargs)
-    master.provider = make_provider(provider, master.address.replace("0.0.0.0", "127.0.0.1"),
-                                    max_aggregators, log_level=log_level)
+    master = Master(bind, make_provider=lambda address: make_provider(provider, address, max_aggregators,
+                                                                      log_level=log_level), **kwargs)
     master.install_signal_handlers()
     master.run()

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Callable
 from . import wire
 
 if TYPE_CHECKING:
-    from .master import JobInfo, Master
+    from .pool import JobInfo, PoolHost
 
 log = logging.getLogger("autops.migration")
 
@@ -51,7 +51,7 @@ class Batch:
 class Migrations:
     """Migration batches in flight, driven by pMaster's message loop."""
 
-    def __init__(self, master: "Master") -> None:
+    def __init__(self, master: "PoolHost") -> None:
         self.master = master
         self.batches: dict[int, Batch] = {}
         self.moving: dict[tuple[str, str], int] = {}     # (job, key) -> mid
