@@ -110,8 +110,7 @@ def build_app(master: Master, token: str) -> web.Application:
     async def logs(request: web.Request) -> web.Response:
         job_id = _job_id(request)
         offset = _int_query(request, "offset", 0)
-        data, new = await call(master.read_log, job_id, offset)
-        status = (await call(master.job, job_id))["status"]
+        data, new, status = await call(master.read_log, job_id, offset)
         return web.json_response({"data": data, "offset": new, "status": status})
 
     async def nodes(request: web.Request) -> web.Response:
@@ -131,10 +130,7 @@ def build_app(master: Master, token: str) -> web.Application:
         return web.json_response(await call(master.summary))
 
     async def dashboard_data(request: web.Request) -> web.Response:
-        def gather() -> dict[str, Any]:
-            return {"summary": master.summary(), "nodes": master.nodes(), "jobs": master.jobs(),
-                    "events": master.events(limit=40)}
-        return web.json_response(await call(gather))
+        return web.json_response(await call(master.dashboard))
 
     async def dashboard(request: web.Request) -> web.Response:
         return web.FileResponse(STATIC / "dashboard.html")

@@ -594,16 +594,20 @@ class Master:
         except OSError:
             return ""
 
-    def read_log(self, job_id: int, offset: int = 0, limit: int = 1 << 20) -> tuple[str, int]:
-        if self.store.job(job_id) is None:
-            raise NotFound(f"no job {job_id}")
+    def read_log(self, job_id: int, offset: int = 0, limit: int = 1 << 20) -> tuple[str, int, str]:
+        """The job's output from ``offset``: ``(text, next offset, job status)``."""
+        with self.lock:
+            row = self.store.job(job_id)
+            if row is None:
+                raise NotFound(f"no job {job_id}")
+            status = self.runs[job_id].status if job_id in self.runs else row["status"]
         try:
             with open(self.log_path(job_id), "rb") as f:
                 f.seek(max(0, offset))
                 data = f.read(limit)
         except FileNotFoundError:
-            return "", offset
-        return data.decode("utf-8", "replace"), offset + len(data)
+            return "", offset, status
+        return data.decode("utf-8", "replace"), offset + len(data), status
 
     def job(self, job_id: int) -> dict[str, Any]:
         with self.lock:
@@ -664,13 +668,15 @@ class Master:
                             "memory_lendable_bytes": mem.get("lendable_bytes") if mem else None})
             return out
 
-    def summary(self) -> dict[str, Any]:
-        """Cluster-level view: queues, GPU use, JCTs so far, report sources, pass times."""
+    def summary(self, rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Cluster-level view: queues, GPU use, JCTs so far, report sources, pass times
+        (``rows``: the jobs' rows when the caller has read them already)."""
         with self.lock:
+            rows = self.store.jobs() if rows is None else rows
             counts: dict[str, int] = {}
-            for r in self.store.jobs():
+            for r in rows:
                 counts[r["status"]] = counts.get(r["status"], 0) + 1
-            finished = [r["ended"] - r["submitted"] for r in self.store.jobs(["finished"])]
+            finished = [r["ended"] - r["submitted"] for r in rows if r["status"] == "finished"]
             queues: dict[int, int] = {}
             for jid, run in self.runs.items():
                 if run.status in ("waiting", "preempted"):
@@ -685,6 +691,13 @@ class Master:
                     "finished": len(finished), "avg_jct": sum(finished) / len(finished) if finished else None,
                     "reports": self.reports.sources(), "lendable_bytes": self.reports.lendable_bytes(),
                     "pass_ms_p50": passes[len(passes) // 2] * 1e3 if passes else None}
+
+    def dashboard(self) -> dict[str, Any]:
+        """What the dashboard shows, from one read of the jobs."""
+        with self.lock:
+            rows = self.store.jobs()
+            return {"summary": self.summary(rows), "nodes": self.nodes(), "jobs": [self._view(r) for r in rows],
+                    "events": self.events(limit=40)}
 
     def events(self, since: int = 0, job_id: int | None = None, limit: int = 200) -> list[dict[str, Any]]:
         return self.store.events(since, job_id, limit)
