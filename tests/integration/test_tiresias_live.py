@@ -51,7 +51,7 @@ def test_preempt_checkpoint_resume_and_a_job_that_ignores_the_request(master, tm
     assert "stopping" in kinds and "preempted" in kinds and "resumed" in kinds and "sigterm" not in kinds
 
     # a job that ignores the stop request: SIGTERM after the grace period, resumed later
-    c = m.submit(2, *counter(80, 0.1, "--ignore-stop"), name="stubborn")
+    c = m.submit(2, *counter(80, 0.1, "--ignore-stop"), name="ignores-stop")
     m.wait_status(c, "running")
     wait_for(lambda: len(steps(m.state, c)) >= 12, 30, "job c to pass its threshold")
     d = m.submit(2, *counter(3, 0.1), name="urgent")
@@ -143,7 +143,7 @@ def test_sigkill_reaches_torchrun_workers_in_their_own_sessions(master, tmp_path
     piddir = tmp_path / "pids"
     piddir.mkdir()
     m = master("--nodes", "1x2", "--interval", "0.5", "--stop-grace", "1")
-    j = m.submit(2, sys.executable, str(JOBS / "stubborn_worker.py"), str(piddir), name="stubborn",
+    j = m.submit(2, sys.executable, str(JOBS / "sigterm_ignoring_worker.py"), str(piddir), name="ignores-stop",
                  launcher="torchrun")
     m.wait_status(j, "running")
     pids = wait_for(lambda: len(list(piddir.iterdir())) == 2 and [int(p.read_text()) for p in piddir.iterdir()],

@@ -196,12 +196,12 @@ def test_terminate_frees_the_gpus(ex, tmp_path):
     ex.terminate(4, 1, handle)
     ex.terminate(4, 1, handle)                                  # idempotent
     assert wait_end(ex, polite).exit_code == -15
-    stubborn = spec_of(5, tmp_path, placement, "ignore-term")
-    handle = ex.launch(stubborn)                                # the same GPUs: they were freed
-    started(stubborn)
+    ignoring = spec_of(5, tmp_path, placement, "ignore-term")
+    handle = ex.launch(ignoring)                                # the same GPUs: they were freed
+    started(ignoring)
     ex.terminate(5, 1, handle)
     ex.terminate(5, 1, handle, force=True)
-    end = wait_end(ex, stubborn)
+    end = wait_end(ex, ignoring)
     assert end.exit_code == -9 and not end.lost
     ex.terminate(5, 1, handle, force=True)                      # after the end: harmless
     assert gpus_free(ex, placement)
