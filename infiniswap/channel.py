@@ -1,98 +1,28 @@
 """ZeroMQ plumbing shared by the Infiniswap daemon, device and command line.
 
-This module owns three small mechanisms and nothing else:
+This module owns the process's ZeroMQ context and two small mechanisms (addresses and
+the thread waker come from the shared core, ``dlrt.endpoints`` and ``dlrt.waker``):
 
-* ``endpoint(addr, bind=...)`` -- turns what a user types (``host:port``,
-  ``tcp://host:port``, ``ipc:///path``) into a ZeroMQ endpoint, or raises ``ValueError``
-  with a message naming the bad address;
-* ``Waker`` -- a non-blocking pipe a control thread polls next to its sockets, so other
-  threads can wake it (stop, commands) without touching its sockets (ZeroMQ sockets are
-  not thread-safe: each is used by the one thread that polls it);
+* ``bind_router(address, what)`` -- a ROUTER socket bound with a clear error on failure;
 * ``ask(addr, op, ...)`` -- one request, one reply, on a fresh DEALER socket, bounded by a
   timeout (``infiniswap status`` and tests use it).
 """
 from __future__ import annotations
 
-import os
-import re
 from typing import Any
 
 import zmq
 
+from dlrt.endpoints import endpoint
+
 from infiniswap import protocol as p
 
-__all__ = ["endpoint", "Waker", "ask", "context"]
-
-_HOST_PORT = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[^:/\s]+):(?P<port>\d+|\*)$")
+__all__ = ["ask", "bind_router", "context"]
 
 
 def context() -> zmq.Context:
     """The process-wide ZeroMQ context (never terminated by this package)."""
     return zmq.Context.instance()
-
-
-def endpoint(addr: str, bind: bool = False) -> str:
-    """A ZeroMQ endpoint for ``addr``; ``host:port`` means TCP.  For ``bind``, port ``0`` or
-    ``*`` asks the OS for a free port.  ``ValueError`` names the address if it is unusable."""
-    if not isinstance(addr, str) or not addr.strip():
-        raise ValueError(f"bad address {addr!r}: expected tcp://HOST:PORT, HOST:PORT or ipc://PATH")
-    addr = addr.strip()
-    if addr.startswith(("ipc://", "inproc://")):
-        if len(addr.split("://", 1)[1]) == 0:
-            raise ValueError(f"bad address {addr!r}: the path is empty")
-        return addr
-    rest = addr[len("tcp://"):] if addr.startswith("tcp://") else addr
-    if "://" in rest:
-        raise ValueError(f"bad address {addr!r}: only tcp://, ipc:// and inproc:// are supported")
-    m = _HOST_PORT.match(rest)
-    if m is None:
-        raise ValueError(f"bad address {addr!r}: expected tcp://HOST:PORT, HOST:PORT or ipc://PATH")
-    host, port = m.group("host"), m.group("port")
-    if port == "*" or int(port) == 0:
-        if not bind:
-            raise ValueError(f"bad address {addr!r}: a port is needed to connect")
-        port = "*"
-    elif int(port) > 65535:
-        raise ValueError(f"bad address {addr!r}: port {port} is out of range (1..65535)")
-    return f"tcp://{host}:{port}"
-
-
-class Waker:
-    """A self-pipe: ``wake()`` from any thread makes ``fd`` readable until ``clear()``."""
-
-    def __init__(self) -> None:
-        self._r, self._w = os.pipe()
-        os.set_blocking(self._r, False)
-        os.set_blocking(self._w, False)
-
-    @property
-    def fd(self) -> int:
-        return self._r
-
-    def wake(self) -> None:
-        if self._w < 0:
-            return
-        try:
-            os.write(self._w, b"x")
-        except (BlockingIOError, OSError):      # full (already awake) or closed
-            pass
-
-    def clear(self) -> None:
-        try:
-            while os.read(self._r, 4096):
-                pass
-        except (BlockingIOError, OSError):
-            pass
-
-    def close(self) -> None:
-        """Close both ends once (a second call must not close a reused descriptor)."""
-        fds, self._r, self._w = (self._r, self._w), -1, -1
-        for fd in fds:
-            if fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
 
 
 def ask(addr: str, op: str, timeout: float = 2.0, **fields: Any) -> p.Message:

@@ -132,7 +132,7 @@ def _harden(what: str) -> None:
 def _metrics_host(bind: str) -> str:
     """Where the Prometheus exporter listens: the host of ``--bind`` (127.0.0.1 unless it
     says otherwise; any address for ``*``, 127.0.0.1 for ipc://)."""
-    from infiniswap.channel import endpoint
+    from dlrt.endpoints import endpoint
 
     ep = endpoint(bind, bind=True)
     if not ep.startswith("tcp://"):

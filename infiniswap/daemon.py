@@ -51,7 +51,11 @@ import zmq
 
 from infiniswap import eviction
 from infiniswap import protocol as p
-from infiniswap.channel import Waker, bind_router, endpoint
+from dlrt.endpoints import endpoint
+from dlrt.hostid import host_id
+from dlrt.waker import Waker
+
+from infiniswap.channel import bind_router
 from infiniswap.core import DataServer, SlabStore
 from infiniswap.timings import Timings
 
@@ -165,7 +169,7 @@ class Daemon:
         self._data_port = data_port
         self._rng = rng or random.Random()
         self.instance = uuid.uuid4().hex[:12]
-        self.host_id = p.local_host_id()
+        self.host_id = host_id()
         self.host_name = host_name or socket.gethostname()
         self._reporters = list(reporters)
         self.report_interval = float(report_interval)

@@ -24,7 +24,7 @@ import socket
 import uuid
 from typing import Any, Iterable, Sequence
 
-from infiniswap.channel import endpoint
+from dlrt.endpoints import endpoint
 from infiniswap.core import PAGE_SIZE, CoreDevice
 from infiniswap.devicectl import TRANSPORTS, Controller
 

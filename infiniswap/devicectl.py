@@ -39,7 +39,11 @@ import zmq
 
 from infiniswap import placement
 from infiniswap import protocol as p
-from infiniswap.channel import Waker, bind_router, context, endpoint
+from dlrt.endpoints import endpoint
+from dlrt.hostid import host_id
+from dlrt.waker import Waker
+
+from infiniswap.channel import bind_router, context
 from infiniswap.core import CoreDevice, SlabState
 from infiniswap.timings import Timings
 
@@ -93,7 +97,7 @@ class Controller:
         self.transport = transport
         self._rng = rng
         self._tcp_connections = tcp_connections
-        self._host_id = p.local_host_id()
+        self._host_id = host_id()
         addrs: list[str] = []
         for a in daemons:
             if a not in addrs:

@@ -4,7 +4,8 @@ This module owns the message names, their fields (one ``SCHEMA`` table), the msg
 encoding, and the validation that turns any malformed input into a ``ProtocolError``
 -- never another exception -- so a daemon or device loop never dies on a bad peer.
 
-Wire format: one msgpack map ``{"v": 1, "op": <name>, <fields>...}``. ``id`` (optional,
+Wire format: the shared envelope of ``dlrt.messages``, one msgpack map
+``{"proto": "infiniswap", "v": 1, "op": <name>, <fields>...}``. ``id`` (optional,
 non-negative int) is allowed on every message: a request may carry one and the reply
 echoes it (``reply_to``), so requests in both directions can share one connection.
 Unknown fields are rejected (a typo is an error, not silently ignored).
@@ -35,7 +36,7 @@ Field meanings:
 * ``free_bytes``: bytes the daemon can give to new slabs now (its unmapped preallocated
   slabs plus what it may still allocate above HeadRoom) -- what placement compares;
   ``slab_size``: the daemon's SlabSize in bytes; ``slabs_free`` / ``slabs_mapped``: slab
-  counts (also the daemon's utilization report); ``host_id``: ``local_host_id()`` of the
+  counts (also the daemon's utilization report); ``host_id``: ``dlrt.hostid.host_id()`` of the
   daemon's machine, so a device uses shared memory only when it is equal to its own.
 * ``device_id``: a device's cluster-unique name; ``slab``/``slabs``: slab indices in that
   device's address space (the daemon keys its slabs by ``(device_id, slab)``).
@@ -64,17 +65,16 @@ own (cold slab, shutdown) sends UNMAP and gets DONE.
 from __future__ import annotations
 
 import math
-import socket
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-import msgpack
+from dlrt.messages import Protocol, ProtocolError
 
 __all__ = [
     "VERSION", "QUERY_MEM", "FREE_MEM", "MAP", "MR_INFO", "CHECK_ACTIVITY", "ACTIVITY", "EVICT",
     "DONE", "UNMAP", "PING", "PONG", "STATUS", "REPORT", "ERROR", "Field", "SCHEMA", "COMMON",
     "ProtocolError",
-    "Message", "encode", "decode", "reply_to", "error", "local_host_id",
+    "Message", "encode", "decode", "reply_to", "error", "PROTOCOL",
 ]
 
 VERSION = 1
@@ -93,6 +93,8 @@ PONG = "PONG"
 STATUS = "STATUS"
 REPORT = "REPORT"
 ERROR = "ERROR"
+
+PROTOCOL = Protocol("infiniswap", VERSION, error_op=ERROR)
 
 # Field kinds.
 UINT = "uint"            # int >= 0 (bool is not an int here)
@@ -141,10 +143,6 @@ SCHEMA: dict[str, dict[str, Field]] = {
     REPORT: {"report": Field(OBJ)},
     ERROR: {"reason": Field(STR), "code": _opt(STR)},
 }
-
-
-class ProtocolError(ValueError):
-    """Bytes that are not a valid control message of this protocol version."""
 
 
 @dataclass(frozen=True)
@@ -240,28 +238,13 @@ def _validate(op: Any, fields: Mapping[Any, Any]) -> None:
 def encode(op: str, **fields: Any) -> bytes:
     """One message as msgpack bytes; validated the same way ``decode`` validates (ProtocolError)."""
     _validate(op, fields)
-    return msgpack.packb({"v": VERSION, "op": op, **fields}, use_bin_type=True)
+    return PROTOCOL.pack(op, fields)
 
 
 def decode(data: bytes | bytearray | memoryview) -> Message:
-    """Parse and validate one message; any malformed input raises ``ProtocolError``."""
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise ProtocolError(f"not msgpack: expected bytes, got {type(data).__name__}")
-    try:
-        obj = msgpack.unpackb(bytes(data), raw=False, strict_map_key=False, use_list=True)
-    except Exception as exc:  # msgpack raises several unrelated types (ExtraData, ValueError, ...)
-        raise ProtocolError(f"not msgpack: {exc.__class__.__name__}: {exc}"[:200]) from None
-    if not isinstance(obj, dict):
-        raise ProtocolError(f"not a dict: message is a msgpack {type(obj).__name__}")
-    if "v" not in obj:
-        raise ProtocolError("missing protocol version 'v'")
-    version = obj["v"]
-    if not _is_uint(version) or version != VERSION:
-        raise ProtocolError(f"unsupported protocol version {version!r} (this side speaks {VERSION})")
-    if "op" not in obj:
-        raise ProtocolError("missing 'op'")
-    op = obj["op"]
-    fields = {k: v for k, v in obj.items() if k not in ("v", "op")}
+    """Parse and validate one message; any malformed input raises ``ProtocolError``
+    (``VersionMismatch`` for a peer speaking another version of this protocol)."""
+    op, fields = PROTOCOL.unpack(data)
     _validate(op, fields)
     return Message(op, fields)
 
@@ -278,18 +261,3 @@ def error(reason: str, code: str | None = None, **fields: Any) -> bytes:
     if code is not None:
         fields["code"] = code
     return encode(ERROR, reason=reason, **fields)
-
-
-def local_host_id() -> str:
-    """This machine's identity for the same-host test: ``hostname/boot-id`` (boot id when readable).
-
-    Two processes see the same value iff they run on the same booted kernel (containers on one
-    host share the boot id but may differ in hostname -- then they simply use TCP).
-    """
-    host = socket.gethostname()
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
-            boot = fh.read().strip()
-    except OSError:
-        boot = ""
-    return f"{host}/{boot}" if boot else host

@@ -54,7 +54,9 @@ from typing import Any, Iterator, Mapping
 
 import zmq
 
-from infiniswap.channel import context, endpoint
+from dlrt.endpoints import endpoint
+
+from infiniswap.channel import context
 
 __all__ = ["REPORT_VERSION", "REPORT_TYPE", "TOPIC", "utilization_report", "encode_report",
            "parse_message", "metric_samples", "ReportPublisher", "PrometheusExporter"]

@@ -7,7 +7,8 @@ import select
 import pytest
 
 from infiniswap import cli
-from infiniswap.channel import Waker, endpoint
+from dlrt.endpoints import endpoint
+from dlrt.waker import Waker
 from infiniswap.sizes import format_size, parse_size
 from infiniswap.timings import Timings, summarize
 

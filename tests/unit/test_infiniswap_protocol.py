@@ -146,8 +146,12 @@ def test_encode_validates_too():
         p.encode(p.DONE, slabs=[True])
 
 
-def test_local_host_id_is_stable():
-    assert p.local_host_id() and p.local_host_id() == p.local_host_id()
+def test_host_id_is_stable_and_overridable(monkeypatch):
+    from dlrt.hostid import HOST_ID_ENV, host_id
+    monkeypatch.delenv(HOST_ID_ENV, raising=False)
+    assert host_id() and host_id() == host_id()
+    monkeypatch.setenv(HOST_ID_ENV, "emulated-host-3")
+    assert host_id() == "emulated-host-3"
 
 
 @settings(max_examples=500, deadline=None)

@@ -15,7 +15,9 @@ import sys
 import time
 
 from .client import Client
-from .supervisor import kill_tree, read_json
+from dlrt.procs import kill_tree, signal_group
+
+from .supervisor import read_json
 
 
 class LocalMaster:
@@ -79,7 +81,4 @@ def kill_runs(state: pathlib.Path) -> None:
             pass
     for groups in state.glob("jobs/*/run*/groups.json"):
         for pgid in (read_json(str(groups)) or {}).get("groups", []):
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            signal_group(pgid, signal.SIGKILL)

@@ -16,7 +16,9 @@ import sys
 from typing import Any
 
 from .executor import LaunchSpec, NodeInfo, RunEnd
-from .supervisor import kill_tree, read_json, write_json
+from dlrt.procs import kill_tree, signal_group
+
+from .supervisor import read_json, write_json
 
 SUPERVISOR = "tiresias.service.supervisor"
 
@@ -56,10 +58,7 @@ class LocalExecutor:
         if force and _alive(handle["supervisor"]):
             kill_tree(handle["supervisor"])           # workers in sessions of their own too
         for pgid in groups.get("groups", []):
-            try:
-                os.killpg(pgid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+            signal_group(pgid, sig)
 
     def poll(self) -> list[RunEnd]:
         ended = []

@@ -44,9 +44,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from dlrt.procs import kill_tree, signal_group
+
 from . import cgroup
 from .executor import LaunchSpec, NodeInfo, RunEnd, node_command, node_env
-from .supervisor import KILL_AFTER_S, free_port, kill_tree
+from .supervisor import KILL_AFTER_S, free_port
 
 try:
     import ray
@@ -153,18 +155,12 @@ class NodeLauncher:
             return
         if sig == signal.SIGKILL:
             kill_tree(self.proc.pid)
-        try:
-            os.killpg(self.proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+        signal_group(self.proc.pid, sig)
 
     def _check(self) -> None:
         if self.outcome_ is not None or self.proc is None or self.proc.poll() is None:
             return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)          # what the command left in its group
-        except (ProcessLookupError, PermissionError):
-            pass
+        signal_group(self.proc.pid, signal.SIGKILL)          # what the command left in its group
         if self.limit is not None:
             self.limit.remove()
         self.outcome_ = {"code": self.proc.returncode,

@@ -30,6 +30,8 @@ from typing import Any
 
 import psutil
 
+from dlrt.procs import kill_tree, signal_group
+
 from . import cgroup
 from .executor import LaunchSpec, node_command, node_env
 
@@ -42,21 +44,6 @@ def become_subreaper() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     except (OSError, AttributeError):
         pass                                     # not Linux: orphans go to init as usual
-
-
-def kill_tree(root: int, sig: int = signal.SIGKILL, include_root: bool = False) -> int:
-    """Signal every descendant of ``root`` (children first collected, then signalled)."""
-    try:
-        proc = psutil.Process(root)
-        procs = proc.children(recursive=True) + ([proc] if include_root else [])
-    except psutil.Error:
-        return 0
-    for p in procs:
-        try:
-            p.send_signal(sig)
-        except psutil.Error:
-            pass
-    return len(procs)
 
 
 def write_json(path: str, data: Any) -> None:
@@ -123,10 +110,7 @@ class Supervisor:
     def signal_all(self, sig: int) -> None:
         for p in self.procs:
             if p.poll() is None:
-                try:
-                    os.killpg(p.pid, sig)
-                except ProcessLookupError:
-                    pass
+                signal_group(p.pid, sig)
 
     def _reap_orphans(self) -> None:
         """Reap exited orphans that came to us (never the node commands: Popen reaps those)."""

@@ -1,0 +1,76 @@
+"""Stopping the processes a program started: politely first, then for sure.
+
+``stop_processes`` asks a set of ``subprocess.Popen`` children to stop (SIGTERM), waits
+for all of them against one deadline and kills what is left; ``join_or_kill`` does the
+same for ``multiprocessing`` children; ``signal_group`` and ``kill_tree`` reach a
+process group or every descendant of a process, ignoring processes already gone. Only
+processes this program started are ever signalled (callers pass their own children).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from typing import Any, Iterable
+
+import psutil
+
+__all__ = ["stop_processes", "join_or_kill", "signal_group", "kill_tree"]
+
+
+def stop_processes(procs: Iterable[subprocess.Popen], timeout: float = 5.0,
+                   sig: int = signal.SIGTERM) -> None:
+    """Send ``sig`` to every child still running, wait up to ``timeout`` seconds for all of
+    them together, then SIGKILL and reap the ones that did not exit."""
+    procs = list(procs)
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                proc.send_signal(sig)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def join_or_kill(procs: Iterable[Any], timeout: float = 10.0) -> None:
+    """Join ``multiprocessing.Process`` children against one deadline; kill the stragglers."""
+    procs = list(procs)
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        proc.join(timeout=max(0.1, deadline - time.monotonic()))
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5)
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    """Signal a process group; ``False`` when it is gone (or not ours to signal)."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def kill_tree(root: int, sig: int = signal.SIGKILL, include_root: bool = False) -> int:
+    """Signal every descendant of ``root`` (all collected first, then signalled); returns
+    how many were signalled."""
+    try:
+        proc = psutil.Process(root)
+        procs = proc.children(recursive=True) + ([proc] if include_root else [])
+    except psutil.Error:
+        return 0
+    for p in procs:
+        try:
+            p.send_signal(sig)
+        except psutil.Error:
+            pass
+    return len(procs)

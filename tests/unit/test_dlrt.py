@@ -1,0 +1,130 @@
+"""The shared core: message envelope and versions, addresses, waker, child processes."""
+import select
+import signal
+import subprocess
+import sys
+
+import msgpack
+import pytest
+
+from dlrt.endpoints import endpoint, host_port, is_loopback
+from dlrt.messages import Protocol, ProtocolError, VersionMismatch
+from dlrt.procs import kill_tree, stop_processes
+from dlrt.waker import Waker
+
+V1 = Protocol("demo", 1, error_op="error")
+V2 = Protocol("demo", 2, error_op="error")
+
+
+def test_envelope_round_trip_carries_name_and_version():
+    raw = V1.pack("ping", {"n": 3})
+    assert msgpack.unpackb(raw) == {"proto": "demo", "v": 1, "op": "ping", "n": 3}
+    assert V1.unpack(raw) == ("ping", {"n": 3})
+
+
+def test_other_version_is_a_clear_error_naming_both_versions():
+    with pytest.raises(VersionMismatch) as exc:
+        V1.unpack(V2.pack("ping", {}))
+    text = str(exc.value)
+    assert "v2" in text and "v1" in text and "demo" in text
+    assert isinstance(exc.value, ProtocolError)
+
+
+def test_error_replies_are_readable_across_versions():
+    op, fields = V2.unpack(V1.pack("error", {"message": "peer speaks v2"}))
+    assert op == "error" and fields == {"message": "peer speaks v2"}
+
+
+def test_another_protocol_is_refused():
+    with pytest.raises(ProtocolError, match="not a demo message"):
+        V1.unpack(Protocol("other", 1).pack("ping", {}))
+
+
+@pytest.mark.parametrize("data, text", [
+    (b"\xc1", "not msgpack"),
+    (msgpack.packb([1, 2]), "not a dict"),
+    (msgpack.packb({"op": "x"}), "version"),
+    (msgpack.packb({"v": 1}), "op"),
+    (msgpack.packb({"v": True, "op": "x"}), "version"),
+    (msgpack.packb({"v": 1, "op": 5}), "op"),
+    ("text", "bytes"),
+])
+def test_malformed_input_is_only_protocol_error(data, text):
+    with pytest.raises(ProtocolError, match=text):
+        V1.unpack(data)
+
+
+@pytest.mark.parametrize("addr, bind, want", [
+    ("127.0.0.1:5555", False, "tcp://127.0.0.1:5555"),
+    ("tcp://127.0.0.1:5555", False, "tcp://127.0.0.1:5555"),
+    ("127.0.0.1:0", True, "tcp://127.0.0.1:*"),
+    ("ipc:///tmp/x.sock", False, "ipc:///tmp/x.sock"),
+    ("[::1]:80", False, "tcp://[::1]:80"),
+])
+def test_endpoint_accepts_what_users_type(addr, bind, want):
+    assert endpoint(addr, bind=bind) == want
+
+
+@pytest.mark.parametrize("addr", ["", "nohost", "h:0", "h:70000", "udp://h:1", "ipc://"])
+def test_bad_addresses_name_themselves(addr):
+    with pytest.raises(ValueError, match="bad address"):
+        endpoint(addr)
+
+
+def test_host_port_and_loopback():
+    assert host_port("tcp://10.0.0.2:7000") == ("10.0.0.2", 7000)
+    assert is_loopback("127.0.0.1") and is_loopback("tcp://127.0.0.1:1") and is_loopback("localhost:5")
+    assert is_loopback("ipc:///tmp/s")
+    assert not is_loopback("0.0.0.0") and not is_loopback("tcp://*:5555") and not is_loopback("10.0.0.1:5")
+
+
+def test_waker_wakes_a_poller_until_cleared():
+    w = Waker()
+    try:
+        assert select.select([w.fd], [], [], 0)[0] == []
+        w.wake()
+        w.wake()
+        assert select.select([w.fd], [], [], 0)[0] == [w.fd]
+        w.clear()
+        assert select.select([w.fd], [], [], 0)[0] == []
+    finally:
+        w.close()
+        w.close()        # idempotent
+    w.wake()             # a closed waker ignores wakes
+
+
+def test_stop_processes_kills_a_child_that_ignores_sigterm():
+    code = "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+    stubborn = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    polite = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert stubborn.stdout.readline() == b"up\n"
+        stop_processes([stubborn, polite], timeout=0.5)
+        assert polite.returncode == -signal.SIGTERM
+        assert stubborn.returncode == -signal.SIGKILL
+    finally:
+        for p in (stubborn, polite):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_kill_tree_reaches_grandchildren():
+    code = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']);"
+            "print(c.pid, flush=True); time.sleep(60)")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        grandchild = int(parent.stdout.readline())
+        assert kill_tree(parent.pid, include_root=True) == 2
+        assert parent.wait(10) == -signal.SIGKILL
+        import psutil
+        try:
+            psutil.Process(grandchild).wait(10)
+        except psutil.NoSuchProcess:
+            pass
+        assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
+        assert kill_tree(parent.pid) == 0        # gone: nothing to signal
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
