@@ -16,17 +16,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
+
+from dlrt.procs import die_with_parent, stop_processes
 
 log = logging.getLogger("autops.providers")
-
-
-def die_with_parent() -> None:
-    """``preexec_fn``: SIGTERM to the child when the process that started it dies, so no
-    aggregator or master outlives a killed pool, benchmark or test (Linux PR_SET_PDEATHSIG)."""
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)    # PR_SET_PDEATHSIG
 
 
 class Provider:
@@ -120,17 +113,7 @@ class LocalProvider(Provider):
         return True
 
     def close(self) -> None:
-        procs = [*self.procs.values(), *self.stopping]
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 5.0
-        for proc in procs:
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes([*self.procs.values(), *self.stopping], timeout=5.0)
         self.procs.clear()
         self.stopping.clear()
 

@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 import psutil
 
-__all__ = ["stop_processes", "join_or_kill", "signal_group", "kill_tree"]
+__all__ = ["stop_processes", "join_or_kill", "signal_group", "kill_tree", "die_with_parent"]
 
 
 def stop_processes(procs: Iterable[subprocess.Popen], timeout: float = 5.0,
@@ -74,3 +74,20 @@ def kill_tree(root: int, sig: int = signal.SIGKILL, include_root: bool = False) 
         except psutil.Error:
             pass
     return len(procs)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> bool:
+    """Ask Linux to send ``sig`` to this process when its parent dies (``PR_SET_PDEATHSIG``),
+    so no service outlives the pool, test or benchmark that started it. Usable as a
+    ``preexec_fn``. If the parent already died before the request took effect, the signal
+    is sent now. ``False`` when the kernel refused."""
+    import ctypes
+    parent = os.getppid()
+    if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        return False
+    if os.getppid() != parent:
+        os.kill(os.getpid(), sig)
+    return True

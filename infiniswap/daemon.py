@@ -53,6 +53,7 @@ from infiniswap import eviction
 from infiniswap import protocol as p
 from dlrt.endpoints import endpoint
 from dlrt.hostid import host_id
+from dlrt.periodic import Periodic
 from dlrt.waker import Waker
 
 from infiniswap.channel import bind_router
@@ -403,12 +404,13 @@ class Daemon:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(self._waker.fd, zmq.POLLIN)
-        next_tick = time.monotonic() + self.period
-        next_report = time.monotonic() if self._reporters else float("inf")
+        start = time.monotonic()
+        tick = Periodic(self.period, start + self.period)
+        report = Periodic(self.report_interval if self._reporters else None, start)
         try:
             while not self._stopping.is_set():
                 now = time.monotonic()
-                wake_at = min(next_tick, next_report)
+                wake_at = min(tick.deadline, report.deadline)
                 if self._round is not None:
                     wake_at = min(wake_at, self._round.deadline)
                 if self._pending_maps:
@@ -424,12 +426,9 @@ class Daemon:
                         self._serve_pending_maps(now)
                     if self._round is not None and now >= self._round.deadline:
                         self._round_timeout(now)
-                    if now >= next_tick:
+                    if tick.due(now):
                         self._monitor(now)
-                        next_tick = max(next_tick + self.period, now + self.period / 2)
-                if now >= next_report:
-                    next_report = max(next_report + self.report_interval,
-                                      now + self.report_interval / 2)
+                if report.due(now):
                     self._report()
             self._give_back_all(poller, sock)
         except BaseException as exc:  # pragma: no cover - a bug; keep the traceback in the log

@@ -41,6 +41,7 @@ from infiniswap import placement
 from infiniswap import protocol as p
 from dlrt.endpoints import endpoint
 from dlrt.hostid import host_id
+from dlrt.periodic import Periodic
 from dlrt.waker import Waker
 
 from infiniswap.channel import bind_router, context
@@ -199,17 +200,15 @@ class Controller:
             log.exception("device: first contact with the daemons failed")
         finally:
             self._ready.set()
-        next_tick = time.monotonic() + self.period
+        tick = Periodic(self.period, time.monotonic() + self.period)
         while not self._stop.is_set():
             try:
-                wait = 0.0 if self._remap else max(0.0, next_tick - time.monotonic())
-                self._poll(wait, main=True)
+                self._poll(0.0 if self._remap else tick.wait(time.monotonic()), main=True)
                 if self._remap:
                     self._remap = False
                     self._place_hot()
-                if time.monotonic() >= next_tick:
+                if tick.due(time.monotonic()):
                     self._tick()
-                    next_tick = max(next_tick + self.period, time.monotonic() + self.period / 2)
             except Exception:
                 log.exception("device: control loop error (continuing)")
                 time.sleep(min(self.period, 0.5))

@@ -128,3 +128,18 @@ def test_kill_tree_reaches_grandchildren():
         if parent.poll() is None:
             parent.kill()
             parent.wait()
+
+
+def test_periodic_fires_once_per_period_without_catch_up_bursts():
+    from dlrt.periodic import Periodic
+    t = Periodic(1.0, start=10.0)
+    assert not t.due(9.5) and t.wait(9.5) == 0.5
+    assert t.due(10.0) and t.deadline == 11.0
+    assert not t.due(10.9)
+    assert t.due(15.2)                  # a stall: one run, the next half a period away at least
+    assert t.deadline == 15.7 and not t.due(15.6)
+    never = Periodic(None, start=0.0)
+    assert not never.due(1e9) and never.deadline == float("inf")
+    import pytest
+    with pytest.raises(ValueError):
+        Periodic(0, start=0.0)

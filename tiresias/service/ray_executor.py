@@ -32,7 +32,6 @@ Ray 2.60 resolves a loopback driver address to the machine's IP, which a cluster
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
 import os
 import re
@@ -44,7 +43,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from dlrt.procs import kill_tree, signal_group
+from dlrt.procs import die_with_parent, kill_tree, signal_group
 
 from . import cgroup
 from .executor import LaunchSpec, NodeInfo, RunEnd, node_command, node_env
@@ -65,7 +64,6 @@ RAY_NODE_ID_LABEL = "ray.io/node-id"
 BUNDLE_CPU = 0.01
 NAME_RE = re.compile(r"^tiresias-job(\d+)-run(\d+)(?:-node(\d+))?$")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-PR_SET_PDEATHSIG = 1
 
 
 def run_name(job_id: int, run: int) -> str:
@@ -174,10 +172,7 @@ def _child_setup(limit: cgroup.MemoryLimit | None) -> Callable[[], None]:
     def setup() -> None:
         if limit is not None:
             limit.join_self()
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass                                     # not Linux
+        die_with_parent(signal.SIGKILL)
         if os.getppid() != parent:                   # the actor died before the line above
             os._exit(1)
     return setup
