@@ -54,7 +54,7 @@ from infiniswap import protocol as p
 from dlrt.endpoints import endpoint
 from dlrt.hostid import host_id
 from dlrt.periodic import Periodic
-from dlrt.waker import Waker
+from dlrt.control import ControlThread
 
 from infiniswap.channel import bind_router
 from infiniswap.core import DataServer, SlabStore
@@ -179,9 +179,8 @@ class Daemon:
         self._store: SlabStore | None = None
         self._server: DataServer | None = None
         self._sock: zmq.Socket | None = None
-        self._thread: threading.Thread | None = None
-        self._stopping = threading.Event()
-        self._waker = Waker()
+        self._control = ControlThread("infiniswap-daemon", self._run)
+        self._waker = self._control.waker
         self._address: str | None = None
         self._U: float | None = None
         self._free_list: list[int] = []                  # preallocated, unmapped regions
@@ -213,7 +212,7 @@ class Daemon:
 
     def start(self) -> "Daemon":
         """Allocate the store, start the data server, bind, run the control thread."""
-        if self._thread is not None:
+        if self._control.started:
             raise RuntimeError("daemon already started")
         self._store = SlabStore(self.capacity, self.slab_size, lock=self._lock_slabs)
         try:
@@ -230,8 +229,7 @@ class Daemon:
         self._mem_thread = threading.Thread(target=self._memory_loop,
                                             name="infiniswap-daemon-mem", daemon=True)
         self._mem_thread.start()
-        self._thread = threading.Thread(target=self._run, name="infiniswap-daemon", daemon=True)
-        self._thread.start()
+        self._control.start()
         log.info("daemon %s: control %s, data %s, slab %d MiB, headroom %d MiB, capacity %d MiB",
                  self.instance, self._address, self.data_address or "none",
                  self.slab_size >> 20, self.headroom >> 20, self.capacity >> 20)
@@ -239,12 +237,7 @@ class Daemon:
 
     def stop(self) -> None:
         """Evict every mapped slab (bounded by ``timeout``), stop, free the memory.  Idempotent."""
-        t = self._thread
-        if t is not None:
-            self._stopping.set()
-            self._waker.wake()
-            t.join()
-            self._thread = None
+        self._control.stop()
         m = self._mem_thread
         if m is not None:
             with self._mu:
@@ -256,7 +249,7 @@ class Daemon:
             self._sock.close(0)
             self._sock = None
         self._release_data_plane()
-        self._waker.close()
+        self._control.close()
 
     def _release_data_plane(self) -> None:
         if self._server is not None:
@@ -267,7 +260,7 @@ class Daemon:
             self._store = None
 
     def __enter__(self) -> "Daemon":
-        return self.start() if self._thread is None else self
+        return self if self._control.started else self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
@@ -287,8 +280,7 @@ class Daemon:
 
     @property
     def running(self) -> bool:
-        t = self._thread
-        return t is not None and t.is_alive()
+        return self._control.alive
 
     def _advertised_host(self) -> str:
         h = self._data_host or ""
@@ -408,7 +400,7 @@ class Daemon:
         tick = Periodic(self.period, start + self.period)
         report = Periodic(self.report_interval if self._reporters else None, start)
         try:
-            while not self._stopping.is_set():
+            while not self._control.stopping.is_set():
                 now = time.monotonic()
                 wake_at = min(tick.deadline, report.deadline)
                 if self._round is not None:

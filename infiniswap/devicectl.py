@@ -42,7 +42,7 @@ from infiniswap import protocol as p
 from dlrt.endpoints import endpoint
 from dlrt.hostid import host_id
 from dlrt.periodic import Periodic
-from dlrt.waker import Waker
+from dlrt.control import ControlThread
 
 from infiniswap.channel import bind_router, context
 from infiniswap.core import CoreDevice, SlabState
@@ -126,10 +126,9 @@ class Controller:
         self._evict_times = Timings()
 
         self._cmds: queue.Queue[tuple[Callable[[], Any], concurrent.futures.Future]] = queue.Queue()
-        self._waker = Waker()
-        self._stop = threading.Event()
+        self._control = ControlThread("infiniswap-device", self._run)
+        self._waker = self._control.waker
         self._ready = threading.Event()
-        self._thread: threading.Thread | None = None
 
     # ---- lifecycle ----
 
@@ -143,25 +142,18 @@ class Controller:
         except BaseException:
             self._close_sockets()
             raise
-        self._thread = threading.Thread(target=self._run, name="infiniswap-device", daemon=True)
-        self._thread.start()
+        self._control.start()
         self._ready.wait()
 
     def stop(self) -> None:
         """Give every mapped slab back (UNMAP, bounded wait) and end the thread.  Idempotent."""
-        t = self._thread
-        if t is not None:
-            self._stop.set()
-            self._waker.wake()
-            t.join()
-            self._thread = None
+        self._control.stop()
         self._close_sockets()
-        self._waker.close()
+        self._control.close()
 
     def call(self, fn: Callable[[], Any], timeout: float | None = None) -> Any:
         """Run ``fn`` on the control thread (which owns the sockets) and return its result."""
-        t = self._thread
-        if t is None or not t.is_alive():
+        if not self._control.alive:
             raise ValueError("device is closed")
         fut: concurrent.futures.Future = concurrent.futures.Future()
         self._cmds.put((fn, fut))
@@ -201,7 +193,7 @@ class Controller:
         finally:
             self._ready.set()
         tick = Periodic(self.period, time.monotonic() + self.period)
-        while not self._stop.is_set():
+        while not self._control.stopping.is_set():
             try:
                 self._poll(0.0 if self._remap else tick.wait(time.monotonic()), main=True)
                 if self._remap:
@@ -553,7 +545,7 @@ class Controller:
         hot = sorted((s for s in range(self._n) if act[s] >= self.hot_slab and s not in self._where),
                      key=lambda s: -act[s])
         for s in hot:
-            if self._stop.is_set():
+            if self._control.stopping.is_set():
                 return
             if self._core.slab_info(s).state != SlabState.UNMAPPED:
                 continue

@@ -143,3 +143,27 @@ def test_periodic_fires_once_per_period_without_catch_up_bursts():
     import pytest
     with pytest.raises(ValueError):
         Periodic(0, start=0.0)
+
+
+def test_control_thread_stops_a_loop_blocked_in_poll():
+    import threading
+    from dlrt.control import ControlThread
+    entered = threading.Event()
+    rounds = []
+
+    def loop():
+        while not ctl.stopping.is_set():
+            entered.set()
+            select.select([ctl.waker.fd], [], [], 60)      # blocks until woken
+            ctl.waker.clear()
+            rounds.append(1)
+
+    ctl = ControlThread("test-loop", loop)
+    ctl.start()
+    assert entered.wait(10) and ctl.alive
+    with pytest.raises(RuntimeError):
+        ctl.start()
+    ctl.stop()
+    assert not ctl.alive and not ctl.started and rounds
+    ctl.stop()                                            # idempotent
+    ctl.close()
