@@ -48,10 +48,11 @@ _VALUE_ERRNOS = (_errno.EINVAL, _errno.ERANGE, _errno.EBADF)
 
 
 class SlabState(enum.IntEnum):
-    UNMAPPED = 0
-    MAPPING = 1
-    MAPPED = 2
-    EVICTING = 3
+    """A slab's state in the device's slab table (the C core's ISW_SLAB_* values)."""
+    UNMAPPED = int(lib.ISW_SLAB_UNMAPPED)
+    MAPPING = int(lib.ISW_SLAB_MAPPING)
+    MAPPED = int(lib.ISW_SLAB_MAPPED)
+    EVICTING = int(lib.ISW_SLAB_EVICTING)
 
 
 @dataclass(frozen=True)

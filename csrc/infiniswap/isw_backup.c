@@ -2,6 +2,9 @@
  * isw_backup.c — backup file, per-slab disk ordering and the writer threads
  * (design in isw_backup.h).
  *
+ * Owns: the backup file descriptor, the write queues and their writer threads, the copies
+ * of queued data, and the per-slab enqueued/completed counts.
+ *
  * Locks: one mutex per queue (push/pop, queued bytes) and one per slab (only to sleep
  * until that slab's completed count reaches a target).  A slab's enqueued count is bumped
  * under its queue's mutex together with the push, so "enqueued count" order is queue order

@@ -1,6 +1,9 @@
 /*
  * isw_common.c — thread-local error messages and small I/O / thread helpers
  * (see isw_common.h for the error convention).
+ *
+ * Owns: the thread-local message buffers (last error, strerror); everything else here is
+ * stateless.
  */
 #include "isw_common.h"
 

@@ -1,6 +1,10 @@
 /*
  * isw_dataserver.c — TCP data server of the daemon (see isw_dataserver.h, isw_proto.h).
  *
+ * Owns: the listening socket, the wake pipe, the accept and connection threads and the
+ * request counters.  It uses the store's memory but not the store (isw_store_acquire keeps
+ * it alive).
+ *
  * Threads: the accept thread polls the listening socket and a wake pipe; each connection
  * has a thread that reads a request, validates it against the store, and replies.  A
  * connection thread never closes its own socket (the fd number could be reused while

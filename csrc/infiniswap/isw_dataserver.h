@@ -8,6 +8,7 @@
 
 #include <stdint.h>
 
+/* cffi:begin */
 struct isw_store;
 struct isw_server;
 
@@ -32,5 +33,6 @@ int isw_server_stop(struct isw_server *srv);
 /* Stop (if needed) and free. */
 void isw_server_free(struct isw_server *srv);
 int isw_server_get_stats(struct isw_server *srv, struct isw_server_stats *out);
+/* cffi:end */
 
 #endif

@@ -2,6 +2,9 @@
  * isw_device.c — the device: slab table, page bitmap ("valid in remote"), counters and the
  * I/O router (thesis §2.4.1, §2.4.3–§2.4.5).
  *
+ * Owns: the slab table and bitmap, the remotes (by id), the control mutex, the per-slab
+ * counters and the backup file handle (isw_backup.c does its I/O).
+ *
  * Invariants
  *  - Every write reaches the backup file (sync when unmapped/failed, async after a remote
  *    write), so the disk, once a slab's pending writes are done, always holds the data.
@@ -12,6 +15,11 @@
  *    after the wait no thread touches the remote region (Dekker-style handshake).
  *  - A failed remote I/O moves the slab MAPPED → EVICTING (no new remote I/O), flags it and
  *    clears its bits; the data is then served from disk.  The control loop unmaps it.
+ *
+ * Call guard: every public call but the size getters, close and free runs between dev_enter
+ * and dev_leave, so close() can wait for the calls in progress.  A control call that needs
+ * the control mutex and a slab or remote takes all of it with one acquire helper
+ * (ctl_acquire, slab_acquire, remote_acquire) and gives it back with ctl_release.
  */
 #include "isw_device.h"
 #include "isw_backup.h"
@@ -74,6 +82,63 @@ static int dev_enter(struct isw_device *d)
 static void dev_leave(struct isw_device *d)
 {
     atomic_fetch_sub(&d->ops, 1);
+}
+
+/* Enter the device and take the control mutex: 0, or -EBADF (closed) with nothing held. */
+static int ctl_acquire(struct isw_device *d)
+{
+    int rc = dev_enter(d);
+    if (rc < 0)
+        return rc;
+    pthread_mutex_lock(&d->ctl);
+    return 0;
+}
+
+/* Undo a successful ctl_acquire, slab_acquire or remote_acquire. */
+static void ctl_release(struct isw_device *d)
+{
+    pthread_mutex_unlock(&d->ctl);
+    dev_leave(d);
+}
+
+static int check_slab(struct isw_device *d, uint32_t slab)
+{
+    if (slab >= d->nslabs)
+        return isw_fail(ERANGE, "slab %u is out of range: the device has %u slabs", slab,
+                        d->nslabs);
+    return 0;
+}
+
+/* Check the slab number, then ctl_acquire: the slab, held under the control mutex, or NULL
+ * with *rc set (-ERANGE, -EBADF) and nothing held. */
+static struct isw_slab *slab_acquire(struct isw_device *d, uint32_t slab, int *rc)
+{
+    if ((*rc = check_slab(d, slab)) < 0 || (*rc = ctl_acquire(d)) < 0)
+        return NULL;
+    return &d->slabs[slab];
+}
+
+/* Under ctl. */
+static struct isw_remote *find_remote(struct isw_device *d, int id, int *rc)
+{
+    if (id < 0 || id >= d->nremotes || d->remotes[id] == NULL) {
+        *rc = isw_fail(ENOENT, "no remote with id %d", id);
+        return NULL;
+    }
+    *rc = 0;
+    return d->remotes[id];
+}
+
+/* ctl_acquire, then find the remote: it is returned under the control mutex, or NULL with
+ * *rc set (-EBADF, -ENOENT) and nothing held. */
+static struct isw_remote *remote_acquire(struct isw_device *d, int id, int *rc)
+{
+    if ((*rc = ctl_acquire(d)) < 0)
+        return NULL;
+    struct isw_remote *r = find_remote(d, id, rc);
+    if (r == NULL)
+        ctl_release(d);
+    return r;
 }
 
 /* ---------- bitmap ---------- */
@@ -427,17 +492,6 @@ int isw_device_add_remote_tcp(struct isw_device *d, const char *host, int port,
     return rc;
 }
 
-/* Under ctl. */
-static struct isw_remote *find_remote(struct isw_device *d, int id, int *rc)
-{
-    if (id < 0 || id >= d->nremotes || d->remotes[id] == NULL) {
-        *rc = isw_fail(ENOENT, "no remote with id %d", id);
-        return NULL;
-    }
-    *rc = 0;
-    return d->remotes[id];
-}
-
 /* Under ctl.  Returns 1 if the slab was mapped (or evicting), 0 if there was nothing. */
 static int evict_locked(struct isw_device *d, uint32_t si)
 {
@@ -476,111 +530,85 @@ static int unmap_remote_locked(struct isw_device *d, struct isw_remote *r)
 
 int isw_device_remove_remote(struct isw_device *d, int remote_id)
 {
-    struct isw_remote *r;
-    int rc = dev_enter(d);
+    int rc;
+    struct isw_remote *r = remote_acquire(d, remote_id, &rc);
 
-    if (rc < 0)
+    if (r == NULL)
         return rc;
-    pthread_mutex_lock(&d->ctl);
-    r = find_remote(d, remote_id, &rc);
-    if (r != NULL) {
-        unmap_remote_locked(d, r);
-        d->remotes[remote_id] = NULL;
-        r->ops->destroy(r);
-    }
-    pthread_mutex_unlock(&d->ctl);
-    dev_leave(d);
-    return rc;
+    unmap_remote_locked(d, r);
+    d->remotes[remote_id] = NULL;
+    r->ops->destroy(r);
+    ctl_release(d);
+    return 0;
 }
 
 int isw_device_mark_remote_dead(struct isw_device *d, int remote_id)
 {
-    struct isw_remote *r;
-    int rc = dev_enter(d);
+    int rc;
+    struct isw_remote *r = remote_acquire(d, remote_id, &rc);
 
-    if (rc < 0)
+    if (r == NULL)
         return rc;
-    pthread_mutex_lock(&d->ctl);
-    r = find_remote(d, remote_id, &rc);
-    if (r != NULL)
-        isw_remote_error(r, 1, EHOSTDOWN, "marked dead by the control loop");
-    rc = r != NULL ? 0 : rc;
-    pthread_mutex_unlock(&d->ctl);
-    dev_leave(d);
-    return rc;
+    isw_remote_error(r, 1, EHOSTDOWN, "marked dead by the control loop");
+    ctl_release(d);
+    return 0;
 }
 
 int isw_device_remote_dead(struct isw_device *d, int remote_id)
 {
-    struct isw_remote *r;
-    int rc = dev_enter(d);
+    int rc;
+    struct isw_remote *r = remote_acquire(d, remote_id, &rc);
 
-    if (rc < 0)
+    if (r == NULL)
         return rc;
-    pthread_mutex_lock(&d->ctl);
-    r = find_remote(d, remote_id, &rc);
-    if (r != NULL)
-        rc = atomic_load(&r->dead) ? 1 : 0;
-    pthread_mutex_unlock(&d->ctl);
-    dev_leave(d);
+    rc = atomic_load(&r->dead) ? 1 : 0;
+    ctl_release(d);
     return rc;
 }
 
 int isw_device_remote_error(struct isw_device *d, int remote_id, char *out, size_t n)
 {
-    struct isw_remote *r;
-    int rc = dev_enter(d);
+    int rc;
+    struct isw_remote *r = remote_acquire(d, remote_id, &rc);
 
-    if (rc < 0)
+    if (r == NULL)
         return rc;
-    pthread_mutex_lock(&d->ctl);
-    r = find_remote(d, remote_id, &rc);
-    if (r != NULL)
-        isw_remote_last_error(r, out, n);
-    pthread_mutex_unlock(&d->ctl);
-    dev_leave(d);
-    return rc;
+    isw_remote_last_error(r, out, n);
+    ctl_release(d);
+    return 0;
 }
 
 /* ---------- mapping control ---------- */
 
-static int check_slab(struct isw_device *d, uint32_t slab)
-{
-    if (slab >= d->nslabs)
-        return isw_fail(ERANGE, "slab %u is out of range: the device has %u slabs", slab,
-                        d->nslabs);
-    return 0;
-}
-
 int isw_device_begin_map(struct isw_device *d, uint32_t slab)
 {
-    int rc = check_slab(d, slab);
-    if (rc < 0 || (rc = dev_enter(d)) < 0)
+    int rc;
+    struct isw_slab *s = slab_acquire(d, slab, &rc);
+
+    if (s == NULL)
         return rc;
-    pthread_mutex_lock(&d->ctl);
-    int st = atomic_load(&d->slabs[slab].state);
+    int st = atomic_load(&s->state);
     if (st == ISW_SLAB_UNMAPPED)
-        atomic_store(&d->slabs[slab].state, ISW_SLAB_MAPPING);
+        atomic_store(&s->state, ISW_SLAB_MAPPING);
     else
         rc = isw_fail(EBUSY, "slab %u is %s, not unmapped", slab, state_name(st));
-    pthread_mutex_unlock(&d->ctl);
-    dev_leave(d);
+    ctl_release(d);
     return rc;
 }
 
 int isw_device_abort_map(struct isw_device *d, uint32_t slab)
 {
-    int rc = check_slab(d, slab);
-    if (rc < 0 || (rc = dev_enter(d)) < 0)
+    int rc;
+    struct isw_slab *s = slab_acquire(d, slab, &rc);
+
+    if (s == NULL)
         return rc;
-    pthread_mutex_lock(&d->ctl);
-    int st = atomic_load(&d->slabs[slab].state);
+    int st = atomic_load(&s->state);
     if (st == ISW_SLAB_MAPPING)
-        atomic_store(&d->slabs[slab].state, ISW_SLAB_UNMAPPED);
+        atomic_store(&s->state, ISW_SLAB_UNMAPPED);
     else if (st != ISW_SLAB_UNMAPPED)
         rc = isw_fail(EBUSY, "slab %u is %s, not being mapped", slab, state_name(st));
-    pthread_mutex_unlock(&d->ctl);
-    dev_leave(d);
+    ctl_release(d);
     return rc;
 }
 
@@ -588,12 +616,11 @@ int isw_device_map_slab(struct isw_device *d, uint32_t slab, int remote_id,
                         uint64_t region_offset)
 {
     struct isw_remote *r;
-    int rc = check_slab(d, slab);
+    int rc;
+    struct isw_slab *s = slab_acquire(d, slab, &rc);
 
-    if (rc < 0 || (rc = dev_enter(d)) < 0)
+    if (s == NULL)
         return rc;
-    pthread_mutex_lock(&d->ctl);
-    struct isw_slab *s = &d->slabs[slab];
     int st = atomic_load(&s->state);
     r = find_remote(d, remote_id, &rc);
     if (r == NULL)
@@ -624,36 +651,30 @@ int isw_device_map_slab(struct isw_device *d, uint32_t slab, int remote_id,
     atomic_store(&s->failed, 0);
     atomic_store(&s->state, ISW_SLAB_MAPPED);       /* publishes remote/region (seq_cst) */
 out:
-    pthread_mutex_unlock(&d->ctl);
-    dev_leave(d);
+    ctl_release(d);
     return rc;
 }
 
 int isw_device_begin_evict(struct isw_device *d, uint32_t slab)
 {
-    int rc = check_slab(d, slab);
-    if (rc < 0 || (rc = dev_enter(d)) < 0)
+    int rc;
+
+    if (slab_acquire(d, slab, &rc) == NULL)
         return rc;
-    pthread_mutex_lock(&d->ctl);
     rc = evict_locked(d, slab);
-    pthread_mutex_unlock(&d->ctl);
-    dev_leave(d);
+    ctl_release(d);
     return rc;
 }
 
 int isw_device_unmap_remote(struct isw_device *d, int remote_id)
 {
-    struct isw_remote *r;
-    int rc = dev_enter(d);
+    int rc;
+    struct isw_remote *r = remote_acquire(d, remote_id, &rc);
 
-    if (rc < 0)
+    if (r == NULL)
         return rc;
-    pthread_mutex_lock(&d->ctl);
-    r = find_remote(d, remote_id, &rc);
-    if (r != NULL)
-        rc = unmap_remote_locked(d, r);
-    pthread_mutex_unlock(&d->ctl);
-    dev_leave(d);
+    rc = unmap_remote_locked(d, r);
+    ctl_release(d);
     return rc;
 }
 
@@ -673,12 +694,11 @@ int isw_device_sample_activity(struct isw_device *d, uint64_t *out, uint32_t n)
 
 int isw_device_failed_slabs(struct isw_device *d, uint32_t *out, uint32_t n)
 {
-    int rc = dev_enter(d);
+    int rc = ctl_acquire(d);
     uint32_t total = 0;
 
     if (rc < 0)
         return rc;
-    pthread_mutex_lock(&d->ctl);
     for (uint32_t i = 0; i < d->nslabs; i++) {
         struct isw_slab *s = &d->slabs[i];
         int st = atomic_load(&s->state);
@@ -690,18 +710,17 @@ int isw_device_failed_slabs(struct isw_device *d, uint32_t *out, uint32_t n)
             total++;
         }
     }
-    pthread_mutex_unlock(&d->ctl);
-    dev_leave(d);
+    ctl_release(d);
     return (int)total;
 }
 
 int isw_device_slab_info(struct isw_device *d, uint32_t slab, struct isw_slab_info *out)
 {
-    int rc = check_slab(d, slab);
-    if (rc < 0 || (rc = dev_enter(d)) < 0)
+    int rc;
+    struct isw_slab *s = slab_acquire(d, slab, &rc);
+
+    if (s == NULL)
         return rc;
-    pthread_mutex_lock(&d->ctl);
-    struct isw_slab *s = &d->slabs[slab];
     memset(out, 0, sizeof *out);
     out->state = atomic_load(&s->state);
     out->remote_id = s->remote_id;
@@ -715,8 +734,7 @@ int isw_device_slab_info(struct isw_device *d, uint32_t slab, struct isw_slab_in
     out->bytes_read_disk = atomic_load(&s->rd_disk);
     out->bytes_written_disk = atomic_load(&s->wr_disk_sync) +
                               isw_backup_slab_async_bytes(d->backup, slab);
-    pthread_mutex_unlock(&d->ctl);
-    dev_leave(d);
+    ctl_release(d);
     return 0;
 }
 

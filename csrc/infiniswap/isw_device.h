@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* cffi:begin */
 #define ISW_SLAB_UNMAPPED 0
 #define ISW_SLAB_MAPPING 1
 #define ISW_SLAB_MAPPED 2
@@ -95,5 +96,6 @@ int isw_device_slab_info(struct isw_device *d, uint32_t slab, struct isw_slab_in
 int isw_device_stats(struct isw_device *d, struct isw_device_stats *out);
 /* Test hook: delay every background disk write by `us` microseconds. */
 int isw_device_set_debug_writer_delay(struct isw_device *d, uint32_t us);
+/* cffi:end */
 
 #endif

@@ -4,7 +4,9 @@
  *
  * Owns: the FUSE session, its mount, the thread that runs libfuse's multi-threaded loop,
  * the preallocated per-thread I/O buffers and the request counters.  It does not own the
- * device: the caller keeps it open until isw_fuse_stop() returned.
+ * device: the caller keeps it open until isw_fuse_stop() returned.  Implemented by
+ * isw_fuse.c (lifecycle), isw_fuse_ops.c (request handlers), isw_fuse_mount.c (unmount,
+ * connection abort) and isw_bufpool.c (I/O buffers).
  *
  * The file has the device's size and mode 0600; it cannot be truncated (setattr to
  * another size, open with O_TRUNC: EPERM), created or removed.  Reads and writes work
@@ -25,6 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* cffi:begin */
 /* Largest read / write the kernel sends (max_read, max_write). */
 #define ISW_FUSE_MAX_IO ((uint32_t)1 << 20)
 /* The most threads libfuse runs, and the number of preallocated 1 MiB buffers. */
@@ -61,5 +64,6 @@ int isw_fuse_stats(struct isw_fuse *f, struct isw_fuse_stats *out);
 int isw_fuse_last_io_error(struct isw_fuse *f, char *out, size_t n);
 /* The absolute path of the mount point. */
 const char *isw_fuse_mountpoint(struct isw_fuse *f);
+/* cffi:end */
 
 #endif

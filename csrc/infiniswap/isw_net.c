@@ -1,6 +1,8 @@
 /*
  * isw_net.c — blocking TCP helpers: whole-buffer send/receive, timeouts, connect with a
  * deadline.  Used by isw_tcp_client.c and isw_dataserver.c.
+ *
+ * Owns: nothing; the caller owns every socket (isw_tcp_connect hands its new one over).
  */
 #include "isw_net.h"
 #include "isw_common.h"

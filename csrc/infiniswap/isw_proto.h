@@ -19,6 +19,7 @@
 
 #include <stdint.h>
 
+/* cffi:begin */
 #define ISW_PROTO_MAGIC 0x50575349u       /* "ISWP" */
 #define ISW_PROTO_REPLY_MAGIC 0x52575349u /* "ISWR" */
 #define ISW_PROTO_VERSION 1u
@@ -28,6 +29,7 @@
 #define ISW_PROTO_REP_SIZE 16
 #define ISW_PROTO_MAX_LEN (16u << 20)   /* largest length a server accepts */
 #define ISW_PROTO_CHUNK (1u << 20)      /* largest length a client sends in one request */
+/* cffi:end */
 
 struct isw_req {
     uint32_t magic;

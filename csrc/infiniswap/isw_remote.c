@@ -1,6 +1,8 @@
 /*
  * isw_remote.c — the parts of a remote shared by every backend: description, dead flag and
  * the last error message.
+ *
+ * Owns: the fields of struct isw_remote (isw_remote.h); each backend owns its transport.
  */
 #include "isw_remote.h"
 

@@ -3,6 +3,8 @@
  * process (opened through /proc/<daemon pid>/fd/<fd>).  READ/WRITE are memcpy at the
  * region offset; the daemon's CPU is not involved, as with one-sided RDMA.
  *
+ * Owns: the memfd descriptor opened from the path and its mapping.
+ *
  * The mapping keeps the daemon's memory alive even if the daemon dies; the daemon never
  * shrinks its memfd (it punches holes), so an access inside `size` never faults.
  */

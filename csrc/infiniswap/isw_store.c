@@ -1,6 +1,9 @@
 /*
  * isw_store.c — the daemon's slab store (see isw_store.h).
  *
+ * Owns: the memfd and its mapping, the slot states, the allocated/locked counts and the
+ * store's lifetime (closed and freed only once no data server uses it).
+ *
  * The memfd is sized to the full capacity up front (sparse: tmpfs allocates nothing until
  * a slab is fallocated) and never shrinks, so a device's MAP_SHARED mapping of it never
  * faults.  Slot states are atomics so the data server can validate regions without a lock;

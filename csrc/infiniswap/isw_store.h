@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* cffi:begin */
 struct isw_store;
 
 int isw_store_open(uint64_t capacity, uint64_t slab_size, struct isw_store **out);
@@ -33,6 +34,7 @@ int isw_store_resident_bytes(struct isw_store *s, uint64_t *out);
 /* Copy to/from a range that lies inside one allocated slab (diagnostics, tests). */
 int isw_store_read(struct isw_store *s, uint64_t off, void *buf, uint64_t len);
 int isw_store_write(struct isw_store *s, uint64_t off, const void *buf, uint64_t len);
+/* cffi:end */
 
 /* For the data server. */
 int isw_store_check_region(struct isw_store *s, uint64_t off, uint64_t len);

@@ -2,6 +2,8 @@
  * isw_tcp_client.c — remote over TCP: a small pool of blocking connections to a daemon's
  * data server (isw_dataserver.c, wire format in isw_proto.h).
  *
+ * Owns: the connection sockets and the pool that hands them out, and the request ids.
+ *
  * A request checks out one connection (mutex + condvar pool), sends the request in chunks
  * of at most ISW_PROTO_CHUNK bytes and waits for each reply.  Socket timeouts bound every
  * wait, so a dead or hung daemon gives an error, never a hang.  A transport error closes

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import random
+import re
 import shutil
 import socket
 import struct
@@ -664,3 +665,39 @@ def test_store_cannot_close_under_a_running_server(store):
             DataServer(store, "127.0.0.1", other.port())
         finally:
             other.stop()
+
+
+# ---------------------------------------------------------------- the cdef comes from the headers
+
+def test_cdef_is_the_public_section_of_the_headers():
+    """_build_core reads the cdef from the /* cffi:begin */ ... /* cffi:end */ sections of the
+    C headers: comments and other preprocessor lines dropped, integer #defines become `...`;
+    every function declared there is in the built module, and SlabState is the C's values."""
+    from infiniswap import _build_core
+    from infiniswap._core import lib
+
+    section = """
+    #include <stdint.h>
+    /* cffi:begin */
+    #define ISW_X (1u << 3)   /* a constant */
+    #define ISW_F(a) ((a) + 1)
+    #ifdef SOMETHING
+    int isw_f(int a);       // kept
+    #endif
+    /* cffi:end */
+    int isw_hidden(void);
+    """
+    assert _build_core._cdef_lines(_build_core._public_section("t.h", section)) == [
+        "#define ISW_X ...", "    int isw_f(int a);"]
+    with pytest.raises(SystemExit, match="no /\\* cffi:begin \\*/"):
+        _build_core._public_section("t.h", "int isw_g(void);")
+
+    cdef = _build_core.build_cdef()
+    functions = re.findall(r"\b(isw_\w+)\s*\(", cdef)
+    assert "isw_device_read" in functions and "isw_fuse_start" in functions
+    assert "isw_fail" not in functions and "isw_store_base" not in functions   # internal
+    assert [name for name in functions if not hasattr(lib, name)] == []
+    assert {s.name: s.value for s in SlabState} == {
+        "UNMAPPED": lib.ISW_SLAB_UNMAPPED, "MAPPING": lib.ISW_SLAB_MAPPING,
+        "MAPPED": lib.ISW_SLAB_MAPPED, "EVICTING": lib.ISW_SLAB_EVICTING}
+    assert lib.ISW_PAGE_SIZE == PAGE_SIZE == 4096
