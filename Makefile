@@ -37,9 +37,9 @@ $(STAMP): pyproject.toml infiniswap/_build_core.py $(wildcard csrc/infiniswap/*.
 	touch $@
 
 demo: setup
-	$(PY) -m autops.demo
+	$(PY) examples/autops_demo.py
 	$(PY) examples/tiresias_demo.py
-	$(PY) -m infiniswap.demo
+	$(PY) examples/infiniswap_demo.py
 
 test: setup
 	$(PY) -m pytest -q -ra
@@ -55,7 +55,7 @@ bench: setup
 	$(PY) -m autops.simulate --trace ../shared/data/traces/philly.csv --json bench/results/autops_simulate.json --plot bench/results/autops_simulate.png
 	$(PY) bench/tiresias_scale.py --json bench/results/tiresias_scale.json
 	$(PY) bench/tiresias_live.py --json bench/results/tiresias_live.json
-	$(PY) bench/infiniswap_bench.py --size 2G --daemons 3 --json bench/results/infiniswap_bench.json
+	$(PY) bench/infiniswap_bench.py --size 2G --num-daemons 3 --json bench/results/infiniswap_bench.json
 	$(PY) bench/infiniswap_fio.py --json bench/results/infiniswap_fio.json
 	$(PY) bench/infiniswap_apps.py --json bench/results/infiniswap_apps.json
 	$(VENV)/bin/tiresias compare --trace ../shared/data/traces/philly.csv --cluster 48x8 --original --no-progress \
@@ -65,3 +65,27 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis
+
+# The C core under the sanitizers (csrc/README.md): csrc/tests/isw_stress.c drives the device core from
+# several threads through its C API (I/O, map/evict, remotes over shm and TCP, close) and checks every
+# page it reads back.  Built from the same C files as the cffi module, once with ASan+UBSan and once with
+# TSan, and both are run: a sanitizer report or a data mismatch fails the target.  No Python involved.
+.PHONY: sanitize
+SAN_DIR    := build/sanitize
+SAN_SRCS    = csrc/tests/isw_stress.c $(wildcard csrc/infiniswap/*.c)
+SAN_DEPS    = $(SAN_SRCS) $(wildcard csrc/infiniswap/*.h)
+SAN_CFLAGS  = -std=c11 -D_GNU_SOURCE -pthread -Wall -Wextra -O1 -g -fno-omit-frame-pointer \
+              -Icsrc/infiniswap $(shell pkg-config --cflags fuse3)
+SAN_LIBS    = -pthread $(shell pkg-config --libs fuse3)
+
+sanitize: setup $(SAN_DIR)/isw_stress_asan $(SAN_DIR)/isw_stress_tsan
+	$(SAN_DIR)/isw_stress_asan
+	$(SAN_DIR)/isw_stress_tsan
+
+$(SAN_DIR)/isw_stress_asan: $(SAN_DEPS)
+	@mkdir -p $(SAN_DIR)
+	$(CC) $(SAN_CFLAGS) -fsanitize=address,undefined -fno-sanitize-recover=all -o $@ $(SAN_SRCS) $(SAN_LIBS)
+
+$(SAN_DIR)/isw_stress_tsan: $(SAN_DEPS)
+	@mkdir -p $(SAN_DIR)
+	$(CC) $(SAN_CFLAGS) -fsanitize=thread -o $@ $(SAN_SRCS) $(SAN_LIBS)

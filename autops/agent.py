@@ -7,10 +7,12 @@ pull reply of the cutover iteration, or from a REDIRECT, and routes each request
 iteration, so no request reaches an aggregator that no longer (or not yet) serves it.
 Once per profiling period the I/O thread sends pMaster one PROFILE record (iteration
 count and mean iteration duration), which also tells pMaster the worker is alive.
-User threads (training loop, autograd hooks) enqueue operations; one I/O thread owns all
-ZeroMQ sockets, sends pushes and pulls without copying the tensors, batches small keys
-into one message per aggregator, copies pull replies into the caller's buffers, and fails
-requests that get no reply within the timeout with an error that says what it waited for.
+User threads (training loop, autograd hooks) enqueue operations; one I/O thread owns the
+``Transport`` and its channels, sends pushes and pulls (``wire`` records) without copying
+the tensors -- staging a push in memory the channel lends when that saves the aggregator a
+copy -- batches small keys into one message per aggregator, copies pull replies into the
+caller's buffers, and fails requests that get no reply within the timeout with an error
+that says what it waited for.
 In server mode ``fetch_state`` brings a tensor's master copy, optimizer state and step back
 from its aggregators (for checkpoints), reassembled from its partitions.
 """
@@ -28,11 +30,11 @@ from typing import Any, Iterable
 import numpy as np
 import zmq
 
+from dlrt.waker import Waker
+
 from . import wire
 from .partition import KeySpec
-from .hostinfo import host_id
-from .transport import shm
-from .transport.zmq import choose_endpoint, keep_freed_buffers, make_context
+from .transport import TRANSPORTS, Channel, Inbound, Shared, Transport, TransportError, make_context
 
 log = logging.getLogger("autops.agent")
 
@@ -129,7 +131,7 @@ class Part:
     data: np.ndarray | None = None     # push: the slice sent
     out: np.ndarray | None = None      # pull: where the reply is copied
     hp: dict | None = None             # push: changed hyper-parameters (server mode)
-    shm_ref: list | None = None        # push: the slice was staged in shared memory
+    staged: Shared | None = None       # push: the slice, copied into memory the transport lends
 
 
 @dataclass
@@ -185,11 +187,12 @@ class Table:
     def load(self, reply: wire.Message) -> None:
         keys, owner, by_tensor, moves = {}, {}, collections.defaultdict(list), {}
         for item in reply["keys"]:
-            spec = KeySpec.from_wire(item)
+            entry = wire.TableEntry.from_wire(item, reply.op)
+            spec = entry.spec
             keys[spec.key] = spec
-            owner[spec.key] = str(item[6])
-            if len(item) > 7 and item[7]:
-                moves[spec.key] = (str(item[7][0]), int(item[7][1]))
+            owner[spec.key] = entry.owner
+            if entry.move is not None:
+                moves[spec.key] = entry.move
             by_tensor[spec.tensor].append(spec)
         self.keys, self.owner, self.by_tensor, self.moves = keys, owner, dict(by_tensor), moves
         self.aggs = dict(reply["aggregators"])
@@ -232,6 +235,8 @@ class Agent:
         self.world_size = world_size
         self.mode = mode
         self.timeout = timeout
+        if transport not in TRANSPORTS:
+            raise AutoPSError(f"unknown transport {transport!r} (one of {', '.join(TRANSPORTS)})")
         self.transport = transport
         self.ctx = make_context()
         self._master = MasterClient(self.ctx, master, timeout)
@@ -247,8 +252,7 @@ class Agent:
         self.table.home = reply.get("home") or (self.aggregators[0] if self.aggregators else None)
         self._table_lock = threading.Lock()
         self._cmds: collections.deque = collections.deque()
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
+        self._waker = Waker()
         self._closed = False
         self._done = False
         self._io = threading.Thread(target=self._io_main, name=f"autops-agent-{rank}", daemon=True)
@@ -390,15 +394,14 @@ class Agent:
         self._submit(("stop",))
         self._io.join(timeout=5)
         self._master.close()
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        self._waker.close()
         self.ctx.term()
 
     def _submit(self, cmd: tuple) -> None:
         if self._closed and cmd[0] != "stop":
             raise AutoPSError("agent is closed")
         self._cmds.append(cmd)
-        os.write(self._wake_w, b"x")
+        self._waker.wake()
 
     # --- I/O thread ---------------------------------------------------------------------
     def _io_main(self) -> None:
@@ -414,29 +417,26 @@ class Agent:
 
 
 class _IOLoop:
-    """State owned by the agent's I/O thread: sockets, requests in flight, small-key batches."""
+    """State owned by the agent's I/O thread: channels, requests in flight, small-key batches."""
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
         self.table = Table()
-        self.socks: dict[str, zmq.Socket] = {}
-        self.sock_agg: dict[zmq.Socket, str] = {}
+        self.transport = Transport(agent.ctx, agent.transport, label=f"autops-agent-{agent.rank}")
+        self.channel_agg: dict[Channel, str] = {}
         self.inflight: dict[int, Request] = {}
         self.reqs = itertools.count(1)
         self.poller = zmq.Poller()
-        self.poller.register(agent._wake_r, zmq.POLLIN)
+        self.poller.register(agent._waker.fd, zmq.POLLIN)
         self.batch_push: dict[str, list[Part]] = collections.defaultdict(list)
         self.batch_pull: dict[str, list[Part]] = collections.defaultdict(list)
         self.small: dict[str, set[str]] = {}
-        self.shm_aggs: dict[str, bool] = {}
-        self.staging: dict[str, tuple[np.ndarray, list]] = {}    # key -> (shared buffer, reference)
-        self.staged_busy: dict[str, int] = {}                     # key -> iteration not yet pulled
-        self.arena = shm.Arena(f"autops-agent-{agent.rank}")
-        self.attached = shm.Attachments()
-        self.premapped: set[str] = set()
-        self.premap_queue: list = []
+        self.routes: dict[str, Channel] = {}                       # agg -> its channel (as the table says)
+        self.lending: dict[str, bool] = {}                         # agg -> staged pushes reach it by reference
+        self.staging: dict[str, Shared] = {}                       # key -> its lendable push buffer
+        self.staged_busy: dict[str, int] = {}                      # key -> iteration not yet pulled
+        self.premap_queue: list[dict] = []                         # aggregators whose buffers to map ahead
         self.running = True
-        self.tuned = False
         self.master = MasterClient(agent.ctx, agent.master, agent.timeout)
         # profiling: (iteration, time) of the first push of each new iteration this period
         self.last_iteration = 0
@@ -444,34 +444,26 @@ class _IOLoop:
         self.next_profile = time.monotonic() + PROFILE_PERIOD
 
     def close(self) -> None:
-        for sock in self.socks.values():
-            sock.close(0)
         self.master.close()
         self.staging.clear()
-        self.attached.close()
-        self.arena.close()
+        self.transport.close()
 
-    def uses_shm(self, agg: str) -> bool:
-        """Payloads through shared memory: same host, asked for (shm/auto) and available."""
-        found = self.shm_aggs.get(agg)
+    def lends(self, agg: str) -> bool:
+        """Whether pushes staged in lendable memory reach ``agg`` by reference (saving its copy)."""
+        found = self.lending.get(agg)
         if found is None:
-            info = self.table.aggs.get(agg, {})
-            found = (self.agent.transport in ("auto", "shm") and shm.available()
-                     and info.get("host") == host_id() and "ipc" in info.get("endpoints", {}))
-            if self.agent.transport == "shm" and not found:
-                raise AutoPSError(f"transport shm asked for, but aggregator {agg} is not on this host")
-            self.shm_aggs[agg] = found
+            found = self.lending[agg] = self.transport.lends_to(self.table.aggs.get(agg, {}))
         return found
 
-    def stage(self, spec: KeySpec) -> tuple[np.ndarray, list]:
-        """The shared buffer of a key; allocated for all not-yet-staged large keys at once."""
+    def stage(self, spec: KeySpec) -> Shared:
+        """The lendable buffer of a key; allocated for all not-yet-staged large keys at once."""
         if spec.key not in self.staging:
             todo = [s for k, s in self.table.keys.items()
-                    if not s.small and k not in self.staging and self.uses_shm(self.table.final_owner(k))]
+                    if not s.small and k not in self.staging and self.lends(self.table.final_owner(k))]
             if spec.key not in {s.key for s in todo}:
                 todo.append(spec)
-            for s, (arr, ref) in zip(todo, self.arena.allocate([(s.numel, s.dtype) for s in todo])):
-                self.staging[s.key] = (arr, ref)
+            buffers = self.transport.memory.allocate([(s.numel, s.dtype) for s in todo], self.agent.job)
+            self.staging.update(zip((s.key for s in todo), buffers))
         return self.staging[spec.key]
 
     def fail_all(self, exc: BaseException) -> None:
@@ -480,52 +472,53 @@ class _IOLoop:
                 part.handle._part_done(exc)
         self.inflight.clear()
 
-    def sock_for(self, agg: str) -> zmq.Socket:
-        """One socket per address: if an aggregator's address changes, the old socket stays
-        open so replies to requests still in flight there are received."""
+    def forget_routes(self, agg: str | None = None) -> None:
+        """The table changed (for ``agg``, or all): look channels and lending up again."""
+        if agg is None:
+            self.routes, self.lending = {}, {}
+        else:
+            self.routes.pop(agg, None)
+            self.lending.pop(agg, None)
+
+    def channel_for(self, agg: str) -> Channel:
+        """The transport's channel to ``agg`` (one per address: if an aggregator's address
+        changes, the old channel stays open so replies to requests in flight arrive)."""
+        channel = self.routes.get(agg)
+        if channel is not None:
+            return channel
         info = self.table.aggs.get(agg)
         if info is None:
             raise AutoPSError(f"aggregator {agg!r} is not in the table")
-        address = choose_endpoint(info["endpoints"], info["host"], self.agent.transport)
-        sock = self.socks.get(address)
-        if sock is None:
-            if not self.uses_shm(agg) and not self.tuned:
-                # tensors arrive in socket frames: let their buffers reuse heap pages
-                # (process-wide glibc setting; AUTOPS_MALLOC_TUNING=0 turns it off)
-                self.tuned = keep_freed_buffers()
-            sock = self.agent.ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.SNDHWM, 0)
-            sock.setsockopt(zmq.RCVHWM, 0)
-            sock.connect(address)
-            self.socks[address] = sock
-            self.sock_agg[sock] = agg
-            self.poller.register(sock, zmq.POLLIN)
-        return sock
+        try:
+            channel = self.transport.connect(info)
+        except TransportError as exc:
+            raise AutoPSError(f"aggregator {agg}: {exc}") from None
+        if channel not in self.channel_agg:
+            self.channel_agg[channel] = agg
+            self.poller.register(channel.pollable, zmq.POLLIN)
+        self.routes[agg] = channel
+        return channel
 
     def run(self) -> None:
         agent = self.agent
+        waker = agent._waker
         while self.running:
             events = dict(self.poller.poll(100))
-            if agent._wake_r in events:
-                try:
-                    os.read(agent._wake_r, 65536)
-                except BlockingIOError:
-                    pass
+            if waker.fd in events:
+                waker.clear()
             while agent._cmds:
                 self.command(agent._cmds.popleft())
                 if not self.running:
                     return
-            for sock in list(self.socks.values()):
-                while True:
-                    try:
-                        frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                    except zmq.Again:
-                        break
-                    self.reply(sock, frames)
+            for channel in list(self.channel_agg):
+                while (inbound := channel.recv()) is not None:
+                    self.reply(channel, inbound)
             self.expire()
             if self.premap_queue and not self.inflight:
-                for agg, handles in self.premap_queue:
-                    threading.Thread(target=self._premap, args=(agg, handles), daemon=True).start()
+                # map new owners' published buffers before a pull needs them, once this
+                # iteration's requests are all answered (a low-priority helper thread)
+                for info in self.premap_queue:
+                    self.transport.premap(info)
                 self.premap_queue = []
             if time.monotonic() >= self.next_profile:
                 self.profile()
@@ -567,7 +560,7 @@ class _IOLoop:
             elif kind == "table":
                 self.table = cmd[1]
                 self.small = {}
-                self.shm_aggs = {}
+                self.forget_routes()
             elif kind == "stop":
                 self.flush_all()
                 self.running = False
@@ -605,10 +598,11 @@ class _IOLoop:
                 handle.batched = True
                 self.maybe_flush(agg)
             else:
-                if self.uses_shm(agg) and spec.key not in self.staged_busy:
-                    buf, ref = self.stage(spec)
-                    np.copyto(buf, part.data)
-                    part.shm_ref = ref
+                if self.lends(agg) and spec.key not in self.staged_busy:
+                    # the aggregator reads the staged copy in place until it answers our
+                    # pull of this iteration
+                    part.staged = self.stage(spec)
+                    np.copyto(part.staged.array, part.data)
                     self.staged_busy[spec.key] = iteration
                 self.send(agg, wire.PUSH, [part])
 
@@ -644,57 +638,52 @@ class _IOLoop:
         for agg in list(set(self.batch_push) | set(self.batch_pull)):
             self.flush(agg)
 
-    def send(self, agg: str, op: str, parts: list[Part]) -> None:
+    def request(self, agg: str, kind: str, parts: list[Part], op: str, payloads: list = (),
+                **fields: Any) -> None:
+        """Send one request of this job and rank to ``agg``; its reply completes ``parts``."""
+        channel = self.channel_for(agg)
         req = next(self.reqs)
         agent = self.agent
-        fields = dict(req=req, job=agent.job, secret=agent.secret, rank=agent.rank)
-        if op == wire.PUSH:
-            items, payloads = [], []
-            shm_ok = self.uses_shm(agg)
-            for p in parts:
-                if p.shm_ref is not None and shm_ok:
-                    items.append([p.spec.key, p.iteration, -1, 0, p.data.nbytes, p.hp, {"shm": p.shm_ref}])
-                else:
-                    items.append([p.spec.key, p.iteration, len(payloads), 0, p.data.nbytes, p.hp])
-                    payloads.append(p.data)
-            frames = wire.encode(op, payloads, items=items, **fields)
-        else:
-            items = [[p.spec.key, p.iteration] for p in parts]
-            frames = wire.encode(op, items=items, shm=op == wire.PULL and self.uses_shm(agg), **fields)
-        self.inflight[req] = Request(op, agg, parts, time.monotonic() + agent.timeout)
-        self.sock_for(agg).send_multipart(frames, copy=False)
+        head = wire.header(op, req=req, job=agent.job, secret=agent.secret, rank=agent.rank, **fields)
+        self.inflight[req] = Request(kind, agg, parts, time.monotonic() + agent.timeout)
+        channel.send(head, payloads)
+
+    def send(self, agg: str, op: str, parts: list[Part]) -> None:
+        """A PUSH, PULL or STATE_GET of ``parts``, all served by ``agg``."""
+        if op != wire.PUSH:
+            self.request(agg, op, parts, op, items=[wire.PullItem(p.spec.key, p.iteration).to_wire() for p in parts])
+            return
+        lends = self.lends(agg)
+        items, payloads = [], []
+        for p in parts:
+            items.append(wire.PushItem(p.spec.key, p.iteration, wire.Slice(len(payloads), 0, p.data.nbytes),
+                                       p.hp).to_wire())
+            payloads.append(p.staged if p.staged is not None and lends else p.data)
+        self.request(agg, op, parts, op, payloads, items=items)
 
     def do_init(self, specs, flat, handle, hp, state, step) -> None:
         per_agg: dict[str, list] = collections.defaultdict(list)
         for spec in specs:
             per_agg[self.table.route(spec.key, 0)].append(spec)
         for agg, agg_specs in per_agg.items():
-            req = next(self.reqs)
             payloads, items, parts = [], [], []
             for spec in agg_specs:
                 sl = slice(spec.offset, spec.offset + spec.numel)
-                extra: dict = {"step": int(step)}
-                if not spec.small and self.uses_shm(agg) and spec.key not in self.staged_busy:
-                    buf, ref = self.stage(spec)          # copied by the aggregator before it acks
-                    np.copyto(buf, flat[sl])
+                param = flat[sl]
+                if not spec.small and self.lends(agg) and spec.key not in self.staged_busy:
+                    staged = self.stage(spec)          # copied by the aggregator before it acks
+                    np.copyto(staged.array, param)
                     self.staged_busy[spec.key] = 0
-                    extra["shm"] = ref
-                    param_idx = -1
-                else:
-                    param_idx = len(payloads)
-                    payloads.append(flat[sl])
-                if state:
-                    extra["state"] = {}
-                    for name, arr in state.items():
-                        extra["state"][name] = [len(payloads), 0, arr[sl].nbytes]
-                        payloads.append(arr[sl])
-                items.append([spec.key, param_idx, 0, flat[sl].nbytes, extra])
+                    param = staged
+                data = wire.Slice(len(payloads), 0, flat[sl].nbytes)
+                payloads.append(param)
+                slices = {}
+                for name, arr in state.items():
+                    slices[name] = wire.Slice(len(payloads), 0, arr[sl].nbytes)
+                    payloads.append(arr[sl])
+                items.append(wire.InitItem(spec.key, data, int(step), slices).to_wire())
                 parts.append(Part(spec, handle, 0))
-            agent = self.agent
-            frames = wire.encode(wire.INIT, payloads, req=req, job=agent.job, secret=agent.secret,
-                                 rank=agent.rank, items=items, hp=hp)
-            self.inflight[req] = Request(wire.INIT, agg, parts, time.monotonic() + agent.timeout)
-            self.sock_for(agg).send_multipart(frames, copy=False)
+            self.request(agg, wire.INIT, parts, wire.INIT, payloads, items=items, hp=hp)
 
     def do_state(self, specs, iteration, handle) -> None:
         per_agg: dict[str, list[Part]] = collections.defaultdict(list)
@@ -706,26 +695,20 @@ class _IOLoop:
     def do_bcast(self, name, flat, root, seq, handle) -> None:
         agent = self.agent
         agg = self.table.home or agent.aggregators[0]
-        req = next(self.reqs)
         part = Part(KeySpec(name, name, 0, flat.size, str(flat.dtype), False), handle, seq,
                     data=flat if agent.rank == root else None, out=None if agent.rank == root else flat)
-        fields = dict(req=req, job=agent.job, secret=agent.secret, rank=agent.rank, name=name, seq=seq)
         if agent.rank == root:
-            raw = flat.view(np.uint8)
-            frames = wire.encode(wire.BCAST_PUT, [raw], dtype=str(flat.dtype), shape=[flat.size], **fields)
-            kind = wire.BCAST_PUT
+            self.request(agg, wire.BCAST_PUT, [part], wire.BCAST_PUT, [flat.view(np.uint8)], name=name, seq=seq,
+                         dtype=str(flat.dtype), shape=[flat.size])
         else:
-            frames = wire.encode(wire.BCAST_GET, **fields)
-            kind = wire.BCAST_GET
-        self.inflight[req] = Request(kind, agg, [part], time.monotonic() + agent.timeout)
-        self.sock_for(agg).send_multipart(frames, copy=False)
+            self.request(agg, wire.BCAST_GET, [part], wire.BCAST_GET, name=name, seq=seq)
 
     # replies ----------------------------------------------------------------------------
-    def reply(self, sock: zmq.Socket, frames: list) -> None:
+    def reply(self, channel: Channel, inbound: Inbound) -> None:
         try:
-            msg = wire.decode(frames)
+            msg = wire.parse(inbound.header, inbound.payloads, inbound.lent)
         except wire.ProtocolError as exc:
-            log.warning("bad reply from aggregator %s: %s", self.sock_agg.get(sock), exc)
+            log.warning("bad reply from aggregator %s: %s", self.channel_agg.get(channel), exc)
             return
         request = self.inflight.pop(msg.get("req"), None)
         if request is None:
@@ -749,19 +732,21 @@ class _IOLoop:
                 part.handle._part_done()
 
     def fill(self, request: Request, msg: wire.Message) -> None:
+        try:
+            items = msg.items(wire.PullReplyItem)
+        except wire.ProtocolError as exc:
+            items, error = [], AutoPSError(f"pull reply from {request.agg}: {exc}")
+        else:
+            error = None
         by_key = {p.spec.key: p for p in request.parts}
-        moved: list = []
-        for item in msg["items"]:
-            part = by_key.pop(item[0], None)
+        moved: list[wire.Move] = []
+        for item in items:
+            part = by_key.pop(item.key, None)
             if part is None:
                 continue
             try:
-                if item[2] == -1:
-                    src = self.attached.array(item[3], part.out.nbytes, str(part.out.dtype), tag=request.agg)
-                else:
-                    buf = wire.payload_view(msg.payloads[item[2]])
-                    src = np.frombuffer(buf, dtype=np.uint8).view(part.out.dtype)
-            except (ValueError, IndexError) as exc:
+                src = msg.whole(item.payload, part.out.dtype)
+            except wire.ProtocolError as exc:
                 part.handle._part_done(AutoPSError(f"pull of {part.spec.key!r}: bad reply: {exc}"))
                 continue
             if src.size != part.out.size:
@@ -772,12 +757,12 @@ class _IOLoop:
             if self.staged_busy.get(part.spec.key, 1 << 62) <= part.iteration:
                 del self.staged_busy[part.spec.key]     # the aggregator is done with our staged push
             part.handle._part_done()
-            if len(item) > 4 and isinstance(item[4], dict) and item[4].get("moved"):
-                moved.append((part.spec.key, item[4]["moved"]))
+            if item.moved is not None:
+                moved.append(item.moved)
         for part in by_key.values():
-            part.handle._part_done(AutoPSError(f"pull reply from {request.agg} lacks {part.spec.key!r}"))
-        for key, notice in moved:        # after the worker has its values: off its critical path
-            self.learn_move(key, notice)
+            part.handle._part_done(error or AutoPSError(f"pull reply from {request.agg} lacks {part.spec.key!r}"))
+        for move in moved:        # after the worker has its values: off its critical path
+            self.learn_move(move)
 
     def fill_state(self, request: Request, msg: wire.Message) -> None:
         by_key = {p.spec.key: p for p in request.parts}
@@ -787,12 +772,12 @@ class _IOLoop:
             copies, error = [], AutoPSError(f"state reply from {request.agg}: {exc}")
         else:
             error = AutoPSError(f"state reply from {request.agg} lacks a key")
-        for key, meta, frames in copies:
+        for key, meta, views in copies:
             part = by_key.pop(key, None)
             if part is None:
                 continue
             try:
-                arrays = [np.frombuffer(wire.payload_view(f), dtype=part.spec.dtype) for f in frames]
+                arrays = [np.frombuffer(v, dtype=part.spec.dtype) for v in views]
                 part.handle._absorb(part.spec, meta, arrays)
             except (AutoPSError, ValueError) as exc:
                 part.handle._part_done(exc if isinstance(exc, AutoPSError) else AutoPSError(str(exc)))
@@ -801,51 +786,33 @@ class _IOLoop:
         for part in by_key.values():
             part.handle._part_done(error)
 
-    def learn_move(self, key: str, moved: list) -> None:
-        """The old owner said: ``key`` is served by ``agg`` from iteration ``first`` on."""
-        try:
-            agg, first, info = str(moved[0]), int(moved[1]), dict(moved[2])
-        except (TypeError, ValueError, IndexError):
-            log.warning("malformed migration notice for %s: %r", key, moved)
+    def learn_move(self, move: wire.Move) -> None:
+        """The old owner said: ``move.key`` is served by ``move.to`` from ``move.first`` on."""
+        if self.table.moves.get(move.key) == (move.to, move.first):
             return
-        if self.table.moves.get(key) == (agg, first):
-            return
-        self.table.learn(key, agg, first, info)
+        self.table.learn(move.key, move.to, move.first, move.info)
         self.small = {}
-        try:
-            local = self.uses_shm(agg)
-        except AutoPSError:
-            local = False
-        fresh = [h for h in info.get("segments") or () if isinstance(h, list) and h and h[0] not in self.premapped]
-        self.premapped.update(h[0] for h in fresh)
-        if fresh and local:
-            # map the new owner's published buffers before the first pull needs them: in a
-            # low-priority thread, started once this iteration's requests are all answered
-            self.premap_queue.append((agg, fresh))
-
-    def _premap(self, agg: str, handles: list) -> None:
-        shm.background_priority()
-        for handle in handles:
-            try:
-                self.attached.attach(handle, tag=agg)
-            except (ValueError, OSError) as exc:
-                log.info("could not map %s's shared memory ahead of time: %s", agg, exc)
+        self.forget_routes(move.to)
+        self.premap_queue.append(move.info)
 
     def redirect(self, request: Request, msg: wire.Message) -> None:
         """The key moved: learn where from the reply (or, without details, from pMaster's
         table) and resend every part of the request to its owner."""
-        items = msg.get("items") or []
-        if items:
-            for item in items:
-                if isinstance(item, (list, tuple)) and len(item) >= 4:
-                    self.learn_move(str(item[0]), list(item[1:4]))
+        try:
+            moves = msg.items(wire.Move)
+        except wire.ProtocolError as exc:
+            log.warning("malformed redirect from %s: %s", request.agg, exc)
+            moves = []
+        if moves:
+            for move in moves:
+                self.learn_move(move)
         else:
             reply = self.master.call(wire.GET_TABLE, job=self.agent.job, secret=self.agent.secret)
             table = Table()
             table.load(reply)
             self.table = table
             self.small = {}
-            self.shm_aggs = {}
+            self.forget_routes()
             with self.agent._table_lock:
                 self.agent.table = table
         table = self.table

@@ -1,10 +1,13 @@
 """The aggregator process: serves push/pull of the keys pMaster assigned to it.
 
-One aggregator per machine. It binds a ZeroMQ ROUTER on tcp (and on ipc for agents on the
-same host), registers with pMaster over a DEALER, heartbeats, accepts ``ASSIGN`` and
-``RELEASE_JOB`` from pMaster, and runs the data plane over the ``Store``: pushes are
-acknowledged at once, pulls are parked until their iteration is published. Any bad
-request is answered with an error to that client only; the loop never dies on input.
+One aggregator per machine. It listens through its ``Transport`` (tcp, and ipc and shared
+memory for agents on the same host), registers with pMaster over a DEALER, heartbeats,
+accepts ``ASSIGN`` and ``RELEASE_JOB`` from pMaster, and runs the data plane over the
+``Store``: requests and replies are ``wire`` records; pushes are acknowledged at once,
+pulls are parked until their iteration is published. Published values live in the
+transport's memory, so a channel that can lend them sends references instead of bytes,
+and a push whose buffer the worker lent is summed in place when its iteration completes.
+Any bad request is answered with an error to that client only; the loop never dies on input.
 
 Elasticity (thesis §4.3): the aggregator measures the CPU time of every key and reports it
 with its heartbeat (one record per period); it runs the jobs packed on it in cycles
@@ -32,29 +35,26 @@ import numpy as np
 import psutil
 import zmq
 
+from dlrt.hostid import host_id
+from dlrt.waker import Waker
+
 from . import wire
 from .cycle import CyclicSchedule
-from .hostinfo import host_id
 from .partition import KeySpec
 from .store import JobState, KeyState, Store, StoreError
-from .transport import shm
-from .transport.zmq import bound_address, choose_endpoint, ipc_address, keep_freed_buffers, make_context
+from .transport import Channel, Inbound, Sender, Shared, Transport, background_priority, make_context
 
 log = logging.getLogger("autops.aggregator")
-
-PREFAULT_IN_BACKGROUND = 4 << 20    # incoming keys with more buffer bytes are populated by a thread
 
 
 @dataclass
 class PendingPull:
-    sock: zmq.Socket
-    identity: bytes
+    reply: Sender
     req: int | None
     items: list            # [(KeyState, iteration)]
     waiting: set = field(default_factory=set)   # id(KeyState) still unpublished
     iteration: dict = field(default_factory=dict)  # id(KeyState) -> iteration asked for
     finished: bool = False
-    shm: bool = False          # the agent reads published values from shared memory
 
 
 def default_advertise_host(bind_host: str) -> str:
@@ -78,34 +78,25 @@ class Aggregator:
         self.register_timeout = register_timeout
         self.name = name
         self.agg_id: str | None = None
-        keep_freed_buffers()
-        self.shm = shm.available() and ipc
-        self.arenas: dict[str, shm.Arena] = {}
-        self.attached = shm.Attachments()
-        self.store = Store(self._allocate if self.shm else None)
-        self.waiters: dict[int, list[PendingPull]] = {}
-        self._stop = threading.Event()
         self.ctx = make_context()
-        self.data_socks: list[zmq.Socket] = []
-        self.endpoints: dict[str, str] = {}
-        tcp = self.ctx.socket(zmq.ROUTER)
-        tcp.bind(f"tcp://{bind_host}:{port}")
-        port_bound = int(bound_address(tcp).rsplit(":", 1)[1])
-        self.endpoints["tcp"] = f"tcp://{advertise_host or default_advertise_host(bind_host)}:{port_bound}"
-        self.data_socks.append(tcp)
-        if ipc:
-            ipc_sock = self.ctx.socket(zmq.ROUTER)
-            addr = ipc_address("agg")
-            ipc_sock.bind(addr)
-            self.endpoints["ipc"] = addr
-            self.data_socks.append(ipc_sock)
+        # the data path: listeners for agents and peers (tcp; ipc and shm for this host),
+        # channels to peer aggregators, and the memory published values live in
+        self.transport = Transport(self.ctx, "auto", local=ipc)
+        self.memory = self.transport.memory
+        self.store = Store(self._allocate)
+        self.waiters: dict = {}     # id(KeyState) -> [PendingPull]; ("bcast", job, name, seq) -> [(reply, req)]
+        self._stop = threading.Event()
+        self.endpoints = self.transport.listen(bind_host, port, advertise_host or default_advertise_host(bind_host))
+        self._sources: dict = {listener.pollable: listener for listener in self.transport.listeners}
+        self._data_ops = {wire.PUSH: self._push, wire.PULL: self._pull, wire.INIT: self._init,
+                          wire.BCAST_PUT: self._bcast_put, wire.BCAST_GET: self._bcast_get,
+                          wire.TENSOR_COPY: self._tensor_copy, wire.STATE_GET: self._state_get}
         self.ctrl = self.ctx.socket(zmq.DEALER)
         self.ctrl.connect(master)
         self.proc = psutil.Process()
         self.stats = {"pushes": 0, "pulls": 0, "errors": 0, "bytes_in": 0, "bytes_out": 0,
                       "late": 0, "postponed": 0, "migrated_in": 0, "migrated_out": 0}
-        # live migration: sockets to other aggregators and copies waiting for their ack
-        self.peers: dict[str, zmq.Socket] = {}
+        # live migration: copies sent to other aggregators, waiting for their ack
         self.copy_waits: dict[int, tuple[int, str, list[str]]] = {}   # req -> (mid, job, keys)
         self._copy_reqs = iter(range(1, 1 << 62))
         # cyclic execution: the schedule, each job's latest admitted iteration, postponed work
@@ -115,16 +106,12 @@ class Aggregator:
         self.timers: list[tuple[float, str]] = []
         # work finished by helper threads (memory populated for an incoming migration)
         self._ready: list = []
-        self.premapped: set[str] = set()
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
+        self._waker = Waker()
 
-    def _allocate(self, job: str, sizes: list) -> list:
-        """Published buffers in shared memory, so same-host agents read them with one memcpy."""
-        if not sizes:
-            return []
-        arena = self.arenas.setdefault(job, shm.Arena(f"autops-{job}"))
-        return arena.allocate(sizes)
+    def _allocate(self, job: str, sizes: list) -> list[tuple[np.ndarray, Shared]]:
+        """Published buffers from the transport's memory: where the transport can lend them,
+        same-host agents read them in place (one memcpy)."""
+        return [(buf.array, buf) for buf in self.memory.allocate(sizes, job)]
 
     # --- lifecycle ------------------------------------------------------------------
     def stop(self) -> None:
@@ -159,31 +146,17 @@ class Aggregator:
             self.close()
 
     def close(self) -> None:
-        for sock in [*self.data_socks, *self.peers.values()]:
-            sock.close(0)
-        for fd in (self._wake_r, self._wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self.transport.close()
+        self._waker.close()
         self.ctrl.close(0)
         self.ctx.term()
-        self.attached.close()
-        for arena in self.arenas.values():
-            arena.close()
-        for addr in self.endpoints.values():
-            if addr.startswith("ipc://"):
-                try:
-                    os.unlink(addr[len("ipc://"):])
-                except OSError:
-                    pass
 
     def _loop(self) -> None:
         poller = zmq.Poller()
-        for sock in self.data_socks:
-            poller.register(sock, zmq.POLLIN)
+        for pollable in self._sources:
+            poller.register(pollable, zmq.POLLIN)
         poller.register(self.ctrl, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
+        poller.register(self._waker.fd, zmq.POLLIN)
         self.poller = poller
         next_beat = time.monotonic()
         while not self._stop.is_set():
@@ -194,22 +167,31 @@ class Aggregator:
             self._run_due(now)
             wake = min(next_beat, self.timers[0][0]) if self.timers else next_beat
             timeout = max(0.0, min(wake - now, 0.2))
-            for sock, _ in poller.poll(int(timeout * 1000) + 1):
-                if sock == self._wake_r:
+            for pollable, _ in poller.poll(int(timeout * 1000) + 1):
+                if pollable == self._waker.fd:
                     self._run_ready()
-                    continue
-                # drain what is queued on this socket before polling again
-                for _ in range(64):
-                    try:
-                        frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                    except zmq.Again:
-                        break
-                    if sock is self.ctrl:
-                        self._on_master(frames)
-                    elif sock in self.data_socks:
-                        self._on_data(sock, frames)
-                    else:
-                        self._on_peer(frames)
+                elif pollable is self.ctrl:
+                    self._drain_master()
+                else:
+                    self._drain(self._sources[pollable])
+
+    def _drain_master(self) -> None:
+        """What is queued from pMaster (at most 64 messages before polling again)."""
+        for _ in range(64):
+            try:
+                frames = self.ctrl.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._on_master(frames)
+
+    def _drain(self, source) -> None:
+        """What is queued at a listener (requests) or a peer channel (replies to our copies)."""
+        on_message = self._on_peer if isinstance(source, Channel) else self._on_data
+        for _ in range(64):
+            inbound = source.recv()
+            if inbound is None:
+                return
+            on_message(inbound)
 
     def _heartbeat(self) -> None:
         try:
@@ -252,7 +234,7 @@ class Aggregator:
                 for pending in self.waiters.pop(id(ks), []):
                     if not pending.finished:
                         pending.finished = True
-                        self._send_error(pending.sock, pending.identity, pending.req,
+                        self._send_error(pending.reply, pending.req,
                                          f"key {ks.spec.key!r} moved to another aggregator")
         elif msg.op in (wire.OK, wire.ERROR):
             if msg.op == wire.ERROR:
@@ -269,61 +251,33 @@ class Aggregator:
             return
         for ks in state.keys.values():
             for pending in self.waiters.pop(id(ks), []):
-                self._send_error(pending.sock, pending.identity, pending.req, f"job {job!r} was released")
+                self._send_error(pending.reply, pending.req, f"job {job!r} was released")
         self.store.release(job)
         self.admitted.pop(job, None)
         self.postponed.pop(job, None)
-        self.attached.release(job)
-        arena = self.arenas.pop(job, None)
-        if arena is not None:
-            arena.close()
+        self.memory.release(job)
         log.info("released job %s", job)
 
     # --- data plane -----------------------------------------------------------------
-    def _send_error(self, sock: zmq.Socket, identity: bytes, req: int | None, text: str) -> None:
+    def _send_error(self, reply: Sender, req: int | None, text: str) -> None:
         self.stats["errors"] += 1
-        sock.send_multipart([identity, *wire.error(text, req=req)])
+        reply.send(wire.header(wire.ERROR, message=text, req=req))
 
-    def _on_data(self, sock: zmq.Socket, frames: list) -> None:
-        identity = frames[0].bytes
+    def _on_data(self, inbound: Inbound) -> None:
+        reply = inbound.reply
         req = None
         try:
-            msg = wire.decode(frames[1:])
+            msg = wire.parse(inbound.header, inbound.payloads, inbound.lent)
             req = msg.get("req")
-            if msg.op == wire.PUSH:
-                self._push(sock, identity, msg)
-            elif msg.op == wire.PULL:
-                self._pull(sock, identity, msg)
-            elif msg.op == wire.INIT:
-                self._init(sock, identity, msg)
-            elif msg.op == wire.BCAST_PUT:
-                self._bcast_put(sock, identity, msg)
-            elif msg.op == wire.BCAST_GET:
-                self._bcast_get(sock, identity, msg)
-            elif msg.op == wire.TENSOR_COPY:
-                self._tensor_copy(sock, identity, msg)
-            elif msg.op == wire.STATE_GET:
-                self._state_get(sock, identity, msg)
-            else:
+            serve = self._data_ops.get(msg.op)
+            if serve is None:
                 raise wire.ProtocolError(f"operation {msg.op!r} is not served by an aggregator")
+            serve(reply, msg)
         except (wire.ProtocolError, StoreError) as exc:
-            self._send_error(sock, identity, req, str(exc))
+            self._send_error(reply, req, str(exc))
         except Exception as exc:  # a bug must not take the shared service down
             log.exception("internal error on a data request")
-            self._send_error(sock, identity, req, f"internal aggregator error: {exc.__class__.__name__}: {exc}")
-
-    @staticmethod
-    def _array(msg: wire.Message, frame_idx: object, offset: object, nbytes: object, dtype: str) -> np.ndarray:
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (frame_idx, offset, nbytes)):
-            raise wire.ProtocolError(f"{msg.op}: frame index, offset and size must be integers")
-        if not 0 <= frame_idx < len(msg.payloads):
-            raise wire.ProtocolError(f"{msg.op}: payload frame {frame_idx} missing")
-        buf = wire.payload_view(msg.payloads[frame_idx])
-        itemsize = np.dtype(dtype).itemsize
-        if offset < 0 or nbytes < 0 or offset + nbytes > buf.nbytes or nbytes % itemsize:
-            raise wire.ProtocolError(f"{msg.op}: payload slice [{offset}, {offset + nbytes}) outside a "
-                                     f"{buf.nbytes}-byte frame or not a whole number of {dtype}")
-        return np.frombuffer(buf, dtype=dtype, count=nbytes // itemsize, offset=offset)
+            self._send_error(reply, req, f"internal aggregator error: {exc.__class__.__name__}: {exc}")
 
     @staticmethod
     def _moved_past(ks: KeyState, iteration: int) -> bool:
@@ -332,38 +286,26 @@ class Aggregator:
         return mv is not None and iteration > mv["cutover"]
 
     @staticmethod
-    def _move_item(ks: KeyState) -> list:
+    def _move(ks: KeyState) -> wire.Move:
         mv = ks.moving
-        return [ks.spec.key, mv["to"], mv["cutover"] + 1, mv["info"]]
+        return wire.Move(ks.spec.key, mv["to"], mv["cutover"] + 1, mv["info"])
 
-    def _push(self, sock: zmq.Socket, identity: bytes, msg: wire.Message) -> None:
+    def _push(self, reply: Sender, msg: wire.Message) -> None:
         state = self.store.job(msg["job"], msg["secret"])
         rank = msg["rank"]
         checked: list[tuple] = []
         redirects: list = []
         seen: set[str] = set()
-        for item in wire.items_of(msg, 5):
-            key, iteration, frame_idx, offset, nbytes = item[:5]
-            hp = item[5] if len(item) > 5 else None
-            if not isinstance(key, str) or not isinstance(iteration, int) or key in seen:
-                raise wire.ProtocolError(f"push: bad or repeated key {key!r}")
-            if hp is not None and not isinstance(hp, dict):
-                raise wire.ProtocolError(f"push: hyper-parameters of {key!r} must be a map")
+        for item in msg.items(wire.PushItem):
+            key, iteration = item.key, item.iteration
+            if key in seen:
+                raise wire.ProtocolError(f"push: repeated key {key!r}")
             seen.add(key)
             ks = self.store.key(state, key)
             if self._moved_past(ks, iteration):
-                redirects.append(self._move_item(ks))
+                redirects.append(self._move(ks).to_wire())
                 continue
-            ref = item[6].get("shm") if len(item) > 6 and isinstance(item[6], dict) else None
-            if ref is not None:
-                if not isinstance(nbytes, int):
-                    raise wire.ProtocolError("push: size must be an integer")
-                try:
-                    data = self.attached.array(ref, nbytes, ks.spec.dtype, tag=state.job)
-                except ValueError as exc:
-                    raise StoreError(f"push of {key!r}: {exc}") from None
-            else:
-                data = self._array(msg, frame_idx, offset, nbytes, ks.spec.dtype)
+            data = msg.array(item.data, ks.spec.dtype)
             if ks.incoming is not None:
                 # migrating here: the iteration counter arrives with the copy; check the rest now
                 self.store._check_rank(state, rank)
@@ -372,10 +314,11 @@ class Aggregator:
                                      f"{data.dtype}, expected {ks.spec.numel} x {ks.spec.dtype}")
             else:
                 self.store.check_push(state, rank, key, iteration, data)
-            checked.append((ks, data, hp, ref is not None, iteration))
+            # a lent buffer stays the worker's until it pulled this iteration: summed in place later
+            checked.append((ks, data, item.hp, item.data.payload in msg.lent, iteration))
         if redirects:
             # nothing applied: the agent learns the new owners and resends every part
-            sock.send_multipart([identity, *wire.encode(wire.REDIRECT, req=msg.get("req"), items=redirects)])
+            reply.send(wire.header(wire.REDIRECT, req=msg.get("req"), items=redirects))
             return
         for ks, _, hp, _, _ in checked:
             if hp:
@@ -386,7 +329,7 @@ class Aggregator:
                     self.store.set_hp(ks, hp)
                 except ValueError as exc:
                     raise StoreError(f"key {ks.spec.key!r}: bad hyper-parameters: {exc}") from None
-        sock.send_multipart([identity, *wire.encode(wire.PUSH_ACK, req=msg.get("req"), items=list(seen))])
+        reply.send(wire.header(wire.PUSH_ACK, req=msg.get("req"), items=[wire.Ack(k).to_wire() for k in seen]))
         now = time.monotonic()
         for ks, data, _, deferred, iteration in checked:
             self.stats["pushes"] += 1
@@ -445,13 +388,11 @@ class Aggregator:
                 self._apply_push(ks, rank, data, deferred)
 
     def _requested(self, state: JobState, msg: wire.Message) -> Iterator[tuple[KeyState, int]]:
-        """The ``[key, iteration]`` items of a PULL or STATE_GET, validated."""
-        for key, iteration in (i[:2] for i in wire.items_of(msg, 2)):
-            if not isinstance(key, str) or not isinstance(iteration, int):
-                raise wire.ProtocolError(f"{msg.op}: bad item {key!r}")
-            yield self.store.key(state, key), iteration
+        """The ``PullItem`` items of a PULL or STATE_GET, validated."""
+        for item in msg.items(wire.PullItem):
+            yield self.store.key(state, item.key), item.iteration
 
-    def _pull(self, sock: zmq.Socket, identity: bytes, msg: wire.Message) -> None:
+    def _pull(self, reply: Sender, msg: wire.Message) -> None:
         state = self.store.job(msg["job"], msg["secret"])
         rank = msg["rank"]
         if not 0 <= rank < state.world_size:
@@ -459,13 +400,12 @@ class Aggregator:
         items, redirects = [], []
         for ks, iteration in self._requested(state, msg):
             if self._moved_past(ks, iteration):
-                redirects.append(self._move_item(ks))
+                redirects.append(self._move(ks).to_wire())
             items.append((ks, iteration))
         if redirects:
-            sock.send_multipart([identity, *wire.encode(wire.REDIRECT, req=msg.get("req"), items=redirects)])
+            reply.send(wire.header(wire.REDIRECT, req=msg.get("req"), items=redirects))
             return
-        pending = PendingPull(sock, identity, msg.get("req"), items,
-                              iteration={id(ks): it for ks, it in items}, shm=bool(msg.get("shm")))
+        pending = PendingPull(reply, msg.get("req"), items, iteration={id(ks): it for ks, it in items})
         for ks, iteration in items:
             if not self.store.pull_ready(ks, iteration):
                 pending.waiting.add(id(ks))
@@ -490,7 +430,7 @@ class Aggregator:
                     continue
             except StoreError as exc:
                 pending.finished = True
-                self._send_error(pending.sock, pending.identity, pending.req, str(exc))
+                self._send_error(pending.reply, pending.req, str(exc))
                 continue
             pending.waiting.discard(id(ks))
             if not pending.waiting:
@@ -511,20 +451,12 @@ class Aggregator:
         items, payloads = [], []
         for ks, iteration in pending.items:
             value = ks.value(iteration)
-            ref = ks.value_ref(iteration) if pending.shm else None
-            if ref is not None:
-                item = [ks.spec.key, iteration, -1, ref]
-            else:
-                item = [ks.spec.key, iteration, len(payloads), None]
-                payloads.append(value)
-            if ks.moving is not None and iteration == ks.moving["cutover"]:
-                item.append({"moved": self._move_item(ks)[1:]})   # Fig. 4.5 step 2
-            items.append(item)
+            moved = self._move(ks) if ks.moving is not None and iteration == ks.moving["cutover"] else None
+            items.append(wire.PullReplyItem(ks.spec.key, iteration, len(payloads), moved).to_wire())  # Fig. 4.5 step 2
+            payloads.append(ks.value_ref(iteration) or value)     # lent where the channel can
             self.stats["bytes_out"] += value.nbytes
         self.stats["pulls"] += len(items)
-        pending.sock.send_multipart(
-            [pending.identity, *wire.encode(wire.PULL_REPLY, payloads, req=pending.req, items=items)],
-            copy=False)
+        pending.reply.send(wire.header(wire.PULL_REPLY, req=pending.req, items=items), payloads)
 
     # --- live migration ---------------------------------------------------------------
     def _migrate_prepare(self, msg: wire.Message) -> None:
@@ -535,59 +467,56 @@ class Aggregator:
         try:
             keys = [KeySpec.from_wire(k) for k in msg["keys"]]
             sizes = Store.buffer_sizes(msg["mode"], keys)
-            _, total = shm.Arena.layout(sizes)
+            nbytes = sum(numel * np.dtype(dtype).itemsize for numel, dtype in sizes)
         except (ValueError, TypeError, IndexError) as exc:
             self.ctrl.send_multipart(wire.error(str(exc), req=msg.get("req"), agg=self.agg_id))
             return
-        if not self.shm or total < PREFAULT_IN_BACKGROUND:
-            self._finish_prepare(msg, keys, None)
+        if not self.memory.slow_to_allocate(nbytes):
+            self._finish_prepare(msg, keys, sizes)
             return
 
         def populate() -> None:
-            shm.background_priority()
-            try:
-                done = (shm.Segment.create(total, f"autops-{msg['job']}", populate=True), None)
-            except OSError as exc:
-                done = (None, exc)
-            self._ready.append((self._finish_prepare, (msg, keys, (sizes, *done))))
-            os.write(self._wake_w, b"x")
+            background_priority()
+            made = self._allocate_incoming(sizes, msg["job"])
+            self._ready.append((self._finish_prepare, (msg, keys, sizes, made)))
+            self._waker.wake()
 
         threading.Thread(target=populate, name="autops-populate", daemon=True).start()
 
-    def _run_ready(self) -> None:
+    def _allocate_incoming(self, sizes: list, job: str) -> tuple[list[Shared] | None, OSError | None]:
         try:
-            os.read(self._wake_r, 4096)
-        except BlockingIOError:
-            pass
+            return self.memory.allocate(sizes, job), None
+        except OSError as exc:
+            return None, exc
+
+    def _run_ready(self) -> None:
+        self._waker.clear()
         while self._ready:
             fn, args = self._ready.pop(0)
             fn(*args)
 
-    def _finish_prepare(self, msg: wire.Message, keys: list, made: tuple | None) -> None:
+    def _finish_prepare(self, msg: wire.Message, keys: list, sizes: list, made: tuple | None = None) -> None:
+        """Create the incoming keys in ``made`` -- ``(buffers, allocation error)`` from a
+        helper thread -- or in buffers allocated now."""
         req = msg.get("req")
         try:
             state = self.store.jobs.get(msg["job"])
             for spec in keys:
                 if state is not None and spec.key in state.keys:
                     raise StoreError(f"key {spec.key!r} of job {msg['job']!r} is already here")
-            buffers = None
-            if made is not None:
-                sizes, seg, error = made
-                if error is not None:
-                    raise StoreError(f"cannot allocate shared memory for the incoming keys: {error}")
-                arena = self.arenas.setdefault(msg["job"], shm.Arena(f"autops-{msg['job']}"))
-                buffers = arena.adopt(seg, sizes)
+            buffers, error = made or self._allocate_incoming(sizes, msg["job"])
+            if error is not None:
+                raise StoreError(f"cannot allocate memory for the incoming keys: {error}")
             self.store.assign(msg["job"], msg["secret"], msg["world_size"], msg["mode"], keys,
                               average=bool(msg.get("average", True)), optimizer=msg.get("optimizer"),
-                              hp=msg.get("hp") or {}, buffers=buffers)
+                              hp=msg.get("hp") or {}, buffers=[(buf.array, buf) for buf in buffers])
             state = self.store.jobs[msg["job"]]
             for spec in keys:
                 ks = state.keys[spec.key]
                 ks.incoming = msg["mid"]
                 ks.awaiting_workers = (msg["mid"], 1 << 62)
-            arena = self.arenas.get(msg["job"])
             # the new buffers are mapped and populated by now; agents can map them early
-            segments = [arena.segments[-1].handle()] if arena is not None and arena.segments and keys else []
+            segments = self.memory.handles_of(buffers)
             self.ctrl.send_multipart(wire.encode(wire.OK, req=req, agg=self.agg_id, segments=segments))
         except (StoreError, ValueError, TypeError) as exc:
             self.ctrl.send_multipart(wire.error(str(exc), req=req, agg=self.agg_id))
@@ -616,16 +545,12 @@ class Aggregator:
         except (StoreError, ValueError, TypeError) as exc:
             self.ctrl.send_multipart(wire.error(str(exc), req=req, agg=self.agg_id))
 
-    def _peer(self, info: dict) -> zmq.Socket:
-        address = choose_endpoint(info["endpoints"], info["host"], "auto")
-        sock = self.peers.get(address)
-        if sock is None:
-            sock = self.ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.SNDHWM, 0)
-            sock.connect(address)
-            self.peers[address] = sock
-            self.poller.register(sock, zmq.POLLIN)
-        return sock
+    def _peer(self, info: dict) -> Channel:
+        channel = self.transport.connect(info)
+        if channel.pollable not in self._sources:
+            self._sources[channel.pollable] = channel
+            self.poller.register(channel.pollable, zmq.POLLIN)
+        return channel
 
     def _send_copy(self, ks: KeyState) -> None:
         """TENSOR_COPY (Fig. 4.5 step 4): counters, master copy and optimizer state."""
@@ -633,27 +558,18 @@ class Aggregator:
         mv["sent"] = True
         state = self.store.jobs[ks.job]
         meta, arrays = self.store.export_key(ks)
-        # the workers' shared buffers this aggregator maps: the new owner maps them before
-        # the workers' first push reaches it, not on that push's path
-        meta["segments"] = self.attached.handles(ks.job) if mv["info"].get("host") == host_id() else []
+        # the workers' buffers this aggregator maps: the new owner maps them before the
+        # workers' first push reaches it, not on that push's path
+        meta["segments"] = self.transport.handles_for(mv["info"], ks.job)
         req = next(self._copy_reqs)
         self.copy_waits[req] = (mv["mid"], ks.job, [ks.spec.key])
-        self._peer(mv["info"]).send_multipart(
-            wire.encode(wire.TENSOR_COPY, arrays, req=req, mid=mv["mid"], job=ks.job, secret=state.secret,
-                        items=[[ks.spec.key, meta, len(arrays)]]), copy=False)
+        self._peer(mv["info"]).send(
+            wire.header(wire.TENSOR_COPY, req=req, mid=mv["mid"], job=ks.job, secret=state.secret,
+                        items=[wire.KeyCopy(ks.spec.key, meta, len(arrays)).to_wire()]), arrays)
 
-    def _premap(self, handles: list, job: str) -> None:
-        """Map the workers' shared buffers before their first push arrives (helper thread)."""
-        shm.background_priority()
-        for handle in handles:
-            try:
-                self.attached.attach(handle, tag=job)
-            except (ValueError, OSError) as exc:
-                log.info("could not map a worker segment ahead of time: %s", exc)
-
-    def _on_peer(self, frames: list) -> None:
+    def _on_peer(self, inbound: Inbound) -> None:
         try:
-            msg = wire.decode(frames)
+            msg = wire.parse(inbound.header, inbound.payloads, inbound.lent)
         except wire.ProtocolError as exc:
             log.warning("bad reply from a peer aggregator: %s", exc)
             return
@@ -670,18 +586,14 @@ class Aggregator:
         self.ctrl.send_multipart(wire.encode(wire.TENSOR_COPY_DONE, mid=mid, job=job, keys=keys,
                                              agg=self.agg_id, **fields))
 
-    def _tensor_copy(self, sock: zmq.Socket, identity: bytes, msg: wire.Message) -> None:
+    def _tensor_copy(self, reply: Sender, msg: wire.Message) -> None:
         """New side: install the copy, apply the held pushes, answer parked pulls."""
         state = self.store.job(msg["job"], msg["secret"])
         installed = []
-        for key, meta, frames in wire.key_copies(msg):
+        for key, meta, views in wire.key_copies(msg):
             ks = self.store.key(state, key)
-            arrays = [np.frombuffer(wire.payload_view(f), dtype=ks.spec.dtype) for f in frames]
-            fresh = [h for h in meta.get("segments") or ()
-                     if isinstance(h, list) and h and h[0] not in self.premapped]
-            if fresh:
-                self.premapped.update(h[0] for h in fresh)
-                threading.Thread(target=self._premap, args=(fresh, state.job), daemon=True).start()
+            arrays = [np.frombuffer(view, dtype=ks.spec.dtype) for view in views]
+            self.memory.premap(meta.get("segments"))     # the workers' buffers, before their pushes come
             t0 = time.thread_time()
             first = meta.get("completed", 0) + 1 if isinstance(meta.get("completed"), int) else 1
             hp, ks.held_hp = ks.held_hp, None
@@ -696,81 +608,68 @@ class Aggregator:
                 log.error("held push of migrated key %s dropped: %s", key, problem)
             installed.append(ks)
         self.stats["migrated_in"] += len(installed)
-        sock.send_multipart([identity, *wire.encode(wire.OK, req=msg.get("req"))])
+        reply.send(wire.header(wire.OK, req=msg.get("req")))
         for ks in installed:
             self._published(ks)
 
-    def _state_get(self, sock: zmq.Socket, identity: bytes, msg: wire.Message) -> None:
+    def _state_get(self, reply: Sender, msg: wire.Message) -> None:
         """Server-side state of keys right after an iteration (a worker's checkpoint): master
         copy, optimizer state and step, serialised as TENSOR_COPY serialises them."""
         state = self.store.job(msg["job"], msg["secret"])
         items, arrays, redirects = [], [], []
         for ks, iteration in self._requested(state, msg):
             if self._moved_past(ks, iteration):
-                redirects.append(self._move_item(ks))
+                redirects.append(self._move(ks).to_wire())
                 continue
             meta, key_arrays = self.store.export_state(ks, iteration)
-            items.append([ks.spec.key, meta, len(key_arrays)])
+            items.append(wire.KeyCopy(ks.spec.key, meta, len(key_arrays)).to_wire())
             arrays.extend(key_arrays)
         if redirects:
-            sock.send_multipart([identity, *wire.encode(wire.REDIRECT, req=msg.get("req"), items=redirects)])
+            reply.send(wire.header(wire.REDIRECT, req=msg.get("req"), items=redirects))
             return
-        # copied into the message (copy=True): the next iteration may update the live arrays
-        sock.send_multipart([identity, *wire.encode(wire.STATE_REPLY, arrays, req=msg.get("req"), items=items)])
+        # copies: the next iteration may update the live arrays before they are sent
+        reply.send(wire.header(wire.STATE_REPLY, req=msg.get("req"), items=items), [a.copy() for a in arrays])
 
-    def _init(self, sock: zmq.Socket, identity: bytes, msg: wire.Message) -> None:
+    def _init(self, reply: Sender, msg: wire.Message) -> None:
         state = self.store.job(msg["job"], msg["secret"])
         prepared = []
-        for item in wire.items_of(msg, 4):
-            key, frame_idx, offset, nbytes = item[:4]
-            ks = self.store.key(state, key)
-            extra = item[4] if len(item) > 4 and isinstance(item[4], dict) else {}
-            if extra.get("shm") is not None:
-                if not isinstance(nbytes, int):
-                    raise wire.ProtocolError("init: size must be an integer")
-                try:
-                    data = self.attached.array(extra["shm"], nbytes, ks.spec.dtype, tag=state.job)
-                except ValueError as exc:
-                    raise StoreError(f"INIT of {key!r}: {exc}") from None
-            else:
-                data = self._array(msg, frame_idx, offset, nbytes, ks.spec.dtype)
-            opt_state = {}
-            for name, (fidx, off, nb) in (extra.get("state") or {}).items():
-                opt_state[name] = self._array(msg, fidx, off, nb, ks.spec.dtype)
-            prepared.append((key, data, opt_state, extra.get("step")))
+        for item in msg.items(wire.InitItem):
+            ks = self.store.key(state, item.key)
+            data = msg.array(item.data, ks.spec.dtype)
+            opt_state = {name: msg.array(sl, ks.spec.dtype) for name, sl in item.state.items()}
+            prepared.append((item.key, data, opt_state, item.step))
         for key, data, opt_state, step in prepared:
             try:
                 self.store.init(state, key, data, hp=msg.get("hp"), opt_state=opt_state or None, step=step)
             except ValueError as exc:
                 raise StoreError(f"INIT of {key!r}: {exc}") from None
-        sock.send_multipart([identity, *wire.encode(wire.OK, req=msg.get("req"))])
+        reply.send(wire.header(wire.OK, req=msg.get("req")))
         for key, *_ in prepared:
             # a pull of iteration 0, or one whose update only waited for the master copy
             self._published(state.keys[key])
 
-    def _bcast_put(self, sock: zmq.Socket, identity: bytes, msg: wire.Message) -> None:
+    def _bcast_put(self, reply: Sender, msg: wire.Message) -> None:
         state = self.store.job(msg["job"], msg["secret"])
         if len(msg.payloads) != 1:
             raise wire.ProtocolError("bcast_put: exactly one payload frame expected")
-        data = np.frombuffer(wire.payload_view(msg.payloads[0]), dtype=np.uint8)
+        data = msg.whole(0, np.uint8)
         self.store.bcast_put(state, msg["name"], msg["seq"], data)
-        sock.send_multipart([identity, *wire.encode(wire.OK, req=msg.get("req"))])
+        reply.send(wire.header(wire.OK, req=msg.get("req")))
         waiting = self.waiters.pop(("bcast", msg["job"], msg["name"], msg["seq"]), [])
-        for pending_sock, pending_identity, pending_req in waiting:
-            self._answer_bcast(state, msg["name"], msg["seq"], pending_sock, pending_identity, pending_req)
+        for pending_reply, pending_req in waiting:
+            self._answer_bcast(state, msg["name"], msg["seq"], pending_reply, pending_req)
 
-    def _bcast_get(self, sock: zmq.Socket, identity: bytes, msg: wire.Message) -> None:
+    def _bcast_get(self, reply: Sender, msg: wire.Message) -> None:
         state = self.store.job(msg["job"], msg["secret"])
         if (msg["name"], msg["seq"]) in state.broadcasts:
-            self._answer_bcast(state, msg["name"], msg["seq"], sock, identity, msg.get("req"))
+            self._answer_bcast(state, msg["name"], msg["seq"], reply, msg.get("req"))
         else:
             self.waiters.setdefault(("bcast", msg["job"], msg["name"], msg["seq"]), []).append(
-                (sock, identity, msg.get("req")))
+                (reply, msg.get("req")))
 
-    def _answer_bcast(self, state, name: str, seq: int, sock: zmq.Socket, identity: bytes, req) -> None:
+    def _answer_bcast(self, state: JobState, name: str, seq: int, reply: Sender, req: int | None) -> None:
         data = self.store.bcast_get(state, name, seq)
-        sock.send_multipart([identity, *wire.encode(wire.PULL_REPLY, [data], req=req, items=[[name, seq, 0]])],
-                            copy=False)
+        reply.send(wire.header(wire.PULL_REPLY, req=req, items=[wire.PullReplyItem(name, seq, 0).to_wire()]), [data])
 
 
 def serve(master: str, **kwargs) -> None:

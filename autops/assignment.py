@@ -81,24 +81,44 @@ def free_time(cycle: float, jobs: Mapping[str, tuple[float, float]]) -> float:
     return cycle - sum(runs_per_cycle(d, cycle) * e for d, e in jobs.values())
 
 
+def joined_cycle(jobs: Mapping[str, tuple[float, float]], job: str, duration: float,
+                 loss_limit: float = LOSS_LIMIT) -> tuple[float, float] | None:
+    """Pseudocode 3's loss test of one aggregator for tasks of ``job``: None when with ``job``
+    there (standalone iteration ``duration`` unless it is there already) some job would lose
+    ``loss_limit`` or more of its speed, else ``(cycle, free time)`` of the aggregator with it.
+
+    Adding tasks of ``job`` changes neither answer's loss test nor raises its free time.
+    """
+    members = dict(jobs)
+    members.setdefault(job, (duration, 0.0))
+    cycle = max(d for d, _ in members.values())
+    if any(loss(d, cycle) >= loss_limit - _EPS for d, _ in members.values()):
+        return None
+    return cycle, free_time(cycle, members)
+
+
+def holds(free: float, duration: float, cycle: float, cost: float) -> bool:
+    """Pseudocode 3's room test: ``free`` time in the cycle holds a task of ``cost`` that runs
+    ``runs_per_cycle(duration, cycle)`` times in it."""
+    return free + _EPS >= runs_per_cycle(duration, cycle) * cost
+
+
 def pack_task(job: str, duration: float, cost: float,
               aggregators: Mapping[str, Mapping[str, tuple[float, float]]],
               loss_limit: float = LOSS_LIMIT) -> str | None:
     """Where a task of ``job`` (standalone iteration ``duration``, CPU time ``cost`` per
     iteration) goes: the name of the best-fit aggregator, or None for a new one.
 
-    ``aggregators`` maps name -> {job: (D_j, sum of e of that job's tasks there)}.
+    ``aggregators`` maps name -> {job: (D_j, sum of e of that job's tasks there)}. An
+    aggregator qualifies when it passes ``joined_cycle`` and ``holds``; the least free wins.
     """
     best: tuple[float, str] | None = None
     for name, jobs in aggregators.items():
-        members = dict(jobs)
-        d_old, e_old = members.get(job, (duration, 0.0))
-        members[job] = (d_old, e_old)
-        cycle = max(d for d, _ in members.values())
-        if any(loss(d, cycle) >= loss_limit - _EPS for d, _ in members.values()):
+        joined = joined_cycle(jobs, job, duration, loss_limit)
+        if joined is None:
             continue
-        free = free_time(cycle, members)
-        if free + _EPS >= runs_per_cycle(duration, cycle) * cost and (best is None or (free, name) < best):
+        cycle, free = joined
+        if holds(free, duration, cycle, cost) and (best is None or (free, name) < best):
             best = (free, name)
     return best[1] if best else None
 
@@ -198,7 +218,8 @@ def recycle(aggregators: Loads, tasks: Mapping[str, Sequence[tuple[str, str, flo
 
 
 def final_moves(plan: Sequence[tuple[str, Mapping[str, str]]]) -> dict[str, str]:
-    """Where each task of a ``recycle`` plan ends up."""
+    """Where each task of a ``recycle`` plan ends up: pMaster applies a plan whole, moving
+    each task once, straight to its last destination."""
     out: dict[str, str] = {}
     for _, moves in plan:
         out.update(moves)

@@ -1,14 +1,31 @@
-"""The ``autops`` command: master, aggregator, local pool, status, benchmarks."""
+"""The ``autops`` command: master, aggregator, local pool, status, migrate, simulate, bench.
+
+Follows the runtime's command-line convention (``dlrt.cli``): addresses as ``HOST:PORT`` or
+``tcp://HOST:PORT``, services bind 127.0.0.1 unless ``--bind`` says otherwise, ``--json
+FILE`` (``-`` for stdout), ``--log-level`` before or after the subcommand, exit status 2 for
+usage errors and 1 for runtime errors. ``bench`` lists the benchmarks; ``bench NAME ...``
+runs one from the ``dlrt_bench`` package, imported only then.
+"""
 from __future__ import annotations
 
 import argparse
-import json
-import logging
+import importlib
 import os
 import signal
 import subprocess
 import sys
 import uuid
+
+from dlrt import cli
+from dlrt.endpoints import DEFAULT_BIND_HOST, host_port
+
+# name -> (module, help); the module's ``main(argv)`` parses the benchmark's own options
+BENCHMARKS = {
+    "pushpull": ("dlrt_bench.autops_pushpull", "push+pull of whole models vs gloo all-reduce"),
+    "packing": ("dlrt_bench.autops_packing", "aggregators and CPU of J jobs packed vs dedicated"),
+    "migrate": ("dlrt_bench.autops_migrate", "pause a job sees when all its tensors migrate live"),
+}
+DEFAULT_MASTER = "127.0.0.1:5555"
 
 
 def _cmd_master(args: argparse.Namespace) -> int:
@@ -26,7 +43,11 @@ def _cmd_master(args: argparse.Namespace) -> int:
 
 def _cmd_aggregator(args: argparse.Namespace) -> int:
     from .aggregator import serve
-    serve(args.master, bind_host=args.bind_host, port=args.port, advertise_host=args.advertise_host,
+    if args.bind is not None:
+        host, port = host_port(args.bind, bind=True)
+    else:                                   # the older spelling: --bind-host HOST --port PORT
+        host, port = args.bind_host or DEFAULT_BIND_HOST, args.port
+    serve(args.master, bind_host=host.strip("[]"), port=port, advertise_host=args.advertise_host,
           ipc=not args.no_ipc, name=args.name, register_timeout=args.register_timeout)
     return 0
 
@@ -35,8 +56,7 @@ def _cmd_local(args: argparse.Namespace) -> int:
     from .local import LocalPool
     cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
     if not cmd:
-        print("autops local: give the command to run after --", file=sys.stderr)
-        return 2
+        raise cli.UsageError("give the command to run after --, e.g. autops local -- torchrun ... train.py")
     master_args = ["--provider", "local", "--max-aggregators", str(args.aggregators)]
     with LocalPool(0, log_level=args.log_level, master_args=master_args) as pool:
         env = dict(os.environ, AUTOPS_MASTER=pool.master)
@@ -55,29 +75,19 @@ def _cmd_local(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from .local import query_status
+    from .admin import query_status
     from .report import format_status
     status = query_status(args.master, timeout=args.timeout)
-    if args.json:
-        print(json.dumps(status, indent=2))
-    else:
-        print(format_status(status))
+    cli.emit(args.json, status, format_status(status))
     return 0
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
-    from . import wire
-    from .agent import MasterClient
-    from .transport.zmq import make_context
-    ctx = make_context()
-    client = MasterClient(ctx, args.master, args.timeout)
-    try:
-        reply = client.call(wire.MIGRATE, job=args.job, keys=args.keys or None, to=args.to or None)
-        print(f"migrating {reply['keys']} key(s) of {args.job} in {reply['batches']} batch(es); "
-              "follow with `autops status`")
-    finally:
-        client.close()
-        ctx.term()
+    from .admin import AdminClient
+    with AdminClient(args.master, args.timeout) as admin:
+        reply = admin.migrate(args.job, keys=args.keys, to=args.to)
+    cli.emit(args.json, reply, f"migrating {reply['keys']} key(s) of {args.job} in {reply['batches']} "
+                               "batch(es); follow with `autops status`")
     return 0
 
 
@@ -87,28 +97,38 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    argv = list(args.bench_args)
-    which = argv[0] if argv and not argv[0].startswith("-") else "pushpull"
-    if which == "packing":
-        from .bench_elastic import packing_main
-        return packing_main(argv[1:])
-    if which == "migrate":
-        from .bench_elastic import migrate_main
-        return migrate_main(argv[1:])
-    if which != "pushpull":
-        print(f"autops bench: unknown benchmark {which!r} (pushpull, packing, migrate)", file=sys.stderr)
-        return 2
-    from .benchmark import main as bench_main
-    return bench_main(argv)
+    module, _ = BENCHMARKS[args.benchmark]
+    return importlib.import_module(module).main(args.forward)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="autops", description="AutoPS: a shared parameter service")
-    parser.add_argument("--log-level", default=os.environ.get("AUTOPS_LOG", "INFO"))
-    sub = parser.add_subparsers(dest="command", required=True)
+def _aggregator_bind(text: str) -> str:
+    """argparse type of ``aggregator --bind``: ``HOST:PORT``, ``tcp://HOST:PORT`` or just ``HOST``
+    (any free port)."""
+    try:
+        return cli.bind_address(text)
+    except argparse.ArgumentTypeError:
+        if ":" in text.strip():
+            raise
+        return cli.bind_address(f"{text.strip()}:0")
 
-    p = sub.add_parser("master", help="run pMaster")
-    p.add_argument("--bind", default="tcp://0.0.0.0:5555", help="ZeroMQ address to listen on")
+
+def _master_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--master", type=cli.address, default=os.environ.get("AUTOPS_MASTER", DEFAULT_MASTER),
+                   metavar="ADDR", help="pMaster address ($AUTOPS_MASTER when set)")
+
+
+def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The ``autops`` parser and its ``bench`` group."""
+    parser = cli.parser("autops", "AutoPS: a shared parameter service")
+    parser.add_argument("--log-level", type=cli.log_level, choices=cli.LOG_LEVELS, metavar="LEVEL",
+                        default=os.environ.get("AUTOPS_LOG", "INFO"),
+                        help="DEBUG, INFO, WARNING or ERROR, also accepted after the command "
+                             "($AUTOPS_LOG when set)")
+    sub = cli.add_commands(parser)
+
+    p = cli.add_command(sub, "master", "run pMaster", log_level=None)
+    p.add_argument("--bind", type=cli.address, default=f"{DEFAULT_BIND_HOST}:5555", metavar="ADDR",
+                   help="address to listen on (HOST:PORT or tcp://HOST:PORT; 0.0.0.0:PORT for every interface)")
     p.add_argument("--heartbeat-timeout", type=float, default=5.0)
     p.add_argument("--provider", choices=("standby", "local"), default="standby",
                    help="standby: use aggregators started with `autops aggregator`; local: also start "
@@ -129,61 +149,79 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spare", type=int, default=0, help="idle aggregators the local provider keeps running")
     p.add_argument("--job-timeout", type=float, default=30.0,
                    help="release a job when none of its workers was heard from for this long")
-    p.add_argument("--report-bind", default=None,
-                   help="publish utilization reports (JSON) on this ZeroMQ PUB address, e.g. tcp://0.0.0.0:5557")
-    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this HTTP port")
+    p.add_argument("--report-bind", type=cli.bind_address, default=None, metavar="ADDR",
+                   help="publish utilization reports (JSON) on this ZeroMQ PUB address, e.g. 127.0.0.1:5557")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus metrics on this HTTP port (127.0.0.1)")
     p.add_argument("--report-period", type=float, default=1.0, help="seconds between reports")
     p.set_defaults(func=_cmd_master)
 
-    p = sub.add_parser("aggregator", help="run one aggregator (one per machine)")
-    p.add_argument("--master", required=True, help="pMaster address, e.g. tcp://10.0.0.1:5555")
-    p.add_argument("--bind-host", default="0.0.0.0")
-    p.add_argument("--port", type=int, default=0, help="tcp port for workers (0: any free port)")
-    p.add_argument("--advertise-host", default=None, help="address workers use to reach this machine")
+    p = cli.add_command(sub, "aggregator", "run one aggregator (one per machine)", log_level=None)
+    p.add_argument("--master", type=cli.address, required=True, metavar="ADDR",
+                   help="pMaster address, e.g. 10.0.0.1:5555")
+    p.add_argument("--bind", type=_aggregator_bind, default=None, metavar="HOST[:PORT]",
+                   help="where workers reach this aggregator over TCP (no port or port 0: any free "
+                        f"port; default {DEFAULT_BIND_HOST}; 0.0.0.0 for every interface)")
+    p.add_argument("--bind-host", default=None, help=argparse.SUPPRESS)       # older spelling of --bind
+    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)     # older spelling of --bind
+    p.add_argument("--advertise-host", default=None,
+                   help="address workers use to reach this machine (default: the --bind host; this "
+                        "machine's address for 0.0.0.0)")
     p.add_argument("--no-ipc", action="store_true", help="do not offer a unix-socket endpoint")
-    p.add_argument("--name", default=None)
+    p.add_argument("--name", default=None, help="aggregator id (default: pMaster gives agg-N)")
     p.add_argument("--register-timeout", type=float, default=30.0)
     p.set_defaults(func=_cmd_aggregator)
 
-    p = sub.add_parser("local", help="run CMD against a master that starts aggregators on this machine")
+    p = cli.add_command(sub, "local", "run CMD against a master that starts aggregators on this machine",
+                        log_level=None)
     p.add_argument("--aggregators", type=int, default=2, help="most aggregator processes to start")
-    p.add_argument("cmd", nargs=argparse.REMAINDER)
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
     p.set_defaults(func=_cmd_local)
 
-    p = sub.add_parser("status", help="print the pool: aggregators, load and jobs")
-    p.add_argument("--master", default=os.environ.get("AUTOPS_MASTER", "tcp://127.0.0.1:5555"))
+    p = cli.add_command(sub, "status", "print the pool: aggregators, load and jobs", log_level=None,
+                        json_help="write the status as JSON to FILE ('-' for stdout instead of the table)")
+    _master_arg(p)
     p.add_argument("--timeout", type=float, default=5.0)
-    p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_status)
 
-    p = sub.add_parser("migrate", help="move a job's keys (all by default) to other aggregators, live")
-    p.add_argument("--master", default=os.environ.get("AUTOPS_MASTER", "tcp://127.0.0.1:5555"))
+    p = cli.add_command(sub, "migrate", "move a job's keys (all by default) to other aggregators, live",
+                        log_level=None, json_help="write pMaster's answer as JSON to FILE ('-' for stdout)")
+    _master_arg(p)
     p.add_argument("--job", required=True)
     p.add_argument("--keys", nargs="*", default=None, help="keys to move (default: every key of the job)")
     p.add_argument("--to", nargs="*", default=None, help="aggregators to move to (default: all others)")
     p.add_argument("--timeout", type=float, default=5.0)
     p.set_defaults(func=_cmd_migrate)
 
-    p = sub.add_parser("simulate", help="trace-driven simulation of the aggregator pool (CPU saving)")
-    try:
-        from .simulate import add_arguments
-        add_arguments(p)
-    except ImportError:
-        pass
+    from .simulate import JSON_HELP, add_arguments
+    p = cli.add_command(sub, "simulate", "trace-driven simulation of the aggregator pool (CPU saving)",
+                        log_level=None, json_help=JSON_HELP)
+    add_arguments(p)
     p.set_defaults(func=_cmd_simulate)
 
-    p = sub.add_parser("bench", help="benchmarks (pushpull, packing, migrate)")
-    p.add_argument("bench_args", nargs=argparse.REMAINDER)
-    p.set_defaults(func=_cmd_bench)
+    bench = cli.add_command(sub, "bench", "benchmarks: " + ", ".join(BENCHMARKS), log_level=None,
+                            description="Benchmarks that run AutoPS next to its peer on this machine and "
+                                        "print JSON; `autops bench NAME --help` shows a benchmark's options.")
+    names = cli.add_commands(bench, dest="benchmark")
+    for name, (_, text) in BENCHMARKS.items():
+        b = names.add_parser(name, help=text, add_help=False)    # its own parser reads the rest
+        b.set_defaults(func=_cmd_bench)
+    return parser, bench
 
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
-    try:
-        return args.func(args)
-    except (TimeoutError, RuntimeError, ValueError, OSError) as exc:
-        print(f"autops {args.command}: {exc}", file=sys.stderr)
-        return 1
+
+def main(argv: list[str] | None = None) -> int:
+    parser, bench = _parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command is None:
+        return cli.no_subcommand(parser)
+    if args.command == "bench":
+        if args.benchmark is None:
+            return cli.no_subcommand(bench)
+        args.forward = rest
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    cli.setup_logging(args.log_level)
+    return cli.run_main(f"autops {args.command}", args.func, args)
 
 
 if __name__ == "__main__":

@@ -24,20 +24,16 @@ This is the mechanism around the pure policy of ``assignment`` and ``scaling``
 """
 from __future__ import annotations
 
-import itertools
 import logging
-import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from . import wire
 from .assignment import LOSS_LIMIT, busy_fraction, final_moves, job_demand, pack_job, recycle, spread_by_bytes
+from .migration import Migrations
+from .outbox import Outbox
+from .pool import AggInfo, Clock, Cluster, JobInfo, PoolState
+from .providers import Provider
 from .scaling import admissible, allocate_now, choose_cluster, cluster_free_cpu, idle_to_release
-
-if TYPE_CHECKING:
-    from .migration import Migrations
-    from .pool import AggInfo, JobInfo, PoolHost
-    from .providers import Provider
 
 log = logging.getLogger("autops.elastic")
 
@@ -57,13 +53,6 @@ def weighted_median(samples: list[tuple[int, float]]) -> float:
 
 
 @dataclass
-class Cluster:
-    name: str
-    aggs: set = field(default_factory=set)
-    jobs: set = field(default_factory=set)
-
-
-@dataclass
 class ElasticConfig:
     enabled: bool = True
     loss_limit: float = LOSS_LIMIT
@@ -78,61 +67,32 @@ class ElasticConfig:
 
 
 class Elastic:
-    """Drives jobs through profiling -> packed | dedicated and keeps the pool small."""
+    """Drives jobs through profiling -> packed | dedicated and keeps the pool small.
 
-    def __init__(self, master: "PoolHost", config: ElasticConfig, provider: "Provider",
-                 migrations: "Migrations") -> None:
-        self.m = master
+    It changes the records of ``state`` (aggregator states, clusters, job tables through
+    ``migrations``), tells aggregators their cycles through ``outbox``, starts and stops
+    aggregators through ``provider``, and reads time from ``clock``. What pMaster itself must
+    do (answer waiting ranks, release timed-out jobs) it returns.
+    """
+
+    def __init__(self, state: PoolState, outbox: Outbox, config: ElasticConfig, provider: Provider,
+                 migrations: Migrations, clock: Clock | None = None) -> None:
+        self.state = state
+        self.outbox = outbox
         self.cfg = config
         self.provider = provider
         self.migrations = migrations
-        self.clusters: dict[str, Cluster] = {}
-        self._cluster_ids = itertools.count()
-        self.next_period = time.monotonic() + config.period
+        self.clock = clock or state.clock
+        self.next_period = self.clock() + config.period
         self.pending_reverts: list[str] = []
 
     # --- bookkeeping helpers -----------------------------------------------------------
-    def tasks_on(self, agg: str) -> dict[str, list[str]]:
-        """job -> keys that ``agg`` serves or is receiving."""
-        out: dict[str, list[str]] = {}
-        for job in self.m.jobs.values():
-            for key, owner in job.table.items():
-                move = job.moves.get(key)
-                if owner == agg or (move is not None and move[0] == agg):
-                    out.setdefault(job.job, []).append(key)
-        for batch in self.migrations.batches.values():
-            if batch.dst == agg:
-                out.setdefault(batch.job, []).extend(k for k in batch.keys if k not in out.get(batch.job, ()))
-        return out
-
     def empty(self, agg: str) -> bool:
-        return not self.tasks_on(agg) and not self.migrations.active(aggs={agg})
-
-    def loads(self, aggs) -> dict[str, dict[str, tuple[float, float]]]:
-        """{agg: {job: (D_j, sum of e_t of its keys there)}} for the assignment policy."""
-        out: dict[str, dict[str, tuple[float, float]]] = {a: {} for a in aggs}
-        for job in self.m.jobs.values():
-            d = job.standalone
-            if d is None:
-                continue
-            for key, owner in job.table.items():
-                if owner in out:
-                    old = out[owner].get(job.job, (d, 0.0))
-                    out[owner][job.job] = (d, old[1] + job.cost(key))
-        return out
-
-    def idle(self) -> list["AggInfo"]:
-        now = time.monotonic()
-        return sorted((a for a in self.m.aggs.values()
-                       if a.state == "idle" and a.alive(now, self.m.heartbeat_timeout)),
-                      key=lambda a: a.agg_id)
-
-    def busy_count(self) -> int:
-        now = time.monotonic()
-        return sum(1 for a in self.m.aggs.values() if a.state != "idle" and a.alive(now, self.m.heartbeat_timeout))
+        """No key of any job on ``agg``, none moving to it, no migration from or to it."""
+        return not self.state.tasks_on(agg) and not self.migrations.active(aggs={agg})
 
     def capacity(self) -> int | None:
-        return self.provider.capacity(len(self.m.live_aggregators()))
+        return self.provider.capacity(len(self.state.live_aggregators()))
 
     # --- job arrival ---------------------------------------------------------------------
     def refuse_reason(self, requested: int) -> str | None:
@@ -140,19 +100,19 @@ class Elastic:
         if requested <= 0:
             return None
         cap = self.capacity()
-        busy = self.busy_count()
+        busy = self.state.busy_count()
         if not admissible(requested, cap, busy):
             return (f"admission refused: the job asks for {requested} aggregator(s) (its worst case) but "
                     f"the pool can give {max(0, cap - busy)} now ({busy} busy of {cap}); retry later, ask for "
                     f"fewer, or add aggregators (`autops aggregator --master ...` or --max-aggregators)")
         return None
 
-    def reserve(self, job: "JobInfo") -> None:
+    def reserve(self, job: JobInfo) -> None:
         """Temporary aggregators for a new job (profiling); some may still be starting."""
         if not self.cfg.enabled:
             job.state = "dedicated"
         want = job.requested
-        idle = self.idle()
+        idle = self.state.idle()
         if want == 0:
             take = idle
             if not take:
@@ -160,11 +120,11 @@ class Elastic:
                 if started:
                     job.pending = set(started)
                     return
-                live = self.m.live_aggregators()
+                live = self.state.live_aggregators()
                 if not live:
                     raise ValueError("no aggregator is registered with this master; start one with "
                                      "`autops aggregator --master ADDRESS`")
-                load = self.m.load_bytes()
+                load = self.state.load_bytes()
                 shared = min(live, key=lambda a: (load.get(a.agg_id, 0), a.agg_id))
                 job.aggregators = [shared.agg_id]
                 job.best_effort = True
@@ -185,22 +145,23 @@ class Elastic:
                 log.warning("job %s: only %d of %d aggregators could be started", job.job,
                             len(take) + len(started), want)
 
-    def aggregator_registered(self, agg: "AggInfo") -> None:
-        for job in self.m.jobs.values():
+    def aggregator_registered(self, agg: AggInfo) -> JobInfo | None:
+        """A new aggregator: a temporary of the job that waited for it, else idle. Returns the
+        job whose temporaries are now all up (pMaster answers its waiting ranks)."""
+        for job in self.state.jobs.values():
             if agg.agg_id in job.pending:
                 job.pending.discard(agg.agg_id)
                 agg.state, agg.reserved_for = "temporary", job.job
                 job.aggregators.append(agg.agg_id)
                 job.temps.append(agg.agg_id)
-                if not job.pending:
-                    self.m.flush_registrations(job)
-                return
+                return None if job.pending else job
         if agg.state not in ("idle", "temporary", "active", "draining"):
             agg.state = "idle"
+        return None
 
     # --- profiles ------------------------------------------------------------------------
-    def on_profile(self, job: "JobInfo", msg: wire.Message) -> None:
-        job.last_heard = time.monotonic()
+    def on_profile(self, job: JobInfo, msg: wire.Message) -> None:
+        job.last_heard = self.clock()
         count, duration = int(msg["count"]), msg.get("duration")
         job.iterations = max(job.iterations, int(msg["iteration"]))
         if count <= 0 or not isinstance(duration, (int, float)) or duration <= 0:
@@ -231,7 +192,7 @@ class Elastic:
 
     def on_aggregator_profile(self, profile: dict) -> None:
         for job_id, keys in (profile or {}).items():
-            job = self.m.jobs.get(job_id)
+            job = self.state.jobs.get(job_id)
             if job is None or not isinstance(keys, dict):
                 continue
             for key, entry in keys.items():
@@ -247,14 +208,20 @@ class Elastic:
             job.e_reports += 1
 
     # --- the periodic driver -------------------------------------------------------------
-    def tick(self, now: float) -> None:
-        for job in list(self.m.jobs.values()):
+    def expired_jobs(self, now: float) -> list[str]:
+        """Jobs whose workers were not heard from for ``job_timeout``: pMaster releases them."""
+        expired = []
+        for job in self.state.jobs.values():
             if job.ranks and now - job.last_heard > self.cfg.job_timeout:
                 log.warning("job %s: no worker heard from for %.0fs; releasing it", job.job, now - job.last_heard)
-                self.m.release_job(job.job)
+                expired.append(job.job)
+        return expired
+
+    def tick(self, now: float) -> None:
+        """Pack the jobs whose profile is complete; every ``period`` run ``period_pass``."""
         if not self.cfg.enabled:
             return
-        for job in list(self.m.jobs.values()):
+        for job in list(self.state.jobs.values()):
             if (job.state == "profiling" and not job.best_effort and not job.pending and job.keys
                     and job.profiled >= self.cfg.profile_iters and job.e_reports >= 2
                     and not job.parked and not self.migrations.active(job=job.job)):
@@ -264,38 +231,35 @@ class Elastic:
             self.period_pass()
 
     # --- packing (arrival) ---------------------------------------------------------------
-    def _cluster_aggs(self, cluster: Cluster) -> list[str]:
-        return sorted(a for a in cluster.aggs if a in self.m.aggs and self.m.aggs[a].state == "active"
-                      and self.m.aggs[a].exclusive is None)
-
-    def pack(self, job: "JobInfo") -> None:
+    def pack(self, job: JobInfo) -> None:
         costs = [job.cost(k) for k in job.keys]
         demand = job_demand(job.standalone, costs)
-        free = {c.name: cluster_free_cpu(self.loads(self._cluster_aggs(c)), self.cfg.cluster_size)
-                for c in self.clusters.values()}
+        state = self.state
+        free = {c.name: cluster_free_cpu(state.loads(state.cluster_aggs(c)), self.cfg.cluster_size)
+                for c in state.clusters.values()}
         name = choose_cluster(free, demand)
-        cluster = self.clusters.get(name) if name else None
-        candidates = self._cluster_aggs(cluster) if cluster else []
-        temps = [a for a in job.temps if a in self.m.aggs]
-        result = pack_job(job.job, job.standalone, [(k, job.cost(k)) for k in job.keys], self.loads(candidates),
+        cluster = state.clusters.get(name) if name else None
+        candidates = state.cluster_aggs(cluster) if cluster else []
+        temps = [a for a in job.temps if a in state.aggs]
+        result = pack_job(job.job, job.standalone, [(k, job.cost(k)) for k in job.keys], state.loads(candidates),
                           lambda i: temps[i] if i < len(temps) else f"+{i}")
         table, opened = result
         if any(a not in temps for a in opened) or not temps and opened:
             job.state = "dedicated"
             for a in temps:
-                self.m.aggs[a].state, self.m.aggs[a].exclusive = "active", job.job
-            cluster = cluster or self._new_cluster()
+                self.state.aggs[a].state, self.state.aggs[a].exclusive = "active", job.job
+            cluster = cluster or self.state.open_cluster()
             cluster.aggs.update(temps)
             cluster.jobs.add(job.job)
             job.cluster = cluster.name
             log.info("job %s needs more aggregators than it asked for; it keeps its %d", job.job, len(temps))
             self.update_cycles(temps)
             return
-        cluster = cluster or self._new_cluster()
+        cluster = cluster or self.state.open_cluster()
         cluster.jobs.add(job.job)
         job.cluster = cluster.name
         for a in opened:
-            info = self.m.aggs[a]
+            info = self.state.aggs[a]
             info.state, info.reserved_for, info.cluster = "active", None, cluster.name
             cluster.aggs.add(a)
         job.state = "packed"
@@ -307,12 +271,7 @@ class Elastic:
         leftovers = [a for a in temps if a not in opened]
         self.migrate(job, table, after=leftovers)
 
-    def _new_cluster(self) -> Cluster:
-        cluster = Cluster(f"c{next(self._cluster_ids)}")
-        self.clusters[cluster.name] = cluster
-        return cluster
-
-    def migrate(self, job: "JobInfo", table: dict[str, str], after: list[str] = ()) -> None:
+    def migrate(self, job: JobInfo, table: dict[str, str], after: list[str] = ()) -> None:
         """Move keys; when all batches are done refresh cycles and release ``after`` if empty."""
         involved = set(table.values()) | {job.table[k] for k in table if k in job.table}
         left = {"n": 0}
@@ -324,7 +283,7 @@ class Elastic:
 
         mids = self.migrations.start(job, table, on_done=done)
         left["n"] = len(mids)
-        homes = [a for a in job.aggregators if a in self.m.aggs]
+        homes = [a for a in job.aggregators if a in self.state.aggs]
         if homes and job.home not in homes:
             job.home = homes[0]
         if not mids:
@@ -333,15 +292,15 @@ class Elastic:
     def _settle(self, job_id: str, involved: set, release: list[str]) -> None:
         self.update_cycles(involved)
         for a in release:
-            info = self.m.aggs.get(a)
+            info = self.state.aggs.get(a)
             if info is not None and self.empty(a):
                 self.release_aggregator(a)
 
     # --- feedback ----------------------------------------------------------------------
-    def revert(self, job: "JobInfo", force: bool = False) -> None:
+    def revert(self, job: JobInfo, force: bool = False) -> None:
         job.reverts += 1
         k = max(1, min(job.reverts, job.requested or 1))
-        idle = self.idle()
+        idle = self.state.idle()
         if len(idle) + self.provider.can_start(0) < k:
             log.warning("job %s runs %.0f%% slower than standalone but no aggregator is free to revert it",
                         job.job, 100 * (1 - job.standalone / job.measured))
@@ -363,7 +322,7 @@ class Elastic:
         if started:
             job.revert_waiting = (k, take, set(started))
             for a in take:
-                self.m.aggs[a].state, self.m.aggs[a].exclusive = "active", job.job
+                self.state.aggs[a].state, self.state.aggs[a].exclusive = "active", job.job
             return
         if not take:
             log.warning("job %s: no aggregator could be had to revert it", job.job)
@@ -371,11 +330,11 @@ class Elastic:
             return
         self._revert_onto(job, take)
 
-    def _revert_onto(self, job: "JobInfo", aggs: list[str]) -> None:
-        cluster = self.clusters.get(job.cluster) or self._new_cluster()
+    def _revert_onto(self, job: JobInfo, aggs: list[str]) -> None:
+        cluster = self.state.clusters.get(job.cluster) or self.state.open_cluster()
         job.cluster = cluster.name
         for a in aggs:
-            info = self.m.aggs[a]
+            info = self.state.aggs[a]
             info.state, info.exclusive, info.cluster, info.reserved_for = "active", job.job, cluster.name, None
             cluster.aggs.add(a)
         old = {job.table[k] for k in job.keys}
@@ -384,8 +343,8 @@ class Elastic:
         job.aggregators = sorted(aggs)
         self.migrate(job, table, after=sorted(old - set(aggs)))
 
-    def registered_for_revert(self, agg: "AggInfo") -> bool:
-        for job in self.m.jobs.values():
+    def registered_for_revert(self, agg: AggInfo) -> bool:
+        for job in self.state.jobs.values():
             waiting = job.revert_waiting
             if waiting and agg.agg_id in waiting[2]:
                 waiting[2].discard(agg.agg_id)
@@ -398,12 +357,24 @@ class Elastic:
         return False
 
     # --- job exit and periods --------------------------------------------------------------
-    def job_released(self, job: "JobInfo") -> None:
-        cluster = self.clusters.get(job.cluster) if job.cluster else None
+    def release_job(self, job_id: str) -> bool:
+        """A job ended (all ranks done, or timed out): forget it and its migrations, tell its
+        aggregators, then release or recycle what it leaves. False when it is not known."""
+        job = self.state.jobs.pop(job_id, None)
+        if job is None:
+            return False
+        self.migrations.forget_job(job_id)
+        for agg_id in set(job.aggregators) | job.touched:
+            self.outbox.send_agg(agg_id, wire.RELEASE_JOB, None, job=job_id)
+        self.job_released(job)
+        return True
+
+    def job_released(self, job: JobInfo) -> None:
+        cluster = self.state.clusters.get(job.cluster) if job.cluster else None
         if cluster is not None:
             cluster.jobs.discard(job.job)
         for a in set(job.touched) | set(job.temps):
-            info = self.m.aggs.get(a)
+            info = self.state.aggs.get(a)
             if info is None:
                 continue
             if info.exclusive == job.job:
@@ -417,27 +388,27 @@ class Elastic:
             self.recycle_cluster(cluster)
 
     def release_aggregator(self, agg: str) -> None:
-        info = self.m.aggs.get(agg)
+        info = self.state.aggs.get(agg)
         if info is None:
             return
-        for cluster in self.clusters.values():
+        for cluster in self.state.clusters.values():
             cluster.aggs.discard(agg)
         info.state, info.cluster, info.exclusive, info.reserved_for, info.busy = "idle", None, None, None, None
-        self.m.send_agg(agg, wire.CYCLE, None, jobs={})
-        idle = [a for a in self.idle() if self.provider.owns(a.agg_id)]
+        self.outbox.send_agg(agg, wire.CYCLE, None, jobs={})
+        idle = [a for a in self.state.idle() if self.provider.owns(a.agg_id)]
         if self.provider.owns(agg) and len(idle) > self.cfg.spare:
             self.provider.stop(agg)
-            self.m.forget_aggregator(agg)
+            self.state.forget_aggregator(agg)
         log.info("aggregator %s released", agg)
 
-    def recycle_cluster(self, cluster: Cluster) -> None:
-        if self.migrations.active(aggs=cluster.aggs):
-            return
-        aggs = self._cluster_aggs(cluster)
-        loads = self.loads(aggs)
+    def recycling_plan(self, cluster: Cluster) -> tuple[list[str], dict[str, dict[str, str]]]:
+        """The recycling decision for ``cluster`` (``assignment.recycle``, applied whole): the
+        aggregators to drain, in order, and job -> key -> aggregator for the keys that move."""
+        aggs = self.state.cluster_aggs(cluster)
+        loads = self.state.loads(aggs)
         tasks: dict[str, list] = {a: [] for a in aggs}
         durations = {}
-        for job in self.m.jobs.values():
+        for job in self.state.jobs.values():
             if job.standalone is None:
                 continue
             durations[job.job] = job.standalone
@@ -445,38 +416,45 @@ class Elastic:
                 if owner in tasks:
                     tasks[owner].append((job.job, (job.job, key), job.cost(key)))   # ids unique across jobs
         plan = recycle(loads, tasks, durations, self.cfg.loss_limit)
-        if not plan:
-            return
-        victims = [victim for victim, _ in plan]
         by_job: dict[str, dict[str, str]] = {}
         for (job_id, key), dest in final_moves(plan).items():
             by_job.setdefault(job_id, {})[key] = dest
+        return [victim for victim, _ in plan], by_job
+
+    def recycle_cluster(self, cluster: Cluster) -> None:
+        """Drain and release the aggregators ``recycling_plan`` names (not while keys move there)."""
+        if self.migrations.active(aggs=cluster.aggs):
+            return
+        victims, by_job = self.recycling_plan(cluster)
+        if not victims:
+            return
         for victim in victims:
-            self.m.aggs[victim].state = "draining"
+            self.state.aggs[victim].state = "draining"
         log.info("recycling aggregator(s) %s: %d tasks move elsewhere", victims,
                  sum(len(t) for t in by_job.values()))
         for job_id, table in by_job.items():
-            job = self.m.jobs[job_id]
+            job = self.state.jobs[job_id]
             job.aggregators = sorted({table.get(k, job.table[k]) for k in job.keys})
             self.migrate(job, table, after=victims)
 
     def period_pass(self) -> None:
         for job_id in list(self.pending_reverts):
             self.pending_reverts.remove(job_id)
-            job = self.m.jobs.get(job_id)
+            job = self.state.jobs.get(job_id)
             if job is not None and job.state == "packed":
                 self.revert(job, force=True)
-        for cluster in list(self.clusters.values()):
-            loads = self.loads([a for a in cluster.aggs if a in self.m.aggs and self.m.aggs[a].state == "active"])
+        for cluster in list(self.state.clusters.values()):
+            aggs = self.state.aggs
+            loads = self.state.loads([a for a in cluster.aggs if a in aggs and aggs[a].state == "active"])
             for a in idle_to_release({a: j for a, j in loads.items() if self.empty(a)}, self.cfg.spare):
                 self.release_aggregator(a)
             self.recycle_cluster(cluster)
             if not cluster.aggs and not cluster.jobs:
-                del self.clusters[cluster.name]
+                del self.state.clusters[cluster.name]
 
     # --- cycles --------------------------------------------------------------------------
     def update_cycles(self, aggs) -> None:
-        loads = self.loads([a for a in aggs if a in self.m.aggs])
+        loads = self.state.loads([a for a in aggs if a in self.state.aggs])
         for agg, jobs in loads.items():
-            self.m.send_agg(agg, wire.CYCLE, None, jobs={j: [d, e] for j, (d, e) in jobs.items()})
-            self.m.aggs[agg].busy = busy_fraction(jobs) if jobs else 0.0
+            self.outbox.send_agg(agg, wire.CYCLE, None, jobs={j: [d, e] for j, (d, e) in jobs.items()})
+            self.state.aggs[agg].busy = busy_fraction(jobs) if jobs else 0.0

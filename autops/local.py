@@ -1,41 +1,28 @@
 """An embedded pool on this machine: one pMaster and N aggregator processes on loopback.
 
 Used by ``autops local``, ``make demo``, the benchmarks and the integration tests.
-Children are started as separate processes and stopped by pid (SIGTERM, then SIGKILL),
-also when the caller fails.
+Children are started as separate processes and stopped by pid (SIGTERM, then SIGKILL,
+``dlrt.procs.stop_processes``), also when the caller fails.
 """
 from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 
+from dlrt.procs import die_with_parent, stop_processes
 
-from . import wire
-from .agent import MasterClient
-from .providers import die_with_parent
-from .transport.zmq import make_context
+from .admin import query_status
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def query_status(master: str, timeout: float = 5.0) -> dict:
-    ctx = make_context()
-    client = MasterClient(ctx, master, timeout)
-    try:
-        return client.call(wire.STATUS)["status"]
-    finally:
-        client.close()
-        ctx.term()
 
 
 class LocalPool:
@@ -54,7 +41,7 @@ class LocalPool:
         self.master_args = list(master_args or [])
 
     def _spawn(self, *args: str) -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "-m", "autops.cli", "--log-level", self.log_level, *args],
+        proc = subprocess.Popen([sys.executable, "-m", "autops.cli", *args, "--log-level", self.log_level],
                                 env=self.env, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
         self.procs.append(proc)
         return proc
@@ -77,7 +64,7 @@ class LocalPool:
         while time.monotonic() < deadline:
             for proc in self.procs:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"pool process {proc.args[4:]} exited with {proc.returncode}")
+                    raise RuntimeError(f"pool process {proc.args[3:-2]} exited with {proc.returncode}")
             try:
                 status = query_status(self.master, timeout=1.0)
                 alive = [a for a in status["aggregators"] if a["alive"]]
@@ -90,16 +77,7 @@ class LocalPool:
         raise TimeoutError(f"local pool did not come up within {self.start_timeout:.0f}s: {last}")
 
     def stop(self, timeout: float = 5.0) -> None:
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for proc in self.procs:
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes(reversed(self.procs), timeout)      # aggregators first, pMaster last
         self.procs.clear()
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
 

@@ -6,10 +6,11 @@ admission control let them in and their temporary aggregators are up; ranks decl
 tensors; pMaster plans keys (partitioning and batching), assigns them byte-balanced over
 the job's aggregators, tells the aggregators (``ASSIGN``), and only then hands agents the
 table. Replies wait, without blocking the loop, until every aggregator concerned answered.
-Elasticity (profiling, packing, revert, recycling, clusters) lives in ``elastic``, live
-migration in ``migration``, the aggregator supply in ``providers``, the pool's records and
-the view of pMaster those parts use in ``pool``; pMaster publishes a
-utilization report and Prometheus metrics (``report``).
+The pool's records and queries live in ``pool`` (``PoolState``), control messages to
+aggregators and their replies in ``outbox``; elasticity (profiling, packing, revert,
+recycling, clusters) in ``elastic`` and live migration in ``migration`` get that state, the
+outbox and their collaborators from here and never see pMaster itself; the aggregator supply
+is ``providers``. pMaster publishes a utilization report and Prometheus metrics (``report``).
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ from . import wire
 from .assignment import spread_by_bytes
 from .elastic import Elastic, ElasticConfig
 from .migration import Migrations
-from .pool import AggInfo, JobInfo
+from .outbox import AggregatorOutbox
+from .pool import AggInfo, JobInfo, PoolState
 from .providers import Provider, StandbyProvider
 from .scaling import cluster_free_cpu
 from .partition import DEFAULT_PARTITION_BYTES, DEFAULT_SMALL_BYTES, KeySpec, plan_keys, validate_tensor
@@ -55,27 +57,25 @@ class Master:
                  make_provider: Callable[[str], Provider] | None = None) -> None:
         """``make_provider(address)``: builds the provider once the master's address is known
         (a local provider tells the aggregators it starts where pMaster is)."""
-        self.heartbeat_timeout = heartbeat_timeout
         self.assign_timeout = assign_timeout
         self.ctx = make_context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.bind(bind)
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.aggs: dict[str, AggInfo] = {}
-        self.by_identity: dict[bytes, str] = {}
-        self.jobs: dict[str, JobInfo] = {}
+        self.state = PoolState(heartbeat_timeout, clock=time.monotonic)
+        self.clock = self.state.clock
+        self.outbox = AggregatorOutbox(self.state, self._reply, assign_timeout)
         self._agg_ids = itertools.count()
-        self._reqs = itertools.count(1)
-        self._assign_waits: dict[int, tuple[str, float]] = {}   # req -> (job, deadline)
-        self._callbacks: dict[int, tuple[float, object]] = {}   # req -> (deadline, fn(msg | None))
+        self._acks = itertools.count(1)        # ASSIGN messages awaiting an answer (JobInfo.pending_acks)
         self._stop = threading.Event()
         if provider is None and make_provider is not None:
             provider = make_provider(self.address.replace("0.0.0.0", "127.0.0.1"))
         self.provider = provider or StandbyProvider()
-        self.migrations = Migrations(self)
-        self.elastic = Elastic(self, elastic or ElasticConfig(), self.provider, self.migrations)
+        self.config = elastic or ElasticConfig()
+        self.migrations = Migrations(self.state, self.outbox)
+        self.elastic = Elastic(self.state, self.outbox, self.config, self.provider, self.migrations)
         self.report_period = report_period
-        self._next_report = time.monotonic()
+        self._next_report = self.clock()
         self.publisher = None
         self.exporter = None
         if report_bind:
@@ -105,8 +105,10 @@ class Master:
                         except zmq.Again:
                             break
                         self._dispatch(frames)
-                self._expire_assigns()
-                now = time.monotonic()
+                now = self.clock()
+                self.outbox.expire(now)
+                for job_id in self.elastic.expired_jobs(now):
+                    self.release_job(job_id)
                 self.elastic.tick(now)
                 if now >= self._next_report:
                     self._next_report = now + self.report_period
@@ -133,35 +135,6 @@ class Master:
     def _reply(self, identity: bytes, frames: list) -> None:
         self.sock.send_multipart([identity, *frames])
 
-    def live_aggregators(self) -> list[AggInfo]:
-        now = time.monotonic()
-        return [a for a in self.aggs.values() if a.alive(now, self.heartbeat_timeout)]
-
-    def send_agg(self, agg: str, op: str, callback, **fields) -> None:
-        """A control message to an aggregator; ``callback(reply or None)`` on its answer."""
-        info = self.aggs.get(agg)
-        if info is None:
-            if callback is not None:
-                callback(None)
-            return
-        if callback is not None:
-            req = next(self._reqs)
-            fields["req"] = req
-            self._callbacks[req] = (time.monotonic() + self.assign_timeout, callback)
-        self.sock.send_multipart([info.identity, *wire.encode(op, **fields)])
-
-    def forget_aggregator(self, agg: str) -> None:
-        info = self.aggs.pop(agg, None)
-        if info is not None:
-            self.by_identity.pop(info.identity, None)
-
-    def load_bytes(self) -> dict[str, int]:
-        load = {agg: 0 for agg in self.aggs}
-        for job in self.jobs.values():
-            for key, agg in job.table.items():
-                load[agg] = load.get(agg, 0) + job.keys[key].nbytes
-        return load
-
     def _dispatch(self, frames: list) -> None:
         identity, body = frames[0], frames[1:]
         req = None
@@ -176,8 +149,8 @@ class Master:
                 wire.GET_TABLE: self._get_table,
                 wire.JOB_DONE: self._job_done,
                 wire.STATUS: self._status,
-                wire.OK: self._assign_reply,
-                wire.ERROR: self._assign_reply,
+                wire.OK: self._aggregator_reply,
+                wire.ERROR: self._aggregator_reply,
                 wire.PROFILE: self._profile,
                 wire.TENSOR_COPY_DONE: lambda i, m: self.migrations.copy_done(m),
                 wire.WORKER_DONE: lambda i, m: self.migrations.worker_done(m),
@@ -195,25 +168,26 @@ class Master:
     # --- aggregators ----------------------------------------------------------------
     def _register_agg(self, identity: bytes, msg: wire.Message) -> None:
         agg_id = msg.get("name") or f"agg-{next(self._agg_ids)}"
-        if agg_id in self.aggs and self.aggs[agg_id].identity != identity \
-                and self.aggs[agg_id].alive(time.monotonic(), self.heartbeat_timeout):
+        known = self.state.aggs.get(agg_id)
+        if known is not None and known.identity != identity and self.state.alive(known):
             raise ValueError(f"an aggregator named {agg_id!r} is already registered and alive")
-        self.aggs[agg_id] = AggInfo(agg_id, identity, dict(msg["endpoints"]), msg["host"], msg["pid"],
-                                    time.monotonic())
-        self.by_identity[identity] = agg_id
+        info = AggInfo(agg_id, identity, dict(msg["endpoints"]), msg["host"], msg["pid"], self.clock())
+        self.state.add_aggregator(info)
         log.info("aggregator %s registered (pid %s, %s)", agg_id, msg["pid"], msg["endpoints"])
         self._reply(identity, wire.encode(wire.OK, req=msg.get("req"), agg=agg_id))
-        if not self.elastic.registered_for_revert(self.aggs[agg_id]):
-            self.elastic.aggregator_registered(self.aggs[agg_id])
+        if not self.elastic.registered_for_revert(info):
+            ready = self.elastic.aggregator_registered(info)
+            if ready is not None:
+                self._flush_registrations(ready)
 
     def _heartbeat(self, identity: bytes, msg: wire.Message) -> None:
-        agg_id = self.by_identity.get(identity)
-        if agg_id is None or agg_id not in self.aggs:
+        agg_id = self.state.by_identity.get(identity)
+        if agg_id is None or agg_id not in self.state.aggs:
             # pMaster restarted: ask the aggregator to register again
             self._reply(identity, wire.error("unknown aggregator; register again", reregister=True))
             return
-        info = self.aggs[agg_id]
-        info.last_seen = time.monotonic()
+        info = self.state.aggs[agg_id]
+        info.last_seen = self.clock()
         info.stats = {k: v for k, v in msg.fields.items() if k not in ("agg", "profile")}
         self.elastic.on_aggregator_profile(msg.get("profile") or {})
 
@@ -227,12 +201,12 @@ class Master:
         if mode not in MODES:
             raise ValueError(f"job {job_id}: mode must be one of {MODES}, got {mode!r}")
         optimizer, hp = msg.get("optimizer"), msg.get("hp") or {}
-        job = self.jobs.get(job_id)
+        job = self.state.jobs.get(job_id)
         if job is None:
             if mode == "server":
                 _optim().make_optimizer(optimizer or "", hp)  # raises ValueError with a clear message
             requested = max(0, int(msg["num_aggregators"] or 0))
-            if not self.live_aggregators() and not self.provider.can_start(0):
+            if not self.state.live_aggregators() and not self.provider.can_start(0):
                 raise ValueError("no aggregator is registered with this master; start one with "
                                  "`autops aggregator --master ADDRESS`")
             refused = self.elastic.refuse_reason(requested)
@@ -244,7 +218,7 @@ class Master:
                           int(msg.get("small_bytes") or DEFAULT_SMALL_BYTES), [], requested=requested)
             self.elastic.reserve(job)
             job.home = job.aggregators[0] if job.aggregators else None
-            self.jobs[job_id] = job
+            self.state.jobs[job_id] = job
             log.info("job %s registered: W=%d mode=%s asked for %d aggregator(s), got %s%s", job_id, world,
                      mode, requested, job.aggregators, f" (+{len(job.pending)} starting)" if job.pending else "")
         else:
@@ -257,7 +231,7 @@ class Master:
                 raise ValueError(f"job {job_id}: rank {rank} has already joined; job ids must be unique "
                                  "per running job")
         job.ranks.add(rank)
-        job.last_heard = time.monotonic()
+        job.last_heard = self.clock()
         if job.pending:
             job.registrations.append((identity, msg.get("req")))
         else:
@@ -269,10 +243,10 @@ class Master:
         job.touched.update(job.aggregators)
         return wire.encode(
             wire.OK, req=req, secret=job.secret, aggregators=job.aggregators, home=job.home,
-            endpoints={a: {"endpoints": self.aggs[a].endpoints, "host": self.aggs[a].host}
-                       for a in job.aggregators if a in self.aggs})
+            endpoints={a: {"endpoints": self.state.aggs[a].endpoints, "host": self.state.aggs[a].host}
+                       for a in job.aggregators if a in self.state.aggs})
 
-    def flush_registrations(self, job: JobInfo) -> None:
+    def _flush_registrations(self, job: JobInfo) -> None:
         """The job's temporary aggregators are up: answer the ranks that registered meanwhile."""
         if job.home is None and job.aggregators:
             job.home = job.aggregators[0]
@@ -281,7 +255,7 @@ class Master:
             self._reply(identity, self._registered_frames(job, req))
 
     def _job(self, msg: wire.Message) -> JobInfo:
-        job = self.jobs.get(msg["job"])
+        job = self.state.jobs.get(msg["job"])
         if job is None:
             raise ValueError(f"job {msg['job']!r} is not registered")
         if msg["secret"] != job.secret:
@@ -311,7 +285,7 @@ class Master:
             for key, agg in job.table.items():
                 load[agg] = load.get(agg, 0) + job.keys[key].nbytes
             # balanced within the job; ties go to the aggregator with less load from other jobs
-            pool_load = self.load_bytes()
+            pool_load = self.state.load_bytes()
             order = sorted(job.aggregators, key=lambda a: (pool_load.get(a, 0), job.aggregators.index(a)))
             table = spread_by_bytes([(k.key, k.nbytes) for k in keys], order, load)
             for spec in keys:
@@ -342,45 +316,28 @@ class Master:
             groups.setdefault(group, []).append(spec.to_wire())
         for (agg_id, mode, average, optimizer, hp), items in groups.items():
             job.touched.add(agg_id)
-            req = next(self._reqs)
-            job.pending_acks.add(req)
-            self._assign_waits[req] = (job.job, time.monotonic() + self.assign_timeout)
-            self.sock.send_multipart([self.aggs[agg_id].identity, *wire.encode(
-                wire.ASSIGN, req=req, job=job.job, secret=job.secret, world_size=job.world_size,
-                mode=mode, average=average, optimizer=optimizer, hp=json.loads(hp), keys=items)])
+            ack = next(self._acks)
+            job.pending_acks.add(ack)
+            self.outbox.send_agg(agg_id, wire.ASSIGN,
+                                 lambda reply, a=agg_id, n=ack: self._assigned(job.job, a, n, reply),
+                                 job=job.job, secret=job.secret, world_size=job.world_size, mode=mode,
+                                 average=average, optimizer=optimizer, hp=json.loads(hp), keys=items)
 
-    def _assign_reply(self, identity: bytes, msg: wire.Message) -> None:
-        req = msg.get("req")
-        callback = self._callbacks.pop(req, None)
-        if callback is not None:
-            callback[1](msg)
-            return
-        waited = self._assign_waits.pop(req, None)
-        if waited is None:
-            return
-        job = self.jobs.get(waited[0])
+    def _assigned(self, job_id: str, agg_id: str, ack: int, reply: wire.Message | None) -> None:
+        """An aggregator's answer to ``ASSIGN`` (None: none within ``assign_timeout``)."""
+        job = self.state.jobs.get(job_id)
         if job is None:
             return
-        job.pending_acks.discard(req)
-        if msg.op == wire.ERROR:
-            job.failure = f"aggregator {self.by_identity.get(identity)} refused the assignment: {msg['message']}"
+        job.pending_acks.discard(ack)
+        if reply is None:
+            job.failure = f"an aggregator of job {job_id} did not acknowledge its assignment " \
+                          f"within {self.assign_timeout:.0f}s"
+        elif reply.op == wire.ERROR:
+            job.failure = f"aggregator {agg_id} refused the assignment: {reply['message']}"
         self._flush_parked(job)
 
-    def _expire_assigns(self) -> None:
-        now = time.monotonic()
-        for req, (deadline, callback) in list(self._callbacks.items()):
-            if now > deadline:
-                del self._callbacks[req]
-                callback(None)
-        for req, (job_id, deadline) in list(self._assign_waits.items()):
-            if now > deadline:
-                del self._assign_waits[req]
-                job = self.jobs.get(job_id)
-                if job is not None:
-                    job.pending_acks.discard(req)
-                    job.failure = f"an aggregator of job {job_id} did not acknowledge its assignment " \
-                                  f"within {self.assign_timeout:.0f}s"
-                    self._flush_parked(job)
+    def _aggregator_reply(self, identity: bytes, msg: wire.Message) -> None:
+        self.outbox.deliver(msg)
 
     def _table_frames(self, job: JobInfo, req) -> list:
         if job.failure:
@@ -394,8 +351,8 @@ class Master:
                 used.add(move[0])
         if job.home:
             used.add(job.home)
-        aggs = {a: {"endpoints": self.aggs[a].endpoints, "host": self.aggs[a].host}
-                for a in used if a in self.aggs}
+        aggs = {a: {"endpoints": self.state.aggs[a].endpoints, "host": self.state.aggs[a].host}
+                for a in used if a in self.state.aggs}
         return wire.encode(wire.OK, req=req, keys=keys, aggregators=aggs, home=job.home,
                            tensors=[[n, list(s), d] for n, (s, d, _) in job.tensors.items()])
 
@@ -423,25 +380,18 @@ class Master:
             self.release_job(job.job)
 
     def release_job(self, job_id: str) -> None:
-        job = self.jobs.pop(job_id, None)
-        if job is None:
-            return
-        self.migrations.forget_job(job_id)
-        for agg_id in set(job.aggregators) | job.touched:
-            if agg_id in self.aggs:
-                self.sock.send_multipart([self.aggs[agg_id].identity, *wire.encode(wire.RELEASE_JOB, job=job_id)])
-        log.info("job %s finished and was released", job_id)
-        self.elastic.job_released(job)
+        if self.elastic.release_job(job_id):
+            log.info("job %s finished and was released", job_id)
 
     def _profile(self, identity: bytes, msg: wire.Message) -> None:
         """One record per period from an agent (no reply)."""
-        job = self.jobs.get(msg["job"])
+        job = self.state.jobs.get(msg["job"])
         if job is not None and msg["secret"] == job.secret:
             self.elastic.on_profile(job, msg)
 
     def _migrate(self, identity: bytes, msg: wire.Message) -> None:
         """Operator request: move keys of a job (all by default) to the given aggregators."""
-        job = self.jobs.get(msg["job"])
+        job = self.state.jobs.get(msg["job"])
         if job is None:
             raise ValueError(f"job {msg['job']!r} is not registered")
         keys = list(msg.get("keys") or job.keys)
@@ -449,7 +399,7 @@ class Master:
         if unknown:
             raise ValueError(f"job {job.job}: unknown keys {unknown[:4]}")
         targets = list(msg.get("to") or [])
-        live = {a.agg_id for a in self.live_aggregators()}
+        live = {a.agg_id for a in self.state.live_aggregators()}
         if not targets:
             current = {job.table[k] for k in keys}
             targets = sorted(a for a in live if a not in current)
@@ -457,7 +407,7 @@ class Master:
         if bad or not targets:
             raise ValueError(f"cannot migrate to {bad or 'nowhere'}: live aggregators are {sorted(live)}")
         for a in targets:
-            info = self.aggs[a]
+            info = self.state.aggs[a]
             if info.state == "idle":
                 info.state, info.exclusive = "active", job.job
         table = spread_by_bytes([(k, job.keys[k].nbytes) for k in keys], targets)
@@ -471,26 +421,26 @@ class Master:
     def status(self) -> dict:
         """The pool as plain data: the source of ``autops status``, reports and metrics."""
         from .report import skew_of
-        now = time.monotonic()
-        load = self.load_bytes()
+        now = self.clock()
+        load = self.state.load_bytes()
         tasks: dict[str, int] = {}
         jobs_on: dict[str, set] = {}
-        for job in self.jobs.values():
+        for job in self.state.jobs.values():
             for key, agg in job.table.items():
                 tasks[agg] = tasks.get(agg, 0) + 1
                 jobs_on.setdefault(agg, set()).add(job.job)
         aggregators = []
-        for a in self.aggs.values():
+        for a in self.state.aggs.values():
             extra = {k: v for k, v in a.stats.items() if k not in ("cycle_s", "jobs")}
             aggregators.append({
                 **extra, "id": a.agg_id, "cluster": a.cluster, "state": a.state,
-                "alive": a.alive(now, self.heartbeat_timeout), "host": a.host, "pid": a.pid,
+                "alive": a.alive(now, self.state.heartbeat_timeout), "host": a.host, "pid": a.pid,
                 "endpoints": a.endpoints, "cpu_percent": a.stats.get("cpu_percent"), "busy_fraction": a.busy,
                 "cycle_s": a.stats.get("cycle_s"), "tasks": tasks.get(a.agg_id, 0),
                 "jobs": sorted(jobs_on.get(a.agg_id, ())), "assigned_bytes": load.get(a.agg_id, 0),
                 "exclusive": a.exclusive})
         jobs = []
-        for j in self.jobs.values():
+        for j in self.state.jobs.values():
             tensor_bytes = [int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
                             for shape, dtype, _ in j.tensors.values()]
             per_agg_keys: dict[str, int] = {}
@@ -512,13 +462,13 @@ class Master:
                 "reverts": j.reverts, "ranks_joined": sorted(j.ranks), "migrating_keys": len(j.moves),
                 "keys_per_aggregator": per_agg_keys, "bytes_per_aggregator": per_agg_bytes})
         clusters = []
-        for c in self.elastic.clusters.values():
+        for c in self.state.clusters.values():
             aggs = sorted(c.aggs)
             clusters.append({"name": c.name, "aggregators": aggs, "jobs": sorted(c.jobs),
-                             "free_cpu": round(cluster_free_cpu(self.elastic.loads(aggs),
-                                                                self.elastic.cfg.cluster_size), 4)})
+                             "free_cpu": round(cluster_free_cpu(self.state.loads(aggs),
+                                                                self.config.cluster_size), 4)})
         return {"time": time.time(), "master": self.address, "provider": self.provider.kind,
-                "capacity": self.elastic.capacity(), "elastic": self.elastic.cfg.enabled,
+                "capacity": self.elastic.capacity(), "elastic": self.config.enabled,
                 "aggregators": aggregators, "clusters": clusters, "jobs": jobs,
                 "migrations": self.migrations.status()}
 

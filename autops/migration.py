@@ -22,12 +22,11 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from . import wire
-
-if TYPE_CHECKING:
-    from .pool import JobInfo, PoolHost
+from .outbox import Outbox
+from .pool import Clock, JobInfo, PoolState
 
 log = logging.getLogger("autops.migration")
 
@@ -49,10 +48,13 @@ class Batch:
 
 
 class Migrations:
-    """Migration batches in flight, driven by pMaster's message loop."""
+    """Migration batches in flight, driven by pMaster's message loop; ``state`` is the pool
+    whose tables they change, ``outbox`` carries the control messages, ``clock`` times them."""
 
-    def __init__(self, master: "PoolHost") -> None:
-        self.master = master
+    def __init__(self, state: PoolState, outbox: Outbox, clock: Clock | None = None) -> None:
+        self.state = state
+        self.outbox = outbox
+        self.clock = clock or state.clock
         self.batches: dict[int, Batch] = {}
         self.moving: dict[tuple[str, str], int] = {}     # (job, key) -> mid
         self.completed = 0          # keys
@@ -64,7 +66,7 @@ class Migrations:
         return [b for b in self.batches.values()
                 if (job is None or b.job == job) and (aggs is None or b.src in aggs or b.dst in aggs)]
 
-    def start(self, job: "JobInfo", plan: dict[str, str],
+    def start(self, job: JobInfo, plan: dict[str, str],
               on_done: Callable[[Batch, bool], None] | None = None) -> list[int]:
         """Move ``key -> new aggregator`` for the keys of ``job`` not moving already."""
         groups: dict[tuple, list[str]] = {}
@@ -77,16 +79,16 @@ class Migrations:
             groups.setdefault(sig, []).append(key)
         mids = []
         for (src, dst, mode, average, optimizer, hp), keys in groups.items():
-            if src not in self.master.aggs or dst not in self.master.aggs:
+            if src not in self.state.aggs or dst not in self.state.aggs:
                 log.warning("migration of %d keys of %s from %s to %s skipped: aggregator unknown",
                             len(keys), job.job, src, dst)
                 continue
-            batch = Batch(next(self._mids), job.job, src, dst, keys, on_done=on_done)
+            batch = Batch(next(self._mids), job.job, src, dst, keys, started=self.clock(), on_done=on_done)
             self.batches[batch.mid] = batch
             for key in keys:
                 self.moving[(job.job, key)] = batch.mid
             job.touched.add(dst)
-            self.master.send_agg(dst, wire.MIGRATE_PREPARE, lambda msg, b=batch: self._prepared(b, msg),
+            self.outbox.send_agg(dst, wire.MIGRATE_PREPARE, lambda msg, b=batch: self._prepared(b, msg),
                                  mid=batch.mid, job=job.job, secret=job.secret, world_size=job.world_size,
                                  mode=mode, average=average, optimizer=optimizer, hp=json.loads(hp),
                                  keys=[job.keys[k].to_wire() for k in keys])
@@ -101,13 +103,13 @@ class Migrations:
             self._fail(batch, "the new aggregator did not prepare: " +
                        (msg["message"] if msg is not None else "no answer"), drop_dst=msg is None)
             return
-        dst = self.master.aggs.get(batch.dst)
+        dst = self.state.aggs.get(batch.dst)
         if dst is None:
             self._fail(batch, "the new aggregator is gone", drop_dst=False)
             return
         batch.phase = "init"
         info = {"endpoints": dst.endpoints, "host": dst.host, "segments": msg.get("segments") or []}
-        self.master.send_agg(batch.src, wire.MIGRATE_INIT, lambda m, b=batch: self._initiated(b, m),
+        self.outbox.send_agg(batch.src, wire.MIGRATE_INIT, lambda m, b=batch: self._initiated(b, m),
                              mid=batch.mid, job=batch.job, to=batch.dst, info=info, keys=batch.keys)
 
     def _initiated(self, batch: Batch, msg: wire.Message | None) -> None:
@@ -117,7 +119,7 @@ class Migrations:
             self._fail(batch, "the old aggregator did not start the hand-over: " +
                        (msg["message"] if msg is not None else "no answer"), drop_dst=True)
             return
-        job = self.master.jobs.get(batch.job)
+        job = self.state.jobs.get(batch.job)
         cutovers = msg.get("cutovers") or {}
         batch.phase = "copying"
         if job is not None:
@@ -143,7 +145,7 @@ class Migrations:
         self._advance(batch)
 
     def _advance(self, batch: Batch) -> None:
-        job = self.master.jobs.get(batch.job)
+        job = self.state.jobs.get(batch.job)
         ready = (batch.copied & batch.workers) - batch.completed
         if not ready:
             return
@@ -155,10 +157,10 @@ class Migrations:
         for key in ready:
             self.moving.pop((batch.job, key), None)
         self.completed += len(ready)
-        self.master.send_agg(batch.src, wire.MIGRATE_DROP, None, job=batch.job, keys=sorted(ready))
+        self.outbox.send_agg(batch.src, wire.MIGRATE_DROP, None, job=batch.job, keys=sorted(ready))
         if batch.completed >= set(batch.keys):
             batch.phase = "done"
-            batch.finished = time.monotonic()
+            batch.finished = self.clock()
             self.durations = (self.durations + [batch.finished - batch.started])[-100:]
             del self.batches[batch.mid]
             log.info("migration %d of job %s: %d keys %s -> %s in %.3fs", batch.mid, batch.job,
@@ -174,12 +176,12 @@ class Migrations:
         for key in left:
             self.moving.pop((batch.job, key), None)
         self.failed += len(left)
-        job = self.master.jobs.get(batch.job)
+        job = self.state.jobs.get(batch.job)
         if job is not None:
             for key in left:
                 job.moves.pop(key, None)
         if drop_dst and left:
-            self.master.send_agg(batch.dst, wire.MIGRATE_DROP, None, job=batch.job, keys=left)
+            self.outbox.send_agg(batch.dst, wire.MIGRATE_DROP, None, job=batch.job, keys=left)
         if batch.on_done is not None:
             batch.on_done(batch, False)
 

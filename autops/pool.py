@@ -1,17 +1,23 @@
-"""The records of pMaster's pool, and the narrow view of pMaster its parts work through.
+"""pMaster's pool state: the aggregators, the jobs and the clusters, and the queries on them.
 
-``AggInfo`` (one aggregator: identity, endpoints, state, cluster, load) and ``JobInfo`` (one
-job: its keys, table, profile and elastic state) are the pool state pMaster keeps.
-``PoolHost`` is what elasticity (``elastic``) and live migration (``migration``) may use of
-pMaster: the aggregators and jobs, and a few actions (send to an aggregator, release a job,
-forget an aggregator). Both modules type against it, so none of them imports ``master``.
+``AggInfo`` (one aggregator: identity, endpoints, state, cluster, load), ``JobInfo`` (one job:
+its keys, table, profile and elastic state) and ``Cluster`` (aggregators packed together) are
+the records; ``PoolState`` holds them with the heartbeat timeout and the clock, keeps the
+registry (aggregators by name and by socket identity, cluster names) and answers what
+elasticity (``elastic``), live migration (``migration``) and reporting ask: the live and idle
+aggregators, the bytes and tasks each one carries, the ``(D_j, e)`` loads the assignment policy
+reads. Deciding what to change is theirs; this module imports no other part of pMaster.
 """
 from __future__ import annotations
 
 import collections
+import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, Iterable
+
+Clock = Callable[[], float]
+Loads = dict[str, dict[str, tuple[float, float]]]
 
 
 @dataclass
@@ -51,7 +57,7 @@ class JobInfo:
     tensors: dict = field(default_factory=dict)   # name -> (shape, dtype)
     keys: dict = field(default_factory=dict)      # key -> KeySpec
     table: dict = field(default_factory=dict)     # key -> agg id
-    pending_acks: set = field(default_factory=set)
+    pending_acks: set = field(default_factory=set)      # ASSIGN messages not answered yet
     parked: list = field(default_factory=list)    # (identity, req) waiting for acks
     failure: str | None = None
     created: float = field(default_factory=time.time)
@@ -90,21 +96,90 @@ class JobInfo:
         return sum(x for x, _ in known) / nbytes * self.keys[key].nbytes if nbytes else 0.0
 
 
-class PoolHost(Protocol):
-    """The part of pMaster that ``Elastic`` and ``Migrations`` use."""
+@dataclass
+class Cluster:
+    """Aggregators packed together, and the jobs packed onto them (thesis §4.3.3.4)."""
+    name: str
+    aggs: set = field(default_factory=set)
+    jobs: set = field(default_factory=set)
 
-    aggs: dict[str, AggInfo]
-    jobs: dict[str, JobInfo]
-    heartbeat_timeout: float
 
-    def live_aggregators(self) -> list[AggInfo]: ...
+class PoolState:
+    """The records of pMaster's pool and the queries on them; ``clock`` is the time source."""
 
-    def load_bytes(self) -> dict[str, int]: ...
+    def __init__(self, heartbeat_timeout: float = 5.0, clock: Clock = time.monotonic) -> None:
+        self.heartbeat_timeout = heartbeat_timeout
+        self.clock = clock
+        self.aggs: dict[str, AggInfo] = {}
+        self.by_identity: dict[bytes, str] = {}
+        self.jobs: dict[str, JobInfo] = {}
+        self.clusters: dict[str, Cluster] = {}
+        self._cluster_ids = itertools.count()
 
-    def send_agg(self, agg: str, op: str, callback: Callable | None, **fields) -> None: ...
+    # --- aggregators ------------------------------------------------------------------------
+    def add_aggregator(self, info: AggInfo) -> None:
+        self.aggs[info.agg_id] = info
+        self.by_identity[info.identity] = info.agg_id
 
-    def forget_aggregator(self, agg: str) -> None: ...
+    def forget_aggregator(self, agg: str) -> None:
+        info = self.aggs.pop(agg, None)
+        if info is not None:
+            self.by_identity.pop(info.identity, None)
 
-    def release_job(self, job_id: str) -> None: ...
+    def alive(self, info: AggInfo) -> bool:
+        return info.alive(self.clock(), self.heartbeat_timeout)
 
-    def flush_registrations(self, job: JobInfo) -> None: ...
+    def live_aggregators(self) -> list[AggInfo]:
+        now = self.clock()
+        return [a for a in self.aggs.values() if a.alive(now, self.heartbeat_timeout)]
+
+    def idle(self) -> list[AggInfo]:
+        """Live aggregators without work, by name."""
+        return sorted((a for a in self.live_aggregators() if a.state == "idle"), key=lambda a: a.agg_id)
+
+    def busy_count(self) -> int:
+        """Live aggregators that are not idle (temporary, active or draining)."""
+        return sum(1 for a in self.live_aggregators() if a.state != "idle")
+
+    def cluster_aggs(self, cluster: Cluster) -> list[str]:
+        """The aggregators of ``cluster`` its controller may pack onto: active and shared."""
+        return sorted(a for a in cluster.aggs if a in self.aggs and self.aggs[a].state == "active"
+                      and self.aggs[a].exclusive is None)
+
+    def open_cluster(self) -> Cluster:
+        cluster = Cluster(f"c{next(self._cluster_ids)}")
+        self.clusters[cluster.name] = cluster
+        return cluster
+
+    # --- what the aggregators carry ------------------------------------------------------------
+    def load_bytes(self) -> dict[str, int]:
+        """Bytes of keys each aggregator owns (every registered aggregator, 0 when empty)."""
+        load = {agg: 0 for agg in self.aggs}
+        for job in self.jobs.values():
+            for key, agg in job.table.items():
+                load[agg] = load.get(agg, 0) + job.keys[key].nbytes
+        return load
+
+    def tasks_on(self, agg: str) -> dict[str, list[str]]:
+        """job -> keys that ``agg`` owns or has been told to take over (``moves``)."""
+        out: dict[str, list[str]] = {}
+        for job in self.jobs.values():
+            for key, owner in job.table.items():
+                move = job.moves.get(key)
+                if owner == agg or (move is not None and move[0] == agg):
+                    out.setdefault(job.job, []).append(key)
+        return out
+
+    def loads(self, aggs: Iterable[str]) -> Loads:
+        """{agg: {job: (D_j, sum of e_t of its keys there)}} for the assignment policy; jobs not
+        profiled yet (no ``D_j``) are left out."""
+        out: Loads = {a: {} for a in aggs}
+        for job in self.jobs.values():
+            d = job.standalone
+            if d is None:
+                continue
+            for key, owner in job.table.items():
+                if owner in out:
+                    old = out[owner].get(job.job, (d, 0.0))
+                    out[owner][job.job] = (d, old[1] + job.cost(key))
+        return out

@@ -1,7 +1,7 @@
 """``autops simulate``: trace-driven simulation of the AutoPS aggregator pool (thesis §4.5.2.4,
 Fig. 4.12).
 
-It replays a job trace (``tiresias.trace.load_trace``) through the *same* pure policy code
+It replays a job trace (``dlrt.trace.load_trace``) through the *same* pure policy code
 pMaster runs -- ``assignment.pack_job`` / ``recycle`` (Pseudocode 3, §4.3.3.2-3) and
 ``scaling.cluster_free_cpu`` / ``choose_cluster`` / ``allocate_now`` / ``idle_to_release``
 (§4.3.3.4) -- with no processes or sockets, and compares the aggregators AutoPS keeps allocated
@@ -48,8 +48,8 @@ boundary, the behaviour behind the thesis' ratios above 1. Every ``--period`` se
 jobs are placed, ``recycle`` runs on each cluster changed since its last recycle (``recycle``
 is a deterministic function of the cluster's state, so skipping unchanged ones changes
 nothing), ``idle_to_release`` gives idle aggregators back and clusters without aggregators are
-dissolved. A ``recycle`` plan is applied only up to the first victim that received tasks
-earlier in the same plan, then ``recycle`` is asked again (``consistent_prefix``).
+dissolved. A ``recycle`` plan is applied whole, as pMaster applies it: every moved task goes
+once, straight to its last destination (``assignment.final_moves``).
 
 Allocated aggregators (temporaries included) and requested ones (sum of ``requested`` of
 running jobs) are integrated exactly over time (``cpu_saving``) and sampled every
@@ -79,8 +79,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .assignment import (LOSS_LIMIT, _EPS, Loads, busy_fraction, free_time, job_demand, loss, pack_job, recycle,
-                         runs_per_cycle)
+from dlrt import cli
+from dlrt.trace import load_trace
+
+from .assignment import (LOSS_LIMIT, _EPS, Loads, busy_fraction, final_moves, holds, job_demand, joined_cycle,
+                         pack_job, recycle, runs_per_cycle)
+from .models import model_tensors
 from .partition import DEFAULT_PARTITION_BYTES, DEFAULT_SMALL_BYTES, plan_keys
 from .scaling import allocate_now, choose_cluster, cluster_free_cpu, idle_to_release
 
@@ -101,22 +105,17 @@ def fitting_aggregators(loads: Loads, job: str, duration: float, min_cost: float
                         loss_limit: float = LOSS_LIMIT) -> dict[str, Mapping[str, tuple[float, float]]]:
     """The aggregators of ``loads`` where ``pack_task`` could put at least one task of ``job``.
 
-    Mirrors ``pack_task``'s two tests: the loss test depends only on the jobs' durations (and
-    the job's own), which packing more of this job does not change, and free time only shrinks
-    as tasks are added; so an aggregator failing either test now (for the cheapest task,
-    ``min_cost``) is never chosen by ``pack_job`` for this job, and dropping it leaves
-    ``pack_job``'s result unchanged. ``job`` must not be on any of them yet.
+    Runs ``pack_task``'s own two tests (``joined_cycle``, ``holds``): the loss test depends only
+    on the jobs' durations (and the job's own), which packing more of this job does not change,
+    and free time only shrinks as tasks are added; so an aggregator failing either test now (for
+    the cheapest task, ``min_cost``) is never chosen by ``pack_job`` for this job, and dropping
+    it leaves ``pack_job``'s result unchanged. ``job`` must not be on any of them yet.
     """
     out: dict[str, Mapping[str, tuple[float, float]]] = {}
     for name, jobs in loads.items():
-        members = dict(jobs)
-        members.setdefault(job, (duration, 0.0))
-        cycle = max(d for d, _ in members.values())
-        if any(loss(d, cycle) >= loss_limit - _EPS for d, _ in members.values()):
-            continue
-        if free_time(cycle, members) + _EPS < runs_per_cycle(duration, cycle) * min_cost:
-            continue
-        out[name] = jobs
+        joined = joined_cycle(jobs, job, duration, loss_limit)
+        if joined is not None and holds(joined[1], duration, joined[0], min_cost):
+            out[name] = jobs
     return out
 
 
@@ -139,18 +138,19 @@ def merge_by_duration(jobs: Mapping[str, tuple[float, float]]) -> dict[str, tupl
     return out
 
 
-def room_for(candidates: Loads, job: str, duration: float) -> float:
+def room_for(candidates: Loads, job: str, duration: float, loss_limit: float = LOSS_LIMIT) -> float:
     """An upper bound on the CPU time per iteration of ``job``'s tasks that ``candidates`` can take.
 
     A task of cost ``e`` joins aggregator ``n`` only while ``runs * e <= F_n`` (and ``F_n``
-    only shrinks as the job's tasks join), so ``n`` takes at most ``F_n / runs`` of the job.
+    only shrinks as the job's tasks join), so ``n`` takes at most ``F_n / runs`` of the job,
+    and nothing where ``joined_cycle``'s loss test fails.
     """
     room = 0.0
     for jobs in candidates.values():
-        members = dict(jobs)
-        members.setdefault(job, (duration, 0.0))
-        cycle = max(d for d, _ in members.values())
-        room += max(0.0, free_time(cycle, members) + _EPS) / runs_per_cycle(duration, cycle)
+        joined = joined_cycle(jobs, job, duration, loss_limit)
+        if joined is not None:
+            cycle, free = joined
+            room += max(0.0, free + _EPS) / runs_per_cycle(duration, cycle)
     return room
 
 
@@ -161,10 +161,11 @@ def must_open_given(room: float, duration: float, total_cost: float) -> int:
     return max(0, math.ceil(excess / duration - 1e-6)) if excess > 0 else 0
 
 
-def must_open(candidates: Loads, job: str, duration: float, total_cost: float) -> int:
+def must_open(candidates: Loads, job: str, duration: float, total_cost: float,
+              loss_limit: float = LOSS_LIMIT) -> int:
     """A lower bound on the aggregators ``pack_job`` opens for ``job`` (tasks summing to
     ``total_cost``, none placed yet) over ``candidates``."""
-    return must_open_given(room_for(candidates, job, duration), duration, total_cost)
+    return must_open_given(room_for(candidates, job, duration, loss_limit), duration, total_cost)
 
 
 def recycle_is_futile(aggregators: Loads, tasks: Mapping[str, Sequence[tuple[str, str, float]]],
@@ -193,36 +194,8 @@ def recycle_is_futile(aggregators: Loads, tasks: Mapping[str, Sequence[tuple[str
         return False
     (d,) = durs
     need = math.fsum(cost for _, _, cost in moving)
-    room = 0.0
-    for name, jobs in loads.items():
-        if name == victim:
-            continue
-        members = dict(jobs)
-        members.setdefault("\0victim", (d, 0.0))
-        cycle = max(dd for dd, _ in members.values())
-        if any(loss(dd, cycle) >= loss_limit - _EPS for dd, _ in members.values()):
-            continue
-        room += max(0.0, free_time(cycle, members) + _EPS) / runs_per_cycle(d, cycle)
-    return need > room + 1e-7
-
-
-def consistent_prefix(plan: Sequence[tuple[str, Mapping[str, str]]]) -> list[tuple[str, Mapping[str, str]]]:
-    """The steps of a ``recycle`` plan up to (not including) the first whose victim received
-    tasks in an earlier step.
-
-    ``recycle`` takes each victim's tasks from its ``tasks`` argument, which does not follow
-    the plan's own earlier moves, so tasks moved onto an aggregator that is freed later in the
-    same plan would be left on a freed aggregator (and their load dropped). Applying only this
-    prefix and calling ``recycle`` again on the new state keeps every task placed.
-    """
-    received: set[str] = set()
-    out: list[tuple[str, Mapping[str, str]]] = []
-    for victim, moves in plan:
-        if victim in received:
-            break
-        out.append((victim, moves))
-        received.update(moves.values())
-    return out
+    others = {name: jobs for name, jobs in loads.items() if name != victim}
+    return need > room_for(others, "\0victim", d, loss_limit) + 1e-7
 
 
 def workers_of(num_gpus: int) -> int:
@@ -357,17 +330,16 @@ class Simulation:
         self.stats = dict(migrations=0, recycled_aggregators=0, aggregators_opened=0, aggregators_released=0,
                           deferred_allocations=0, oversize_placements=0, spills=0, clusters_opened=0,
                           clusters_dissolved=0, clusters_peak=0, largest_cluster=0, jobs_placed=0,
-                          jobs_exited_while_profiling=0, recycle_calls=0, recycle_futile=0, recycle_plans_cut=0)
+                          jobs_exited_while_profiling=0, recycle_calls=0, recycle_futile=0)
         self.model_counts: dict[str, int] = {}
 
     # --- job model --------------------------------------------------------------------------
     def model_keys(self, model: str) -> list[tuple[str, int]] | None:
         """``(key, nbytes)`` of a model, or None when the shapes file does not have it."""
         if model not in self._keys:
-            from .benchmark import model_tensors
             try:
                 tensors = model_tensors(model, self.cfg.shapes)
-            except SystemExit:
+            except ValueError:
                 self._keys[model] = None
             else:
                 keys = plan_keys(tensors, self.cfg.partition_bytes, self.cfg.small_bytes)
@@ -462,7 +434,7 @@ class Simulation:
         ck = (job.duration, job.min_cost)
         if ck not in cl.fits:         # the same for every job of this (model, workers) until cl changes
             cand = fitting_aggregators(self._merged(cl), job.jid, job.duration, job.min_cost, cfg.loss_limit)
-            cl.fits[ck] = (cand, room_for(cand, job.jid, job.duration))
+            cl.fits[ck] = (cand, room_for(cand, job.jid, job.duration, cfg.loss_limit))
         candidates, room = cl.fits[ck]
         if cfg.oversize == "spill":
             lower = must_open_given(room, job.duration, job.total_cost)
@@ -534,36 +506,35 @@ class Simulation:
         self.stats["largest_cluster"] = max(self.stats["largest_cluster"], len(cl.loads))
 
     def _recycle(self, cl: _Cluster) -> None:
-        """Run ``recycle`` on a cluster and apply its plan (see ``consistent_prefix``)."""
-        while True:
-            idle = [agg for agg, jobs in cl.loads.items() if not jobs]
-            merged, view = self._merged(cl), _TaskView(cl.tasks)
-            if recycle_is_futile(merged, view, self.durations, self.cfg.loss_limit, exclude=idle):
-                self.stats["recycle_futile"] += 1
-                cl.dirty = False
-                return
-            self.stats["recycle_calls"] += 1
-            plan = recycle(merged, view, self.durations, self.cfg.loss_limit, exclude=idle)
-            usable = consistent_prefix(plan)
-            for victim, moves in usable:
-                if cl.tasks[victim].keys() != moves.keys():
-                    raise AssertionError(f"recycle plan for {victim} does not move all its tasks")
-                for task, dest in moves.items():
-                    jid, cost = cl.tasks[victim].pop(task)
-                    cl.tasks[dest][task] = (jid, cost)
-                    d_old, e_old = cl.loads[dest].get(jid, (self.durations[jid], 0.0))
-                    cl.loads[dest][jid] = (d_old, e_old + cost)
-                    self.jobs[jid].where[task] = dest
-                self.stats["migrations"] += len(moves)
-                self.stats["recycled_aggregators"] += 1
-                cl.loads[victim] = {}
-                self._changed(cl)
-                if self.cfg.release == "exit":
-                    self._release(cl, victim)
-            if len(usable) == len(plan):
-                cl.dirty = bool(plan)
-                return
-            self.stats["recycle_plans_cut"] += 1     # the rest was unsound: ask again on the new state
+        """Run ``recycle`` on a cluster and apply its plan whole, as pMaster does: each moved
+        task goes once, straight to its last destination (``final_moves``); victims are freed."""
+        idle = [agg for agg, jobs in cl.loads.items() if not jobs]
+        merged, view = self._merged(cl), _TaskView(cl.tasks)
+        if recycle_is_futile(merged, view, self.durations, self.cfg.loss_limit, exclude=idle):
+            self.stats["recycle_futile"] += 1
+            cl.dirty = False
+            return
+        self.stats["recycle_calls"] += 1
+        plan = recycle(merged, view, self.durations, self.cfg.loss_limit, exclude=idle)
+        victims = [victim for victim, _ in plan]
+        origin = {task: victim for victim in victims for task in cl.tasks[victim]}
+        moves = final_moves(plan)
+        for task, dest in moves.items():
+            jid, cost = cl.tasks[origin[task]].pop(task)
+            cl.tasks[dest][task] = (jid, cost)
+            d_old, e_old = cl.loads[dest].get(jid, (self.durations[jid], 0.0))
+            cl.loads[dest][jid] = (d_old, e_old + cost)
+            self.jobs[jid].where[task] = dest
+        self.stats["migrations"] += len(moves)
+        for victim in victims:
+            if cl.tasks[victim]:
+                raise AssertionError(f"recycle plan for {victim} does not move all its tasks")
+            self.stats["recycled_aggregators"] += 1
+            cl.loads[victim] = {}
+            self._changed(cl)
+            if self.cfg.release == "exit":
+                self._release(cl, victim)
+        cl.dirty = bool(plan)
 
     def _period(self) -> None:
         for job in list(self.deferred.values()):
@@ -801,15 +772,15 @@ def _parse_iter_seconds(text: str) -> dict[str, float]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", required=True, help="job trace CSV (philly, tiresias or generic format)")
     parser.add_argument("--shapes", default=None,
-                        help="tensor shapes JSON (default: ../shared/data/models/tensor_shapes.json "
-                             "next to the repository, or $AUTOPS_TENSOR_SHAPES)")
+                        help="tensor shapes JSON (default: $AUTOPS_TENSOR_SHAPES, else "
+                             "../shared/data/models/tensor_shapes.json next to the repository)")
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
                         help="models drawn for jobs whose trace row names none (comma list)")
     parser.add_argument("--iter-seconds", type=_parse_iter_seconds, default={},
                         help="override standalone iteration durations, e.g. vgg19=1.2,alexnet=0.3 "
                              f"(defaults: {', '.join(f'{m}={d:g}' for m, d in ITER_SECONDS.items())})")
     parser.add_argument("--agg-rate", type=float, default=AGG_RATE,
-                        help="aggregation bytes per CPU-second (default %(default)g, an assumption)")
+                        help="aggregation bytes per CPU-second (an assumption)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cluster-size", type=int, default=16, help="aggregators per cluster (soft bound)")
     parser.add_argument("--loss-limit", type=float, default=LOSS_LIMIT)
@@ -820,24 +791,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="time a new job runs on its temporary dedicated aggregators")
     parser.add_argument("--interval", type=float, default=60.0, help="sampling interval, seconds")
     parser.add_argument("--release", choices=("exit", "period"), default="exit",
-                        help="give empty aggregators back at job exit (default) or at the next period")
+                        help="give empty aggregators back at job exit or at the next period")
     parser.add_argument("--oversize", choices=("spill", "grow"), default="spill",
                         help="a cluster whose packing would exceed --cluster-size: pass it over for the "
-                             "next best fit (spill, default) or let it grow")
+                             "next best fit (spill) or let it grow")
     parser.add_argument("--limit", type=int, default=None, help="first N jobs only")
-    parser.add_argument("--json", default=None, help="write the result here")
-    parser.add_argument("--plot", default=None, help="write the figure here (PNG)")
+    parser.add_argument("--plot", default=None, metavar="PNG", help="write the figure here")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="progress bar on stderr (default: when stderr is a terminal)")
 
 
+JSON_HELP = ("write the full result (with the series) as JSON to FILE ('-' for stdout, instead of "
+             "the summary printed there)")
+
+
 def run(args: argparse.Namespace) -> int:
-    from tiresias.trace import TraceError, load_trace
-    try:
-        report = load_trace(args.trace, limit=args.limit)
-    except (TraceError, ValueError) as e:
-        print(f"autops simulate: {e}", file=sys.stderr)
-        return 2
+    """``autops simulate`` with parsed ``args``; a bad trace, model or parameter raises
+    ``ValueError`` (the CLI's exit status 2)."""
+    report = load_trace(args.trace, limit=args.limit)
     iter_seconds = dict(ITER_SECONDS)
     iter_seconds.update(args.iter_seconds)
     config = SimConfig(models=tuple(m.strip() for m in args.models.split(",") if m.strip()),
@@ -846,36 +817,33 @@ def run(args: argparse.Namespace) -> int:
                        threshold=args.threshold, profile_seconds=args.profile_seconds,
                        interval=args.interval, release=args.release, oversize=args.oversize, shapes=args.shapes)
     progress = sys.stderr.isatty() if args.progress is None else args.progress
-    try:
-        sim = Simulation(config, progress=progress)
-        for m in config.models:
-            if sim.model_keys(m) is None:
-                raise ValueError(f"model {m!r} is not in the tensor shapes file "
-                                 f"({args.shapes or 'default'}); pass --shapes or fix --models")
-        result = sim.run(report.jobs)
-    except ValueError as e:
-        print(f"autops simulate: {e}", file=sys.stderr)
-        return 2
+    sim = Simulation(config, progress=progress)
+    for m in config.models:
+        model_tensors(m, config.shapes)          # ValueError naming the file and the known models
+    result = sim.run(report.jobs)
     out = public(result)
     out["trace"] = os.fspath(args.trace)
     out["trace_format"] = report.format
     out["trace_rows_skipped"] = report.skipped
     if args.json:
-        path = pathlib.Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(out, indent=1) + "\n")
+        cli.write_json(args.json, out, indent=1)
     if args.plot:
         pathlib.Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
         plot(result, args.plot)
-    summary = {k: v for k, v in out.items() if k not in ("series",)}
-    print(json.dumps(summary, indent=1))
+    if args.json != "-":
+        summary = {k: v for k, v in out.items() if k not in ("series",)}
+        print(json.dumps(summary, indent=1))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="autops simulate", description=__doc__.split("\n\n")[0])
+    parser = cli.parser("autops simulate", __doc__.split("\n\n")[0])
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    cli.add_log_level(parser, "WARNING")
+    cli.add_json(parser, JSON_HELP)
+    args = parser.parse_args(argv)
+    cli.setup_logging(args.log_level)
+    return cli.run_main("autops simulate", run, args)
 
 
 if __name__ == "__main__":

@@ -53,9 +53,9 @@ class KeyState:
     completed: int = 0                 # iterations whose aggregation is done
     ranks: set = field(default_factory=set)   # ranks that pushed the open iteration
     buffers: list = field(default_factory=list)  # sum: 2 alternating accumulators
-    buffer_refs: list = field(default_factory=list)  # their shared-memory references (or None)
+    buffer_refs: list = field(default_factory=list)  # how the transport sends them (from the allocator)
     param: np.ndarray | None = None    # server: master copy
-    param_ref: list | None = None
+    param_ref: Any = None
     initialized: bool = False          # server: master copy set by INIT
     grad: np.ndarray | None = None     # server: accumulator of socket pushes (allocated on first use)
     inline: int = 0                    # pushes of the open iteration already in the accumulator
@@ -91,7 +91,7 @@ class KeyState:
             self.grad = np.empty(self.spec.numel, self.spec.dtype)
         return self.grad
 
-    def value_ref(self, iteration: int) -> list | None:
+    def value_ref(self, iteration: int) -> Any:
         return self.buffer_refs[iteration % 2] if self.mode == "sum" else self.param_ref
 
     def value(self, iteration: int) -> np.ndarray:

@@ -1,20 +1,29 @@
-"""Message framing shared by agent, aggregator and master.
+"""The AutoPS protocol: operation names, field schemas and the data path's records.
 
-A message is a ZeroMQ multipart message: one small msgpack header frame followed by
-zero or more raw payload frames (tensor bytes, sent and received without copies).
-The header is a map with the protocol version ``v``, the operation ``op`` and the
-operation's fields. This module owns the operation names, the per-operation field
-schema and the validation that turns any malformed input into a ``ProtocolError``
-(never an unhandled exception in a server loop).
+A message is one header -- the shared envelope of ``dlrt.messages`` (a msgpack map with
+``proto``, ``v``, ``op`` and the operation's fields) -- followed by zero or more payload
+buffers (tensor bytes, carried by a transport without copies, see ``autops.transport``).
+This module owns the operation names, the per-operation field schema, and the records of
+the data path (``PushItem``, ``PullItem``, ``PullReplyItem``, ``Move``, ``Ack``,
+``InitItem``, ``KeyCopy``, ``TableEntry``): on the wire each is a short positional list,
+and only this module knows the positions. Everything malformed -- an undecodable header,
+a missing field, an item of the wrong shape, a payload slice outside its buffer -- raises
+``ProtocolError`` (``VersionMismatch`` for a peer speaking another version), never another
+exception, so a server loop answers it with an error instead of dying.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
 import msgpack
+import numpy as np
 
-VERSION = 1
+from dlrt.messages import Protocol, ProtocolError, VersionMismatch
+
+from .partition import KeySpec
+
+VERSION = 2    # 2: the shared dlrt envelope and named item records
 
 # --- operations -------------------------------------------------------------------
 # agent -> master
@@ -56,7 +65,8 @@ ERROR = "error"
 PUSH_ACK = "push_ack"
 PULL_REPLY = "pull_reply"
 REDIRECT = "redirect"
-STATE_REPLY = "state_reply"           # items [key, meta, count] + frames, as TENSOR_COPY
+STATE_REPLY = "state_reply"           # KeyCopy items + payloads, as TENSOR_COPY
+
 
 _int = (int,)
 _str = (str,)
@@ -97,16 +107,216 @@ SCHEMA: dict[str, dict[str, tuple]] = {
     STATE_REPLY: {"items": _list},
 }
 
-
-class ProtocolError(ValueError):
-    """A message that cannot be decoded or does not follow the schema."""
+PROTOCOL = Protocol("autops", VERSION, error_op=ERROR)
 
 
+# --- records of the data path ------------------------------------------------------------
+def _is_int(value: Any) -> bool:
+    return type(value) is int        # msgpack gives plain ints; bool is not one here
+
+
+def _malformed(op: str, item: Any) -> ProtocolError:
+    return ProtocolError(f"{op}: malformed item {item!r}"[:300])
+
+
+class Slice(NamedTuple):
+    """``nbytes`` bytes at ``offset`` of the message's payload number ``payload``."""
+    payload: int
+    offset: int
+    nbytes: int
+
+    @classmethod
+    def checked(cls, op: str, payload: Any, offset: Any, nbytes: Any) -> "Slice":
+        if type(payload) is not int or type(offset) is not int or type(nbytes) is not int:
+            raise ProtocolError(f"{op}: frame index, offset and size must be integers")
+        return cls(payload, offset, nbytes)
+
+
+class PushItem(NamedTuple):
+    """One key's contribution to an iteration (PUSH): ``[key, iteration, payload, offset,
+    nbytes, hp]``; ``hp``: hyper-parameters that changed (server mode) or ``None``."""
+    key: str
+    iteration: int
+    data: Slice
+    hp: dict | None = None
+
+    def to_wire(self) -> list:
+        return [self.key, self.iteration, *self.data, self.hp]
+
+    @classmethod
+    def from_wire(cls, item: Any, op: str = "push") -> "PushItem":
+        if not isinstance(item, (list, tuple)) or len(item) < 5:
+            raise _malformed(op, item)
+        key, iteration, payload, offset, nbytes = item[:5]
+        if type(key) is not str or type(iteration) is not int:
+            raise ProtocolError(f"{op}: bad item for key {key!r}")
+        hp = item[5] if len(item) > 5 else None
+        if hp is not None and type(hp) is not dict:
+            raise ProtocolError(f"{op}: hyper-parameters of {key!r} must be a map")
+        return cls(key, iteration, Slice.checked(op, payload, offset, nbytes), hp)
+
+
+class PullItem(NamedTuple):
+    """A key's value as published after an iteration (PULL), or its server-side state then
+    (STATE_GET): ``[key, iteration]``."""
+    key: str
+    iteration: int
+
+    def to_wire(self) -> list:
+        return [self.key, self.iteration]
+
+    @classmethod
+    def from_wire(cls, item: Any, op: str = "pull") -> "PullItem":
+        if not isinstance(item, (list, tuple)) or len(item) < 2:
+            raise _malformed(op, item)
+        key, iteration = item[0], item[1]
+        if type(key) is not str or type(iteration) is not int:
+            raise ProtocolError(f"{op}: bad item {key!r}")
+        return cls(key, iteration)
+
+
+class Move(NamedTuple):
+    """``key`` is served by aggregator ``to`` (reached through ``info``: endpoints, host,
+    segments) from iteration ``first`` on. A REDIRECT item: ``[key, to, first, info]``."""
+    key: str
+    to: str
+    first: int
+    info: dict
+
+    def to_wire(self) -> list:
+        return [self.key, self.to, self.first, self.info]
+
+    @classmethod
+    def from_wire(cls, item: Any, op: str = "redirect") -> "Move":
+        if not isinstance(item, (list, tuple)) or len(item) < 4 or not isinstance(item[0], str) \
+                or not isinstance(item[1], str) or not _is_int(item[2]) or not isinstance(item[3], dict):
+            raise ProtocolError(f"{op}: malformed migration notice {item!r}"[:300])
+        return cls(item[0], item[1], item[2], item[3])
+
+
+class PullReplyItem(NamedTuple):
+    """The value of ``key`` after ``iteration`` in payload ``payload`` (PULL_REPLY):
+    ``[key, iteration, payload]``, plus ``[to, first, info]`` of ``moved`` when the key
+    migrates after this iteration (Fig. 4.5 step 2)."""
+    key: str
+    iteration: int
+    payload: int
+    moved: Move | None = None
+
+    def to_wire(self) -> list:
+        item = [self.key, self.iteration, self.payload]
+        if self.moved is not None:
+            item.append(self.moved.to_wire()[1:])
+        return item
+
+    @classmethod
+    def from_wire(cls, item: Any, op: str = "pull_reply") -> "PullReplyItem":
+        if not isinstance(item, (list, tuple)) or len(item) < 3 or type(item[0]) is not str \
+                or type(item[1]) is not int or type(item[2]) is not int:
+            raise _malformed(op, item)
+        if len(item) == 3:
+            return cls(item[0], item[1], item[2])
+        moved = None
+        if item[3] is not None:
+            if not isinstance(item[3], (list, tuple)):
+                raise ProtocolError(f"{op}: malformed migration notice {item[3]!r}"[:300])
+            moved = Move.from_wire([item[0], *item[3]], op)
+        return cls(item[0], item[1], item[2], moved)
+
+
+class Ack(NamedTuple):
+    """A key whose push was accepted (PUSH_ACK items are the keys)."""
+    key: str
+
+    def to_wire(self) -> str:
+        return self.key
+
+    @classmethod
+    def from_wire(cls, item: Any, op: str = "push_ack") -> "Ack":
+        if not isinstance(item, str):
+            raise _malformed(op, item)
+        return cls(item)
+
+
+class InitItem(NamedTuple):
+    """A server-mode master copy (INIT): ``[key, payload, offset, nbytes, {"step": step,
+    "state": {name: [payload, offset, nbytes]}}]``, the optimizer state under torch's names."""
+    key: str
+    data: Slice
+    step: int | None = None
+    state: dict[str, Slice] = {}
+
+    def to_wire(self) -> list:
+        extra: dict = {"step": self.step}
+        if self.state:
+            extra["state"] = {name: list(sl) for name, sl in self.state.items()}
+        return [self.key, *self.data, extra]
+
+    @classmethod
+    def from_wire(cls, item: Any, op: str = "init") -> "InitItem":
+        if not isinstance(item, (list, tuple)) or len(item) < 4 or not isinstance(item[0], str):
+            raise _malformed(op, item)
+        extra = item[4] if len(item) > 4 and isinstance(item[4], dict) else {}
+        step = extra.get("step")
+        state = extra.get("state") or {}
+        if (step is not None and not _is_int(step)) or not isinstance(state, dict) or not all(
+                isinstance(name, str) and isinstance(sl, (list, tuple)) and len(sl) == 3
+                for name, sl in state.items()):
+            raise _malformed(op, item)
+        return cls(item[0], Slice.checked(op, *item[1:4]), step,
+                   {name: Slice.checked(op, *sl) for name, sl in state.items()})
+
+
+class KeyCopy(NamedTuple):
+    """A key's server-side state (TENSOR_COPY, STATE_REPLY): ``[key, meta, count]``, its
+    ``count`` arrays in the payloads that follow the previous item's."""
+    key: str
+    meta: dict
+    count: int
+
+    def to_wire(self) -> list:
+        return [self.key, self.meta, self.count]
+
+    @classmethod
+    def from_wire(cls, item: Any, op: str = "tensor_copy") -> "KeyCopy":
+        if not isinstance(item, (list, tuple)) or len(item) < 3:
+            raise _malformed(op, item)
+        key, meta, count = item[:3]
+        if not isinstance(key, str) or not isinstance(meta, dict) or not _is_int(count) or count < 0:
+            raise ProtocolError(f"{op}: malformed item for {key!r}")
+        return cls(key, meta, count)
+
+
+class TableEntry(NamedTuple):
+    """One key of a job's assignment table (``keys`` of the replies to DECLARE and
+    GET_TABLE): the key's spec, its owner, and ``(new owner, first iteration there)`` while
+    it migrates -- ``[*spec, owner, [to, first] | None]``."""
+    spec: KeySpec
+    owner: str
+    move: tuple[str, int] | None = None
+
+    def to_wire(self) -> list:
+        return [*self.spec.to_wire(), self.owner, list(self.move) if self.move else None]
+
+    @classmethod
+    def from_wire(cls, item: Any, op: str = "ok") -> "TableEntry":
+        try:
+            spec = KeySpec.from_wire(item)
+            move = item[7] if len(item) > 7 and item[7] else None
+            return cls(spec, str(item[6]), (str(move[0]), int(move[1])) if move else None)
+        except (TypeError, ValueError, IndexError, KeyError):
+            raise _malformed(op, item) from None
+
+
+# --- messages ---------------------------------------------------------------------------
 @dataclass
 class Message:
+    """A decoded message: ``op``, its fields, its payload buffers, and which payloads the
+    sender lent (its shared memory, read in place; see ``autops.transport``)."""
     op: str
     fields: dict[str, Any]
-    payloads: list = field(default_factory=list)
+    payloads: Sequence = field(default_factory=list)
+    lent: frozenset = frozenset()
 
     def __getitem__(self, name: str) -> Any:
         return self.fields[name]
@@ -114,48 +324,93 @@ class Message:
     def get(self, name: str, default: Any = None) -> Any:
         return self.fields.get(name, default)
 
+    def items(self, record: Any) -> list:
+        """The ``items`` field as records of type ``record`` (validated)."""
+        return [record.from_wire(item, self.op) for item in self.fields.get("items") or ()]
+
+    def view(self, index: int) -> memoryview:
+        """Payload ``index`` without copying."""
+        if type(index) is not int or not 0 <= index < len(self.payloads):
+            raise ProtocolError(f"{self.op}: payload frame {index} missing")
+        buf = self.payloads[index]
+        if isinstance(buf, BaseException):     # a lent buffer the transport could not map
+            raise ProtocolError(f"{self.op}: payload {index}: {buf}")
+        return buf.buffer if hasattr(buf, "buffer") else memoryview(buf)
+
+    def array(self, data: Slice, dtype: str) -> np.ndarray:
+        """The ``dtype`` elements of a payload slice, without copying."""
+        buf = self.view(data.payload)
+        itemsize = np.dtype(dtype).itemsize
+        offset, nbytes = data.offset, data.nbytes
+        if offset < 0 or nbytes < 0 or offset + nbytes > buf.nbytes or nbytes % itemsize:
+            raise ProtocolError(f"{self.op}: payload slice [{offset}, {offset + nbytes}) outside a "
+                                f"{buf.nbytes}-byte frame or not a whole number of {dtype}")
+        return np.frombuffer(buf, dtype=dtype, count=nbytes // itemsize, offset=offset)
+
+    def whole(self, index: int, dtype: Any) -> np.ndarray:
+        """Payload ``index`` as an array of ``dtype``, without copying."""
+        try:
+            return np.frombuffer(self.view(index), dtype=dtype)
+        except ValueError as exc:
+            raise ProtocolError(f"{self.op}: payload {index}: {exc}") from None
+
+
+def header(op: str, **fields: Any) -> bytes:
+    """The header of one message (what a transport sends before the payloads)."""
+    return PROTOCOL.pack(op, fields)
+
 
 def encode(op: str, payloads: Sequence = (), **fields: Any) -> list:
     """Frames for one message: header bytes then the payload buffers (not copied)."""
-    header = dict(fields)
-    header["v"] = VERSION
-    header["op"] = op
-    return [msgpack.packb(header, use_bin_type=True), *payloads]
-
-
-def decode(frames: Sequence) -> Message:
-    """Parse and validate frames (bytes or zmq.Frame); raises ProtocolError when malformed."""
-    if not frames:
-        raise ProtocolError("empty message")
-    head = frames[0]
-    raw = head.bytes if hasattr(head, "bytes") else bytes(head)
-    try:
-        header = msgpack.unpackb(raw, raw=False, strict_map_key=False)
-    except Exception as exc:  # msgpack raises several unrelated types
-        raise ProtocolError(f"undecodable header: {exc.__class__.__name__}") from None
-    if not isinstance(header, dict):
-        raise ProtocolError("header is not a map")
-    version = header.pop("v", None)
-    if version != VERSION:
-        raise ProtocolError(f"unsupported protocol version {version!r} (this side speaks {VERSION})")
-    op = header.pop("op", None)
-    if op not in SCHEMA:
-        raise ProtocolError(f"unknown operation {op!r}")
-    for name, types in SCHEMA[op].items():
-        if name not in header:
-            raise ProtocolError(f"{op}: missing field {name!r}")
-        value = header[name]
-        if not isinstance(value, types) or (types is _int and isinstance(value, bool)):
-            raise ProtocolError(f"{op}: field {name!r} has the wrong type {type(value).__name__}")
-    return Message(op, header, list(frames[1:]))
+    return [PROTOCOL.pack(op, fields), *payloads]
 
 
 def error(message: str, **fields: Any) -> list:
     return encode(ERROR, message=message, **fields)
 
 
+def parse(head: Any, payloads: Sequence = (), lent: frozenset = frozenset()) -> Message:
+    """Decode and validate one header (bytes or ``zmq.Frame``) with its payloads; raises
+    ProtocolError when malformed."""
+    try:
+        op, fields = PROTOCOL.unpack(head)
+    except VersionMismatch:
+        raise
+    except ProtocolError as exc:
+        raise _refused(head, exc) from None
+    schema = SCHEMA.get(op)
+    if schema is None:
+        raise ProtocolError(f"unknown operation {op!r}")
+    for name, types in schema.items():
+        if name not in fields:
+            raise ProtocolError(f"{op}: missing field {name!r}")
+        value = fields[name]
+        if not isinstance(value, types) or (types is _int and isinstance(value, bool)):
+            raise ProtocolError(f"{op}: field {name!r} has the wrong type {type(value).__name__}")
+    return Message(op, fields, payloads, lent)
+
+
+def decode(frames: Sequence) -> Message:
+    """Parse and validate frames (bytes or zmq.Frame); raises ProtocolError when malformed."""
+    if not frames:
+        raise ProtocolError("empty message")
+    return parse(frames[0], list(frames[1:]))
+
+
+def _refused(head: Any, exc: ProtocolError) -> ProtocolError:
+    """Say which part of a header the envelope refused (the error path only)."""
+    try:
+        obj = msgpack.unpackb(head.bytes if hasattr(head, "bytes") else bytes(head), raw=False,
+                              strict_map_key=False)
+    except Exception:  # msgpack raises several unrelated types
+        return ProtocolError(f"undecodable header: {exc}")
+    if not isinstance(obj, dict):
+        return ProtocolError(f"header is not a map: {exc}")
+    return exc
+
+
 def payload_view(frame: Any) -> memoryview:
-    """A read-only view of one payload frame without copying."""
+    """A view of one payload buffer without copying."""
     if hasattr(frame, "buffer"):
         return frame.buffer
     return memoryview(frame)
@@ -170,13 +425,11 @@ def items_of(msg: Message, width: int) -> Iterable[list]:
 
 
 def key_copies(msg: Message) -> Iterable[tuple[str, dict, list]]:
-    """The ``[key, meta, count]`` items of a TENSOR_COPY or STATE_REPLY, each with its
-    ``count`` payload frames (which follow each other in item order)."""
-    frame = 0
-    for item in items_of(msg, 3):
-        key, meta, count = item[:3]
-        if not isinstance(key, str) or not isinstance(meta, dict) or not isinstance(count, int) \
-                or isinstance(count, bool) or count < 0 or frame + count > len(msg.payloads):
-            raise ProtocolError(f"{msg.op}: malformed item for {key!r}")
-        yield key, meta, msg.payloads[frame:frame + count]
-        frame += count
+    """The ``KeyCopy`` items of a TENSOR_COPY or STATE_REPLY, each with its ``count``
+    payload buffers (which follow each other in item order)."""
+    first = 0
+    for copy in msg.items(KeyCopy):
+        if first + copy.count > len(msg.payloads):
+            raise ProtocolError(f"{msg.op}: malformed item for {copy.key!r}")
+        yield copy.key, copy.meta, [msg.view(i) for i in range(first, first + copy.count)]
+        first += copy.count

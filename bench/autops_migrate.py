@@ -1,8 +1,8 @@
 """Benchmark: pause a training job sees when AutoPS live-migrates all its tensors to other
 aggregators, and how long the migration takes (thesis Table 4.3).
 
-Thin entry point; the same as `autops bench migrate ...`. One job, 2 workers, 4 aggregators
-(static pool), real tensor sizes by default. Writes JSON lines with at least model, mode,
+Thin entry point; the same as `autops bench migrate ...` (dlrt_bench/autops_migrate.py). One
+job, 2 workers, 4 aggregators (static pool), real tensor sizes by default. Writes JSON lines with at least model, mode,
 max_pause_ms, median_pause_ms, migration_s, keys_moved, baseline_comm_ms.
 
     python bench/autops_migrate.py --model vgg19 bert-base --json bench/results/autops_migrate.json
@@ -10,7 +10,7 @@ max_pause_ms, median_pause_ms, migration_s, keys_moved, baseline_comm_ms.
 """
 import sys
 
-from autops.bench_elastic import migrate_main
+from dlrt_bench.autops_migrate import main
 
 if __name__ == "__main__":
-    sys.exit(migrate_main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:]))

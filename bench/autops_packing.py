@@ -1,8 +1,9 @@
 """Benchmark: aggregators and aggregator CPU when J concurrent 2s-2w jobs share AutoPS (packing)
 vs. keep 2 dedicated aggregators each, and how much slower each job runs (thesis Fig. 4.9/4.10).
 
-Thin entry point; the same as `autops bench packing ...`. Worker compute is sleep-emulated at
-the model's iteration time, tensors are scaled by --scale (default 0.1). Writes JSON lines with
+Thin entry point; the same as `autops bench packing ...` (dlrt_bench/autops_packing.py). Worker
+compute is sleep-emulated at the model's iteration time, tensors are scaled by --scale (default
+0.1). Writes JSON lines with
 at least model, jobs, aggregators_shared, aggregators_dedicated, cpu_s_per_iter_shared,
 cpu_s_per_iter_dedicated, max_slowdown, aggregator_reduction.
 
@@ -11,7 +12,7 @@ cpu_s_per_iter_dedicated, max_slowdown, aggregator_reduction.
 """
 import sys
 
-from autops.bench_elastic import packing_main
+from dlrt_bench.autops_packing import main
 
 if __name__ == "__main__":
-    sys.exit(packing_main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:]))

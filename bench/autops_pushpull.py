@@ -9,7 +9,7 @@ model, workers, transport, autops_s, gloo_s, ratio (autops_s / gloo_s, medians).
 """
 import sys
 
-from autops.benchmark import main
+from dlrt_bench.autops_pushpull import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

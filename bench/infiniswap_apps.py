@@ -1,4 +1,4 @@
-"""Application paging: ``python -m infiniswap.workload`` (random 64 KiB chunk accesses over
+"""Application paging: ``python -m dlrt_bench.workload`` (random 64 KiB chunk accesses over
 its working set, plus its ``--sort-mib`` sort) with 100%, 75% and 50% of the working set
 in memory (cgroup limit), paging to
 
@@ -20,7 +20,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from infiniswap import demo  # noqa: E402
+from dlrt_bench import infiniswap_stack as demo  # noqa: E402
 
 MiB = 1 << 20
 FRACTIONS = (1.0, 0.75, 0.5)
@@ -28,7 +28,7 @@ FRACTIONS = (1.0, 0.75, 0.5)
 
 def one(cmd: list[str], limit: int, progress, timeout: float) -> dict:
     r = demo.run_limited_watched(cmd, limit, progress, stall=60, timeout=timeout)
-    w = demo._parse_workload(r["stdout"]) or {}
+    w = demo.parse_workload(r["stdout"]) or {}
     out = {"seconds": round(r["seconds"], 2), "rc": r["rc"], "timed_out": r["timed_out"],
            "watchdog": r["watchdog"], "chunk_us_p99": w.get("chunk_us_p99"),
            "errors": w.get("errors"), "peak_mib": round(r["stats"].get("peak_bytes", 0) / MiB, 1)}
@@ -36,13 +36,14 @@ def one(cmd: list[str], limit: int, progress, timeout: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--mib", type=int, default=256, help="working set (MiB)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--sort-mib", type=int, default=32)
     ap.add_argument("--timeout", type=float, default=300.0, help="per remote run (s)")
     ap.add_argument("--disk-timeout", type=float, default=300.0, help="per disk-swap run (s)")
-    ap.add_argument("--daemons", type=int, default=2)
+    ap.add_argument("--num-daemons", type=int, default=2, metavar="N", help="daemon processes")
     ap.add_argument("--json", default=os.path.join(os.path.dirname(__file__), "results",
                                                     "infiniswap_apps.json"))
     args = ap.parse_args(argv)
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
                  "time": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": {"remote": {}, "disk": {}}}
     limits = {f"{int(f * 100)}%": int(args.mib * MiB * f) + (overhead if f == 1.0 else 0)
               for f in FRACTIONS}
-    with demo.Stack(size, 16 * MiB, args.daemons, daemon_capacity=size, swap=True) as st:
+    with demo.Stack(size, 16 * MiB, args.num_daemons, daemon_capacity=size, swap=True) as st:
         for name, limit in limits.items():
             res["runs"]["remote"][name] = one(cmd, limit, st.progress, args.timeout)
             print("remote", name, res["runs"]["remote"][name], flush=True)

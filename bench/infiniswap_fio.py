@@ -22,7 +22,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from infiniswap import demo  # noqa: E402
+from dlrt_bench import infiniswap_stack as demo  # noqa: E402
 from infiniswap.sizes import parse_size  # noqa: E402
 
 MiB = 1 << 20
@@ -65,10 +65,11 @@ def run_all(dev: str, runtime: float, size: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--runtime", type=float, default=10.0, help="seconds per test")
     ap.add_argument("--size", default="512M", help="device size")
-    ap.add_argument("--daemons", type=int, default=2)
+    ap.add_argument("--num-daemons", type=int, default=2, metavar="N", help="daemon processes")
     ap.add_argument("--json", default=os.path.join(os.path.dirname(__file__), "results",
                                                     "infiniswap_fio.json"))
     args = ap.parse_args(argv)
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     size = parse_size(args.size)
     result: dict = {"runtime_s": args.runtime, "size": size, "cpus": os.cpu_count(),
                     "time": time.strftime("%Y-%m-%d %H:%M:%S"), "devices": {}}
-    with demo.Stack(size, 16 * MiB, args.daemons, daemon_capacity=size) as st:
+    with demo.Stack(size, 16 * MiB, args.num_daemons, daemon_capacity=size) as st:
         mapped = st.device.map_now()
         result["remote_slabs_mapped"] = f"{mapped}/{st.device.num_slabs}"
         result["devices"]["remote"] = run_all(st.loop_device, args.runtime, size)

@@ -26,11 +26,11 @@ import os
 import platform
 import select
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 
+from dlrt.procs import stop_processes
 from infiniswap.frontend import Frontend
 from infiniswap.sizes import parse_size
 
@@ -151,13 +151,7 @@ def bench_python(size: int, runtime: float, work: str) -> dict:
     finally:
         if loop:
             subprocess.run(["losetup", "-d", loop], check=False)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        stop_processes([proc], timeout=30)
         if any(line.split()[1] == mnt for line in open("/proc/mounts") if len(line.split()) > 1):
             subprocess.run(["umount", "-l", mnt], check=False)
         os.rmdir(mnt)

@@ -35,8 +35,8 @@ PHILLY = ROOT.parent / "shared" / "data" / "traces" / "philly.csv"
 SIZES = [1] * 60 + [2] * 12 + [4] * 12 + [8] * 12 + [16] * 3 + [32]
 
 
-def full_trace(cluster: ClusterSpec) -> list[dict]:
-    jobs = load_trace(PHILLY, max_gpus=cluster.total_gpus).jobs
+def full_trace(cluster: ClusterSpec, trace: str | pathlib.Path = PHILLY) -> list[dict]:
+    jobs = load_trace(trace, max_gpus=cluster.total_gpus).jobs
     rows = []
     for policy, config in (("las", SimConfig("count")),
                            ("las", SimConfig("tiresias", overheads=True, slowdown=True)),
@@ -119,15 +119,16 @@ def decision(n_active: int, capacity: int, policy_name: str, reps: int) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--json", default=None, help="write the results to FILE")
+    ap.add_argument("--trace", default=str(PHILLY), help="the Philly trace (default: %(default)s)")
     ap.add_argument("--skip-trace", action="store_true", help="only the decision benchmark")
     ap.add_argument("--sizes", default="1000,10000,100000")
     ap.add_argument("--reps", type=int, default=50)
     args = ap.parse_args(argv)
     out = {"host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()}}
     if not args.skip_trace:
-        print("full philly.csv on 48x8:", flush=True)
-        out["full_trace"] = full_trace(ClusterSpec(48, 8))
+        print(f"full {args.trace} on 48x8:", flush=True)
+        out["full_trace"] = full_trace(ClusterSpec(48, 8), args.trace)
         las = out["full_trace"][0]["wall_seconds"]
         out["full_trace_las_over_fifo_wall"] = las / out["full_trace"][2]["wall_seconds"]
     print("one scheduling decision on 256x8 = 2048 GPUs:", flush=True)

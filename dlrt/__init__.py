@@ -3,6 +3,7 @@
 Only what AutoPS, Infiniswap and Tiresias all need lives here, and nothing here knows
 about any of them: versioned messages and their errors (``messages``), this machine's
 identity (``hostid``), addresses and endpoints (``endpoints``), a thread waker
-(``waker``), stopping child processes (``procs``) and the command-line helpers every CLI
-uses (``cli``). Each system keeps its own protocol on top.
+(``waker``), stopping child processes (``procs``), job traces read into plain records
+(``trace``: AutoPS's and Tiresias's simulators replay the same traces) and the command-line
+helpers every CLI uses (``cli``). Each system keeps its own protocol on top.
 """

@@ -75,4 +75,6 @@ class Protocol:
             raise ProtocolError(f"unsupported protocol version {version!r} (not an integer)")
         if version != self.version and op != self.error_op:
             raise VersionMismatch(self.name, self.version, version)
-        return op, {k: v for k, v in obj.items() if k not in _ENVELOPE}
+        for key in _ENVELOPE:
+            obj.pop(key, None)
+        return op, obj

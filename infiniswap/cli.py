@@ -1,25 +1,27 @@
 """The ``infiniswap`` command: run a daemon or a device, ask for status, simulate, benchmark.
 
-    infiniswap daemon   --bind tcp://0.0.0.0:7300 [--headroom 8G] [--slab-size 1G] ...
+    infiniswap daemon   [--bind 127.0.0.1:7300] [--headroom 8G] [--slab-size 1G] ...
                         [--reports ADDR] [--metrics-port PORT] [--report-host NAME]
     infiniswap device   --size 4G --backup FILE --daemons ADDR,ADDR,... [--status-bind ADDR]
                         [--mount DIR [--loop] [--swap] [--swap-priority N]]
     infiniswap device stop --mount DIR
-    infiniswap status   --daemons ADDR,... [--devices ADDR,...] [--json]
+    infiniswap status   --daemons ADDR,... [--devices ADDR,...] [--json FILE]
     infiniswap run      --memory 64M [--swappiness N] -- CMD...
-    infiniswap simulate --machines 1000 [--json]
-    infiniswap bench    --size 2G --daemons 3 [--json OUT]
+    infiniswap simulate --machines 1000 [--json FILE]
+    infiniswap bench    --size 2G --num-daemons 3 [--json FILE]
 
-This module owns argument parsing, logging setup, signal handling (SIGTERM/SIGINT end a
-daemon or device cleanly, exit status 0) and the status table.  A bad argument or an error
-the user can fix is one line on stderr and exit status 2 (usage) or 1 (runtime), never a
-traceback.
+This module owns argument parsing, signal handling (SIGTERM/SIGINT end a daemon or device
+cleanly, exit status 0) and the status table; the convention (addresses as ``HOST:PORT`` or
+``tcp://HOST:PORT``, ``--json FILE`` with ``-`` for stdout, ``--log-level`` on every command,
+help with defaults) is ``dlrt.cli``'s. A bad argument or an error the user can fix is one
+line on stderr and exit status 2 (usage) or 1 (runtime), never a traceback. ``simulate`` and
+``bench`` parse their own options (``bench`` imports ``dlrt_bench`` only when it runs).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
+import importlib
 import logging
 import os
 import signal
@@ -28,15 +30,21 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
+from dlrt import cli
+from dlrt.cli import UsageError
+from dlrt.procs import die_with_parent
 from infiniswap.sizes import format_size, parse_size
 
 __all__ = ["main"]
 
 log = logging.getLogger("infiniswap.cli")
 
-
-class UsageError(Exception):
-    """A bad argument found after parsing (exit status 2)."""
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# commands that parse their own options: name -> (module, help)
+FORWARDED = {
+    "simulate": ("infiniswap.simulate", "cluster-scale placement and eviction simulation"),
+    "bench": ("dlrt_bench.infiniswap_bench", "benchmark remote memory (shm, TCP) against the backup file"),
+}
 
 
 def _size(text: str) -> int:
@@ -56,23 +64,6 @@ def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
             raise argparse.ArgumentTypeError(f"{text!r} must be positive")
         return v
     return parse
-
-
-def _addresses(text: str) -> list[str]:
-    addrs = [a.strip() for a in text.split(",") if a.strip()]
-    if not addrs:
-        raise argparse.ArgumentTypeError("expected a comma-separated list of addresses")
-    return addrs
-
-
-def _add_logging(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--log-level", default="info",
-                    choices=["debug", "info", "warning", "error"], help="default: info")
-
-
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper()), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 class _Signals:
@@ -110,18 +101,6 @@ def _file_reader(path: str) -> Callable[[], int]:
         with open(path, encoding="utf-8") as fh:
             return parse_size(fh.read().strip() or "0")
     return read
-
-
-def _exit_with_parent() -> None:
-    """Ask Linux for SIGTERM when our parent dies, so no daemon outlives its test or bench."""
-    import ctypes
-    parent = os.getppid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    PR_SET_PDEATHSIG = 1
-    if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
-        log.warning("--exit-with-parent: prctl failed (errno %d)", ctypes.get_errno())
-    elif os.getppid() != parent:        # the parent died before the request took effect
-        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _harden(what: str) -> None:
@@ -164,7 +143,8 @@ def _announce_reporters(reporters: Sequence[Any]) -> str:
 
 def _cmd_daemon(args: argparse.Namespace) -> int:
     if args.exit_with_parent:
-        _exit_with_parent()
+        if not die_with_parent(signal.SIGTERM):
+            log.warning("--exit-with-parent: the kernel refused PR_SET_PDEATHSIG")
     # First thing, before slab memory is mapped and threads start: the data server thread
     # is on the paging path of devices that swap into this daemon.
     if not args.no_harden and os.geteuid() == 0:
@@ -361,7 +341,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         raise UsageError("give --daemons and/or --devices to ask")
     result = {"daemons": {a: _ask_status(a, args.timeout) for a in args.daemons or []},
               "devices": {a: _ask_status(a, args.timeout) for a in args.devices or []}}
-    print(json.dumps(result, indent=2) if args.json else _format_status(result))
+    cli.emit(args.json, result, _format_status(result))
     failed = [a for kind in result.values() for a, r in kind.items() if "error" in r]
     if failed:
         print(f"infiniswap status: no answer from {', '.join(failed)}", file=sys.stderr)
@@ -382,22 +362,6 @@ def _vmstat_swap() -> dict[str, int]:
     except (OSError, ValueError):
         pass
     return out
-
-
-def _run_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="infiniswap run",
-        description="run CMD in a new memory-limited cgroup (it pages to whatever swap is "
-                    "active, e.g. an `infiniswap device --swap`); prints peak memory and "
-                    "swap-ins/outs on stderr at the end and exits with CMD's status")
-    ap.add_argument("--memory", type=_size, required=True,
-                    help="memory limit of the cgroup, e.g. 64M")
-    ap.add_argument("--swappiness", type=int, default=None, metavar="N",
-                    help="memory.swappiness of the cgroup (cgroup v1 only; 0..100)")
-    ap.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...")
-    _add_logging(ap)
-    ap.set_defaults(run=_cmd_run, command="run")
-    return ap
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -445,18 +409,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 # ---- parser ----
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="infiniswap",
-                                 description="Infiniswap remote-memory paging (thesis ch. II)")
-    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-
-    d = sub.add_parser("daemon", help="lend this machine's free memory to devices")
-    d.add_argument("--bind", default="tcp://127.0.0.1:7300",
-                   help="control endpoint (default tcp://127.0.0.1:7300; port 0 = any)")
-    d.add_argument("--headroom", type=_size, default=parse_size("8G"),
-                   help="free memory to keep for local applications (default 8G)")
-    d.add_argument("--slab-size", type=_size, default=parse_size("1G"), help="default 1G")
+def _daemon_args(d: argparse.ArgumentParser) -> None:
+    d.add_argument("--bind", type=cli.bind_address, default="127.0.0.1:7300", metavar="ADDR",
+                   help="control endpoint, HOST:PORT or tcp://HOST:PORT (port 0 = any)")
+    d.add_argument("--headroom", type=_size, default="8G",
+                   help="free memory to keep for local applications")
+    d.add_argument("--slab-size", type=_size, default="1G")
     d.add_argument("--capacity", type=_size, default=None,
                    help="most memory to lend (default: all of it above HeadRoom)")
     d.add_argument("--no-lock", action="store_true",
@@ -466,51 +424,48 @@ def _parser() -> argparse.ArgumentParser:
                         "oom_score_adj -1000 (its data server is on the paging path); skip that")
     d.add_argument("--exit-with-parent", action="store_true",
                    help="stop (SIGTERM) when the process that started this one dies (Linux)")
-    d.add_argument("--period", type=_positive(float), default=1.0,
-                   help="memory monitor period, seconds (default 1)")
+    d.add_argument("--period", type=_positive(float), default=1.0, help="memory monitor period, seconds")
     d.add_argument("--timeout", type=_positive(float), default=5.0,
-                   help="wait this long for ACTIVITY / DONE from a device, then take it as "
-                        "gone; keep it above the devices' --timeout (default 5 s)")
+                   help="wait this long (s) for ACTIVITY / DONE from a device, then take it as "
+                        "gone; keep it above the devices' --timeout")
     d.add_argument("--data-host", default="127.0.0.1",
-                   help="address of the TCP data server for devices on other hosts "
-                        "(default 127.0.0.1)")
-    d.add_argument("--data-port", type=int, default=0, help="default: any free port")
+                   help="address of the TCP data server for devices on other hosts")
+    d.add_argument("--data-port", type=int, default=0, help="TCP data server port (0 = any free port)")
     d.add_argument("--no-data-server", action="store_true",
                    help="no TCP data path (same-host devices only)")
     d.add_argument("--emulate-usage", metavar="FILE",
                    help="testing: read the memory used by everything else from FILE "
                         "(bytes, e.g. 512M; re-read every period) and take --capacity as "
                         "the machine's memory")
-    d.add_argument("--reports", metavar="ADDR", default=None,
+    d.add_argument("--reports", type=cli.bind_address, metavar="ADDR", default=None,
                    help="publish utilization reports (ZeroMQ PUB, topic infiniswap.utilization; "
-                        "see infiniswap/report.py) on ADDR, e.g. tcp://127.0.0.1:5600 "
+                        "see infiniswap/report.py) on ADDR, e.g. 127.0.0.1:5600 "
                         "(port 0 = any; the bound one is announced) (default: off)")
     d.add_argument("--report-interval", type=_positive(float), default=1.0, metavar="SECONDS",
-                   help="seconds between reports and metrics updates (default 1)")
+                   help="seconds between reports and metrics updates")
     d.add_argument("--report-host", metavar="NAME", default=None,
                    help="host name in the reports and metrics (default: this machine's, "
                         "socket.gethostname(); lets daemons on one machine stand for "
                         "emulated hosts)")
     d.add_argument("--metrics-port", type=int, default=0, metavar="PORT",
                    help="serve Prometheus metrics on http://HOST:PORT/metrics, HOST being "
-                        "--bind's host (default 0 = off)")
-    _add_logging(d)
-    d.set_defaults(run=_cmd_daemon)
+                        "--bind's host (0 = off)")
 
-    v = sub.add_parser("device", help="run a device's control loop")
+
+def _device_args(v: argparse.ArgumentParser) -> None:
     v.add_argument("--size", type=_size, required=True, help="device size, e.g. 4G")
     v.add_argument("--backup", required=True, help="backup file (created, size bytes)")
-    v.add_argument("--daemons", type=_addresses, default=[],
-                   help="comma-separated daemon control endpoints")
-    v.add_argument("--slab-size", type=_size, default=parse_size("1G"), help="default 1G")
+    v.add_argument("--daemons", type=cli.address_list, default=[], metavar="ADDR,...",
+                   help="comma-separated daemon control addresses (HOST:PORT or tcp://HOST:PORT)")
+    v.add_argument("--slab-size", type=_size, default="1G")
     v.add_argument("--hot-slab", type=float, default=20.0,
-                   help="page I/Os per second that make a slab hot (default 20)")
-    v.add_argument("--period", type=_positive(float), default=1.0, help="default 1 s")
+                   help="page I/Os per second that make a slab hot")
+    v.add_argument("--period", type=_positive(float), default=1.0, help="control loop period, seconds")
     v.add_argument("--timeout", type=_positive(float), default=2.0,
-                   help="take a daemon as failed after this long without an answer (default 2 s)")
+                   help="take a daemon as failed after this long (s) without an answer")
     v.add_argument("--transport", choices=["auto", "shm", "tcp"], default="auto")
-    v.add_argument("--status-bind", default=None,
-                   help="endpoint where `infiniswap status --devices` can ask this device")
+    v.add_argument("--status-bind", type=cli.bind_address, default=None, metavar="ADDR",
+                   help="address where `infiniswap status --devices` can ask this device")
     v.add_argument("--device-id", default=None, help="name shown by daemons (default host:pid)")
     v.add_argument("--map-all", action="store_true", help="map every slab at start")
     v.add_argument("--mount", metavar="DIR", default=None,
@@ -525,71 +480,73 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--no-harden", action="store_true",
                    help="with --mount the process mlocks itself, sets PR_SET_IO_FLUSHER and "
                         "oom_score_adj -1000; skip that")
-    _add_logging(v)
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = cli.parser("infiniswap", "Infiniswap remote-memory paging (thesis ch. II)")
+    sub = cli.add_commands(ap)
+
+    d = cli.add_command(sub, "daemon", "lend this machine's free memory to devices")
+    _daemon_args(d)
+    d.set_defaults(run=_cmd_daemon)
+
+    v = cli.add_command(sub, "device", "run a device's control loop (`device stop --mount DIR` stops one)")
+    _device_args(v)
     v.set_defaults(run=_cmd_device)
 
-    s = sub.add_parser("status", help="ask daemons and devices for their state")
-    s.add_argument("--daemons", type=_addresses, default=None)
-    s.add_argument("--devices", type=_addresses, default=None,
-                   help="devices' --status-bind endpoints")
-    s.add_argument("--json", action="store_true", help="print JSON")
-    s.add_argument("--timeout", type=_positive(float), default=2.0)
+    s = cli.add_command(sub, "status", "ask daemons and devices for their state",
+                        json_help="write the answers as JSON to FILE ('-' for stdout instead of the table)")
+    s.add_argument("--daemons", type=cli.address_list, default=None, metavar="ADDR,...")
+    s.add_argument("--devices", type=cli.address_list, default=None, metavar="ADDR,...",
+                   help="devices' --status-bind addresses")
+    s.add_argument("--timeout", type=_positive(float), default=2.0, help="seconds to wait for each answer")
     s.set_defaults(run=_cmd_status)
 
-    r = sub.add_parser("run", help="run a command in a memory-limited cgroup", add_help=False)
-    r.add_argument("rest", nargs=argparse.REMAINDER)
-    r.set_defaults(run=None)
+    r = cli.add_command(sub, "run", "run a command in a memory-limited cgroup",
+                        description="run CMD in a new memory-limited cgroup (it pages to whatever swap is "
+                                    "active, e.g. an `infiniswap device --swap`); prints peak memory and "
+                                    "swap-ins/outs on stderr at the end and exits with CMD's status")
+    r.add_argument("--memory", type=_size, required=True, help="memory limit of the cgroup, e.g. 64M")
+    r.add_argument("--swappiness", type=int, default=None, metavar="N",
+                   help="memory.swappiness of the cgroup (cgroup v1 only; 0..100)")
+    r.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...")
+    r.set_defaults(run=_cmd_run)
 
-    for name, text in (("simulate", "cluster-scale placement and eviction simulation"),
-                       ("bench", "benchmark remote memory (shm, TCP) against the backup file")):
+    for name, (_, text) in FORWARDED.items():      # their own parsers read the rest
         x = sub.add_parser(name, help=text, add_help=False)
-        x.add_argument("rest", nargs=argparse.REMAINDER)
         x.set_defaults(run=None)
     return ap
 
 
 def _stop_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="infiniswap device stop",
-        description="stop the device serving a mount: SIGTERM it and wait for its cleanup; "
-                    "if it is gone (crashed, killed), undo what it left (swapoff, losetup -d, "
-                    "unmount)")
+    ap = cli.parser(
+        "infiniswap device stop",
+        "stop the device serving a mount: SIGTERM it and wait for its cleanup; if it is gone "
+        "(crashed, killed), undo what it left (swapoff, losetup -d, unmount)")
     ap.add_argument("--mount", required=True, metavar="DIR", help="the device's --mount DIR")
     ap.add_argument("--timeout", type=_positive(float), default=120.0,
-                    help="wait this long for the device to clean up (default 120 s)")
-    _add_logging(ap)
+                    help="wait this long (s) for the device to clean up")
+    cli.add_log_level(ap)
     ap.set_defaults(run=_cmd_device_stop, command="device stop")
     return ap
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    ap = _parser()
     if argv[:2] == ["device", "stop"]:
-        ap = _stop_parser()
-        argv = argv[2:]
-    if argv and argv[0] == "run":
-        ap = _run_parser()
-        argv = argv[1:]
-    if argv and argv[0] == "simulate":
-        from infiniswap import simulate
-        return simulate.main(argv[1:])
-    if argv and argv[0] == "bench":
-        from infiniswap import benchmark
-        return benchmark.main(argv[1:])
-    args = ap.parse_args(argv)
-    if hasattr(args, "log_level"):
-        _setup_logging(args.log_level)
-    try:
-        return args.run(args)
-    except UsageError as exc:
-        ap.error(str(exc))
-        return 2  # pragma: no cover - ap.error exits
-    except (ValueError, OSError) as exc:
-        print(f"infiniswap {args.command}: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+        args = _stop_parser().parse_args(argv[2:])
+    else:
+        ap = _parser()
+        args, rest = ap.parse_known_args(argv)
+        if args.command is None:
+            return cli.no_subcommand(ap)
+        if args.command in FORWARDED:
+            module, _ = FORWARDED[args.command]
+            return importlib.import_module(module).main(rest)
+        if rest:
+            ap.error(f"unrecognized arguments: {' '.join(rest)}")
+    cli.setup_logging(args.log_level, LOG_FORMAT)
+    return cli.run_main(f"infiniswap {args.command}", args.run, args)
 
 
 if __name__ == "__main__":

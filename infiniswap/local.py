@@ -3,7 +3,8 @@
 Owns starting ``infiniswap daemon`` subprocesses (``python -m infiniswap.cli daemon`` on a
 free loopback port), reading the address each one announces, and stopping exactly those
 processes by pid: SIGTERM and a bounded wait (a clean shutdown gives every slab back),
-SIGKILL when asked to emulate a crash or when a daemon does not stop.  Each daemon can run
+SIGKILL when asked to emulate a crash or when a daemon does not stop
+(``dlrt.procs.stop_processes``).  Each daemon can run
 with an emulated local memory usage (``--emulate-usage``) that ``set_usage`` changes, so
 memory pressure (HeadRoom, eviction) can be caused on purpose.
 """
@@ -19,6 +20,8 @@ import sys
 import tempfile
 import time
 from typing import Sequence
+
+from dlrt.procs import stop_processes
 
 __all__ = ["DaemonProcess", "LocalDaemons"]
 
@@ -132,13 +135,7 @@ class DaemonProcess:
     def _stop(self, wait: float) -> int | None:
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(wait)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        stop_processes([self.proc], wait)
         self._close_pipe()
         return self.proc.returncode
 

@@ -5,7 +5,7 @@ encoding, and the validation that turns any malformed input into a ``ProtocolErr
 -- never another exception -- so a daemon or device loop never dies on a bad peer.
 
 Wire format: the shared envelope of ``dlrt.messages``, one msgpack map
-``{"proto": "infiniswap", "v": 1, "op": <name>, <fields>...}``. ``id`` (optional,
+``{"proto": "infiniswap", "v": 2, "op": <name>, <fields>...}``. ``id`` (optional,
 non-negative int) is allowed on every message: a request may carry one and the reply
 echoes it (``reply_to``), so requests in both directions can share one connection.
 Unknown fields are rejected (a typo is an error, not silently ignored).
@@ -77,7 +77,7 @@ __all__ = [
     "Message", "encode", "decode", "reply_to", "error", "PROTOCOL",
 ]
 
-VERSION = 1
+VERSION = 2    # 2: the shared dlrt envelope (adds "proto")
 
 QUERY_MEM = "QUERY_MEM"
 FREE_MEM = "FREE_MEM"

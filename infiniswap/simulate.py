@@ -55,8 +55,6 @@ Entry points: ``run(machines=1000, seed=0, ...) -> dict`` (JSON-serialisable) an
 """
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import random
 from dataclasses import dataclass, field
@@ -64,6 +62,8 @@ from statistics import NormalDist
 from typing import Any, Sequence
 
 import numpy as np
+
+from dlrt import cli
 
 from . import eviction, placement
 
@@ -313,14 +313,16 @@ def format_report(result: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="infiniswap simulate", description=__doc__.splitlines()[0])
+    ap = cli.parser("infiniswap simulate", __doc__.splitlines()[0])
     ap.add_argument("--machines", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--trials", type=int, default=4000, help="Monte-Carlo trials per eviction cell")
-    ap.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
+    cli.add_log_level(ap)
+    cli.add_json(ap, "write the result as JSON to FILE ('-' for stdout instead of the tables)")
     args = ap.parse_args(argv)
+    cli.setup_logging(args.log_level)
     result = run(args.machines, args.seed, trials=args.trials)
-    print(json.dumps(result, indent=2) if args.json else format_report(result))
+    cli.emit(args.json, result, format_report(result))
     return 0
 
 

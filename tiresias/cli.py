@@ -1,22 +1,26 @@
 """The ``tiresias`` command: ``simulate`` one policy on a trace, ``compare`` several, and the
-live service (``master``, ``submit``, ``jobs``, ... in ``tiresias.service.cli``)."""
+live service (``master``, ``submit``, ``jobs``, ... in ``tiresias.service.cli``).
+
+Follows the runtime's command-line convention (``dlrt.cli``): ``--json FILE`` (``-`` for
+stdout), ``--log-level`` on every command, exit status 2 for usage errors (a bad trace
+included), 1 for runtime errors.
+"""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
+
+from dlrt import cli
 
 from .cluster import parse_cluster
 from .metrics import summarize, write_jobs_csv
 from .placement import DEFAULT_PACKLIMIT
 from .policies import POLICIES, make_policy
 from .sim import PLACEMENTS, SimConfig, simulate
-from .trace import TraceError, load_trace
+from .trace import CYCLE_MODELS, load_trace, with_models
 
-# Table 3.3's models, assigned in turn by ``--models cycle`` (as the thesis' testbed workload did)
-CYCLE_MODELS = ("vgg19", "vgg16", "vgg11", "alexnet", "resnet152", "resnet101", "resnet50",
-                "inception4", "inception3", "googlenet")
+__all__ = ["main", "CYCLE_MODELS"]
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -59,10 +63,7 @@ def _load(args):
     if report.skipped:
         print(f"tiresias: skipped {report.skipped} bad rows of {args.trace}; first: {report.problems[0]}",
               file=sys.stderr)
-    jobs = report.jobs
-    if args.models == "cycle":
-        jobs = [j if j.model else dataclasses.replace(j, model=CYCLE_MODELS[j.job_id % len(CYCLE_MODELS)])
-                for j in jobs]
+    jobs = with_models(report.jobs) if args.models == "cycle" else report.jobs
     return cluster, jobs
 
 
@@ -95,10 +96,10 @@ def _cmd_simulate(args) -> int:
     cluster, jobs = _load(args)
     result = _run(args.policy, args, cluster, jobs, record=bool(args.plot))
     summary = summarize(result)
-    print(json.dumps(summary, indent=2))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=2)
+        cli.write_json(args.json, summary)
+    if args.json != "-":
+        print(json.dumps(summary, indent=2))
     if args.jobs_csv:
         write_jobs_csv(result, args.jobs_csv)
     if args.plot:
@@ -121,18 +122,16 @@ def _cmd_compare(args) -> int:
             from .plots import jcts
             jct[name] = jcts(result)
     base = rows.get("las") or rows[names[-1]]
-    print(f"{'policy':<12} {'avg JCT (s)':>14} {'median JCT':>12} {'p95 JCT':>12} {'avg norm':>9} "
-          f"{'median norm':>12} {'preempt':>8}")
+    lines = [f"{'policy':<12} {'avg JCT (s)':>14} {'median JCT':>12} {'p95 JCT':>12} {'avg norm':>9} "
+             f"{'median norm':>12} {'preempt':>8}"]
     for name, r in rows.items():
-        print(f"{name:<12} {r['avg_jct']:>14.0f} {r['median_jct']:>12.0f} {r['p95_jct']:>12.0f} "
-              f"{r['avg_jct'] / base['avg_jct']:>8.2f}x {r['median_jct'] / base['median_jct']:>11.2f}x "
-              f"{r['preemptions']:>8}")
+        lines.append(f"{name:<12} {r['avg_jct']:>14.0f} {r['median_jct']:>12.0f} {r['p95_jct']:>12.0f} "
+                     f"{r['avg_jct'] / base['avg_jct']:>8.2f}x {r['median_jct'] / base['median_jct']:>11.2f}x "
+                     f"{r['preemptions']:>8}")
     for r in rows.values():
         r["avg_jct_vs_las"] = r["avg_jct"] / base["avg_jct"]
         r["median_jct_vs_las"] = r["median_jct"] / base["median_jct"]
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(list(rows.values()), f, indent=2)
+    cli.emit(args.json, list(rows.values()), "\n".join(lines))
     if args.plot:
         from .plots import plot_jct_cdf
         plot_jct_cdf(jct, args.plot, title=f"{len(jobs)} jobs on {args.cluster}")
@@ -141,39 +140,29 @@ def _cmd_compare(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from .service import cli as service_cli
-    fmt = argparse.ArgumentDefaultsHelpFormatter
-    parser = argparse.ArgumentParser(prog="tiresias", description="Tiresias GPU cluster scheduler: simulator "
-                                     "and live master")
-    sub = parser.add_subparsers(dest="command")
-    p = sub.add_parser("simulate", help="simulate one policy on a trace")
+    parser = cli.parser("tiresias", "Tiresias GPU cluster scheduler: simulator and live master")
+    sub = cli.add_commands(parser)
+    p = cli.add_command(sub, "simulate", "simulate one policy on a trace", log_level="WARNING",
+                        json_help="write the summary as JSON to FILE ('-' for stdout; it is printed "
+                                  "there anyway unless FILE is '-')")
     _common(p)
     p.add_argument("--policy", choices=sorted(POLICIES), default="las")
-    p.add_argument("--json", default=None)
-    p.add_argument("--jobs-csv", default=None)
-    p.add_argument("--plot", default=None, help="PNG: JCT CDF and GPUs in use over time")
+    p.add_argument("--jobs-csv", default=None, metavar="FILE", help="one row per job")
+    p.add_argument("--plot", default=None, metavar="PNG", help="JCT CDF and GPUs in use over time")
     p.set_defaults(func=_cmd_simulate)
-    p = sub.add_parser("compare", help="simulate several policies, normalized by las")
+    p = cli.add_command(sub, "compare", "simulate several policies, normalized by las", log_level="WARNING",
+                        json_help="write one summary per policy as JSON to FILE ('-' for stdout "
+                                  "instead of the table)")
     _common(p)
     p.add_argument("--policies", default="fifo,best-effort,srtf,gandiva,gittins,las")
-    p.add_argument("--json", default=None)
-    p.add_argument("--plot", default=None, help="PNG: the policies' JCT CDFs (log x-axis)")
+    p.add_argument("--plot", default=None, metavar="PNG", help="the policies' JCT CDFs (log x-axis)")
     p.set_defaults(func=_cmd_compare)
-    service_cli.add_commands(sub, fmt)
+    service_cli.add_commands(sub)
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.print_help()
-        return 2
-    if args.command not in ("simulate", "compare"):
-        try:
-            return service_cli.run(args)
-        except (ValueError, RuntimeError, OSError) as exc:
-            print(f"tiresias {args.command}: {exc}", file=sys.stderr)
-            return 1
-    try:
-        return args.func(args)
-    except (TraceError, ValueError, RuntimeError, OSError) as exc:
-        print(f"tiresias {args.command}: {exc}", file=sys.stderr)
-        return 1
+        return cli.no_subcommand(parser)
+    cli.setup_logging(args.log_level)
+    return cli.run_main(f"tiresias {args.command}", args.func, args)
 
 
 if __name__ == "__main__":

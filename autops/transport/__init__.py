@@ -1,11 +1,16 @@
-"""Transports between agents and aggregators behind one small interface.
+"""AutoPS's transports behind one small interface (``base``), in the manner of ps-lite's ``Van``.
 
-An aggregator advertises ``endpoints`` (a map kind -> address); an agent picks one with
-``choose_endpoint``. Payloads travel as ZeroMQ frames (``tcp``, ``ipc``); an RDMA or
-shared-memory path can be added as another kind without touching agent or aggregator logic.
+``Transport`` (``links``) gives a process its listeners, a ``Channel`` to each peer --
+ZeroMQ tcp or ipc (``zmq``), or same-host shared memory (``shm``, ``shm_channel``),
+chosen in one place -- and the ``Memory`` whose buffers a channel may lend by reference.
+An RDMA kind plugs in behind the same interface (see ``base``).
 """
 from __future__ import annotations
 
-from .zmq import TRANSPORTS, choose_endpoint, ipc_address, make_context
+from .base import (Channel, Inbound, Listener, Memory, PayloadError, Sender, Shared, TransportError,
+                   background_priority)
+from .links import TRANSPORTS, Transport
+from .zmq import make_context
 
-__all__ = ["TRANSPORTS", "choose_endpoint", "ipc_address", "make_context"]
+__all__ = ["Channel", "Inbound", "Listener", "Memory", "PayloadError", "Sender", "Shared", "Transport",
+           "TransportError", "TRANSPORTS", "background_priority", "make_context"]

@@ -1,35 +1,35 @@
-"""Same-host shared-memory payloads: tensor bytes move by one memcpy instead of a socket.
+"""Same-host shared memory: the buffers a process lends to peers on its host, and theirs it maps.
 
 A process creates anonymous shared memory with ``memfd_create`` (nothing appears in
 ``/dev/shm``, the kernel frees it when the last mapping goes) and carves it into aligned
 slices (``Arena``). A peer on the same host maps a segment through
-``/proc/<pid>/fd/<fd>``; messages over the ipc socket then carry only a reference
-``[segment id, pid, fd, size, offset]`` to a slice. The segment id guards against a
-reused pid. Control messages still travel over ZeroMQ; only payload bytes move here.
+``/proc/<pid>/fd/<fd>``. A segment's handle is ``[scope, segment id, pid, fd, size]`` and
+a slice's reference is the handle plus its offset; the segment id guards against a reused
+pid, the scope (a job) says which memory is released together. ``SharedMemory`` is the
+``Memory`` of the ``shm`` transport: what this process allocates to lend, and what it has
+mapped of its peers' (``Attachments``).
 """
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import threading
 import uuid
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from .base import Memory, PayloadError, Shared, background_priority
+
+log = logging.getLogger("autops.transport")
+
 ALIGN = 64
+PREFAULT_IN_BACKGROUND = 4 << 20    # allocations with more bytes are populated by a helper thread
 
 
 def available() -> bool:
     return hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
-
-
-def background_priority() -> None:
-    """Lowest CPU priority for the calling thread (Linux nice is per thread): memory
-    population and mapping done ahead of time must not take CPU from the data path."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (OSError, AttributeError):
-        pass
 
 
 def _flags(populate: bool) -> int:
@@ -39,14 +39,15 @@ def _flags(populate: bool) -> int:
 class Segment:
     """One shared-memory segment, created here or attached from a peer."""
 
-    def __init__(self, seg_id: str, pid: int, fd: int, size: int, mm: mmap.mmap, owner: bool) -> None:
-        self.seg_id, self.pid, self.fd, self.size = seg_id, pid, fd, size
+    def __init__(self, scope: str, seg_id: str, pid: int, fd: int, size: int, mm: mmap.mmap,
+                 owner: bool) -> None:
+        self.scope, self.seg_id, self.pid, self.fd, self.size = scope, seg_id, pid, fd, size
         self.mm = mm
         self.owner = owner
         self.buf = memoryview(mm)
 
     @classmethod
-    def create(cls, size: int, name: str = "autops", populate: bool = False) -> "Segment":
+    def create(cls, size: int, scope: str, name: str = "autops", populate: bool = False) -> "Segment":
         """``populate``: allocate and map every page now (MAP_POPULATE), so the first use of
         the memory does not page-fault on a latency-critical path."""
         size = max(ALIGN, size)
@@ -57,10 +58,10 @@ class Segment:
         except BaseException:
             os.close(fd)
             raise
-        return cls(uuid.uuid4().hex, os.getpid(), fd, size, mm, owner=True)
+        return cls(scope, uuid.uuid4().hex, os.getpid(), fd, size, mm, owner=True)
 
     @classmethod
-    def attach(cls, seg_id: str, pid: int, fd: int, size: int, populate: bool = True) -> "Segment":
+    def attach(cls, scope: str, seg_id: str, pid: int, fd: int, size: int, populate: bool = True) -> "Segment":
         path = f"/proc/{int(pid)}/fd/{int(fd)}"
         local = os.open(path, os.O_RDWR)
         try:
@@ -70,22 +71,16 @@ class Segment:
             mm = mmap.mmap(local, size, _flags(populate), mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(local)
-        return cls(seg_id, pid, fd, size, mm, owner=False)
+        return cls(scope, seg_id, pid, fd, size, mm, owner=False)
 
-    def array(self, offset: int, nbytes: int, dtype: str) -> np.ndarray:
+    def view(self, offset: int, nbytes: int) -> memoryview:
         if offset < 0 or nbytes < 0 or offset + nbytes > self.size:
             raise ValueError(f"slice [{offset}, {offset + nbytes}) outside shared segment of {self.size} bytes")
-        itemsize = np.dtype(dtype).itemsize
-        if nbytes % itemsize:
-            raise ValueError(f"{nbytes} bytes is not a whole number of {dtype}")
-        return np.frombuffer(self.buf, dtype=dtype, count=nbytes // itemsize, offset=offset)
-
-    def ref(self, offset: int) -> list:
-        return [self.seg_id, self.pid, self.fd, self.size, offset]
+        return self.buf[offset:offset + nbytes]
 
     def handle(self) -> list:
-        """What a peer needs to map the whole segment: [id, pid, fd, size]."""
-        return [self.seg_id, self.pid, self.fd, self.size]
+        """What a peer needs to map the whole segment: [scope, id, pid, fd, size]."""
+        return [self.scope, self.seg_id, self.pid, self.fd, self.size]
 
     def close(self) -> None:
         try:
@@ -101,15 +96,13 @@ class Segment:
 
 
 class Arena:
-    """Aligned slices of freshly created segments (one segment per ``allocate`` call)."""
+    """Aligned slices of segments created for one scope."""
 
-    def __init__(self, name: str = "autops", populate: bool = True) -> None:
-        self.name = name
-        self.populate = populate
+    def __init__(self) -> None:
         self.segments: list[Segment] = []
 
     @staticmethod
-    def layout(sizes: list[tuple[int, str]]) -> tuple[list[int], int]:
+    def layout(sizes: Sequence[tuple[int, str]]) -> tuple[list[int], int]:
         """Aligned offsets of ``(numel, dtype)`` arrays in one segment, and its size."""
         offsets, total = [], 0
         for numel, dtype in sizes:
@@ -117,18 +110,14 @@ class Arena:
             total += -(-numel * np.dtype(dtype).itemsize // ALIGN) * ALIGN
         return offsets, total
 
-    def allocate(self, sizes: list[tuple[int, str]]) -> list[tuple[np.ndarray, list]]:
-        """Arrays of ``(numel, dtype)`` backed by one new segment, with their references."""
-        _, total = self.layout(sizes)
-        return self.adopt(Segment.create(total, self.name, populate=self.populate), sizes)
-
-    def adopt(self, seg: Segment, sizes: list[tuple[int, str]]) -> list[tuple[np.ndarray, list]]:
-        """Carve a segment created elsewhere (e.g. populated by another thread) into arrays."""
+    def adopt(self, seg: Segment, sizes: Sequence[tuple[int, str]]) -> list[Shared]:
+        """Carve a segment into arrays of ``(numel, dtype)`` with their references."""
         offsets, total = self.layout(sizes)
         if seg.size < total:
             raise ValueError(f"segment of {seg.size} bytes cannot hold {total}")
         self.segments.append(seg)
-        return [(seg.array(off, numel * np.dtype(dtype).itemsize, dtype), seg.ref(off))
+        handle = seg.handle()
+        return [Shared(np.frombuffer(seg.buf, dtype=dtype, count=numel, offset=off), [*handle, off])
                 for off, (numel, dtype) in zip(offsets, sizes)]
 
     def close(self) -> None:
@@ -137,26 +126,38 @@ class Arena:
         self.segments.clear()
 
 
+def _parse_handle(handle: Any, width: int) -> tuple:
+    if not isinstance(handle, (list, tuple)) or len(handle) != width:
+        raise ValueError(f"malformed shared-memory reference {handle!r}")
+    scope, seg_id, *ints = handle
+    if not isinstance(scope, str) or not isinstance(seg_id, str) \
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in ints):
+        raise ValueError(f"malformed shared-memory reference {handle!r}")
+    return tuple(handle)
+
+
 class Attachments:
-    """Segments of peers, mapped once and reused; released by owner tag (e.g. a job)."""
+    """Segments of peers, mapped once and reused; released by scope."""
 
     def __init__(self) -> None:
         self._segs: dict[str, Segment] = {}
-        self._tags: dict[str, set[str]] = {}
+        self._scopes: dict[str, set[str]] = {}
         self._lock = threading.Lock()
 
-    def array(self, ref: list, nbytes: int, dtype: str, tag: str = "") -> np.ndarray:
-        if not isinstance(ref, (list, tuple)) or len(ref) != 5:
-            raise ValueError(f"malformed shared-memory reference {ref!r}")
-        seg_id, pid, fd, size, offset = ref
-        if not isinstance(seg_id, str) or not all(isinstance(v, int) for v in (pid, fd, size, offset)):
-            raise ValueError(f"malformed shared-memory reference {ref!r}")
+    def view(self, ref: Any, nbytes: int) -> memoryview:
+        """``nbytes`` at a peer's reference ``[scope, id, pid, fd, size, offset]``; ``ValueError``
+        when the reference is malformed or the memory cannot be mapped."""
+        if type(ref) is list and len(ref) == 6 and type(ref[1]) is str and type(ref[5]) is int:
+            seg = self._segs.get(ref[1])           # mapped already: the common case, no lock needed
+            if seg is not None:
+                return seg.view(ref[5], nbytes)
+        scope, seg_id, pid, fd, size, offset = _parse_handle(ref, 6)
         with self._lock:
             seg = self._segs.get(seg_id)
         if seg is None:
             # map outside the lock: populating a large segment must not stall other threads
             try:
-                fresh = Segment.attach(seg_id, pid, fd, size)
+                fresh = Segment.attach(scope, seg_id, pid, fd, size)
             except OSError as exc:
                 raise ValueError(f"cannot map shared memory of process {pid} ({exc.strerror}); "
                                  "use the ipc or tcp transport") from None
@@ -164,28 +165,98 @@ class Attachments:
                 seg = self._segs.get(seg_id)
                 if seg is None:
                     seg = self._segs[seg_id] = fresh
-                    self._tags.setdefault(tag, set()).add(seg_id)
+                    self._scopes.setdefault(scope, set()).add(seg_id)
                 else:
                     fresh.close()          # another thread mapped it meanwhile
-        return seg.array(offset, nbytes, dtype)
+        return seg.view(offset, nbytes)
 
-    def attach(self, handle: list, tag: str = "") -> None:
+    def attach(self, handle: Any) -> None:
         """Map a peer's whole segment ahead of its first use (``Segment.handle``)."""
-        if not isinstance(handle, (list, tuple)) or len(handle) != 4:
-            raise ValueError(f"malformed shared-memory handle {handle!r}")
-        self.array([*handle, 0], 0, "uint8", tag=tag)
+        self.view([*_parse_handle(handle, 5), 0], 0)
 
-    def handles(self, tag: str) -> list[list]:
+    def handles(self, scope: str) -> list[list]:
         with self._lock:
-            return [self._segs[s].handle() for s in self._tags.get(tag, ()) if s in self._segs]
+            return [self._segs[s].handle() for s in self._scopes.get(scope, ()) if s in self._segs]
 
-    def release(self, tag: str) -> None:
+    def release(self, scope: str) -> None:
         with self._lock:
-            for seg_id in self._tags.pop(tag, set()):
+            for seg_id in self._scopes.pop(scope, set()):
                 seg = self._segs.pop(seg_id, None)
                 if seg is not None:
                     seg.close()
 
     def close(self) -> None:
-        for tag in list(self._tags):
-            self.release(tag)
+        for scope in list(self._scopes):
+            self.release(scope)
+
+
+class SharedMemory(Memory):
+    """The ``shm`` transport's memory: memfd segments per scope, and the peers' mapped ones."""
+
+    lends = True
+
+    def __init__(self, label: str | None = None) -> None:
+        self.label = label
+        self.arenas: dict[str, Arena] = {}
+        self.attached = Attachments()
+        self._premapped: set[str] = set()
+        self._lock = threading.Lock()
+
+    def allocate(self, sizes: Sequence[tuple[int, str]], scope: str) -> list[Shared]:
+        if not sizes:
+            return []
+        _, total = Arena.layout(sizes)
+        seg = Segment.create(total, scope, self.label or f"autops-{scope}", populate=True)
+        with self._lock:
+            arena = self.arenas.setdefault(scope, Arena())
+            return arena.adopt(seg, sizes)
+
+    def slow_to_allocate(self, nbytes: int) -> bool:
+        return nbytes >= PREFAULT_IN_BACKGROUND
+
+    def handles_of(self, buffers: Iterable[Shared]) -> list:
+        seen: dict[str, list] = {}
+        for buf in buffers:
+            if buf.ref is not None:
+                seen.setdefault(buf.ref[1], list(buf.ref[:5]))
+        return list(seen.values())
+
+    def mapped_handles(self, scope: str) -> list:
+        return self.attached.handles(scope)
+
+    def view(self, ref: Any, nbytes: int) -> memoryview | PayloadError:
+        """A lent payload, or the ``PayloadError`` that stands in for it."""
+        try:
+            return self.attached.view(ref, nbytes)
+        except ValueError as exc:
+            return PayloadError(str(exc))
+
+    def premap(self, handles: Any) -> None:
+        fresh = [h for h in handles or () if isinstance(h, list) and len(h) == 5 and h[1] not in self._premapped]
+        if not fresh:
+            return
+        self._premapped.update(h[1] for h in fresh)
+        threading.Thread(target=self._premap, args=(fresh,), name="autops-premap", daemon=True).start()
+
+    def _premap(self, handles: list) -> None:
+        background_priority()
+        for handle in handles:
+            try:
+                self.attached.attach(handle)
+            except (ValueError, OSError) as exc:
+                log.info("could not map a peer's shared memory ahead of time: %s", exc)
+
+    def release(self, scope: str) -> None:
+        self.attached.release(scope)
+        with self._lock:
+            arena = self.arenas.pop(scope, None)
+        if arena is not None:
+            arena.close()
+
+    def close(self) -> None:
+        self.attached.close()
+        with self._lock:
+            arenas, self.arenas = list(self.arenas.values()), {}
+        for arena in arenas:
+            arena.close()
+

@@ -1,4 +1,5 @@
-"""End to end through the command line: `autops local -- torchrun ... train_digits.py`."""
+"""End to end through the command line: `autops local -- torchrun ... train_digits.py`, and the
+demos `make demo` runs from examples/."""
 from __future__ import annotations
 
 import json
@@ -44,7 +45,7 @@ def test_example_trains_alone_without_a_pool(tmp_path):
 
 def test_local_returns_the_command_status_and_tears_the_pool_down():
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    proc = run([str(BIN / "autops"), "--log-level", "WARNING", "local", "--aggregators", "1", "--",
+    proc = run([str(BIN / "autops"), "local", "--log-level", "WARNING", "--aggregators", "1", "--",
                 sys.executable, "-c", "import os,sys; print(os.environ['AUTOPS_MASTER']); sys.exit(3)"])
     assert proc.returncode == 3
     assert proc.stdout.strip().startswith("tcp://127.0.0.1:")
@@ -84,3 +85,26 @@ def test_sigterm_to_local_stops_the_command_and_the_pool():
             for child in psutil.Process(proc.pid).children(recursive=True):
                 child.kill()
             proc.kill()
+
+
+@pytest.mark.parametrize("script", ["autops_demo.py", "infiniswap_demo.py", "tiresias_demo.py"])
+def test_demo_scripts_run_from_examples(script):
+    proc = run([sys.executable, f"examples/{script}", "--help"], timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "usage:" in proc.stdout
+
+
+def test_makefile_demo_runs_the_three_example_stages():
+    recipe = (ROOT / "Makefile").read_text().split("\ndemo:", 1)[1].split("\n\n", 1)[0]
+    stages = [line.split()[-1] for line in recipe.splitlines()[1:] if line.strip()]
+    assert stages == ["examples/autops_demo.py", "examples/tiresias_demo.py", "examples/infiniswap_demo.py"]
+    assert all((ROOT / stage).exists() for stage in stages)
+
+
+@pytest.mark.slow
+def test_autops_demo_packs_two_jobs_on_the_elastic_pool():
+    proc = run([sys.executable, "examples/autops_demo.py"], timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "both jobs finished" in proc.stdout
+    for job in ("digits-sgd", "digits-adam"):
+        assert job in proc.stdout

@@ -9,7 +9,7 @@
   device only: exit 0, no verify failures, slabs mapped and bytes written to remote memory;
 * clean-up: after every test no FUSE mount, loop device, swap area or cgroup of ours is left.
 
-Every workload runs under a watchdog (:class:`infiniswap.demo.Watchdog`): no paging
+Every workload runs under a watchdog (:class:`dlrt_bench.infiniswap_stack.Watchdog`): no paging
 progress (FUSE requests, pswpin/pswpout) for 30 s -> SIGKILL by pid and the test fails,
 so a deadlock fails CI instead of hanging it.  Root only; skips with the reason when FUSE,
 loop devices, cgroups, fio or stress-ng are missing, or another swap area is active.
@@ -27,7 +27,7 @@ import time
 
 import pytest
 
-from infiniswap import demo
+from dlrt_bench import infiniswap_stack as demo
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -1,4 +1,5 @@
-"""`tiresias simulate` / `compare` on the original simulator's 60-job trace."""
+"""`tiresias simulate` / `compare` on the original simulator's 60-job trace, and the command-line
+convention (``dlrt.cli``) for every ``tiresias`` command."""
 from __future__ import annotations
 
 import csv
@@ -6,6 +7,8 @@ import json
 import pathlib
 import subprocess
 import sys
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DATA = ROOT.parent / "shared" / "data"
@@ -46,7 +49,7 @@ def test_bad_rows_reported_not_a_traceback(tmp_path):
     proc = run("simulate", "--trace", str(trace), "--cluster", "2x4", "--policy", "fifo")
     assert proc.returncode == 0 and "skipped 2 bad rows" in proc.stderr and f"{trace}:3:" in proc.stderr
     proc = run("simulate", "--trace", str(trace), "--cluster", "2x4", "--policy", "fifo", "--on-bad", "reject")
-    assert proc.returncode == 1 and f"{trace}:3:" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and f"{trace}:3:" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_plots_and_normalized_json(tmp_path):
@@ -81,4 +84,45 @@ def test_original_mode_matches_gpu_counting_and_overheads_cost_time(tmp_path):
 def test_unknown_policy_is_one_clear_message():
     proc = run("compare", "--trace", str(DATA / "tiresias" / "60_job.csv"), "--cluster", "2x4",
                "--policies", "fifo,lottery")
-    assert proc.returncode == 1 and "unknown policy 'lottery'" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "unknown policy 'lottery'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_json_dash_prints_only_json_and_log_level_comes_after_the_command(tmp_path):
+    trace = str(DATA / "tiresias" / "60_job.csv")
+    proc = run("compare", "--trace", trace, "--cluster", "2x4", "--policies", "fifo,las", "--log-level", "error",
+               "--json", "-")
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)                       # no table around it
+    assert [r["policy"] for r in rows] == ["fifo", "las"]
+    proc = run("simulate", "--trace", trace, "--cluster", "2x4", "--policy", "las", "--json", "-")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["jobs"] == 60         # printed once
+
+
+@pytest.mark.parametrize("args, text", [
+    (["simulate", "--trace", "T", "--cluster", "2x4", "--log-level", "loud"], "invalid choice: 'LOUD'"),
+    (["simulate", "--trace", "/nonexistent.csv", "--cluster", "2x4"], "no such trace file"),
+    (["compare", "--trace", "T", "--cluster", "lots"], "cluster 'lots'"),
+    (["jobs", "--json"], "--json: expected one argument"),
+    (["master", "--bind", "127.0.0.1:http"], "bad address"),
+    (["master", "--autops-master", "nowhere"], "bad address 'nowhere'"),
+])
+def test_usage_errors_exit_2_without_a_traceback(args, text):
+    trace = str(DATA / "tiresias" / "60_job.csv")
+    proc = run(*[trace if a == "T" else a for a in args])
+    assert proc.returncode == 2, proc.stderr
+    assert text in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_no_command_lists_the_commands_and_exits_2():
+    proc = run()
+    assert proc.returncode == 2 and proc.stderr == ""
+    for command in ("simulate", "compare", "master", "submit", "jobs"):
+        assert command in proc.stdout
+
+
+def test_help_shows_defaults():
+    proc = run("master", "--help")
+    assert proc.returncode == 0
+    text = " ".join(proc.stdout.split())
+    assert "(default: 127.0.0.1:8470)" in text and "(default: INFO)" in text

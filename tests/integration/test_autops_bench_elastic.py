@@ -1,4 +1,5 @@
-"""Smoke test of ``autops bench packing`` and ``autops bench migrate`` in tiny configurations.
+"""Smoke test of ``autops bench packing`` (through the ``autops`` command, which imports the
+benchmark lazily) and ``autops bench migrate`` (``dlrt_bench`` directly) in tiny configurations.
 
 Real pMaster, aggregator and worker processes on loopback; alexnet with 1% of its elements
 and half its iteration time, so both benchmarks finish in well under a minute together.
@@ -9,14 +10,15 @@ import json
 
 import pytest
 
-from autops.bench_elastic import migrate_main, packing_main
+from autops.cli import main as autops_main
+from dlrt_bench.autops_migrate import main as migrate_main
 
 pytestmark = pytest.mark.timeout(180)
 
 
 def test_packing_shares_aggregators_and_reports_every_figure(tmp_path):
     out = tmp_path / "packing.json"
-    rc = packing_main(["packing", "--jobs", "2", "--model", "alexnet", "--scale", "0.01", "--time-scale", "0.5",
+    rc = autops_main(["bench", "packing", "--jobs", "2", "--model", "alexnet", "--scale", "0.01", "--time-scale", "0.5",
                        "--measure-iters", "10", "--min-window", "2", "--settle-iters", "2", "--stagger", "0.5",
                        "--calib-iters", "4", "--warmup-iters", "2", "--profile-iters", "3", "--period", "2",
                        "--steady-timeout", "40", "--json", str(out)])
@@ -41,7 +43,7 @@ def test_packing_shares_aggregators_and_reports_every_figure(tmp_path):
 
 def test_migrate_moves_every_key_and_reports_the_pause(tmp_path):
     out = tmp_path / "migrate.json"
-    rc = migrate_main(["migrate", "--model", "alexnet", "--scale", "0.01", "--time-scale", "0.5", "--repeats", "1",
+    rc = migrate_main(["--model", "alexnet", "--scale", "0.01", "--time-scale", "0.5", "--repeats", "1",
                        "--warmup", "3", "--gap", "3", "--json", str(out)])
     assert rc == 0
     row = json.loads(out.read_text().splitlines()[0])

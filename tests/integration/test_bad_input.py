@@ -1,7 +1,11 @@
 """Bad requests get an error reply naming the problem, to that client only; the aggregator
-keeps serving every other job."""
+keeps serving every other job. Bad command lines get one clear line and exit status 2."""
 from __future__ import annotations
 
+import json
+import pathlib
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -123,3 +127,97 @@ def test_master_answers_bad_requests_with_errors(pool1):
     finally:
         sock.close(0)
         ctx.term()
+
+
+# ---- the autops command line: bad input is one line and exit status 2 (dlrt.cli convention) ----
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def run_module(module: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_autops_bench_without_a_name_lists_the_benchmarks_and_starts_nothing():
+    out = run_module("autops.cli", "bench")
+    assert out.returncode == 2 and out.stderr == ""
+    for name in ("pushpull", "packing", "migrate"):
+        assert name in out.stdout
+
+
+@pytest.mark.parametrize("args, texts", [
+    (["bench", "--help"], ["pushpull", "packing", "migrate"]),
+    (["bench", "pushpull", "--help"], ["autops bench pushpull", "--transport", "(default: 12)", "--json FILE"]),
+    (["bench", "packing", "--help"], ["autops bench packing", "--jobs", "(default: 0.1)"]),
+    (["bench", "migrate", "--help"], ["autops bench migrate", "--repeats", "(default: 3)"]),
+    (["master", "--help"], ["(default: 127.0.0.1:5555)", "--log-level LEVEL"]),
+    (["simulate", "--help"], ["--json FILE", "(default: 300.0)"]),
+])
+def test_autops_help_lists_benchmarks_and_shows_defaults(args, texts):
+    out = run_module("autops.cli", *args)
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())                  # help lines wrap
+    for t in texts:
+        assert t in text, t
+
+
+def test_autops_status_takes_host_port_log_level_after_the_command_and_json_to_stdout(pool1, tmp_path):
+    host_port = pool1.master[len("tcp://"):]
+    out = run_module("autops.cli", "status", "--master", host_port, "--log-level", "warning", "--json", "-")
+    assert out.returncode == 0, out.stderr
+    status = json.loads(out.stdout)                      # only JSON on stdout
+    assert [a["id"] for a in status["aggregators"]] == ["agg-0"]
+    saved = tmp_path / "status.json"                     # --json FILE: the file, and the table on stdout
+    out = run_module("autops.cli", "--log-level", "WARNING", "status", "--master", pool1.master, "--json",
+                     str(saved))
+    assert out.returncode == 0, out.stderr
+    assert "agg-0" in out.stdout and json.loads(saved.read_text())["aggregators"][0]["id"] == "agg-0"
+
+
+@pytest.fixture
+def bad_trace(tmp_path):
+    trace = tmp_path / "bad.csv"
+    trace.write_text("when,who\n1,2\n")
+    return trace
+
+
+@pytest.mark.parametrize("args, text", [
+    (["status", "--log-level", "chatty"], "invalid choice: 'CHATTY'"),
+    (["--log-level", "chatty", "status"], "invalid choice: 'CHATTY'"),
+    (["status", "--json"], "--json: expected one argument"),
+    (["status", "--master", "nowhere"], "bad address 'nowhere'"),
+    (["master", "--bind", "tcp://127.0.0.1:99999"], "port 99999 is out of range"),
+    (["aggregator", "--master", "127.0.0.1:5555", "--bind", "127.0.0.1:port"], "bad address '127.0.0.1:port'"),
+    (["local"], "give the command to run after --"),
+    (["simulate", "--trace", "BAD", "--no-progress"], "unrecognised trace header"),
+    (["simulate", "--trace", "/nonexistent/trace.csv", "--no-progress"], "no such trace file"),
+    (["bench", "frobnicate"], "invalid choice: 'frobnicate'"),
+    (["bench", "pushpull", "--model", "nosuch"], "model 'nosuch' is not in"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+])
+def test_autops_usage_errors_are_one_line_and_exit_2(bad_trace, args, text):
+    out = run_module("autops.cli", *[str(bad_trace) if a == "BAD" else a for a in args])
+    assert out.returncode == 2, out.stderr
+    assert text in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_the_same_bad_trace_exits_2_from_autops_simulate_and_tiresias(bad_trace):
+    autops = run_module("autops.cli", "simulate", "--trace", str(bad_trace), "--no-progress")
+    tiresias = run_module("tiresias.cli", "simulate", "--trace", str(bad_trace), "--cluster", "2x4")
+    for out in (autops, tiresias):
+        assert out.returncode == 2 and f"{bad_trace}:1: unrecognised trace header" in out.stderr
+        assert "Traceback" not in out.stderr
+
+
+def test_the_libraries_and_their_clis_do_not_import_the_benchmarks():
+    code = ("import sys, autops, infiniswap, tiresias, autops.cli, infiniswap.cli, tiresias.cli; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'dlrt_bench'))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+    sim = subprocess.run([sys.executable, "-c", "import sys, autops.simulate; "
+                          "print(sorted(m for m in sys.modules if m.split('.')[0] == 'tiresias'))"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert sim.returncode == 0 and sim.stdout.strip() == "[]", sim.stderr    # reports and traces are data

@@ -1,6 +1,8 @@
 """The ``infiniswap`` command end to end on loopback: ``daemon`` and ``device`` as child
-processes (stopped by pid with SIGTERM -> exit status 0), ``status --json`` asking both,
-``simulate``, and argument errors (one line, no traceback)."""
+processes (stopped by pid with SIGTERM -> exit status 0), ``status --json -`` asking both,
+``simulate``, argument errors (one line, no traceback) and the command-line convention
+(``dlrt.cli``: ``--json FILE``, ``--log-level`` after the command, ``HOST:PORT`` addresses,
+exit status 2 for usage errors, help with defaults)."""
 from __future__ import annotations
 
 import json
@@ -71,7 +73,7 @@ def test_daemon_device_status_end_to_end(device_proc):
         dev, status_addr = device_proc(daemons.addresses)
 
         out = run_cli("status", "--daemons", ",".join(daemons.addresses), "--devices",
-                      status_addr, "--json")
+                      status_addr, "--json", "-")
         assert out.returncode == 0, out.stderr
         report = json.loads(out.stdout)
         device = report["devices"][status_addr]
@@ -90,37 +92,74 @@ def test_daemon_device_status_end_to_end(device_proc):
         dev.send_signal(signal.SIGTERM)
         assert dev.wait(20) == 0                  # clean shutdown gives the slabs back
         after = json.loads(run_cli("status", "--daemons", ",".join(daemons.addresses),
-                                   "--json").stdout)
+                                   "--json", "-").stdout)
         assert all(r["slabs_mapped"] == 0 for r in after["daemons"].values())
         assert daemons.stop() == [0, 0]
 
 
 def test_status_of_an_unreachable_endpoint_exits_1():
-    out = run_cli("status", "--daemons", "tcp://127.0.0.1:9", "--timeout", "0.3", "--json")
+    out = run_cli("status", "--daemons", "tcp://127.0.0.1:9", "--timeout", "0.3", "--json", "-")
     assert out.returncode == 1
     assert "no answer from tcp://127.0.0.1:9" in out.stderr
     assert "error" in json.loads(out.stdout)["daemons"]["tcp://127.0.0.1:9"]
 
 
+def test_status_takes_host_port_and_log_level_after_the_command(tmp_path):
+    out_file = tmp_path / "status.json"
+    out = run_cli("status", "--daemons", "127.0.0.1:9", "--timeout", "0.3", "--log-level", "debug",
+                  "--json", str(out_file))
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "no answer from tcp://127.0.0.1:9" in out.stderr
+    assert "unreachable" in out.stdout                    # the table still goes to stdout
+    assert "error" in json.loads(out_file.read_text())["daemons"]["tcp://127.0.0.1:9"]
+
+
 def test_simulate_prints_the_report(capsys):
-    assert main(["simulate", "--machines", "200", "--trials", "500", "--json"]) == 0
+    assert main(["simulate", "--machines", "200", "--trials", "500", "--json", "-"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["machines"] == 200
     assert {"placement", "eviction"} <= set(report)
+
+
+def test_no_command_lists_the_commands_and_exits_2():
+    out = run_cli()
+    assert out.returncode == 2 and out.stderr == ""
+    for command in ("daemon", "device", "status", "run", "simulate", "bench"):
+        assert command in out.stdout
+
+
+@pytest.mark.parametrize("args, text", [
+    (["daemon", "--help"], "(default: 127.0.0.1:7300)"),
+    (["daemon", "--help"], "(default: 8G)"),
+    (["device", "--help"], "(default: 1G)"),
+    (["status", "--help"], "--json FILE"),
+    (["bench", "--help"], "--num-daemons N"),
+    (["bench", "--help"], "(default: 2G)"),
+    (["simulate", "--help"], "(default: 1000)"),
+])
+def test_help_shows_defaults_and_the_convention(args, text):
+    out = run_cli(*args)
+    assert out.returncode == 0, out.stderr
+    assert text in " ".join(out.stdout.split())            # help lines wrap
 
 
 @pytest.mark.parametrize("args, text, code", [
     (["daemon", "--headroom", "lots"], "bad size 'lots'", 2),
     (["device", "--size", "4G"], "the following arguments are required: --backup", 2),
     (["device", "--size", "3M", "--slab-size", "2M", "--backup", "/tmp/x"],
-     "must be a multiple of the slab size", 1),
+     "must be a multiple of the slab size", 2),
     (["device", "--size", "4M", "--slab-size", "1M", "--backup", "/nonexistent/dir/b"],
      "No such file or directory", 1),
     (["device", "--size", "4M", "--slab-size", "1M", "--backup", "/tmp/x", "--daemons",
-      "host-without-port"], "bad address 'host-without-port'", 1),
+      "host-without-port"], "bad address 'host-without-port'", 2),
     (["daemon", "--bind", "tcp://127.0.0.1:0", "--emulate-usage", "/tmp/x"],
      "--emulate-usage needs --capacity", 2),
+    (["daemon", "--bind", "nowhere"], "bad address 'nowhere'", 2),
     (["status"], "give --daemons and/or --devices", 2),
+    (["status", "--daemons", "127.0.0.1:9", "--log-level", "chatty"], "invalid choice: 'CHATTY'", 2),
+    (["status", "--daemons", "127.0.0.1:9", "--json"], "--json: expected one argument", 2),
+    (["bench", "--size", "lots"], "bad size 'lots'", 2),
+    (["bench", "--modes", "rdma"], "unknown mode(s) rdma", 2),
     (["frobnicate"], "invalid choice", 2),
 ])
 def test_bad_arguments_one_clear_line(tmp_path, args, text, code):

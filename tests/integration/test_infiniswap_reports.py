@@ -150,7 +150,7 @@ def test_reports_follow_the_daemon_and_metrics_serve_them(daemon, subscriber, tm
 
 
 @pytest.mark.parametrize("args, text, code", [
-    (["--reports", "tcp://127.0.0.1:port"], "bad address 'tcp://127.0.0.1:port'", 1),
+    (["--reports", "tcp://127.0.0.1:port"], "bad address 'tcp://127.0.0.1:port'", 2),
     (["--metrics-port", "70000"], "--metrics-port 70000 must be in 0..65535", 2),
     (["--report-interval", "0"], "'0' must be positive", 2),
 ])

@@ -14,10 +14,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from autops import wire
-from autops.agent import Agent, MasterClient
+from autops.admin import AdminClient
+from autops.agent import Agent
 from autops.local import LocalPool
-from autops.transport.zmq import make_context
 
 TENSORS = [("big", (120_000,), "float32"),     # 2 partitions at 256 KiB
            ("mid", (20_000,), "float32"),
@@ -39,13 +38,8 @@ def pool3():
 
 
 def admin_migrate(master: str, job: str, keys=None, to=None) -> None:
-    ctx = make_context()
-    client = MasterClient(ctx, master, 5)
-    try:
-        client.call(wire.MIGRATE, job=job, keys=keys, to=to)
-    finally:
-        client.close()
-        ctx.term()
+    with AdminClient(master, 5) as admin:
+        admin.migrate(job, keys=keys, to=to)
 
 
 def grad(rank: int, it: int, name: str, shape) -> np.ndarray:

@@ -9,10 +9,10 @@ import random
 
 import pytest
 
-from autops.assignment import free_time, loss, pack_job, recycle
-from autops.simulate import (Simulation, SimConfig, consistent_prefix, fitting_aggregators, main,
+from autops.assignment import final_moves, free_time, loss, pack_job, recycle
+from autops.simulate import (Simulation, SimConfig, fitting_aggregators, main,
                              merge_by_duration, must_open, recycle_is_futile, simulate)
-from tiresias.trace import load_trace
+from dlrt.trace import load_trace
 
 MIB4 = 4 << 20                      # one key of exactly 4 MiB (not partitioned)
 FLOATS_4MIB = [MIB4 // 4]
@@ -220,15 +220,14 @@ def test_fitting_aggregators_leaves_pack_job_unchanged_and_must_open_is_a_lower_
     assert bounded > 20
 
 
-def test_consistent_prefix_cuts_a_recycle_plan_that_frees_a_destination():
-    # a (.3) is freed onto b, then recycle frees b by moving only b's original tasks:
-    # the task moved from a would be left on a freed aggregator.
-    loads = {"a": {"J1": (1.0, .3)}, "b": {"J2": (1.0, .35)}, "c": {"J3": (1.0, .8)}, "d": {"J4": (1.0, .8)}}
-    tasks = {"a": [("J1", "t1", .3)], "b": [("J2", f"u{i}", .05) for i in range(7)],
-             "c": [("J3", "v", .8)], "d": [("J4", "w", .8)]}
-    plan = recycle(loads, tasks, {f"J{i}": 1.0 for i in range(1, 5)})
-    assert [victim for victim, _ in consistent_prefix(plan)] == ["a"]
-    assert consistent_prefix([("a", {"t": "c"}), ("b", {"u": "c"})]) == [("a", {"t": "c"}), ("b", {"u": "c"})]
+def test_a_chained_recycle_plan_is_applied_whole():
+    # a (20% busy) is freed onto b (its best fit); then b, with a's task, is freed onto c.
+    loads = {"a": {"J0": (0.5, 0.1)}, "b": {"J1": (0.5, 0.15)}, "c": {"J2": (1.0, 0.3)}}
+    tasks = {"a": [("J0", "t", 0.1)], "b": [("J1", "u1", 0.05), ("J1", "u2", 0.1)],
+             "c": [("J2", "v1", 0.1), ("J2", "v2", 0.2)]}
+    plan = recycle(loads, tasks, {"J0": 0.5, "J1": 0.5, "J2": 1.0})
+    assert plan == [("a", {"t": "b"}), ("b", {"t": "c", "u2": "c", "u1": "c"})]
+    assert final_moves(plan) == {"t": "c", "u1": "c", "u2": "c"}       # t moves once, a -> c
 
 
 def test_cli_writes_json_and_png(tmp_path, shapes, capsys):

@@ -93,7 +93,7 @@ def test_cli_parses_sizes_and_lists():
     args = cli._parser().parse_args(["device", "--size", "4G", "--backup", "f", "--daemons",
                                      "a:1, b:2,,", "--slab-size", "256M"])
     assert args.size == 4 << 30 and args.slab_size == 256 << 20
-    assert args.daemons == ["a:1", "b:2"]
+    assert args.daemons == ["tcp://a:1", "tcp://b:2"]        # HOST:PORT normalised to an endpoint
     d = cli._parser().parse_args(["daemon"])
     assert d.headroom == 8 << 30 and d.slab_size == 1 << 30 and d.capacity is None
 

@@ -75,7 +75,7 @@ def test_status_report_needs_a_string_keyed_map():
     with pytest.raises(ProtocolError, match="no NaN or infinity"):
         p.encode(p.REPORT, report={"a": [1.0, {"b": float("nan")}]})
     with pytest.raises(ProtocolError, match="no NaN or infinity"):
-        p.decode(raw({"v": 1, "op": "REPORT", "report": {"x": float("inf")}}))
+        p.decode(raw({"v": 2, "op": "REPORT", "report": {"x": float("inf")}}))
 
 
 def test_reply_echoes_request_id():
@@ -90,23 +90,23 @@ def raw(obj):
 
 
 def ok(op, **over):
-    return {"v": 1, "op": op, **EXAMPLES[op], **over}
+    return {"v": 2, "op": op, **EXAMPLES[op], **over}
 
 
 @pytest.mark.parametrize("data, text", [
     (b"", "not msgpack"),
     (b"\xc1", "not msgpack"),
-    (raw({"v": 1, "op": "PING"}) + b"\x00", "not msgpack"),
+    (raw({"v": 2, "op": "PING"}) + b"\x00", "not msgpack"),
     (raw([1, 2]), "not a dict"),
     (raw("QUERY_MEM"), "not a dict"),
     (raw({"op": "PING"}), "version"),
-    (raw({"v": 2, "op": "PING"}), "version"),
+    (raw({"v": 1, "op": "PING"}), "version"),
     (raw({"v": "1", "op": "PING"}), "version"),
     (raw({"v": True, "op": "PING"}), "version"),
-    (raw({"v": 1}), "missing 'op'"),
-    (raw({"v": 1, "op": "FLY"}), "unknown op"),
-    (raw({"v": 1, "op": 3}), "unknown op"),
-    (raw({"v": 1, "op": "MAP", "slab": 1}), "missing field 'device_id'"),
+    (raw({"v": 2}), "missing 'op'"),
+    (raw({"v": 2, "op": "FLY"}), "unknown op"),
+    (raw({"v": 2, "op": 3}), "unknown op"),
+    (raw({"v": 2, "op": "MAP", "slab": 1}), "missing field 'device_id'"),
     (raw(ok("PING", extra=1)), "unexpected field 'extra'"),
     (raw({**ok("PING"), 5: 1}), "unexpected field 5"),
     (raw(ok("MAP", slab=True)), "wrong type"),
@@ -174,7 +174,7 @@ field_names = st.sampled_from(sorted({f for s in p.SCHEMA.values() for f in s} |
 
 @settings(max_examples=200, deadline=None)
 @given(st.sampled_from(sorted(p.SCHEMA) + ["NOPE"]), st.dictionaries(field_names, values, max_size=6),
-       st.sampled_from([1, 1, 1, 0, "1"]))
+       st.sampled_from([p.VERSION, p.VERSION, p.VERSION, p.VERSION - 1, "1"]))
 def test_arbitrary_msgpack_maps_only_protocol_error(op, fields, version):
     data = raw({**fields, "v": version, "op": op})
     try:

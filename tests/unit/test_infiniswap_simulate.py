@@ -93,5 +93,5 @@ def test_run_is_json_and_reports():
 
 
 def test_main_prints(capsys):
-    assert simulate.main(["--machines", "60", "--trials", "50", "--json"]) == 0
+    assert simulate.main(["--machines", "60", "--trials", "50", "--json", "-"]) == 0
     assert json.loads(capsys.readouterr().out)["machines"] == 60

@@ -1,4 +1,5 @@
-"""Tests for tiresias.trace (trace loading/validation) and tiresias.cluster (shape, skew)."""
+"""Tests for tiresias.trace (trace loading/validation: dlrt.trace's reader, plus the model
+cycling of ``--models cycle``) and tiresias.cluster (shape, skew)."""
 from __future__ import annotations
 
 import collections
@@ -8,7 +9,8 @@ import re
 import pytest
 
 from tiresias.cluster import MODEL_SKEW, ClusterSpec, parse_cluster, skew_of
-from tiresias.trace import LoadReport, TraceError, TraceJob, detect_format, load_trace
+import dlrt.trace
+from tiresias.trace import CYCLE_MODELS, LoadReport, TraceError, TraceJob, detect_format, load_trace, with_models
 
 DATA = pathlib.Path(__file__).resolve().parents[3] / "shared" / "data"
 PHILLY = DATA / "traces" / "philly.csv"
@@ -327,3 +329,16 @@ def test_skew_of_precedence():
     assert skew_of(None, 0.7, default=0.2) == 0.7
     with pytest.raises(ValueError):
         skew_of("vgg19", 1.5)
+
+
+def test_tiresias_reads_traces_with_the_shared_reader():
+    assert load_trace is dlrt.trace.load_trace and TraceJob is dlrt.trace.TraceJob
+    assert issubclass(TraceError, ValueError)           # a bad trace is bad user input (exit status 2)
+
+
+def test_with_models_cycles_table_3_3_over_jobs_without_a_model():
+    jobs = [TraceJob(i, float(i), 1, 10.0, model="bert" if i == 1 else None) for i in range(12)]
+    out = with_models(jobs)
+    assert [j.model for j in out] == [CYCLE_MODELS[0], "bert", *CYCLE_MODELS[2:], CYCLE_MODELS[0], CYCLE_MODELS[1]]
+    assert [j.job_id for j in out] == list(range(12)) and jobs[0].model is None    # new records
+    assert [j.model for j in with_models(jobs[:2], ("a", "b", "c"))] == ["a", "bert"]

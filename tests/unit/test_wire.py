@@ -1,8 +1,14 @@
+import threading
+
 import msgpack
 import numpy as np
 import pytest
+import zmq
 
 from autops import wire
+from autops.partition import KeySpec
+from autops.transport import PayloadError
+from dlrt.messages import Protocol, VersionMismatch
 
 
 def test_round_trip_keeps_payload_frames_separate():
@@ -20,10 +26,10 @@ def test_round_trip_keeps_payload_frames_separate():
     ([b"\xc1garbage"], "undecodable"),
     ([msgpack.packb([1, 2])], "not a map"),
     ([msgpack.packb({"v": 99, "op": "push"})], "version"),
-    ([msgpack.packb({"v": 1, "op": "fly"})], "unknown operation"),
-    ([msgpack.packb({"v": 1, "op": "push", "job": "j"})], "missing field"),
-    ([msgpack.packb({"v": 1, "op": "push", "job": 3, "secret": "s", "rank": 0, "items": []})], "wrong type"),
-    ([msgpack.packb({"v": 1, "op": "push", "job": "j", "secret": "s", "rank": True, "items": []})], "wrong type"),
+    ([msgpack.packb({"v": wire.VERSION, "op": "fly"})], "unknown operation"),
+    ([msgpack.packb({"v": wire.VERSION, "op": "push", "job": "j"})], "missing field"),
+    ([msgpack.packb({"v": wire.VERSION, "op": "push", "job": 3, "secret": "s", "rank": 0, "items": []})], "wrong type"),
+    ([msgpack.packb({"v": wire.VERSION, "op": "push", "job": "j", "secret": "s", "rank": True, "items": []})], "wrong type"),
 ])
 def test_malformed_messages_raise_protocol_error(frames, text):
     with pytest.raises(wire.ProtocolError, match=text):
@@ -34,3 +40,102 @@ def test_items_are_validated():
     msg = wire.decode(wire.encode(wire.PULL, job="j", secret="s", rank=0, items=[["k", 1], "bad"]))
     with pytest.raises(wire.ProtocolError, match="malformed item"):
         list(wire.items_of(msg, 2))
+
+
+# --- records: only wire.py knows the positions ---------------------------------------------
+RECORDS = [
+    wire.PushItem("k", 3, wire.Slice(1, 0, 40), {"lr": 0.1}),
+    wire.PushItem("k", 3, wire.Slice(0, 8, 16)),
+    wire.PullItem("k", 2),
+    wire.PullReplyItem("k", 2, 0),
+    wire.PullReplyItem("k", 2, 1, wire.Move("k", "agg-1", 3, {"host": "h", "endpoints": {}})),
+    wire.Move("k", "agg-1", 3, {"host": "h"}),
+    wire.Ack("k"),
+    wire.InitItem("k", wire.Slice(0, 0, 40), 7, {"exp_avg": wire.Slice(1, 0, 40)}),
+    wire.InitItem("k", wire.Slice(0, 0, 40), 0),
+    wire.KeyCopy("k", {"completed": 4}, 2),
+    wire.TableEntry(KeySpec("w#p0", "w", 0, 10, "float32", False), "agg-0", ("agg-1", 5)),
+    wire.TableEntry(KeySpec("b", "b", 0, 3, "int64", True), "agg-0"),
+]
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=lambda r: type(r).__name__)
+def test_records_survive_the_wire(record):
+    packed = msgpack.unpackb(msgpack.packb(record.to_wire()), raw=False)
+    assert type(record).from_wire(packed) == record
+
+
+@pytest.mark.parametrize("record, item, text", [
+    (wire.PushItem, ["k", 1, 0, 0], "malformed item"),
+    (wire.PushItem, [3, 1, 0, 0, 4], "bad item"),
+    (wire.PushItem, ["k", True, 0, 0, 4], "bad item"),
+    (wire.PushItem, ["k", 1, 0, "0", 4], "must be integers"),
+    (wire.PushItem, ["k", 1, 0, 0, 4, [1]], "must be a map"),
+    (wire.PullItem, ["k"], "malformed item"),
+    (wire.PullItem, ["k", "1"], "bad item"),
+    (wire.PullReplyItem, ["k", 1, 0, "elsewhere"], "migration notice"),
+    (wire.PullReplyItem, ["k", 1, 0, ["agg-1", 2]], "migration notice"),
+    (wire.Move, ["k", "agg-1", "2", {}], "migration notice"),
+    (wire.Ack, [1], "malformed item"),
+    (wire.InitItem, ["k", 0, 0, 4, {"state": {"m": [0, 0]}}], "malformed item"),
+    (wire.InitItem, ["k", 0, 0, 4, {"step": "1"}], "malformed item"),
+    (wire.KeyCopy, ["k", {}, -1], "malformed item"),
+    (wire.TableEntry, ["w", "w", 0, 10, "float32"], "malformed item"),
+])
+def test_malformed_records_raise_protocol_error(record, item, text):
+    with pytest.raises(wire.ProtocolError, match=text):
+        record.from_wire(item)
+
+
+def test_payload_slices_are_checked_against_their_buffer():
+    msg = wire.parse(wire.header(wire.PUSH, job="j", secret="s", rank=0, items=[]), [np.zeros(4, np.float32)])
+    assert msg.array(wire.Slice(0, 4, 8), "float32").size == 2
+    for bad, text in [(wire.Slice(1, 0, 4), "payload frame 1 missing"),
+                      (wire.Slice(0, 8, 16), "outside a 16-byte frame"),
+                      (wire.Slice(0, 0, 6), "not a whole number of float32")]:
+        with pytest.raises(wire.ProtocolError, match=text):
+            msg.array(bad, "float32")
+
+
+def test_a_payload_the_transport_could_not_map_is_a_protocol_error():
+    msg = wire.parse(wire.header(wire.PULL_REPLY, items=[]), [PayloadError("cannot map shared memory of process 9")],
+                     frozenset({0}))
+    with pytest.raises(wire.ProtocolError, match="payload 0: cannot map shared memory of process 9"):
+        msg.view(0)
+
+
+# --- versions ----------------------------------------------------------------------------
+OTHER = Protocol("autops", wire.VERSION + 1, error_op=wire.ERROR)
+
+
+def test_another_version_is_a_version_mismatch_naming_both():
+    frames = [OTHER.pack(wire.PULL, {"job": "j", "secret": "s", "rank": 0, "items": []})]
+    with pytest.raises(VersionMismatch) as info:
+        wire.decode(frames)
+    assert isinstance(info.value, wire.ProtocolError)
+    text = str(info.value)
+    assert f"v{wire.VERSION + 1}" in text and f"v{wire.VERSION}" in text
+
+
+def test_aggregator_answers_another_version_with_an_error_the_sender_reads():
+    from autops.aggregator import Aggregator
+
+    agg = Aggregator("tcp://127.0.0.1:9", heartbeat_interval=60)
+    agg.agg_id = "agg-0"          # registered already: serves data without a master
+    loop = threading.Thread(target=agg.run, daemon=True)
+    loop.start()
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(agg.endpoints["tcp"])
+        sock.send_multipart([OTHER.pack(wire.PUSH, {"req": 5, "job": "j", "secret": "s", "rank": 0, "items": []})])
+        assert sock.poll(10_000), "no reply"
+        op, fields = OTHER.unpack(sock.recv_multipart()[0])
+        assert op == wire.ERROR
+        assert f"v{wire.VERSION + 1}" in fields["message"] and f"v{wire.VERSION}" in fields["message"]
+    finally:
+        sock.close(0)
+        ctx.term()
+        agg.stop()
+        loop.join(10)

@@ -3,28 +3,27 @@
 ``tiresias master --state DIR --bind HOST:PORT --executor local|ray --nodes NxG --policy ...``
 runs a master; ``submit``, ``jobs``, ``job``, ``cancel``, ``nodes``, ``drain``, ``undrain``,
 ``logs`` and ``events`` talk to one, found through ``--state DIR`` (its address and token
-files) or ``--master URL --token-file FILE``. Exit status: 0 done, 1 the master refused (the
-reason is printed) or could not be reached, 2 a usage error.
+files) or ``--master URL --token-file FILE``. The command-line convention is ``dlrt.cli``'s;
+exit status: 0 done, 1 the master refused (the reason is printed) or could not be reached,
+2 a usage error. ``tiresias.cli.main`` parses and runs these commands.
 """
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import os
 import re
 import sys
 import time
 from typing import Any
 
-from .client import Client, ClientError, read_token
+from dlrt import cli
+from dlrt.cli import UsageError
+from dlrt.endpoints import host_port
+
+from .client import Client, read_token
 
 DEFAULT_STATE = os.environ.get("TIRESIAS_STATE") or os.path.expanduser("~/.tiresias")
 SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
-
-
-class UsageError(ValueError):
-    pass
 
 
 def parse_size(text: str) -> int:
@@ -39,21 +38,23 @@ def parse_size(text: str) -> int:
 
 
 def parse_bind(text: str) -> tuple[str, int]:
-    text = text[len("tcp://"):] if text.startswith("tcp://") else text
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise UsageError(f"--bind {text!r}: expected HOST:PORT, e.g. 127.0.0.1:8470")
-    return host.strip("[]") or "127.0.0.1", int(port)
+    """``HOST:PORT`` or ``tcp://HOST:PORT`` (port 0: any free port) -> ``(host, port)``."""
+    try:
+        host, port = host_port(text, bind=True)
+    except ValueError as exc:
+        raise UsageError(f"--bind: {exc}") from None
+    return host.strip("[]"), port
 
 
-def add_commands(sub: argparse._SubParsersAction, formatter) -> None:
-    p = sub.add_parser("master", help="run a live master (scheduler + HTTP API)", formatter_class=formatter)
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Add ``master`` and the client commands to ``tiresias``'s subcommands."""
+    p = cli.add_command(sub, "master", "run a live master (scheduler + HTTP API)")
     _master_args(p)
     p.set_defaults(func=cmd_master)
 
-    p = _client(sub, "submit", "submit a job: tiresias submit --gpus N [options] -- CMD ...", formatter)
+    p = _client(sub, "submit", "submit a job: tiresias submit --gpus N [options] -- CMD ...")
     p.add_argument("--gpus", type=int, required=True)
-    p.add_argument("--name", default=None, help="default: the command's file name")
+    p.add_argument("--name", default=None, help="the job's name (default: the command's file name)")
     p.add_argument("--memory", default=None, help="memory the job needs per node (e.g. 4G): placed where it "
                                                   "fits, enforced by a memory cgroup")
     p.add_argument("--autops-aggregators", type=int, default=None,
@@ -63,43 +64,41 @@ def add_commands(sub: argparse._SubParsersAction, formatter) -> None:
                    help="torchrun: one worker per GPU (default for a .py script); plain: the command once per node")
     p.add_argument("--model", default=None, help="model name, for its skew until AutoPS measures it")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--workdir", default=None, help="default: the current directory")
+    p.add_argument("--workdir", default=None, help="the job's working directory (default: the current one)")
     p.add_argument("job_command", nargs=argparse.REMAINDER, metavar="-- CMD", help="the job's command")
     p.set_defaults(func=cmd_submit)
 
-    p = _client(sub, "jobs", "list jobs", formatter)
+    p = _client(sub, "jobs", "list jobs")
     p.add_argument("--status", default=None, help="comma-separated statuses to show")
     p.set_defaults(func=cmd_jobs)
-    p = _client(sub, "job", "show one job", formatter)
+    p = _client(sub, "job", "show one job")
     p.add_argument("id", type=int)
     p.set_defaults(func=cmd_job)
-    p = _client(sub, "cancel", "cancel a job", formatter)
+    p = _client(sub, "cancel", "cancel a job")
     p.add_argument("id", type=int)
     p.set_defaults(func=cmd_cancel)
-    p = _client(sub, "nodes", "show nodes: GPUs, jobs, memory", formatter)
+    p = _client(sub, "nodes", "show nodes: GPUs, jobs, memory")
     p.set_defaults(func=cmd_nodes)
     for name, online in (("drain", False), ("undrain", True)):
-        p = _client(sub, name, f"{'return a node to service' if online else 'take a node out of service'}",
-                    formatter)
+        p = _client(sub, name, "return a node to service" if online else "take a node out of service")
         p.add_argument("node")
         p.set_defaults(func=cmd_drain, online=online)
-    p = _client(sub, "logs", "print a job's output", formatter)
+    p = _client(sub, "logs", "print a job's output")
     p.add_argument("id", type=int)
     p.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
     p.set_defaults(func=cmd_logs)
-    p = _client(sub, "events", "recent events", formatter)
+    p = _client(sub, "events", "recent events")
     p.add_argument("--job", type=int, default=None)
     p.add_argument("--limit", type=int, default=50)
     p.set_defaults(func=cmd_events)
 
 
-def _client(sub, name: str, help_text: str, formatter) -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=formatter)
+def _client(sub: argparse._SubParsersAction, name: str, help_text: str) -> argparse.ArgumentParser:
+    p = cli.add_command(sub, name, help_text, log_level="WARNING",
+                        json_help="write the answer as JSON to FILE ('-' for stdout instead of the text)")
     p.add_argument("--state", default=DEFAULT_STATE, help="the master's state dir (address and token)")
     p.add_argument("--master", default=None, help="the master's URL (instead of --state)")
     p.add_argument("--token-file", default=None, help="with --master: the token file")
-    p.add_argument("--json", default=None, metavar="FILE", help="write JSON to FILE ('-' for stdout)")
-    p.add_argument("--log-level", default="warning")
     return p
 
 
@@ -107,7 +106,8 @@ def _master_args(p: argparse.ArgumentParser) -> None:
     from ..placement import DEFAULT_PACKLIMIT
     from .master import LIVE_POLICIES
     p.add_argument("--state", default=DEFAULT_STATE, help="state dir (SQLite, token, logs, checkpoints)")
-    p.add_argument("--bind", default="127.0.0.1:8470", help="HOST:PORT of the HTTP API (port 0: any)")
+    p.add_argument("--bind", default="127.0.0.1:8470",
+                   help="HOST:PORT or tcp://HOST:PORT of the HTTP API (port 0: any)")
     p.add_argument("--executor", choices=["local", "ray"], default="local")
     p.add_argument("--nodes", default="2x4", help="local executor: NODESxGPUS emulated on this machine")
     p.add_argument("--ray-address", default=None, help="ray executor: the Ray cluster's address")
@@ -122,15 +122,15 @@ def _master_args(p: argparse.ArgumentParser) -> None:
                    help="seconds a job has to checkpoint and exit before SIGTERM (SIGKILL 5 s later)")
     p.add_argument("--checkpoint-root", default=None,
                    help="where checkpoints live, a path every node sees (default: STATE/checkpoints)")
-    p.add_argument("--autops-master", default=None, help="pMaster endpoint given to jobs with --autops-aggregators")
-    p.add_argument("--autops-reports", nargs="*", default=[], metavar="ENDPOINT",
-                   help="pMaster utilization PUB endpoint(s)")
-    p.add_argument("--infiniswap-reports", nargs="*", default=[], metavar="ENDPOINT",
-                   help="Infiniswap daemons' utilization PUB endpoints")
+    p.add_argument("--autops-master", type=cli.address, default=None, metavar="ADDR",
+                   help="pMaster address given to jobs with --autops-aggregators")
+    p.add_argument("--autops-reports", type=cli.address, nargs="*", default=[], metavar="ADDR",
+                   help="pMaster utilization PUB address(es)")
+    p.add_argument("--infiniswap-reports", type=cli.address, nargs="*", default=[], metavar="ADDR",
+                   help="Infiniswap daemons' utilization PUB addresses")
     p.add_argument("--node-host", action="append", default=[], metavar="NODE=HOST",
                    help="the host name a node's Infiniswap reports carry (default: the node's name)")
     p.add_argument("--report-max-age", type=float, default=10.0, help="older reports are ignored and flagged")
-    p.add_argument("--log-level", default="info")
 
 
 def cmd_master(args) -> int:
@@ -175,16 +175,7 @@ def _connect(args) -> Client:
 
 
 def _emit(args, data: Any, text: str) -> None:
-    if args.json:
-        out = json.dumps(data, indent=2)
-        if args.json == "-":
-            print(out)
-        else:
-            with open(args.json, "w") as f:
-                f.write(out + "\n")
-            print(text)
-    else:
-        print(text)
+    cli.emit(args.json, data, text)
 
 
 def cmd_submit(args) -> int:
@@ -302,18 +293,3 @@ def cmd_events(args) -> int:
                      f"{e['kind']:<10} {e['detail']}" for e in events)
     _emit(args, events, text)
     return 0
-
-
-def run(args) -> int:
-    """Run a service command; map failures to the exit convention."""
-    level = getattr(args, "log_level", "warning")
-    logging.basicConfig(level=getattr(logging, str(level).upper(), logging.WARNING),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        return args.func(args)
-    except UsageError as exc:
-        print(f"tiresias {args.command}: {exc}", file=sys.stderr)
-        return 2
-    except ClientError as exc:
-        print(f"tiresias {args.command}: {exc}", file=sys.stderr)
-        return 1

@@ -1,6 +1,6 @@
 """``infiniswap bench``: remote memory (shared memory, TCP) against the backup file alone.
 
-Owns the benchmark: it starts ``--daemons`` daemon processes (``infiniswap daemon``
+Owns the benchmark: it starts ``--num-daemons`` daemon processes (``infiniswap daemon``
 children, so their CPU time is measured honestly with psutil), then for each mode --
 
 * ``shm``  -- remote memory over shared memory (the daemon's memfd mapped by the device),
@@ -23,12 +23,12 @@ creates a ``Device`` of ``--size`` and, through the Python API from ``--threads`
    same content, so the device's content is known at every point).
 
 The daemons' CPU time is measured over steps 1-3 (target for ``shm``: near zero, as with
-RDMA).  The result is printed as a table and written as JSON with ``--json``.
+RDMA).  The result is printed as a table; ``--json FILE`` also writes it as JSON (``-``:
+stdout, instead of the table).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -44,6 +44,7 @@ from infiniswap.device import Device
 from infiniswap.local import LocalDaemons
 from infiniswap.sizes import format_size, parse_size
 from infiniswap.timings import summarize
+from dlrt import cli
 
 __all__ = ["run", "format_table", "main"]
 
@@ -379,37 +380,34 @@ def format_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="infiniswap bench", description=__doc__.splitlines()[0])
-    ap.add_argument("--size", default="2G", help="device size (default 2G)")
-    ap.add_argument("--daemons", type=int, default=3, help="daemon processes (default 3)")
-    ap.add_argument("--slab-size", default="256M", help="default 256M")
-    ap.add_argument("--threads", type=int, default=4, help="I/O threads (default 4)")
-    ap.add_argument("--seconds", type=float, default=5.0, help="seconds per phase (default 5)")
-    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated: shm,tcp,disk")
-    ap.add_argument("--json", metavar="OUT", help="also write the result to OUT as JSON")
-    ap.add_argument("--dir", help="where the backup files go (default: a temporary directory)")
-    args = ap.parse_args(argv)
-    try:
-        size, slab = parse_size(args.size), parse_size(args.slab_size)
-        modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-        bad = [m for m in modes if m not in MODES]
-        if bad or not modes:
-            raise ValueError(f"unknown mode(s) {', '.join(bad) or '(none)'}: use shm, tcp, disk")
-        if args.daemons < 1 or args.threads < 1 or not args.seconds > 0:
-            raise ValueError("--daemons, --threads and --seconds must be positive")
-        result = run(size, args.daemons, slab_size=slab, threads=args.threads,
-                     seconds=args.seconds, modes=modes, workdir=args.dir,
-                     log=lambda s: print(s, file=sys.stderr, flush=True))
-    except (ValueError, OSError, RuntimeError) as exc:
-        print(f"infiniswap bench: error: {exc}", file=sys.stderr)
-        return 1
-    print(format_table(result))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(result, fh, indent=2)
-            fh.write("\n")
+def _bench(args: argparse.Namespace) -> int:
+    size, slab = parse_size(args.size), parse_size(args.slab_size)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise cli.UsageError(f"unknown mode(s) {', '.join(bad) or '(none)'}: use shm, tcp, disk")
+    if args.num_daemons < 1 or args.threads < 1 or not args.seconds > 0:
+        raise cli.UsageError("--num-daemons, --threads and --seconds must be positive")
+    result = run(size, args.num_daemons, slab_size=slab, threads=args.threads, seconds=args.seconds,
+                 modes=modes, workdir=args.dir, log=lambda s: print(s, file=sys.stderr, flush=True))
+    cli.emit(args.json, result, format_table(result))
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = cli.parser("infiniswap bench", __doc__.splitlines()[0])
+    ap.add_argument("--size", default="2G", help="device size")
+    ap.add_argument("--num-daemons", type=int, default=3, metavar="N", help="daemon processes to start")
+    ap.add_argument("--slab-size", default="256M")
+    ap.add_argument("--threads", type=int, default=4, help="I/O threads")
+    ap.add_argument("--seconds", type=float, default=5.0, help="seconds per phase")
+    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated: shm,tcp,disk")
+    ap.add_argument("--dir", help="where the backup files go (default: a temporary directory)")
+    cli.add_log_level(ap, "WARNING")
+    cli.add_json(ap, "also write the result as JSON to FILE ('-' for stdout instead of the table)")
+    args = ap.parse_args(argv)
+    cli.setup_logging(args.log_level)
+    return cli.run_main("infiniswap bench", _bench, args)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """A memory-intensive workload that checks its own results: the application the paging tests,
 the application benchmark and the demo run inside a memory-limited cgroup.
 
-``python -m infiniswap.workload --mib 256 --rounds 3`` allocates ``mib`` MiB of 64-bit words
+``python -m dlrt_bench.workload --mib 256 --rounds 3`` allocates ``mib`` MiB of 64-bit words
 filled with a known pattern, then touches random 64 KiB chunks (each round visits every chunk
 once, in a random order): it checks the chunk against what it must hold and rewrites it
 with a round-dependent key. A final pass checks every word, and ``--sort`` also sorts a copy
@@ -82,7 +82,8 @@ def run(mib: int, rounds: int, seed: int, sort_mib: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m infiniswap.workload", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m dlrt_bench.workload", description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--mib", type=int, default=256, help="working set in MiB")
     ap.add_argument("--rounds", type=int, default=2, help="random passes over all chunks")
     ap.add_argument("--seed", type=int, default=0)

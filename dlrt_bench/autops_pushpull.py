@@ -6,16 +6,13 @@ Per configuration (model x workers x transport x mode) it starts a fresh local p
 ``W`` worker processes that push and pull every tensor (last layer first, as backward
 produces them) for ``--iters`` iterations, and reports the median seconds per iteration,
 gloo's median for the same tensors, their ratio, and the aggregators' peak RSS (VmHWM)
-relative to the model's size. ``--json FILE`` writes one object per configuration.
+relative to the model's size. ``--json FILE`` writes one object per configuration (``-``:
+stdout). Model shapes come from ``autops.models``.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import multiprocessing as mp
-import os
-import pathlib
 import statistics
 import sys
 import time
@@ -23,22 +20,12 @@ import uuid
 
 import numpy as np
 
-MODELS_JSON_DEFAULT = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "models" / "tensor_shapes.json"
+from autops.local import LocalPool, free_port
+from autops.models import model_tensors
+from dlrt import cli
+from dlrt.procs import join_or_kill
+
 BUCKET_BYTES = 25 * 2**20
-
-
-def model_tensors(model: str, shapes_file: str | None = None) -> list[tuple[str, tuple[int, ...], str]]:
-    """Tensor (name, shape, dtype) list of a model, in definition order."""
-    if model == "flat64m":
-        return [("flat", (16 * 2**20,), "float32")]
-    path = pathlib.Path(shapes_file or os.environ.get("AUTOPS_TENSOR_SHAPES") or MODELS_JSON_DEFAULT)
-    if not path.exists():
-        raise SystemExit(f"tensor shapes file {path} not found; pass --shapes FILE "
-                         "(shared/data/models/tensor_shapes.json)")
-    data = json.loads(path.read_text())
-    if model not in data:
-        raise SystemExit(f"model {model!r} not in {path} (have: flat64m, {', '.join(data)})")
-    return [(name, tuple(shape), "float32") for name, shape in data[model]["tensors"]]
 
 
 def _median_after_warmup(times: list[float], warmup: int) -> float:
@@ -48,7 +35,7 @@ def _median_after_warmup(times: list[float], warmup: int) -> float:
 # --- AutoPS worker -------------------------------------------------------------------------
 def _autops_worker(master, job, rank, world, tensors, iters, transport, mode, optimizer, aggregators, queue):
     try:
-        from .agent import Agent
+        from autops.agent import Agent
         opts = {"mode": mode, "average": True}
         if mode == "server":
             opts.update(optimizer=optimizer, hp={"lr": 1e-3})
@@ -97,10 +84,7 @@ def _collect(procs: list, queue, label: str) -> dict:
                 raise RuntimeError(f"{label} worker {rank} failed: {payload}")
             results[rank] = payload
     finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
+        join_or_kill(procs, timeout=10)
     return results
 
 
@@ -155,10 +139,9 @@ class RssSampler:
 
 
 def run_autops(tensors, world: int, transport: str, iters: int, warmup: int, aggregators: int,
-               mode: str = "sum", optimizer: str = "adam") -> dict:
-    from .local import LocalPool
+               mode: str = "sum", optimizer: str = "adam", log_level: str = "WARNING") -> dict:
     ctx = mp.get_context("spawn")
-    with LocalPool(aggregators) as pool:
+    with LocalPool(aggregators, log_level=log_level) as pool:
         agg_pids = [p.pid for p in pool.procs[1:]]
         idle_rss = sum(_peak_rss(pid) for pid in agg_pids)
         queue = ctx.Queue()
@@ -224,7 +207,6 @@ def _gloo_worker(rank, world, port, tensors, iters, queue):
 
 
 def run_gloo(tensors, world: int, iters: int, warmup: int) -> dict:
-    from .local import free_port
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
@@ -237,10 +219,7 @@ def run_gloo(tensors, world: int, iters: int, warmup: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(argv or [])
-    if argv and argv[0] == "pushpull":
-        argv = argv[1:]
-    parser = argparse.ArgumentParser(prog="autops bench pushpull", description=__doc__.splitlines()[0])
+    parser = cli.parser("autops bench pushpull", __doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--model", nargs="+", default=["flat64m", "resnet50", "bert-base", "vgg19"])
     parser.add_argument("--transport", nargs="+", default=["ipc", "tcp"], choices=["ipc", "tcp", "shm"])
@@ -251,21 +230,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare", choices=["gloo", "none"], default="gloo")
     parser.add_argument("--iters", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--shapes", default=None, help="tensor_shapes.json (default: shared/data/models)")
-    parser.add_argument("--json", nargs="?", const="-", default=None,
-                        help="write one JSON object per configuration to FILE (or stdout)")
+    parser.add_argument("--shapes", default=None,
+                        help="tensor shapes JSON (default: $AUTOPS_TENSOR_SHAPES, else shared/data/models)")
+    cli.add_log_level(parser, "WARNING")
+    cli.add_json(parser, "write JSON lines, one per configuration, to FILE ('-' for stdout; the "
+                         "progress lines then go to stderr)")
     args = parser.parse_args(argv)
+    cli.setup_logging(args.log_level)
+    out = cli.text_out(args.json)
+    try:
+        shapes = {model: model_tensors(model, args.shapes) for model in args.model}
+    except ValueError as exc:
+        parser.error(str(exc))
 
     rows = []
     for model in args.model:
-        tensors = model_tensors(model, args.shapes)
+        tensors = shapes[model]
         model_bytes = sum(math.prod(s) * 4 for _, s, _ in tensors)
         for world in args.workers:
             gloo = run_gloo(tensors, world, args.iters, args.warmup) if args.compare == "gloo" else {}
             for transport in args.transport:
                 for mode in args.mode:
                     res = run_autops(tensors, world, transport, args.iters, args.warmup, args.aggregators,
-                                     mode, args.optimizer)
+                                     mode, args.optimizer, args.log_level)
                     row = {"model": model, "workers": world, "transport": transport, "mode": mode,
                            "optimizer": args.optimizer if mode == "server" else None,
                            "aggregators": args.aggregators, "tensors": len(tensors), "model_bytes": model_bytes,
@@ -284,14 +271,10 @@ def main(argv: list[str] | None = None) -> int:
                     gloo_ms = f"{row['gloo_s'] * 1e3:8.1f}" if row["gloo_s"] else "       -"
                     print(f"{model:>9} W={world} {transport:<4} {mode:<6} autops {row['autops_s'] * 1e3:8.1f} ms  "
                           f"gloo {gloo_ms} ms  ratio {ratio}  aggregator memory {row['agg_owned_over_model']:.2f}x model "
-                          f"(peak RSS {row['agg_peak_rss_over_model']:.2f}x incl. mapped worker buffers)", flush=True)
+                          f"(peak RSS {row['agg_peak_rss_over_model']:.2f}x incl. mapped worker buffers)", file=out, flush=True)
     if args.json:
-        text = "\n".join(json.dumps(r) for r in rows) + "\n"
-        if args.json == "-":
-            sys.stdout.write(text)
-        else:
-            pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            pathlib.Path(args.json).write_text(text)
+        cli.write_json(args.json, rows, lines=True)
+        if args.json != "-":
             print(f"wrote {len(rows)} configurations to {args.json}")
     return 0
 

@@ -1,4 +1,4 @@
-"""``make demo``: two training jobs share an elastic pool of aggregators on this machine.
+"""``make demo``'s AutoPS stage: two training jobs share an elastic pool of aggregators on this machine.
 
 Starts pMaster with the local provider (it starts aggregator processes on demand, at most 4),
 runs two ``examples/train_digits.py`` jobs at once (each ``torchrun --nproc-per-node 2``, each
@@ -6,9 +6,12 @@ asking for 2 aggregators as a "2s-2w" job would; one in sum mode with SGD, one w
 server-side Adam). pMaster profiles each job on temporary aggregators, packs both onto as few
 aggregators as keep them within LossLimit, migrates their tensors live and releases the rest.
 Prints per job its throughput, final test accuracy and where it ran, and pMaster's view.
+
+    python examples/autops_demo.py
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pathlib
@@ -19,10 +22,10 @@ import tempfile
 import threading
 import time
 
-from .local import LocalPool
+from autops.local import LocalPool
+from autops.report import format_status
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "train_digits.py"
+EXAMPLE = pathlib.Path(__file__).resolve().parent / "train_digits.py"
 JOBS = [("digits-sgd", ["--mode", "sum", "--optimizer", "sgd"]),
         ("digits-adam", ["--mode", "server", "--optimizer", "adam"])]
 
@@ -32,10 +35,8 @@ def _torchrun() -> list[str]:
     return [exe] if exe else [sys.executable, "-m", "torch.distributed.run"]
 
 
-def main() -> int:
-    if not EXAMPLE.exists():
-        print(f"demo: {EXAMPLE} not found (run from a source checkout)", file=sys.stderr)
-        return 1
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(prog="python examples/autops_demo.py", description=__doc__.splitlines()[0]).parse_args(argv)
     print("AutoPS demo: 2 jobs x 2 workers, each asking for 2 aggregators, on an elastic pool", flush=True)
     out_dir = pathlib.Path(tempfile.mkdtemp(prefix="autops-demo-"))
     snapshots: list[dict] = []
@@ -86,7 +87,6 @@ def main() -> int:
         print(f"{job:<12} {r['mode']:<7} {r['optimizer']:<9} {total:>10.0f} {r['test_accuracy']:>9.4f}  "
               f"{', '.join(r['aggregators'])}")
     if snapshots:
-        from .report import format_status
         last = snapshots[-1]
         used = sum(a["state"] != "idle" and a["alive"] for a in last["aggregators"])
         asked = sum(j["requested_aggregators"] for j in last["jobs"])

@@ -1,14 +1,6 @@
-"""Remote-memory paging end to end, as a demo (``make demo``) and as the building blocks the
-e2e tests and the benchmarks share.
+"""Remote-memory paging end to end on this machine: the building blocks the Infiniswap demo
+(``examples/infiniswap_demo.py``), the e2e tests and the benchmarks share.
 
-``main()``: as root with FUSE, loop devices and memory cgroups, starts two daemons on
-loopback, one device served as FUSE file -> loop device (direct I/O) -> swap, runs
-``python -m infiniswap.workload`` (192 MiB working set in a 96 MiB cgroup) paging into
-remote memory, and prints the slabs mapped, the bytes paged, the time, and the speed-up
-over the same workload paging to a disk-backed swap (a loop device on a file on local
-disk; bounded by a timeout: "> N x" when it runs out).  Otherwise it prints why it skips.
-
-Building blocks:
 
 * :class:`Stack` — daemons (``LocalDaemons``) + :class:`~infiniswap.device.Device` (backup
   file on disk, never tmpfs) + :class:`~infiniswap.frontend.Frontend` (FUSE, loop, swap);
@@ -18,6 +10,10 @@ Building blocks:
 * :class:`Watchdog` — kills (SIGKILL, by pid) a workload whose progress counters stopped
   moving for ``stall`` seconds: a paging deadlock fails a test instead of hanging it.
 * :func:`run_limited_watched` — a command in a new memory cgroup under a watchdog.
+* :func:`workload_cmd` / :func:`parse_workload` — the self-checking application
+  (``python -m dlrt_bench.workload``) and its JSON result line.
+
+``missing()`` says why the full stack cannot run here (not root, no FUSE, ...).
 """
 from __future__ import annotations
 
@@ -323,68 +319,16 @@ def run_limited_watched(cmd: Sequence[str], limit: int, progress: Callable[[], i
 
 
 def workload_cmd(mib: int, rounds: int = 2, sort_mib: int = 0) -> list[str]:
-    cmd = [sys.executable, "-m", "infiniswap.workload", "--mib", str(mib), "--rounds", str(rounds)]
+    """The command line of the self-checking workload (``dlrt_bench.workload``)."""
+    cmd = [sys.executable, "-m", "dlrt_bench.workload", "--mib", str(mib), "--rounds", str(rounds)]
     return cmd + (["--sort-mib", str(sort_mib)] if sort_mib else [])
 
 
-def _parse_workload(out: str) -> dict[str, Any] | None:
+def parse_workload(out: str) -> dict[str, Any] | None:
+    """The workload's JSON result: the last line of ``out`` that is JSON (None if none)."""
     for line in reversed(out.strip().splitlines()):
         try:
             return json.loads(line)
         except ValueError:
             continue
     return None
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-    ap = argparse.ArgumentParser(prog="python -m infiniswap.demo", description=__doc__.splitlines()[0])
-    ap.add_argument("--mib", type=int, default=192, help="working set (MiB)")
-    ap.add_argument("--limit-mib", type=int, default=96, help="cgroup memory limit (MiB)")
-    ap.add_argument("--disk-timeout", type=float, default=45.0,
-                    help="give the disk-swap run this long (s)")
-    args = ap.parse_args(argv)
-    why = missing()
-    if why:
-        print(f"infiniswap demo: skipped: {why}")
-        return 0
-    others = active_swaps()
-    if others:
-        print(f"infiniswap demo: skipped: other swap areas are active ({', '.join(others)}); "
-              f"the demo must be the only swap")
-        return 0
-    size = 2 * args.mib * MiB // (16 * MiB) * (16 * MiB)
-    cmd = workload_cmd(args.mib, rounds=1)
-    limit = args.limit_mib * MiB
-    print(f"infiniswap demo: workload {args.mib} MiB in a {args.limit_mib} MiB cgroup; "
-          f"device {size >> 20} MiB in 16 MiB slabs, 2 daemons")
-    with Stack(size, 16 * MiB, 2, swap=True) as st:
-        print(f"  swap on {st.loop_device} <- {st.frontend.disk_path} (FUSE) <- daemons "
-              f"{', '.join(st.daemons.addresses)}")
-        r = run_limited_watched(cmd, limit, st.progress, stall=30, timeout=120)
-        s = st.stats()
-    if r["rc"] != 0 or r["watchdog"] or r["timed_out"]:
-        print(f"infiniswap demo: FAILED: rc {r['rc']} {r['watchdog']} "
-              f"{'timed out' if r['timed_out'] else ''}\n{r['stderr'][-2000:]}")
-        return 1
-    io = s["io"]
-    remote_s = r["seconds"]
-    print(f"  remote memory: {remote_s:.1f} s, slabs mapped {s['slabs_mapped']}/{s['num_slabs']} "
-          f"({', '.join(f'{a}: {len(v)}' for a, v in s['mapped'].items())}), paged out "
-          f"{io['bytes_written_remote'] >> 20} MiB to remote memory, in "
-          f"{io['bytes_read_remote'] >> 20} MiB from remote memory, "
-          f"{io['bytes_read_disk'] >> 20} MiB from the backup file")
-    with DiskSwap(size, swap=True) as ds:
-        d = run_limited_watched(cmd, limit, ds.progress, stall=60, timeout=args.disk_timeout)
-    if d["timed_out"]:
-        print(f"  disk swap:     > {args.disk_timeout:.0f} s (stopped)  ->  speed-up "
-              f"> {args.disk_timeout / remote_s:.1f} x")
-    elif d["rc"] != 0:
-        print(f"  disk swap:     failed (rc {d['rc']}): {d['watchdog']}")
-    else:
-        print(f"  disk swap:     {d['seconds']:.1f} s  ->  speed-up {d['seconds'] / remote_s:.1f} x")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

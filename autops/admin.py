@@ -1,0 +1,56 @@
+"""The operator's client of pMaster: the pool's status and live migrations.
+
+``AdminClient(master)`` holds one connection (a ZeroMQ DEALER in its own context) for any
+number of calls: ``status()`` is pMaster's status report (``autops.report`` documents it),
+``migrate(job, keys, to)`` asks pMaster to move a job's keys (all of them by default) to
+other aggregators (any other by default) while the job trains. Used by ``autops status`` and
+``autops migrate``, ``LocalPool``, the benchmarks and the tests. A master that does not
+answer within ``timeout`` seconds, or answers with an error, raises ``AutoPSError``.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from . import wire
+from .agent import MasterClient
+from .transport.zmq import make_context
+
+__all__ = ["AdminClient", "query_status"]
+
+
+class AdminClient:
+    """One connection to the pMaster at ``master`` (``tcp://HOST:PORT`` or ``ipc://PATH``)."""
+
+    def __init__(self, master: str, timeout: float = 5.0) -> None:
+        self.master = master
+        self._ctx = make_context()
+        self._client = MasterClient(self._ctx, master, timeout)
+
+    def status(self) -> dict[str, Any]:
+        """pMaster's status: aggregators, clusters, jobs, migrations."""
+        return self._client.call(wire.STATUS)["status"]
+
+    def migrate(self, job: str, keys: Sequence[str] | None = None,
+                to: Sequence[str] | None = None) -> dict[str, Any]:
+        """Start moving ``keys`` of ``job`` (None: all) to the aggregators ``to`` (None: the
+        others); returns ``{"keys": moved, "batches": batches}`` once pMaster has planned it
+        (follow its progress in ``status()["migrations"]``)."""
+        reply = self._client.call(wire.MIGRATE, job=job, keys=list(keys) if keys else None,
+                                  to=list(to) if to else None)
+        return {"keys": reply.get("keys"), "batches": reply.get("batches")}
+
+    def close(self) -> None:
+        self._client.close()
+        self._ctx.term()
+
+    def __enter__(self) -> "AdminClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def query_status(master: str, timeout: float = 5.0) -> dict[str, Any]:
+    """One ``status()`` call on a connection of its own."""
+    with AdminClient(master, timeout) as admin:
+        return admin.status()

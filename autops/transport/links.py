@@ -1,0 +1,125 @@
+"""A process's links to its peers: what it listens on, how it reaches a peer, what it lends.
+
+``Transport`` is the one place that decides which kind carries the data to a peer. A
+peer is described by ``{"endpoints": {kind: address}, "host": host id}`` (what an
+aggregator registers with pMaster). With the preference ``auto`` a peer on this host
+(same ``dlrt.hostid.host_id()``) is reached over ``shm`` when both sides can share memory,
+else over ``ipc``; any other peer over ``tcp``. ``tcp``, ``ipc`` and ``shm`` force a kind
+(``ipc`` and ``shm`` only to a peer on this host). An ``rdma`` kind would be chosen here
+too, for a peer on another host that offers it.
+"""
+from __future__ import annotations
+
+import zmq
+
+from dlrt.hostid import host_id
+
+from .base import Channel, Listener, Memory, PlainMemory, TransportError
+from .shm import SharedMemory, available as shm_available
+from .shm_channel import ShmFraming
+from .zmq import ZmqChannel, ZmqListener, ipc_address, keep_freed_buffers
+
+TRANSPORTS = ("auto", "tcp", "ipc", "shm")
+
+
+class Transport:
+    """Channels to peers (one per address, kept open), listeners, and lendable memory.
+
+    ``local``: same-host kinds may be offered (``listen``) and memory lent to them; without
+    it this process's memory is plain and it listens on tcp only. ``label`` names the
+    shared-memory segments (visible in ``/proc/<pid>/fd``)."""
+
+    def __init__(self, ctx: zmq.Context, preference: str = "auto", local: bool = True,
+                 label: str | None = None) -> None:
+        if preference not in TRANSPORTS:
+            raise TransportError(f"unknown transport {preference!r} (one of {', '.join(TRANSPORTS)})")
+        self.ctx = ctx
+        self.preference = preference
+        self.local = local
+        self.memory: Memory = SharedMemory(label) if local and shm_available() else PlainMemory()
+        self.channels: dict[str, Channel] = {}
+        self.listeners: list[Listener] = []
+        self._tuned = False
+
+    # --- which kind reaches a peer ------------------------------------------------------
+    def kind_for(self, peer: dict) -> str:
+        """The kind that reaches ``peer``; ``TransportError`` when the preference cannot."""
+        endpoints = peer.get("endpoints") or {}
+        host = peer.get("host")
+        same_host = host == host_id()
+        want = self.preference
+        if same_host and want in ("auto", "shm") and self.memory.lends and "shm" in endpoints:
+            return "shm"
+        if want == "shm":
+            raise TransportError(f"transport shm asked for, but the peer is not on this host ({host}) "
+                                 "or cannot share memory")
+        if same_host and want in ("auto", "ipc") and "ipc" in endpoints:
+            return "ipc"
+        if want == "ipc" and not same_host:
+            raise TransportError(f"transport ipc asked for, but the peer runs on another host ({host})")
+        if "tcp" not in endpoints:
+            raise TransportError(f"the peer offers no tcp endpoint: {endpoints}")
+        return "tcp"
+
+    def lends_to(self, peer: dict) -> bool:
+        """Whether payloads given as ``Shared`` reach ``peer`` by reference."""
+        try:
+            return self.kind_for(peer) == "shm"
+        except TransportError:
+            return False
+
+    # --- connecting and listening -------------------------------------------------------
+    def connect(self, peer: dict) -> Channel:
+        """The channel to ``peer``: one per address, so a peer that moved to another address
+        still delivers the replies to requests sent to the old one."""
+        kind = self.kind_for(peer)
+        address = peer["endpoints"][kind]
+        channel = self.channels.get(address)
+        if channel is None:
+            if kind == "shm":
+                channel = ZmqChannel(self.ctx, address, kind, ShmFraming(self.memory))
+            else:
+                self._tune()
+                channel = ZmqChannel(self.ctx, address, kind)
+            self.channels[address] = channel
+        return channel
+
+    def listen(self, bind_host: str, port: int, advertise_host: str) -> dict[str, str]:
+        """Bind tcp on ``bind_host:port`` and, when ``local``, ipc and shm endpoints;
+        returns the endpoints (kind -> address) peers connect to. The listeners are in
+        ``self.listeners``."""
+        self._tune()
+        self.listeners.append(ZmqListener(self.ctx, f"tcp://{bind_host}:{port}", "tcp", advertise_host))
+        if self.local:
+            self.listeners.append(ZmqListener(self.ctx, ipc_address("agg"), "ipc"))
+            if self.memory.lends:
+                self.listeners.append(ZmqListener(self.ctx, ipc_address("agg-shm"), "shm",
+                                                  framing=ShmFraming(self.memory)))
+        return {listener.kind: listener.address for listener in self.listeners}
+
+    # --- memory shared with peers -------------------------------------------------------
+    def premap(self, peer: dict) -> None:
+        """Map ``peer``'s published regions (``peer["segments"]``) ahead of their first use,
+        when this process reads them in place."""
+        if self.lends_to(peer):
+            self.memory.premap(peer.get("segments"))
+
+    def handles_for(self, peer: dict, scope: str) -> list:
+        """The regions of other processes mapped here for ``scope`` that ``peer`` can map too
+        (none unless it shares this host's memory)."""
+        return self.memory.mapped_handles(scope) if self.lends_to(peer) else []
+
+    def _tune(self) -> None:
+        if not self._tuned:
+            # tensors arrive in socket frames: let their buffers reuse heap pages
+            # (process-wide glibc setting; AUTOPS_MALLOC_TUNING=0 turns it off)
+            self._tuned = keep_freed_buffers()
+
+    def close(self) -> None:
+        for channel in self.channels.values():
+            channel.close()
+        for listener in self.listeners:
+            listener.close()
+        self.channels.clear()
+        self.listeners.clear()
+        self.memory.close()

@@ -1,0 +1,117 @@
+"""The shape of the code: no import cycles, and each package imports only what it may.
+
+Every import statement counts -- module level, inside functions, under TYPE_CHECKING --
+because a lazy or type-only back-reference is still a cycle in the design.
+"""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PACKAGES = ("dlrt", "dlrt_bench", "autops", "infiniswap", "tiresias")
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    mods = {}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            mods[name] = path
+    return mods
+
+
+def _imports(name: str, path: pathlib.Path) -> list[tuple[str, bool]]:
+    """``(imported module, at module level)`` for every import statement in the file."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    tree = ast.parse(path.read_text())
+    top = {id(n) for n in tree.body}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+            targets = [f"{base}.{a.name}" for a in node.names] + [base]
+        else:
+            continue
+        found += [(t, id(node) in top) for t in targets]
+    return found
+
+
+MODULES = _modules()
+GRAPH = {m: {t for t, _ in _imports(m, p) if t in MODULES and t != m} for m, p in MODULES.items()}
+
+
+def _cycles() -> list[list[str]]:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(GRAPH[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(GRAPH):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_the_scan_sees_the_packages():
+    assert {"dlrt.messages", "autops.master", "infiniswap.daemon", "tiresias.driver"} <= set(MODULES)
+    assert "autops.wire" in GRAPH["autops.master"]
+
+
+def test_no_import_cycles():
+    assert _cycles() == []
+
+
+def _importers(prefix: str) -> dict[str, list[tuple[str, bool]]]:
+    out: dict[str, list[tuple[str, bool]]] = {}
+    for m, p in MODULES.items():
+        hits = [(t, top) for t, top in _imports(m, p) if t == prefix or t.startswith(prefix + ".")]
+        if hits:
+            out[m] = hits
+    return out
+
+
+def test_shared_core_imports_none_of_the_systems():
+    for system in ("autops", "infiniswap", "tiresias", "dlrt_bench"):
+        assert [m for m in _importers(system) if m.startswith("dlrt.")] == []
+
+
+def test_tiresias_stands_alone_and_autops_simulation_reads_traces_as_data():
+    for system in ("autops", "infiniswap"):
+        assert [m for m in _importers(system) if m.startswith("tiresias")] == []
+    assert [m for m in _importers("tiresias") if m.startswith("autops")] == []
+
+
+def test_libraries_import_benchmarks_only_lazily_from_their_cli():
+    for module, hits in _importers("dlrt_bench").items():
+        if module.startswith("dlrt_bench"):
+            continue
+        assert module.endswith(".cli"), f"{module} imports the benchmark package"
+        assert not any(top for _, top in hits), f"{module} imports the benchmark package at module level"

@@ -1,0 +1,195 @@
+"""The transport interface: which kind reaches a peer, and what each kind carries how."""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from autops import wire
+from autops.transport import PayloadError, Shared, Transport, TransportError, make_context
+from autops.transport.shm import available as shm_available
+from autops.transport.shm_channel import ShmFraming
+from dlrt.hostid import host_id
+
+needs_shm = pytest.mark.skipif(not shm_available(), reason="memfd_create or /proc/self/fd missing")
+
+
+@pytest.fixture
+def ctx():
+    context = make_context()
+    yield context
+    context.term()
+
+
+@pytest.fixture
+def server(ctx):
+    transport = Transport(ctx, "auto")
+    peer = {"endpoints": transport.listen("127.0.0.1", 0, "127.0.0.1"), "host": host_id()}
+    yield transport, peer
+    transport.close()
+
+
+def wait_recv(source, timeout: float = 5.0):
+    """The next message at a channel or listener (polled, so no fixed sleep decides anything)."""
+    poller = zmq.Poller()
+    poller.register(source.pollable, zmq.POLLIN)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        inbound = source.recv()
+        if inbound is not None:
+            return inbound
+        poller.poll(100)
+    raise AssertionError("nothing arrived")
+
+
+def listener_of(transport: Transport, kind: str):
+    return next(listener for listener in transport.listeners if listener.kind == kind)
+
+
+def as_bytes(buf) -> bytes:
+    return bytes(wire.payload_view(buf))
+
+
+@pytest.mark.parametrize("preference, host, offered, kind", [
+    ("auto", "here", ("tcp", "ipc", "shm"), "shm"),
+    ("auto", "here", ("tcp", "ipc"), "ipc"),
+    ("auto", "elsewhere", ("tcp", "ipc", "shm"), "tcp"),
+    ("ipc", "here", ("tcp", "ipc", "shm"), "ipc"),
+    ("tcp", "here", ("tcp", "ipc", "shm"), "tcp"),
+    ("shm", "here", ("tcp", "ipc", "shm"), "shm"),
+])
+def test_the_kind_follows_host_and_preference(ctx, preference, host, offered, kind):
+    if kind == "shm" and not shm_available():
+        pytest.skip("no shared memory here")
+    transport = Transport(ctx, preference)
+    peer = {"endpoints": {k: f"{k}://x" for k in offered}, "host": host_id() if host == "here" else host}
+    try:
+        assert transport.kind_for(peer) == kind
+        assert transport.lends_to(peer) == (kind == "shm")
+    finally:
+        transport.close()
+
+
+@pytest.mark.parametrize("preference, text", [("shm", "transport shm asked for"), ("ipc", "another host")])
+def test_same_host_kinds_refuse_a_peer_elsewhere(ctx, preference, text):
+    transport = Transport(ctx, preference)
+    try:
+        with pytest.raises(TransportError, match=text):
+            transport.kind_for({"endpoints": {"tcp": "tcp://x:1", "ipc": "ipc://x", "shm": "ipc://y"},
+                                "host": "elsewhere"})
+    finally:
+        transport.close()
+
+
+def test_unknown_preference_is_refused(ctx):
+    with pytest.raises(TransportError, match="unknown transport 'rdma'"):
+        Transport(ctx, "rdma")
+
+
+@pytest.mark.parametrize("preference", ["tcp", "ipc"])
+def test_socket_kinds_carry_every_payload_by_value_both_ways(ctx, server, preference):
+    agg, peer = server
+    client = Transport(ctx, preference)
+    try:
+        channel = client.connect(peer)
+        assert channel.kind == preference and not channel.lends
+        assert client.connect(peer) is channel                      # one channel per address
+        shared = client.memory.allocate([(4, "float64")], "job")[0]
+        shared.array[:] = 2.5
+        plain = np.arange(10, dtype=np.float32)
+        channel.send(b"head", [plain, shared])
+        inbound = wait_recv(listener_of(agg, preference))
+        assert as_bytes(inbound.header) == b"head" and inbound.lent == frozenset()
+        assert as_bytes(inbound.payloads[0]) == plain.tobytes()
+        assert as_bytes(inbound.payloads[1]) == shared.array.tobytes()
+        inbound.reply.send(b"back", [plain[:3]])
+        answer = wait_recv(channel)
+        assert as_bytes(answer.header) == b"back" and as_bytes(answer.payloads[0]) == plain[:3].tobytes()
+    finally:
+        client.close()
+
+
+@needs_shm
+def test_shm_lends_shared_buffers_and_sends_the_rest_as_frames(ctx, server):
+    agg, peer = server
+    client = Transport(ctx, "auto")
+    try:
+        channel = client.connect(peer)
+        assert channel.kind == "shm" and channel.lends
+        shared = client.memory.allocate([(8, "float32")], "job-a")[0]
+        shared.array[:] = 1.0
+        plain = np.arange(5, dtype=np.int64)
+        channel.send(b"head", [plain, shared])
+        inbound = wait_recv(listener_of(agg, "shm"))
+        assert inbound.lent == frozenset({1})
+        assert as_bytes(inbound.payloads[0]) == plain.tobytes()
+        seen = np.frombuffer(inbound.payloads[1], np.float32)
+        shared.array[:] = 7.0                          # by reference: the receiver sees the sender's memory
+        np.testing.assert_array_equal(seen, 7.0)
+        # published memory of the receiver goes back by reference too
+        published = agg.memory.allocate([(3, "float32")], "job-a")[0]
+        published.array[:] = 4.0
+        inbound.reply.send(b"back", [published])
+        answer = wait_recv(channel)
+        assert answer.lent == frozenset({0})
+        np.testing.assert_array_equal(np.frombuffer(answer.payloads[0], np.float32), 4.0)
+        # what the receiver mapped for a scope goes with it
+        assert [h[0] for h in agg.memory.mapped_handles("job-a")] == ["job-a"]
+        del seen, inbound
+        agg.memory.release("job-a")
+        assert agg.memory.mapped_handles("job-a") == []
+    finally:
+        client.close()
+
+
+@needs_shm
+def test_a_reference_that_cannot_be_mapped_becomes_a_payload_error(ctx, server):
+    agg, peer = server
+    client = Transport(ctx, "shm")
+    try:
+        bogus = Shared(np.zeros(4, np.float32), ["job", "no-such-segment", os.getpid(), 1 << 20, 64, 0])
+        client.connect(peer).send(wire.header(wire.PULL_REPLY, items=[]), [bogus])
+        inbound = wait_recv(listener_of(agg, "shm"))
+        assert isinstance(inbound.payloads[0], PayloadError)
+        msg = wire.parse(inbound.header, inbound.payloads, inbound.lent)
+        with pytest.raises(wire.ProtocolError, match="cannot map shared memory"):
+            msg.view(0)
+    finally:
+        client.close()
+
+
+@needs_shm
+def test_premap_maps_a_peers_regions_ahead_of_use(ctx, server):
+    agg, _ = server
+    client = Transport(ctx, "auto")
+    try:
+        buffers = client.memory.allocate([(16, "float32"), (4, "int64")], "job-b")
+        handles = client.memory.handles_of(buffers)
+        assert len(handles) == 1                      # one region holds both
+        agg.memory.premap(handles)
+        deadline = time.monotonic() + 10
+        while not agg.memory.mapped_handles("job-b") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert agg.memory.mapped_handles("job-b") == handles
+    finally:
+        client.close()
+
+
+def test_without_lent_payloads_shm_frames_are_plain_frames():
+    framing = ShmFraming(memory=None)
+    head = wire.header(wire.OK, req=1)
+    assert framing.pack(head, [b"data"]) == [head, b"data"]
+    assert framing.unpack([head, b"data"]) == (head, [b"data"], frozenset())
+    # a header that starts like a descriptor gets an empty one in front, and comes back intact
+    odd = b"\x92\x01\x02"
+    packed = framing.pack(odd, [b"data"])
+    assert packed[0] != odd and framing.unpack(packed) == (odd, [b"data"], frozenset())
+
+
+def test_a_malformed_descriptor_fails_the_payloads_not_the_receiver():
+    header, payloads, lent = ShmFraming(memory=None).unpack([b"\x91\x05" + b"head", b"data"])
+    assert header == b"head" and lent == frozenset()
+    assert payloads and all(isinstance(p, PayloadError) for p in payloads)
