@@ -42,6 +42,8 @@ from autops.models import model_tensors
 from dlrt import cli
 from dlrt.procs import join_or_kill
 
+from .autops_pushpull import seed_parameters
+
 ITERATION_S: dict[str, float] = {"vgg19": 1.0, "bert-base": 0.8, "resnet50": 0.6, "alexnet": 0.3,
                                  "bert-large": 1.6, "flat64m": 0.5}
 Tensor = tuple[str, tuple[int, ...], str]
@@ -90,11 +92,7 @@ def _worker(master: str, job: str, tag: int, rank: int, world: int, tensors: lis
                       hp={"lr": 1e-3} if mode == "server" else None, timeout=timeout, transport=transport)
         agent.declare([(n, s, d, opts) for n, s, d in tensors])
         if mode == "server":
-            if rank == 0:
-                for h in [agent.init(n, np.zeros(s, d)) for n, s, d in tensors]:
-                    h.wait()
-            for h in [agent.pull(n, outs[n], 0) for n, _, _ in tensors]:
-                h.wait()
+            seed_parameters(agent, rank, tensors, outs)
         order = list(reversed(tensors))
         records: list[tuple[int, float, float, float]] = []
         it = 0

@@ -28,6 +28,15 @@ from dlrt.procs import join_or_kill
 BUCKET_BYTES = 25 * 2**20
 
 
+
+def seed_parameters(agent, rank: int, tensors, outs: dict) -> None:
+    """Server mode: rank 0 initialises every tensor (zeros), then every rank pulls them once."""
+    if rank == 0:
+        for h in [agent.init(n, np.zeros(s, d)) for n, s, d in tensors]:
+            h.wait()
+    for h in [agent.pull(n, outs[n], 0) for n, _, _ in tensors]:
+        h.wait()
+
 def _median_after_warmup(times: list[float], warmup: int) -> float:
     return statistics.median(times[warmup:] if len(times) > warmup else times)
 
@@ -45,11 +54,7 @@ def _autops_worker(master, job, rank, world, tensors, iters, transport, mode, op
         grads = {n: np.full(s, rank + 1, dtype=d) for n, s, d in tensors}
         outs = {n: np.empty(s, dtype=d) for n, s, d in tensors}
         if mode == "server":
-            if rank == 0:
-                for h in [agent.init(n, np.zeros(s, d)) for n, s, d in tensors]:
-                    h.wait()
-            for h in [agent.pull(n, outs[n], 0) for n, _, _ in tensors]:
-                h.wait()
+            seed_parameters(agent, rank, tensors, outs)
         times = []
         order = list(reversed(tensors))
         for it in range(1, iters + 1):

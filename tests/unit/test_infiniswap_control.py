@@ -2,13 +2,11 @@
 address parsing, size parsing, timing summaries, the wake-up pipe, command-line parsing."""
 from __future__ import annotations
 
-import select
 
 import pytest
 
 from infiniswap import cli
 from dlrt.endpoints import endpoint
-from dlrt.waker import Waker
 from infiniswap.sizes import format_size, parse_size
 from infiniswap.timings import Timings, summarize
 
@@ -72,21 +70,6 @@ def test_summarize_and_timings():
         t.add(v)
     assert t.values() == [1.0, 2.0, 3.0]              # the last `keep`
     assert t.summary()["count"] == 4 and t.summary()["max"] == 3.0
-
-
-def test_waker_wakes_and_clears():
-    w = Waker()
-    try:
-        assert select.select([w.fd], [], [], 0)[0] == []
-        w.wake()
-        w.wake()
-        assert select.select([w.fd], [], [], 0)[0] == [w.fd]
-        w.clear()
-        assert select.select([w.fd], [], [], 0)[0] == []
-    finally:
-        w.close()
-    w.close()                                           # idempotent
-    w.wake()                                            # and harmless once closed
 
 
 def test_cli_parses_sizes_and_lists():
