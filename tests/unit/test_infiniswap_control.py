@@ -1,42 +1,13 @@
 """Small pieces of the Infiniswap control plane that need no process or socket peer:
-address parsing, size parsing, timing summaries, the wake-up pipe, command-line parsing."""
+size parsing, timing summaries, the wake-up pipe, command-line parsing."""
 from __future__ import annotations
 
 
 import pytest
 
 from infiniswap import cli
-from dlrt.endpoints import endpoint
 from infiniswap.sizes import format_size, parse_size
 from infiniswap.timings import Timings, summarize
-
-
-@pytest.mark.parametrize("addr, bind, want", [
-    ("tcp://127.0.0.1:7300", False, "tcp://127.0.0.1:7300"),
-    ("127.0.0.1:7300", False, "tcp://127.0.0.1:7300"),
-    ("mem1.example:7300", False, "tcp://mem1.example:7300"),
-    ("tcp://127.0.0.1:0", True, "tcp://127.0.0.1:*"),
-    ("tcp://*:7300", True, "tcp://*:7300"),
-    ("[::1]:7300", False, "tcp://[::1]:7300"),
-    ("ipc:///tmp/isw.sock", False, "ipc:///tmp/isw.sock"),
-    (" tcp://h:1 ", False, "tcp://h:1"),
-])
-def test_endpoint_accepts(addr, bind, want):
-    assert endpoint(addr, bind=bind) == want
-
-
-@pytest.mark.parametrize("addr, text", [
-    ("", "bad address"),
-    ("host", "expected tcp://HOST:PORT"),
-    ("tcp://host", "expected tcp://HOST:PORT"),
-    ("udp://host:1", "only tcp://, ipc://"),
-    ("tcp://host:0", "a port is needed to connect"),
-    ("tcp://host:65536", "out of range"),
-    ("ipc://", "the path is empty"),
-])
-def test_endpoint_rejects_with_the_address_named(addr, text):
-    with pytest.raises(ValueError, match=text):
-        endpoint(addr)
 
 
 @pytest.mark.parametrize("text, want", [
