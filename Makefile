@@ -52,8 +52,10 @@ bench: setup
 	$(PY) bench/autops_packing.py --jobs 2 3 --model vgg19 --json bench/results/autops_packing.json --append
 	$(PY) bench/autops_migrate.py --model vgg19 bert-base --repeats 3 --json bench/results/autops_migrate.json
 	$(PY) bench/autops_migrate.py --model vgg19 --mode server --repeats 3 --json bench/results/autops_migrate.json --append
+	$(PY) bench/autops_failover.py --repeats 4 --json bench/results/autops_failover.json
 	$(PY) -m autops.simulate --trace ../shared/data/traces/philly.csv --json bench/results/autops_simulate.json --plot bench/results/autops_simulate.png
 	$(PY) bench/tiresias_scale.py --json bench/results/tiresias_scale.json
+	$(PY) bench/tiresias_queues.py --json bench/results/tiresias_queues.json
 	$(PY) bench/tiresias_live.py --json bench/results/tiresias_live.json
 	$(PY) bench/infiniswap_bench.py --size 2G --num-daemons 3 --json bench/results/infiniswap_bench.json
 	$(PY) bench/infiniswap_fio.py --json bench/results/infiniswap_fio.json

@@ -40,10 +40,16 @@ log = logging.getLogger("autops.agent")
 
 DEFAULT_TIMEOUT = 60.0
 PROFILE_PERIOD = float(os.environ.get("AUTOPS_PROFILE_PERIOD", "1.0"))
+# a request unanswered this long makes the agent ask pMaster whether an aggregator was lost
+PROBE_AFTER = float(os.environ.get("AUTOPS_PROBE_AFTER", "1.0"))
 
 
 class AutoPSError(RuntimeError):
     """An error reply from the parameter service, or a failure to reach it."""
+
+
+class MasterUnreachable(AutoPSError):
+    """pMaster did not answer (it may be restarting)."""
 
 
 class Handle:
@@ -122,6 +128,18 @@ class StateHandle(Handle):
         self.step = int(meta.get("step") or 0)
 
 
+class _Background(Handle):
+    """The handle of a request nobody waits for (a push replayed after a failure)."""
+
+    def __init__(self, name: str, agent: "Agent") -> None:
+        super().__init__(name, agent)
+        self._add(1 << 30)
+
+    def _part_done(self, error: BaseException | None = None) -> None:
+        if error is not None:
+            log.error("replayed push of %s: %s", self.name, error)
+
+
 @dataclass
 class Part:
     """One key of one operation in flight."""
@@ -140,6 +158,8 @@ class Request:
     agg: str
     parts: list
     deadline: float
+    sent: float = 0.0
+    resend: tuple | None = None        # (op, payloads, fields) for requests resent whole (INIT, ...)
 
 
 class MasterClient:
@@ -152,15 +172,22 @@ class MasterClient:
         self.sock.connect(address)
         self._reqs = itertools.count(1)
 
-    def call(self, op: str, **fields: Any) -> wire.Message:
+    def send(self, op: str, **fields: Any) -> int:
+        """Send a request without waiting; its reply arrives on ``sock`` with this ``req``."""
+        req = next(self._reqs)
+        self.sock.send_multipart(wire.encode(op, req=req, **fields), zmq.NOBLOCK)
+        return req
+
+    def call(self, op: str, timeout: float | None = None, **fields: Any) -> wire.Message:
         req = next(self._reqs)
         self.sock.send_multipart(wire.encode(op, req=req, **fields))
-        deadline = time.monotonic() + self.timeout
+        timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not self.sock.poll(int(left * 1000) + 1):
-                raise AutoPSError(f"AutoPS master at {self.address} did not answer {op} within "
-                                  f"{self.timeout:.0f}s; is `autops master` running there?")
+                raise MasterUnreachable(f"AutoPS master at {self.address} did not answer {op} within "
+                                        f"{timeout:.0f}s; is `autops master` running there?")
             reply = wire.decode(self.sock.recv_multipart())
             if reply.get("req") != req:
                 continue      # a late reply to an earlier, timed-out request
@@ -183,6 +210,8 @@ class Table:
         self.tensors: dict[str, tuple[tuple[int, ...], str]] = {}
         self.moves: dict[str, tuple[str, int]] = {}   # key -> (new owner, first iteration there)
         self.home: str | None = None                  # the job's aggregator for broadcasts
+        self.epoch = 0                                # failovers pMaster made (``failover``)
+        self.lost: set[str] = set()                   # aggregators of the job that were lost
 
     def load(self, reply: wire.Message) -> None:
         keys, owner, by_tensor, moves = {}, {}, collections.defaultdict(list), {}
@@ -198,6 +227,8 @@ class Table:
         self.aggs = dict(reply["aggregators"])
         self.tensors = {n: (tuple(s), d) for n, s, d in reply["tensors"]}
         self.home = reply.get("home")
+        self.epoch = int(reply.get("epoch") or 0)
+        self.lost = set(reply.get("lost") or ())
 
     def route(self, key: str, iteration: int) -> str:
         """The aggregator serving ``iteration`` of ``key``."""
@@ -228,23 +259,30 @@ class Agent:
                  num_aggregators: int = 0, average: bool = True, optimizer: str | None = None,
                  hp: dict | None = None, timeout: float = DEFAULT_TIMEOUT, transport: str = "auto",
                  partition_bytes: int | None = None, small_bytes: int | None = None,
-                 secret: str | None = None) -> None:
+                 secret: str | None = None, fault_tolerant: bool = True) -> None:
+        """``fault_tolerant``: the job survives the loss of an aggregator -- each worker keeps
+        a copy of its pushes until they cannot be needed again (sum mode replays them to the
+        new owner) and server-mode keys are replicated to a second aggregator. Off: less
+        memory and no replication traffic, and the loss of an aggregator fails the job."""
         self.master = master
         self.job = job
         self.rank = rank
         self.world_size = world_size
         self.mode = mode
         self.timeout = timeout
+        self.fault_tolerant = fault_tolerant
         if transport not in TRANSPORTS:
             raise AutoPSError(f"unknown transport {transport!r} (one of {', '.join(TRANSPORTS)})")
         self.transport = transport
         self.ctx = make_context()
         self._master = MasterClient(self.ctx, master, timeout)
         self._master_lock = threading.Lock()
-        reply = self._master.call(
-            wire.REGISTER_JOB, job=job, world_size=world_size, rank=rank, num_aggregators=num_aggregators,
-            mode=mode, average=average, optimizer=optimizer, hp=hp or {}, partition_bytes=partition_bytes,
-            small_bytes=small_bytes, secret=secret)
+        # what this rank told pMaster, to tell a restarted pMaster again (``_IOLoop.rejoin``)
+        self._registration = dict(job=job, world_size=world_size, rank=rank, num_aggregators=num_aggregators,
+                                  mode=mode, average=average, optimizer=optimizer, hp=hp or {},
+                                  partition_bytes=partition_bytes, small_bytes=small_bytes, replicate=fault_tolerant)
+        self._declared: list = []
+        reply = self._master.call(wire.REGISTER_JOB, secret=secret, **self._registration)
         self.secret: str = reply["secret"]
         self.aggregators: list[str] = list(reply["aggregators"])
         self.table = Table()
@@ -274,6 +312,7 @@ class Agent:
             entries.append([name, [int(d) for d in shape], str(dtype), *([dict(entry[3])] if len(entry) > 3 else [])])
         with self._master_lock:
             reply = self._master.call(wire.DECLARE, job=self.job, secret=self.secret, tensors=entries)
+        self._declared.extend(entries)
         self._set_table(reply)
 
     def _set_table(self, reply: wire.Message) -> None:
@@ -442,6 +481,14 @@ class _IOLoop:
         self.last_iteration = 0
         self.marks: list[tuple[int, float]] = []
         self.next_profile = time.monotonic() + PROFILE_PERIOD
+        # failures: a copy of each push until no rank can need it again (the pull of the next
+        # iteration was answered), the last iteration pulled per key, when to ask pMaster next
+        self.kept: dict[str, dict[int, np.ndarray]] = {}
+        self.spare: dict[str, list[np.ndarray]] = {}
+        self.pulled: dict[str, int] = {}
+        self.next_probe = time.monotonic() + PROBE_AFTER
+        self.probe_req: int | None = None
+        self.poller.register(self.master.sock, zmq.POLLIN)
 
     def close(self) -> None:
         self.master.close()
@@ -514,6 +561,9 @@ class _IOLoop:
                 while (inbound := channel.recv()) is not None:
                     self.reply(channel, inbound)
             self.expire()
+            self.master_replies()
+            if (self.inflight or self.kept) and time.monotonic() >= self.next_probe and not agent._done:
+                self.probe()
             if self.premap_queue and not self.inflight:
                 # map new owners' published buffers before a pull needs them, once this
                 # iteration's requests are all answered (a low-priority helper thread)
@@ -589,6 +639,8 @@ class _IOLoop:
         for spec in specs:
             agg = self.table.route(spec.key, iteration)
             part = Part(spec, handle, iteration, data=flat[spec.offset:spec.offset + spec.numel], hp=hp)
+            if self.agent.fault_tolerant:
+                self.keep(spec, iteration, part.data)
             if spec.small:
                 pending = self.batch_push[agg]
                 if any(p.spec.key == spec.key for p in pending):
@@ -645,21 +697,28 @@ class _IOLoop:
         req = next(self.reqs)
         agent = self.agent
         head = wire.header(op, req=req, job=agent.job, secret=agent.secret, rank=agent.rank, **fields)
-        self.inflight[req] = Request(kind, agg, parts, time.monotonic() + agent.timeout)
+        now = time.monotonic()
+        self.inflight[req] = Request(kind, agg, parts, now + agent.timeout, now,
+                                     (op, list(payloads), fields) if kind in (wire.INIT, wire.BCAST_PUT,
+                                                                              wire.BCAST_GET) else None)
         channel.send(head, payloads)
 
-    def send(self, agg: str, op: str, parts: list[Part]) -> None:
-        """A PUSH, PULL or STATE_GET of ``parts``, all served by ``agg``."""
+    def send(self, agg: str, op: str, parts: list[Part], replay: bool = False) -> None:
+        """A PUSH, PULL or STATE_GET of ``parts``, all served by ``agg``; ``replay``: pushes
+        resent after a failure (the aggregator skips what it has)."""
         if op != wire.PUSH:
             self.request(agg, op, parts, op, items=[wire.PullItem(p.spec.key, p.iteration).to_wire() for p in parts])
             return
-        lends = self.lends(agg)
+        lends = self.lends(agg) and not replay
         items, payloads = [], []
         for p in parts:
             items.append(wire.PushItem(p.spec.key, p.iteration, wire.Slice(len(payloads), 0, p.data.nbytes),
                                        p.hp).to_wire())
             payloads.append(p.staged if p.staged is not None and lends else p.data)
-        self.request(agg, op, parts, op, payloads, items=items)
+        if replay:
+            self.request(agg, op, parts, op, payloads, items=items, replay=True)
+        else:
+            self.request(agg, op, parts, op, payloads, items=items)
 
     def do_init(self, specs, flat, handle, hp, state, step) -> None:
         per_agg: dict[str, list] = collections.defaultdict(list)
@@ -715,6 +774,8 @@ class _IOLoop:
             return      # timed out earlier
         if msg.op == wire.ERROR:
             err = AutoPSError(f"aggregator {request.agg}: {msg['message']}")
+            if not request.parts:
+                log.error("%s refused by aggregator %s: %s", request.kind, request.agg, msg["message"])
             for part in request.parts:
                 part.handle._part_done(err)
         elif msg.op == wire.REDIRECT:
@@ -754,6 +815,8 @@ class _IOLoop:
                     f"pull of {part.spec.key!r}: reply has {src.size} elements, expected {part.out.size}"))
                 continue
             np.copyto(part.out, src)
+            if request.kind == wire.PULL:
+                self.pulled_answered(part.spec.key, part.iteration)
             if self.staged_busy.get(part.spec.key, 1 << 62) <= part.iteration:
                 del self.staged_busy[part.spec.key]     # the aggregator is done with our staged push
             part.handle._part_done()
@@ -808,6 +871,9 @@ class _IOLoop:
                 self.learn_move(move)
         else:
             reply = self.master.call(wire.GET_TABLE, job=self.agent.job, secret=self.agent.secret)
+            if int(reply.get("epoch") or 0) > self.table.epoch:
+                self.failover(reply, [request])
+                return
             table = Table()
             table.load(reply)
             self.table = table
@@ -821,6 +887,166 @@ class _IOLoop:
             per_agg[table.route(part.spec.key, part.iteration)].append(part)
         for agg, parts in per_agg.items():
             self.send(agg, request.kind, parts)
+
+    # failures ---------------------------------------------------------------------------
+    def keep(self, spec: KeySpec, iteration: int, data: np.ndarray) -> None:
+        """Keep a copy of this rank's push of ``iteration`` (replayed if its aggregator is lost)."""
+        kept = self.kept.setdefault(spec.key, {})
+        spare = self.spare.get(spec.key)
+        buf = kept.pop(iteration, None)
+        if buf is None:
+            buf = spare.pop() if spare else np.empty(spec.numel, spec.dtype)
+        np.copyto(buf, data)
+        kept[iteration] = buf
+
+    def pulled_answered(self, key: str, iteration: int) -> None:
+        """The pull of ``iteration`` was answered: every rank has pushed it, hence pulled
+        ``iteration - 1``, so no rank can need the pushes before ``iteration`` again."""
+        if iteration <= self.pulled.get(key, 0):
+            return
+        self.pulled[key] = iteration
+        kept = self.kept.get(key)
+        if not kept:
+            return
+        spare = self.spare.setdefault(key, [])
+        for old in [it for it in kept if it < iteration]:
+            buf = kept.pop(old)
+            if len(spare) < 2:
+                spare.append(buf)
+
+    def probe(self) -> None:
+        """Ask pMaster whether the job's keys moved after a failure (``epoch``; the answer is
+        small when nothing moved). Not waited for: ``master_replies`` takes the answer."""
+        self.next_probe = time.monotonic() + PROBE_AFTER
+        agent = self.agent
+        try:
+            self.probe_req = self.master.send(wire.GET_TABLE, job=agent.job, secret=agent.secret,
+                                              rank=agent.rank, since=self.table.epoch)
+        except zmq.ZMQError:
+            pass            # pMaster unreachable; the next period tries again
+
+    def master_replies(self) -> None:
+        """pMaster's answers to probes (other replies on this socket are stale)."""
+        while True:
+            try:
+                frames = self.master.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                reply = wire.decode(frames)
+            except wire.ProtocolError as exc:
+                log.warning("bad reply from pMaster: %s", exc)
+                continue
+            if reply.get("req") != self.probe_req:
+                continue
+            self.probe_req = None
+            if reply.op == wire.ERROR:
+                if "is not registered" in reply["message"]:
+                    self.rejoin()           # pMaster restarted
+                else:
+                    self.fail_all(AutoPSError(f"master: {reply['message']}"))   # e.g. state lost with an aggregator
+            elif reply.get("keys") is not None and int(reply.get("epoch") or 0) > self.table.epoch:
+                self.failover(reply)
+
+    def rejoin(self) -> None:
+        """pMaster restarted and does not know the job yet: register this rank again (with
+        the job's secret) and declare its tensors again. pMaster rebuilt the table from what
+        its aggregators hold; until they have registered it asks to retry (next probe)."""
+        agent = self.agent
+        short = min(agent.timeout, max(PROBE_AFTER, 1.0))
+        try:
+            self.master.call(wire.REGISTER_JOB, timeout=short, secret=agent.secret, rejoin=True,
+                             **agent._registration)
+            reply = self.master.call(wire.DECLARE, timeout=agent.timeout, job=agent.job, secret=agent.secret,
+                                     tensors=list(agent._declared))
+        except MasterUnreachable as exc:
+            log.debug("rejoin: %s", exc)
+            return
+        except AutoPSError as exc:
+            if "retry" in str(exc):
+                return
+            self.fail_all(exc)
+            return
+        log.warning("job %s rank %d: registered again with a restarted pMaster", agent.job, agent.rank)
+        self.failover(reply)
+
+    def failover(self, reply: wire.Message, extra: Iterable[Request] = ()) -> None:
+        """pMaster moved keys after losing aggregators: take its table, tell each new owner
+        of a moved key the last iteration this rank pulled (RECOVER), replay the pushes kept
+        for those keys and resend every request that was waiting for them."""
+        old, new = self.table, Table()
+        new.load(reply)
+        lost = new.lost
+
+        def moved(key: str) -> bool:
+            move = old.moves.get(key)
+            return old.owner.get(key) in lost or (move is not None and move[0] in lost) \
+                or new.owner.get(key) != old.owner.get(key)
+
+        affected = {k for k in new.keys if moved(k)}
+        dropped = list(extra)
+        for req, request in list(self.inflight.items()):
+            if request.agg in lost or any(p.spec.key in affected for p in request.parts):
+                dropped.append(self.inflight.pop(req))
+        unsent = [p for batch in (*self.batch_push.values(), *self.batch_pull.values()) for p in batch]
+        self.batch_push.clear()
+        self.batch_pull.clear()
+        self.table = new
+        self.small = {}
+        self.forget_routes()
+        with self.agent._table_lock:
+            self.agent.table = new
+        if affected:
+            log.warning("job %s rank %d: aggregator(s) %s lost; %d key(s) recover on %s", self.agent.job,
+                        self.agent.rank, sorted(lost), len(affected), sorted({new.owner[k] for k in affected}))
+        recover: dict[str, list] = collections.defaultdict(list)
+        for key in sorted(affected):
+            recover[new.owner[key]].append(wire.RecoverItem(key, self.pulled.get(key, 0)).to_wire())
+        for agg, items in recover.items():
+            self.request(agg, wire.RECOVER, [], wire.RECOVER, items=items)
+        pushes: dict[tuple, Part] = {}
+        pulls: list[Part] = []
+        for request in dropped:
+            if request.resend is not None:
+                self.resend_whole(request)
+                continue
+            for part in request.parts:
+                if request.kind == wire.PUSH:
+                    pushes[(part.spec.key, part.iteration)] = part
+                else:
+                    pulls.append(part)
+        for part in unsent:                      # batched, not sent yet
+            if part.data is not None:
+                pushes[(part.spec.key, part.iteration)] = part
+            else:
+                pulls.append(part)
+        replay: dict[tuple, list[Part]] = collections.defaultdict(list)     # (iteration, agg) -> parts
+        for key in sorted(affected):
+            for it, copy in sorted(self.kept.get(key, {}).items()):
+                part = pushes.pop((key, it), None)
+                handle = part.handle if part is not None else _Background(key, self.agent)
+                replay[(it, new.route(key, it))].append(Part(new.keys[key], handle, it, data=copy,
+                                                             hp=part.hp if part is not None else None))
+        for part in pushes.values():            # not kept (fault tolerance off) or not affected
+            replay[(part.iteration, new.route(part.spec.key, part.iteration))].append(
+                Part(new.keys.get(part.spec.key, part.spec), part.handle, part.iteration, data=part.data, hp=part.hp))
+        for (_, agg), parts in sorted(replay.items(), key=lambda kv: kv[0]):
+            self.send(agg, wire.PUSH, parts, replay=True)
+        by_kind: dict[tuple, list[Part]] = collections.defaultdict(list)
+        for part in pulls:
+            kind = wire.STATE_GET if isinstance(part.handle, StateHandle) else wire.PULL
+            by_kind[(new.route(part.spec.key, part.iteration), kind)].append(part)
+        for (agg, kind), parts in by_kind.items():
+            self.send(agg, kind, parts)
+
+    def resend_whole(self, request: Request) -> None:
+        """Resend an INIT or broadcast to whoever serves it now."""
+        op, payloads, fields = request.resend
+        if op == wire.INIT:
+            agg = self.table.route(request.parts[0].spec.key, 0)
+        else:
+            agg = self.table.home or self.agent.aggregators[0]
+        self.request(agg, request.kind, request.parts, op, payloads, **fields)
 
     def expire(self) -> None:
         now = time.monotonic()

@@ -78,6 +78,7 @@ class Aggregator:
         self.register_timeout = register_timeout
         self.name = name
         self.agg_id: str | None = None
+        self.agg_name: str | None = None     # the id pMaster gave, kept to register again
         self.ctx = make_context()
         # the data path: listeners for agents and peers (tcp; ipc and shm for this host),
         # channels to peer aggregators, and the memory published values live in
@@ -90,7 +91,8 @@ class Aggregator:
         self._sources: dict = {listener.pollable: listener for listener in self.transport.listeners}
         self._data_ops = {wire.PUSH: self._push, wire.PULL: self._pull, wire.INIT: self._init,
                           wire.BCAST_PUT: self._bcast_put, wire.BCAST_GET: self._bcast_get,
-                          wire.TENSOR_COPY: self._tensor_copy, wire.STATE_GET: self._state_get}
+                          wire.TENSOR_COPY: self._tensor_copy, wire.STATE_GET: self._state_get,
+                          wire.RECOVER: self._recover, wire.REPLICATE: self._replicate_in}
         self.ctrl = self.ctx.socket(zmq.DEALER)
         self.ctrl.connect(master)
         self.proc = psutil.Process()
@@ -99,6 +101,9 @@ class Aggregator:
         # live migration: copies sent to other aggregators, waiting for their ack
         self.copy_waits: dict[int, tuple[int, str, list[str]]] = {}   # req -> (mid, job, keys)
         self._copy_reqs = iter(range(1, 1 << 62))
+        # replication (server mode): steps and states sent to replicas, waiting for their ack
+        self.replica_waits: dict[int, tuple[KeyState, int, str]] = {}   # req -> (key, iteration, replica)
+        self.store.on_step = self._replicate_step
         # cyclic execution: the schedule, each job's latest admitted iteration, postponed work
         self.schedule: CyclicSchedule | None = None
         self.admitted: dict[str, int] = {}
@@ -110,8 +115,16 @@ class Aggregator:
 
     def _allocate(self, job: str, sizes: list) -> list[tuple[np.ndarray, Shared]]:
         """Published buffers from the transport's memory: where the transport can lend them,
-        same-host agents read them in place (one memcpy)."""
-        return [(buf.array, buf) for buf in self.memory.allocate(sizes, job)]
+        same-host agents read them in place (one memcpy). ``StoreError`` when this machine
+        cannot hold them: a job's keys never exhaust its memory."""
+        need = sum(numel * np.dtype(dtype).itemsize for numel, dtype in sizes)
+        available = psutil.virtual_memory().available
+        if need > available:
+            raise StoreError(f"job {job!r}: its keys need {need} bytes, this machine has {available} available")
+        try:
+            return [(buf.array, buf) for buf in self.memory.allocate(sizes, job)]
+        except (OSError, MemoryError) as exc:
+            raise StoreError(f"job {job!r}: cannot allocate {need} bytes for its keys: {exc}") from None
 
     # --- lifecycle ------------------------------------------------------------------
     def stop(self) -> None:
@@ -124,15 +137,26 @@ class Aggregator:
     def register(self) -> str:
         """Register with pMaster; raises TimeoutError naming the address if it never answers."""
         deadline = time.monotonic() + self.register_timeout
-        msg = wire.encode(wire.REGISTER_AGG, endpoints=self.endpoints, host=host_id(),
-                          pid=os.getpid(), name=self.name, cpus=os.cpu_count())
+        req = next(self._copy_reqs)
+        msg = wire.encode(wire.REGISTER_AGG, req=req, endpoints=self.endpoints, host=host_id(),
+                          pid=os.getpid(), name=self.name or self.agg_name, cpus=os.cpu_count(),
+                          holding=self._holding())
         while time.monotonic() < deadline and not self._stop.is_set():
             self.ctrl.send_multipart(msg)
             if self.ctrl.poll(1000):
-                reply = wire.decode(self.ctrl.recv_multipart())
+                frames = self.ctrl.recv_multipart()
+                reply = wire.decode(frames)
+                if reply.get("req") != req:
+                    if reply.op not in (wire.OK, wire.ERROR):
+                        self._on_master(frames)       # a control message, not our answer
+                    continue
                 if reply.op == wire.ERROR:
                     raise RuntimeError(f"master {self.master} refused registration: {reply['message']}")
                 self.agg_id = reply["agg"]
+                if reply.get("reset"):
+                    for job in list(self.store.jobs):
+                        self._release(job)
+                    log.warning("pMaster had declared this aggregator lost: its jobs' keys live elsewhere now")
                 log.info("registered as %s at %s (endpoints %s)", self.agg_id, self.master, self.endpoints)
                 return self.agg_id
         raise TimeoutError(f"AutoPS master at {self.master} did not answer within {self.register_timeout:.0f}s")
@@ -218,6 +242,10 @@ class Aggregator:
                 self.store.assign(msg["job"], msg["secret"], msg["world_size"], msg["mode"], keys,
                                   average=bool(msg.get("average", True)),
                                   optimizer=msg.get("optimizer"), hp=msg.get("hp") or {})
+                state = self.store.jobs[msg["job"]]
+                for key, info in (msg.get("replicas") or {}).items():
+                    if key in state.keys:
+                        self._set_replica(state.keys[key], info)
                 self.ctrl.send_multipart(wire.encode(wire.OK, req=req, agg=self.agg_id))
             except (StoreError, ValueError, TypeError) as exc:
                 self.ctrl.send_multipart(wire.error(str(exc), req=req, agg=self.agg_id))
@@ -229,6 +257,12 @@ class Aggregator:
             self._migrate_prepare(msg)
         elif msg.op == wire.MIGRATE_INIT:
             self._migrate_init(msg)
+        elif msg.op == wire.FAILOVER:
+            self._failover(msg)
+        elif msg.op == wire.MIGRATE_ABORT:
+            self._migrate_abort(msg)
+        elif msg.op == wire.REPLICA_SET:
+            self._replica_set(msg)
         elif msg.op == wire.MIGRATE_DROP:
             for ks in self.store.drop_keys(msg["job"], list(msg["keys"])):
                 for pending in self.waiters.pop(id(ks), []):
@@ -240,10 +274,33 @@ class Aggregator:
             if msg.op == wire.ERROR:
                 log.warning("master: %s", msg["message"])
                 if msg.get("reregister"):
-                    self.agg_id = None
-                    self.register()
+                    # pMaster restarted: register again under the same name and tell it what is
+                    # held here, so it rebuilds its jobs' tables
+                    self.agg_name, self.agg_id = self.agg_id or self.agg_name, None
+                    try:
+                        self.register()
+                    except TimeoutError as exc:
+                        log.warning("%s; trying again at the next heartbeat", exc)
         else:
             log.warning("unexpected %s from master", msg.op)
+
+    def _holding(self) -> dict:
+        """What this aggregator holds, per job (for a restarted pMaster): the secret, world
+        size and every key as ``[*spec, mode, average, optimizer, hp, role, completed]`` with
+        role ``owner`` (``moving`` while it hands the key over) or ``replica``."""
+        out = {}
+        for job, state in self.store.jobs.items():
+            keys = []
+            for role, table in (("owner", state.keys), ("replica", state.replicas)):
+                for ks in table.values():
+                    if ks.incoming is not None or ks.recovering is not None:
+                        continue
+                    optimizer = ks.optimizer.name if ks.optimizer is not None else None
+                    hp = dict(ks.optimizer.hp) if ks.optimizer is not None else {}
+                    keys.append([*ks.spec.to_wire(), ks.mode, ks.average, optimizer, hp,
+                                 "moving" if ks.moving is not None else role, ks.completed])
+            out[job] = {"secret": state.secret, "world_size": state.world_size, "keys": keys}
+        return out
 
     def _release(self, job: str) -> None:
         state = self.store.jobs.get(job)
@@ -293,6 +350,7 @@ class Aggregator:
     def _push(self, reply: Sender, msg: wire.Message) -> None:
         state = self.store.job(msg["job"], msg["secret"])
         rank = msg["rank"]
+        replay = bool(msg.get("replay"))      # resent after a failure: what the key has is skipped
         checked: list[tuple] = []
         redirects: list = []
         seen: set[str] = set()
@@ -306,8 +364,11 @@ class Aggregator:
                 redirects.append(self._move(ks).to_wire())
                 continue
             data = msg.array(item.data, ks.spec.dtype)
-            if ks.incoming is not None:
-                # migrating here: the iteration counter arrives with the copy; check the rest now
+            if replay and ks.incoming is None and ks.recovering is None and \
+                    self.store.already_has(ks, rank, iteration):
+                continue
+            if ks.incoming is not None or ks.recovering is not None:
+                # migrating here, or recovering: the iteration counter is not known yet; check the rest now
                 self.store._check_rank(state, rank)
                 if data.dtype != np.dtype(ks.spec.dtype) or data.size != ks.spec.numel:
                     raise StoreError(f"job {state.job!r}: push of {key!r} carries {data.size} x "
@@ -322,7 +383,7 @@ class Aggregator:
             return
         for ks, _, hp, _, _ in checked:
             if hp:
-                if ks.incoming is not None:
+                if ks.incoming is not None or ks.recovering is not None:
                     ks.held_hp = hp
                     continue
                 try:
@@ -334,8 +395,8 @@ class Aggregator:
         for ks, data, _, deferred, iteration in checked:
             self.stats["pushes"] += 1
             self.stats["bytes_in"] += data.nbytes
-            if ks.incoming is not None:
-                ks.held.append((rank, iteration, data, deferred))
+            if ks.incoming is not None or ks.recovering is not None:
+                ks.held.append((rank, iteration, data, deferred, replay))
             elif self._admit(state.job, iteration, now):
                 self._apply_push(ks, rank, data, deferred)
             else:
@@ -511,10 +572,13 @@ class Aggregator:
                               average=bool(msg.get("average", True)), optimizer=msg.get("optimizer"),
                               hp=msg.get("hp") or {}, buffers=[(buf.array, buf) for buf in buffers])
             state = self.store.jobs[msg["job"]]
+            replicas = msg.get("replicas") or {}
             for spec in keys:
                 ks = state.keys[spec.key]
                 ks.incoming = msg["mid"]
                 ks.awaiting_workers = (msg["mid"], 1 << 62)
+                if ks.mode == "server" and replicas.get(spec.key):
+                    ks.replica = dict(replicas[spec.key])
             # the new buffers are mapped and populated by now; agents can map them early
             segments = self.memory.handles_of(buffers)
             self.ctrl.send_multipart(wire.encode(wire.OK, req=req, agg=self.agg_id, segments=segments))
@@ -573,6 +637,9 @@ class Aggregator:
         except wire.ProtocolError as exc:
             log.warning("bad reply from a peer aggregator: %s", exc)
             return
+        if msg.get("req") in self.replica_waits:
+            self._replica_acked(msg)
+            return
         waited = self.copy_waits.pop(msg.get("req"), None)
         if waited is None:
             return
@@ -607,6 +674,8 @@ class Aggregator:
                 self.stats["errors"] += 1
                 log.error("held push of migrated key %s dropped: %s", key, problem)
             installed.append(ks)
+            if ks.replica is not None:
+                self._replicate_state(ks)
         self.stats["migrated_in"] += len(installed)
         reply.send(wire.header(wire.OK, req=msg.get("req")))
         for ks in installed:
@@ -630,6 +699,181 @@ class Aggregator:
         # copies: the next iteration may update the live arrays before they are sent
         reply.send(wire.header(wire.STATE_REPLY, req=msg.get("req"), items=items), [a.copy() for a in arrays])
 
+    # --- failures: take-over, recovery, replication ------------------------------------------
+    def _failover(self, msg: wire.Message) -> None:
+        """pMaster lost an aggregator and gives its keys here: ``promote`` keys are served
+        from this aggregator's replica of them; the others (sum mode) are recovered from the
+        workers (``RECOVER`` and replayed pushes). Anything this aggregator still held for such
+        a key (an unfinished migration) is dropped: the workers resend all of it."""
+        req = msg.get("req")
+        try:
+            state = self.store.ensure_job(msg["job"], msg["secret"], msg["world_size"], msg.get("mode") or "sum",
+                                          bool(msg.get("average", True)), msg.get("optimizer"),
+                                          msg.get("hp") or {})
+            keys = [KeySpec.from_wire(k) for k in msg["keys"]]
+            replicas = dict(msg.get("replicas") or {})
+            missing = []
+            for spec in keys:
+                old = state.keys.get(spec.key)
+                if old is not None:
+                    self._forget_waiters(old)
+                if msg.get("promote"):
+                    ks = self.store.promote(state, spec.key)
+                    if ks is None:
+                        missing.append(spec.key)
+                        continue
+                else:
+                    state.keys.pop(spec.key, None)
+                    self.store.assign(msg["job"], msg["secret"], msg["world_size"], msg["mode"], [spec],
+                                      average=bool(msg.get("average", True)), optimizer=msg.get("optimizer"),
+                                      hp=msg.get("hp") or {})
+                    ks = state.keys[spec.key]
+                    self.store.start_recovery(ks)
+                ks.moving, ks.incoming, ks.awaiting_workers = None, None, None
+                self._set_replica(ks, replicas.get(spec.key))
+            if missing:
+                raise StoreError(f"no replica of {missing[:4]} here")
+            self.ctrl.send_multipart(wire.encode(wire.OK, req=req, agg=self.agg_id))
+        except (StoreError, ValueError, TypeError) as exc:
+            self.ctrl.send_multipart(wire.error(str(exc), req=req, agg=self.agg_id))
+
+    def _forget_waiters(self, ks: KeyState) -> None:
+        """Parked pulls of a key taken over: their workers resend them (no answer)."""
+        for pending in self.waiters.pop(id(ks), []):
+            pending.finished = True
+
+    def _migrate_abort(self, msg: wire.Message) -> None:
+        """The new owner of a migration was lost: keep serving the keys (their state here is
+        whole up to the cutover; later pushes were redirected and are resent)."""
+        state = self.store.jobs.get(msg["job"])
+        for key in msg["keys"]:
+            ks = state.keys.get(key) if state is not None else None
+            if ks is not None and ks.moving is not None:
+                ks.moving = None
+                log.info("migration of %s of job %s aborted: the new owner was lost", key, msg["job"])
+        self.ctrl.send_multipart(wire.encode(wire.OK, req=msg.get("req"), agg=self.agg_id))
+
+    def _replica_set(self, msg: wire.Message) -> None:
+        """Replicate these keys to ``replica`` (or stop: None) from now on."""
+        state = self.store.jobs.get(msg["job"])
+        for key in msg["keys"]:
+            ks = state.keys.get(key) if state is not None else None
+            if ks is not None:
+                self._set_replica(ks, msg.get("replica"))
+        self.ctrl.send_multipart(wire.encode(wire.OK, req=msg.get("req"), agg=self.agg_id))
+
+    def _set_replica(self, ks: KeyState, info: dict | None) -> None:
+        if ks.mode != "server":
+            return
+        ks.replica = dict(info) if info else None
+        ks.replicated = ks.replica_sent = -1
+        if ks.replica is None:
+            self._published(ks)       # pulls that waited for the old replica
+        elif ks.initialized and ks.incoming is None:
+            self._replicate_state(ks)
+
+    def _replicate_state(self, ks: KeyState) -> None:
+        """Send the whole server-side state of ``ks`` to its replica (REPLICATE ``state``)."""
+        state = self.store.jobs[ks.job]
+        meta, arrays = self.store.export_key(ks)
+        meta.update(spec=ks.spec.to_wire(), mode=ks.mode, average=ks.average, world_size=state.world_size,
+                    optimizer=state.optimizer if ks.optimizer is None else ks.optimizer.name)
+        ks.replica_sent = ks.completed
+        self._send_replica(ks, ks.completed, "state", [wire.KeyCopy(ks.spec.key, meta, len(arrays)).to_wire()],
+                           [np.array(a) for a in arrays])
+
+    def _replicate_step(self, ks: KeyState, grad: np.ndarray) -> None:
+        """Store hook, right after the optimizer step of iteration ``completed + 1``: send the
+        replica that step's averaged gradient (it applies the same deterministic update), or
+        the whole state when the replica does not have the previous iteration."""
+        if ks.replica is None:
+            return
+        iteration = ks.completed + 1
+        if ks.replica_sent != ks.completed:
+            return              # the state is sent once the iteration completed (``_published``)
+        ks.replica_sent = iteration
+        self._send_replica(ks, iteration, "step",
+                           [wire.StepItem(ks.spec.key, iteration, 0, dict(ks.optimizer.hp)).to_wire()],
+                           [np.array(grad)])
+
+    def _send_replica(self, ks: KeyState, iteration: int, kind: str, items: list, arrays: list) -> None:
+        state = self.store.jobs[ks.job]
+        req = next(self._copy_reqs)
+        self.replica_waits[req] = (ks, iteration, ks.replica.get("agg", ""))
+        try:
+            self._peer(ks.replica).send(wire.header(wire.REPLICATE, req=req, kind=kind, job=ks.job,
+                                                    secret=state.secret, items=items), arrays)
+        except Exception as exc:  # an unreachable replica must not stop the data path
+            self.replica_waits.pop(req, None)
+            log.error("cannot replicate %s of job %s to %s: %s", ks.spec.key, ks.job, ks.replica.get("agg"), exc)
+
+    def _replica_acked(self, msg: wire.Message) -> None:
+        ks, iteration, replica = self.replica_waits.pop(msg["req"])
+        if ks.replica is None or ks.replica.get("agg", "") != replica:
+            return          # an answer from a replica this key no longer uses
+        if msg.op == wire.ERROR:
+            log.warning("replica of %s of job %s: %s; sending the whole state", ks.spec.key, ks.job, msg["message"])
+            self._replicate_state(ks)
+            return
+        if iteration > ks.replicated:
+            ks.replicated = iteration
+        for waiter in ks.init_waiters:
+            waiter[2].discard(id(ks))
+            if not waiter[2]:
+                waiter[0].send(wire.header(wire.OK, req=waiter[1]))
+        ks.init_waiters = []
+        self._published(ks)
+
+    def _replicate_in(self, reply: Sender, msg: wire.Message) -> None:
+        """Replica side: install a whole state, or apply one step of the owner."""
+        if msg.get("kind") == "state":
+            for key, meta, views in wire.key_copies(msg):
+                try:
+                    spec = KeySpec.from_wire(meta["spec"])
+                    state = self.store.ensure_job(msg["job"], msg["secret"], int(meta["world_size"]), meta["mode"],
+                                                  bool(meta.get("average", True)), meta.get("optimizer"),
+                                                  meta.get("hp") or {})
+                except (KeyError, TypeError, ValueError) as exc:
+                    raise wire.ProtocolError(f"replicate: bad state of {key!r}: {exc}") from None
+                arrays = [np.frombuffer(view, dtype=spec.dtype) for view in views]
+                self.store.install_replica(state, spec, meta["mode"], bool(meta.get("average", True)),
+                                           meta.get("optimizer"), meta.get("hp") or {}, meta, arrays)
+        else:
+            state = self.store.job(msg["job"], msg["secret"])
+            steps = []
+            for item in msg.items(wire.StepItem):
+                rks = state.replicas.get(item.key)
+                grad = msg.whole(item.payload, rks.spec.dtype) if rks is not None else None
+                if rks is None or not self.store.replica_accepts(rks, item.iteration, grad):
+                    raise StoreError(f"replica of {item.key!r} misses the steps before {item.iteration}")
+                steps.append((rks, item, grad))
+            # acknowledged on receipt, applied right after: nothing else runs in between here,
+            # so a promotion always finds the step applied
+            reply.send(wire.header(wire.OK, req=msg.get("req")))
+            for rks, item, grad in steps:
+                self.store.replica_step(rks, item.iteration, grad, item.hp)
+            return
+        reply.send(wire.header(wire.OK, req=msg.get("req")))
+
+    def _recover(self, reply: Sender, msg: wire.Message) -> None:
+        """A worker's RECOVER: the last iteration it pulled of each key taken over here."""
+        state = self.store.job(msg["job"], msg["secret"])
+        rank = msg["rank"]
+        self.store._check_rank(state, rank)
+        resumed = []
+        for item in msg.items(wire.RecoverItem):
+            ks = self.store.key(state, item.key)
+            done, problems = self.store.recover_report(ks, rank, item.pulled)
+            for problem in problems:
+                self.stats["errors"] += 1
+                log.error("replayed push of %s dropped: %s", item.key, problem)
+            if done:
+                resumed.append(ks)
+        reply.send(wire.header(wire.OK, req=msg.get("req")))
+        for ks in resumed:
+            log.info("key %s of job %s recovered at iteration %d", ks.spec.key, ks.job, ks.completed)
+            self._published(ks)
+
     def _init(self, reply: Sender, msg: wire.Message) -> None:
         state = self.store.job(msg["job"], msg["secret"])
         prepared = []
@@ -643,7 +887,17 @@ class Aggregator:
                 self.store.init(state, key, data, hp=msg.get("hp"), opt_state=opt_state or None, step=step)
             except ValueError as exc:
                 raise StoreError(f"INIT of {key!r}: {exc}") from None
-        reply.send(wire.header(wire.OK, req=msg.get("req")))
+        backed = [state.keys[key] for key, *_ in prepared if state.keys[key].replica is not None]
+        if backed:
+            # acknowledged once every replica holds the master copy: a worker that saw the
+            # ack can rely on it surviving the loss of this aggregator
+            waiter = [reply, msg.get("req"), {id(ks) for ks in backed}]
+            for ks in backed:
+                ks.replica_sent = -1
+                ks.init_waiters.append(waiter)
+                self._replicate_state(ks)
+        else:
+            reply.send(wire.header(wire.OK, req=msg.get("req")))
         for key, *_ in prepared:
             # a pull of iteration 0, or one whose update only waited for the master copy
             self._published(state.keys[key])

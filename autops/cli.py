@@ -24,6 +24,7 @@ BENCHMARKS = {
     "pushpull": ("dlrt_bench.autops_pushpull", "push+pull of whole models vs gloo all-reduce"),
     "packing": ("dlrt_bench.autops_packing", "aggregators and CPU of J jobs packed vs dedicated"),
     "migrate": ("dlrt_bench.autops_migrate", "pause a job sees when all its tensors migrate live"),
+    "failover": ("dlrt_bench.autops_failover", "what surviving an aggregator's loss costs: replication, pause"),
 }
 DEFAULT_MASTER = "127.0.0.1:5555"
 
@@ -48,7 +49,8 @@ def _cmd_aggregator(args: argparse.Namespace) -> int:
     else:                                   # the older spelling: --bind-host HOST --port PORT
         host, port = args.bind_host or DEFAULT_BIND_HOST, args.port
     serve(args.master, bind_host=host.strip("[]"), port=port, advertise_host=args.advertise_host,
-          ipc=not args.no_ipc, name=args.name, register_timeout=args.register_timeout)
+          ipc=not args.no_ipc, name=args.name, register_timeout=args.register_timeout,
+          heartbeat_interval=args.heartbeat_interval)
     return 0
 
 
@@ -129,31 +131,34 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     p = cli.add_command(sub, "master", "run pMaster", log_level=None)
     p.add_argument("--bind", type=cli.address, default=f"{DEFAULT_BIND_HOST}:5555", metavar="ADDR",
                    help="address to listen on (HOST:PORT or tcp://HOST:PORT; 0.0.0.0:PORT for every interface)")
-    p.add_argument("--heartbeat-timeout", type=float, default=5.0)
+    p.add_argument("--heartbeat-timeout", type=cli.positive(float), default=5.0)
     p.add_argument("--provider", choices=("standby", "local"), default="standby",
                    help="standby: use aggregators started with `autops aggregator`; local: also start "
                         "aggregator processes on this machine when needed")
-    p.add_argument("--max-aggregators", type=int, default=None,
+    p.add_argument("--max-aggregators", type=cli.positive(int), default=None,
                    help="local provider: most aggregator processes it starts (default: CPU count)")
     p.add_argument("--static", action="store_true",
                    help="no elasticity: jobs keep the aggregators they registered on (no packing, no migration)")
-    p.add_argument("--loss-limit", type=float, default=0.1, help="LossLimit: largest speed loss packing may cause")
-    p.add_argument("--warmup-iters", type=int, default=3, help="iterations ignored before profiling")
-    p.add_argument("--profile-iters", type=int, default=10, help="iterations profiled on temporary aggregators")
-    p.add_argument("--window", type=int, default=100,
+    p.add_argument("--loss-limit", type=cli.non_negative(float), default=0.1,
+                   help="LossLimit: largest speed loss packing may cause")
+    p.add_argument("--warmup-iters", type=cli.non_negative(int), default=3, help="iterations ignored before profiling")
+    p.add_argument("--profile-iters", type=cli.positive(int), default=10,
+                   help="iterations profiled on temporary aggregators")
+    p.add_argument("--window", type=cli.positive(int), default=100,
                    help="iterations below (1 - LossLimit) of standalone speed before a job is reverted")
-    p.add_argument("--cluster-size", type=int, default=8, help="aggregators per cluster")
-    p.add_argument("--period", type=float, default=10.0, help="seconds between periodic scaling passes")
-    p.add_argument("--threshold", type=int, default=1,
+    p.add_argument("--cluster-size", type=cli.positive(int), default=8, help="aggregators per cluster")
+    p.add_argument("--period", type=cli.positive(float), default=10.0, help="seconds between periodic scaling passes")
+    p.add_argument("--threshold", type=cli.positive(int), default=1,
                    help="allocations of at least this many aggregators happen at once, smaller ones at the next period")
-    p.add_argument("--spare", type=int, default=0, help="idle aggregators the local provider keeps running")
-    p.add_argument("--job-timeout", type=float, default=30.0,
+    p.add_argument("--spare", type=cli.non_negative(int), default=0,
+                   help="idle aggregators the local provider keeps running")
+    p.add_argument("--job-timeout", type=cli.positive(float), default=30.0,
                    help="release a job when none of its workers was heard from for this long")
     p.add_argument("--report-bind", type=cli.bind_address, default=None, metavar="ADDR",
                    help="publish utilization reports (JSON) on this ZeroMQ PUB address, e.g. 127.0.0.1:5557")
-    p.add_argument("--metrics-port", type=int, default=None,
+    p.add_argument("--metrics-port", type=cli.port, default=None,
                    help="serve Prometheus metrics on this HTTP port (127.0.0.1)")
-    p.add_argument("--report-period", type=float, default=1.0, help="seconds between reports")
+    p.add_argument("--report-period", type=cli.positive(float), default=1.0, help="seconds between reports")
     p.set_defaults(func=_cmd_master)
 
     p = cli.add_command(sub, "aggregator", "run one aggregator (one per machine)", log_level=None)
@@ -163,25 +168,27 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                    help="where workers reach this aggregator over TCP (no port or port 0: any free "
                         f"port; default {DEFAULT_BIND_HOST}; 0.0.0.0 for every interface)")
     p.add_argument("--bind-host", default=None, help=argparse.SUPPRESS)       # older spelling of --bind
-    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)     # older spelling of --bind
+    p.add_argument("--port", type=cli.port, default=0, help=argparse.SUPPRESS)     # older spelling of --bind
     p.add_argument("--advertise-host", default=None,
                    help="address workers use to reach this machine (default: the --bind host; this "
                         "machine's address for 0.0.0.0)")
     p.add_argument("--no-ipc", action="store_true", help="do not offer a unix-socket endpoint")
     p.add_argument("--name", default=None, help="aggregator id (default: pMaster gives agg-N)")
-    p.add_argument("--register-timeout", type=float, default=30.0)
+    p.add_argument("--register-timeout", type=cli.positive(float), default=30.0)
+    p.add_argument("--heartbeat-interval", type=cli.positive(float), default=1.0,
+                   help="seconds between heartbeats (keep it well below pMaster's --heartbeat-timeout)")
     p.set_defaults(func=_cmd_aggregator)
 
     p = cli.add_command(sub, "local", "run CMD against a master that starts aggregators on this machine",
                         log_level=None)
-    p.add_argument("--aggregators", type=int, default=2, help="most aggregator processes to start")
+    p.add_argument("--aggregators", type=cli.positive(int), default=2, help="most aggregator processes to start")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
     p.set_defaults(func=_cmd_local)
 
     p = cli.add_command(sub, "status", "print the pool: aggregators, load and jobs", log_level=None,
                         json_help="write the status as JSON to FILE ('-' for stdout instead of the table)")
     _master_arg(p)
-    p.add_argument("--timeout", type=float, default=5.0)
+    p.add_argument("--timeout", type=cli.positive(float), default=5.0)
     p.set_defaults(func=_cmd_status)
 
     p = cli.add_command(sub, "migrate", "move a job's keys (all by default) to other aggregators, live",
@@ -190,7 +197,7 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     p.add_argument("--job", required=True)
     p.add_argument("--keys", nargs="*", default=None, help="keys to move (default: every key of the job)")
     p.add_argument("--to", nargs="*", default=None, help="aggregators to move to (default: all others)")
-    p.add_argument("--timeout", type=float, default=5.0)
+    p.add_argument("--timeout", type=cli.positive(float), default=5.0)
     p.set_defaults(func=_cmd_migrate)
 
     from .simulate import JSON_HELP, add_arguments
@@ -212,6 +219,8 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
 def main(argv: list[str] | None = None) -> int:
     parser, bench = _parser()
     args, rest = parser.parse_known_args(argv)
+    if args.log_level not in cli.LOG_LEVELS:     # a bad $AUTOPS_LOG: argparse checks no default
+        parser.error(f"$AUTOPS_LOG: invalid log level {args.log_level!r} (one of {', '.join(cli.LOG_LEVELS)})")
     if args.command is None:
         return cli.no_subcommand(parser)
     if args.command == "bench":

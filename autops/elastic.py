@@ -88,8 +88,10 @@ class Elastic:
 
     # --- bookkeeping helpers -----------------------------------------------------------
     def empty(self, agg: str) -> bool:
-        """No key of any job on ``agg``, none moving to it, no migration from or to it."""
-        return not self.state.tasks_on(agg) and not self.migrations.active(aggs={agg})
+        """No key of any job on ``agg``, none moving to it, no migration from or to it, no
+        replica on it."""
+        return not self.state.tasks_on(agg) and not self.migrations.active(aggs={agg}) \
+            and not any(agg in job.replicas.values() for job in self.state.jobs.values())
 
     def capacity(self) -> int | None:
         return self.provider.capacity(len(self.state.live_aggregators()))

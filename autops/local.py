@@ -29,7 +29,8 @@ class LocalPool:
     """Context manager: ``with LocalPool(2) as pool: pool.master`` is the address to use."""
 
     def __init__(self, aggregators: int = 2, start_timeout: float = 30.0, log_level: str = "WARNING",
-                 env: dict | None = None, master_args: list[str] | None = None) -> None:
+                 env: dict | None = None, master_args: list[str] | None = None,
+                 aggregator_args: list[str] | None = None) -> None:
         self.n = aggregators
         self.start_timeout = start_timeout
         self.log_level = log_level
@@ -39,6 +40,8 @@ class LocalPool:
         self.runtime_dir = tempfile.mkdtemp(prefix="autops-pool-")
         self.env = {**os.environ, "AUTOPS_RUNTIME_DIR": self.runtime_dir, **(env or {})}
         self.master_args = list(master_args or [])
+        self.aggregator_args = list(aggregator_args or [])
+        self.aggregators: dict[str, subprocess.Popen] = {}
 
     def _spawn(self, *args: str) -> subprocess.Popen:
         proc = subprocess.Popen([sys.executable, "-m", "autops.cli", *args, "--log-level", self.log_level],
@@ -48,15 +51,40 @@ class LocalPool:
 
     def start(self) -> "LocalPool":
         try:
-            self._spawn("master", "--bind", self.master, *self.master_args)
+            self.start_master()
             for i in range(self.n):
-                self._spawn("aggregator", "--master", self.master, "--name", f"agg-{i}",
-                            "--bind-host", "127.0.0.1")
+                self.add_aggregator(f"agg-{i}")
             self.wait_ready()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def start_master(self) -> subprocess.Popen:
+        """Start pMaster at ``self.master`` (again, after ``kill_master``)."""
+        proc = self._spawn("master", "--bind", self.master, *self.master_args)
+        self.procs.insert(0, self.procs.pop())       # stopped last
+        return proc
+
+    def kill_master(self) -> None:
+        """SIGKILL pMaster (a failure, for tests and benchmarks) and reap it."""
+        proc = self.procs.pop(0)
+        proc.kill()
+        proc.wait()
+
+    def add_aggregator(self, name: str) -> subprocess.Popen:
+        """Start one more aggregator process named ``name`` (it registers by itself)."""
+        proc = self._spawn("aggregator", "--master", self.master, "--name", name, "--bind-host", "127.0.0.1",
+                           *self.aggregator_args)
+        self.aggregators[name] = proc
+        return proc
+
+    def kill_aggregator(self, name: str) -> None:
+        """SIGKILL aggregator ``name`` (a failure, for tests and benchmarks) and reap it."""
+        proc = self.aggregators.pop(name)
+        proc.kill()
+        proc.wait()
+        self.procs.remove(proc)
 
     def wait_ready(self) -> dict:
         deadline = time.monotonic() + self.start_timeout

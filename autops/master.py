@@ -29,10 +29,12 @@ import zmq
 from . import wire
 from .assignment import spread_by_bytes
 from .elastic import Elastic, ElasticConfig
+from .failover import Failover
 from .migration import Migrations
 from .outbox import AggregatorOutbox
 from .pool import AggInfo, JobInfo, PoolState
 from .providers import Provider, StandbyProvider
+from .replication import choose_replica, replica_info
 from .scaling import cluster_free_cpu
 from .partition import DEFAULT_PARTITION_BYTES, DEFAULT_SMALL_BYTES, KeySpec, plan_keys, validate_tensor
 from .store import MODES
@@ -64,6 +66,7 @@ class Master:
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.state = PoolState(heartbeat_timeout, clock=time.monotonic)
         self.clock = self.state.clock
+        self.started = self.clock()
         self.outbox = AggregatorOutbox(self.state, self._reply, assign_timeout)
         self._agg_ids = itertools.count()
         self._acks = itertools.count(1)        # ASSIGN messages awaiting an answer (JobInfo.pending_acks)
@@ -74,6 +77,7 @@ class Master:
         self.config = elastic or ElasticConfig()
         self.migrations = Migrations(self.state, self.outbox)
         self.elastic = Elastic(self.state, self.outbox, self.config, self.provider, self.migrations)
+        self.failover = Failover(self.state, self.outbox, self.migrations, self._flush_parked)
         self.report_period = report_period
         self._next_report = self.clock()
         self.publisher = None
@@ -106,10 +110,14 @@ class Master:
                             break
                         self._dispatch(frames)
                 now = self.clock()
-                self.outbox.expire(now)
-                for job_id in self.elastic.expired_jobs(now):
-                    self.release_job(job_id)
-                self.elastic.tick(now)
+                try:
+                    self.failover.check(now)
+                    self.outbox.expire(now)
+                    for job_id in self.elastic.expired_jobs(now):
+                        self.release_job(job_id)
+                    self.elastic.tick(now)
+                except Exception:  # keep the shared service alive
+                    log.exception("internal error in a periodic pass")
                 if now >= self._next_report:
                     self._next_report = now + self.report_period
                     self._publish()
@@ -152,8 +160,8 @@ class Master:
                 wire.OK: self._aggregator_reply,
                 wire.ERROR: self._aggregator_reply,
                 wire.PROFILE: self._profile,
-                wire.TENSOR_COPY_DONE: lambda i, m: self.migrations.copy_done(m),
-                wire.WORKER_DONE: lambda i, m: self.migrations.worker_done(m),
+                wire.TENSOR_COPY_DONE: lambda i, m: self.migrations.copy_done(m, self.state.by_identity.get(i, "")),
+                wire.WORKER_DONE: lambda i, m: self.migrations.worker_done(m, self.state.by_identity.get(i, "")),
                 wire.MIGRATE: self._migrate,
             }.get(msg.op)
             if handler is None:
@@ -173,12 +181,48 @@ class Master:
             raise ValueError(f"an aggregator named {agg_id!r} is already registered and alive")
         info = AggInfo(agg_id, identity, dict(msg["endpoints"]), msg["host"], msg["pid"], self.clock())
         self.state.add_aggregator(info)
-        log.info("aggregator %s registered (pid %s, %s)", agg_id, msg["pid"], msg["endpoints"])
-        self._reply(identity, wire.encode(wire.OK, req=msg.get("req"), agg=agg_id))
+        # one declared lost comes back empty: its keys have other owners now
+        reset = self.failover.lost.pop(agg_id, None) is not None
+        log.info("aggregator %s registered (pid %s, %s)%s", agg_id, msg["pid"], msg["endpoints"],
+                 " after it was lost: it drops what it held" if reset else "")
+        if not reset:
+            self._adopt(info, msg.get("holding") or {})
+        self._reply(identity, wire.encode(wire.OK, req=msg.get("req"), agg=agg_id, reset=reset))
         if not self.elastic.registered_for_revert(info):
             ready = self.elastic.aggregator_registered(info)
             if ready is not None:
                 self._flush_registrations(ready)
+
+    def _adopt(self, info: AggInfo, holding: dict) -> None:
+        """An aggregator that registers holding keys (this pMaster restarted): rebuild the
+        jobs' records from what it holds; the workers declare their tensors again."""
+        if not isinstance(holding, dict):
+            raise ValueError("register_agg: 'holding' must be a map")
+        for job_id, held in holding.items():
+            job = self.state.jobs.get(job_id)
+            if job is None:
+                job = JobInfo(str(job_id), str(held["secret"]), int(held["world_size"]), 0, "sum", True, None, {},
+                              DEFAULT_PARTITION_BYTES, DEFAULT_SMALL_BYTES, [])
+                job.state = "dedicated"          # elasticity leaves an adopted job where it is
+                self.state.jobs[job.job] = job
+                log.info("job %s adopted from aggregator %s (pMaster restarted)", job.job, info.agg_id)
+            elif job.secret != held["secret"]:
+                log.error("aggregator %s holds job %s with another secret; ignored", info.agg_id, job_id)
+                continue
+            for entry in held["keys"]:
+                spec = KeySpec.from_wire(entry)
+                mode, average, optimizer, hp, role = entry[6:11]
+                job.adopted[spec.tensor] = {"mode": mode, "average": bool(average), "optimizer": optimizer,
+                                            "hp": hp or {}}
+                if role == "replica":
+                    job.replicas[spec.key] = info.agg_id
+                elif role == "owner" or spec.key not in job.table:
+                    job.keys[spec.key] = spec
+                    job.table[spec.key] = info.agg_id
+            job.touched.add(info.agg_id)
+            job.aggregators = sorted(set(job.table.values()))
+            job.home = job.home or (job.aggregators[0] if job.aggregators else None)
+            job.last_heard = self.clock()
 
     def _heartbeat(self, identity: bytes, msg: wire.Message) -> None:
         agg_id = self.state.by_identity.get(identity)
@@ -202,6 +246,14 @@ class Master:
             raise ValueError(f"job {job_id}: mode must be one of {MODES}, got {mode!r}")
         optimizer, hp = msg.get("optimizer"), msg.get("hp") or {}
         job = self.state.jobs.get(job_id)
+        if msg.get("rejoin") and self.clock() - self.started < self.state.heartbeat_timeout:
+            # every live aggregator registers again within a heartbeat timeout: until then the
+            # job's table may lack the keys of one that has not
+            raise ValueError(f"job {job_id} is not registered yet: pMaster restarted and waits for its "
+                             "aggregators to register again; retry")
+        if job is None and msg.get("rejoin"):
+            raise ValueError(f"job {job_id} is not registered: pMaster restarted and no aggregator holds "
+                             "the job (its state is lost)")
         if job is None:
             if mode == "server":
                 _optim().make_optimizer(optimizer or "", hp)  # raises ValueError with a clear message
@@ -216,18 +268,26 @@ class Master:
                           bool(msg.get("average", True)), optimizer, hp,
                           int(msg.get("partition_bytes") or DEFAULT_PARTITION_BYTES),
                           int(msg.get("small_bytes") or DEFAULT_SMALL_BYTES), [], requested=requested)
+            job.replicate = bool(msg.get("replicate", True))
             self.elastic.reserve(job)
             job.home = job.aggregators[0] if job.aggregators else None
             self.state.jobs[job_id] = job
             log.info("job %s registered: W=%d mode=%s asked for %d aggregator(s), got %s%s", job_id, world,
                      mode, requested, job.aggregators, f" (+{len(job.pending)} starting)" if job.pending else "")
         else:
-            if msg.get("secret") and msg["secret"] != job.secret:
+            if (msg.get("secret") or msg.get("rejoin")) and msg.get("secret") != job.secret:
                 raise ValueError(f"job {job_id}: wrong secret")
+            if msg.get("rejoin") and not job.tensors:
+                # adopted from its aggregators after a restart: the workers bring the job's settings
+                job.mode, job.average, job.optimizer, job.hp = mode, bool(msg.get("average", True)), \
+                    msg.get("optimizer"), msg.get("hp") or {}
+                job.partition_bytes = int(msg.get("partition_bytes") or DEFAULT_PARTITION_BYTES)
+                job.small_bytes = int(msg.get("small_bytes") or DEFAULT_SMALL_BYTES)
+                job.replicate = bool(msg.get("replicate", True))
             if (world, mode) != (job.world_size, job.mode):
                 raise ValueError(f"job {job_id} exists with world size {job.world_size} and mode {job.mode}; "
                                  f"rank {rank} asked for {world} and {mode}")
-            if rank in job.ranks:
+            if rank in job.ranks and not msg.get("rejoin"):
                 raise ValueError(f"job {job_id}: rank {rank} has already joined; job ids must be unique "
                                  "per running job")
         job.ranks.add(rank)
@@ -264,23 +324,26 @@ class Master:
 
     def _declare(self, identity: bytes, msg: wire.Message) -> None:
         job = self._job(msg)
-        new = []
+        wire.check_declared(msg["tensors"], job.partition_bytes, job.tensors, len(job.keys))  # limits first
+        new, declared = [], {}          # recorded once every entry passed: a refused DECLARE changes nothing
         for item in msg["tensors"]:
             if not isinstance(item, (list, tuple)) or len(item) not in (3, 4):
                 raise ValueError(f"declare: malformed tensor entry {item!r}")
             name, shape, dtype = validate_tensor(*item[:3])
-            conf = self._tensor_conf(job, name, item[3] if len(item) == 4 else {})
-            known = job.tensors.get(name)
+            conf = job.adopted.get(name) or self._tensor_conf(job, name, item[3] if len(item) == 4 else {})
+            known = job.tensors.get(name) or declared.get(name)
             if known is not None:
                 if known[:2] != (shape, dtype) or known[2]["mode"] != conf["mode"]:
                     raise ValueError(f"job {job.job}: tensor {name!r} was declared as {list(known[0])} "
                                      f"{known[1]} ({known[2]['mode']}), now as {list(shape)} {dtype} "
                                      f"({conf['mode']})")
                 continue
-            job.tensors[name] = (shape, dtype, conf)
+            declared[name] = (shape, dtype, conf)
             new.append((name, shape, dtype))
+        job.tensors.update(declared)
         if new:
-            keys = plan_keys(new, job.partition_bytes, job.small_bytes)
+            # keys an aggregator already holds (adopted after a restart) keep their owner
+            keys = [k for k in plan_keys(new, job.partition_bytes, job.small_bytes) if k.key not in job.keys]
             load = {}
             for key, agg in job.table.items():
                 load[agg] = load.get(agg, 0) + job.keys[key].nbytes
@@ -291,7 +354,8 @@ class Master:
             for spec in keys:
                 job.keys[spec.key] = spec
             job.table.update(table)
-            self._send_assign(job, [k for k in keys])
+            if keys:
+                self._send_assign(job, [k for k in keys])
         self._answer_table(job, identity, msg.get("req"))
 
     @staticmethod
@@ -313,15 +377,31 @@ class Master:
             conf = job.tensors[spec.tensor][2]
             group = (job.table[spec.key], conf["mode"], conf["average"], conf["optimizer"],
                      json.dumps(conf["hp"], sort_keys=True))
-            groups.setdefault(group, []).append(spec.to_wire())
-        for (agg_id, mode, average, optimizer, hp), items in groups.items():
+            groups.setdefault(group, []).append(spec)
+        for (agg_id, mode, average, optimizer, hp), specs in groups.items():
             job.touched.add(agg_id)
             ack = next(self._acks)
             job.pending_acks.add(ack)
             self.outbox.send_agg(agg_id, wire.ASSIGN,
                                  lambda reply, a=agg_id, n=ack: self._assigned(job.job, a, n, reply),
                                  job=job.job, secret=job.secret, world_size=job.world_size, mode=mode,
-                                 average=average, optimizer=optimizer, hp=json.loads(hp), keys=items)
+                                 average=average, optimizer=optimizer, hp=json.loads(hp),
+                                 keys=[s.to_wire() for s in specs], replicas=self._replicas(job, agg_id, mode, specs))
+
+    def _replicas(self, job: JobInfo, owner: str, mode: str, specs: list[KeySpec]) -> dict:
+        """Replicas for new server-mode keys of ``owner`` (``replication``), recorded in the job."""
+        if mode != "server" or not job.replicate:
+            return {}
+        replica = choose_replica(self.state, owner)
+        if replica is None:
+            log.warning("job %s: no second aggregator to replicate server-mode keys of %s to; they are "
+                        "lost if it fails", job.job, owner)
+            return {}
+        job.touched.add(replica)
+        for spec in specs:
+            job.replicas[spec.key] = replica
+        info = replica_info(self.state, replica)
+        return {spec.key: info for spec in specs}
 
     def _assigned(self, job_id: str, agg_id: str, ack: int, reply: wire.Message | None) -> None:
         """An aggregator's answer to ``ASSIGN`` (None: none within ``assign_timeout``)."""
@@ -337,7 +417,7 @@ class Master:
         self._flush_parked(job)
 
     def _aggregator_reply(self, identity: bytes, msg: wire.Message) -> None:
-        self.outbox.deliver(msg)
+        self.outbox.deliver(msg, identity)      # only the aggregator asked may answer
 
     def _table_frames(self, job: JobInfo, req) -> list:
         if job.failure:
@@ -354,7 +434,8 @@ class Master:
         aggs = {a: {"endpoints": self.state.aggs[a].endpoints, "host": self.state.aggs[a].host}
                 for a in used if a in self.state.aggs}
         return wire.encode(wire.OK, req=req, keys=keys, aggregators=aggs, home=job.home,
-                           tensors=[[n, list(s), d] for n, (s, d, _) in job.tensors.items()])
+                           tensors=[[n, list(s), d] for n, (s, d, _) in job.tensors.items()],
+                           epoch=job.epoch, lost=sorted(job.lost_aggs))
 
     def _answer_table(self, job: JobInfo, identity: bytes, req) -> None:
         if job.pending_acks:
@@ -370,7 +451,17 @@ class Master:
             self._reply(identity, self._table_frames(job, req))
 
     def _get_table(self, identity: bytes, msg: wire.Message) -> None:
-        self._answer_table(self._job(msg), identity, msg.get("req"))
+        job = self._job(msg)
+        if msg.get("rank") is not None and msg["rank"] not in job.ranks:
+            # pMaster restarted and rebuilt the job from its aggregators: the rank joins again
+            raise ValueError(f"job {job.job!r}: rank {msg['rank']} is not registered with this pMaster "
+                             "(it restarted); register again")
+        since = msg.get("since")
+        if since is not None and since == job.epoch and not job.failure:
+            # an agent's periodic check: nothing moved since the table it has
+            self._reply(identity, wire.encode(wire.OK, req=msg.get("req"), epoch=job.epoch))
+            return
+        self._answer_table(job, identity, msg.get("req"))
 
     def _job_done(self, identity: bytes, msg: wire.Message) -> None:
         job = self._job(msg)
@@ -430,12 +521,13 @@ class Master:
                 tasks[agg] = tasks.get(agg, 0) + 1
                 jobs_on.setdefault(agg, set()).add(job.job)
         aggregators = []
-        for a in self.state.aggs.values():
+        for a in [*self.state.aggs.values(), *self.failover.lost.values()]:
             extra = {k: v for k, v in a.stats.items() if k not in ("cycle_s", "jobs")}
             aggregators.append({
                 **extra, "id": a.agg_id, "cluster": a.cluster, "state": a.state,
                 "alive": a.alive(now, self.state.heartbeat_timeout), "host": a.host, "pid": a.pid,
                 "endpoints": a.endpoints, "cpu_percent": a.stats.get("cpu_percent"), "busy_fraction": a.busy,
+                "holds_jobs": a.stats.get("jobs", []),
                 "cycle_s": a.stats.get("cycle_s"), "tasks": tasks.get(a.agg_id, 0),
                 "jobs": sorted(jobs_on.get(a.agg_id, ())), "assigned_bytes": load.get(a.agg_id, 0),
                 "exclusive": a.exclusive})
@@ -470,7 +562,7 @@ class Master:
         return {"time": time.time(), "master": self.address, "provider": self.provider.kind,
                 "capacity": self.elastic.capacity(), "elastic": self.config.enabled,
                 "aggregators": aggregators, "clusters": clusters, "jobs": jobs,
-                "migrations": self.migrations.status()}
+                "migrations": self.migrations.status(), "failover": self.failover.status()}
 
     def _status(self, identity: bytes, msg: wire.Message) -> None:
         self._reply(identity, wire.encode(wire.OK, req=msg.get("req"), status=self.status()))

@@ -27,6 +27,7 @@ from typing import Callable
 from . import wire
 from .outbox import Outbox
 from .pool import Clock, JobInfo, PoolState
+from .replication import choose_replica, replica_info
 
 log = logging.getLogger("autops.migration")
 
@@ -44,6 +45,7 @@ class Batch:
     completed: set = field(default_factory=set)
     started: float = field(default_factory=time.monotonic)
     finished: float | None = None
+    replicas: dict = field(default_factory=dict)    # key -> replica the new owner keeps (server mode)
     on_done: Callable[["Batch", bool], None] | None = None
 
 
@@ -88,12 +90,31 @@ class Migrations:
             for key in keys:
                 self.moving[(job.job, key)] = batch.mid
             job.touched.add(dst)
+            if mode == "server":
+                batch.replicas = self._replicas(job, keys, dst)
             self.outbox.send_agg(dst, wire.MIGRATE_PREPARE, lambda msg, b=batch: self._prepared(b, msg),
                                  mid=batch.mid, job=job.job, secret=job.secret, world_size=job.world_size,
                                  mode=mode, average=average, optimizer=optimizer, hp=json.loads(hp),
-                                 keys=[job.keys[k].to_wire() for k in keys])
+                                 keys=[job.keys[k].to_wire() for k in keys],
+                                 replicas={k: replica_info(self.state, r) for k, r in batch.replicas.items()})
             mids.append(batch.mid)
         return mids
+
+    def _replicas(self, job: JobInfo, keys: list[str], dst: str) -> dict[str, str]:
+        """The replicas the new owner keeps for ``keys``: the current ones, unless that is
+        the new owner itself. The job's record changes when the key has moved: until then
+        the old owner's replica is the one that holds its state."""
+        out = {}
+        if not job.replicate:
+            return out
+        for key in keys:
+            replica = job.replicas.get(key)
+            if replica is None or replica == dst or replica not in self.state.aggs:
+                replica = choose_replica(self.state, dst)
+            if replica is not None:
+                job.touched.add(replica)
+                out[key] = replica
+        return out
 
     # --- replies -----------------------------------------------------------------------
     def _prepared(self, batch: Batch, msg: wire.Message | None) -> None:
@@ -127,9 +148,11 @@ class Migrations:
                 if key in cutovers:
                     job.moves[key] = (batch.dst, int(cutovers[key]) + 1)
 
-    def copy_done(self, msg: wire.Message) -> None:
+    def copy_done(self, msg: wire.Message, sender: str | None = None) -> None:
+        """The old owner's TENSOR_COPY_DONE; ignored unless ``sender`` (when given: the
+        aggregator it came from, "" for an unknown peer) is the batch's source."""
         batch = self.batches.get(msg["mid"])
-        if batch is None:
+        if batch is None or sender not in (None, batch.src):
             return
         if msg.get("error"):
             self._fail(batch, f"the copy was refused: {msg['error']}", drop_dst=True)
@@ -137,9 +160,11 @@ class Migrations:
         batch.copied.update(k for k in msg["keys"] if k in batch.keys)
         self._advance(batch)
 
-    def worker_done(self, msg: wire.Message) -> None:
+    def worker_done(self, msg: wire.Message, sender: str | None = None) -> None:
+        """The new owner's WORKER_DONE; ignored unless ``sender`` (as for ``copy_done``) is
+        the batch's destination."""
         batch = self.batches.get(msg["mid"])
-        if batch is None:
+        if batch is None or sender not in (None, batch.dst):
             return
         batch.workers.update(k for k in msg["keys"] if k in batch.keys)
         self._advance(batch)
@@ -154,6 +179,8 @@ class Migrations:
             for key in ready:
                 job.table[key] = batch.dst
                 job.moves.pop(key, None)
+                if key in batch.replicas:
+                    job.replicas[key] = batch.replicas[key]
         for key in ready:
             self.moving.pop((batch.job, key), None)
         self.completed += len(ready)
@@ -170,12 +197,7 @@ class Migrations:
 
     def _fail(self, batch: Batch, why: str, drop_dst: bool) -> None:
         log.error("migration %d of job %s (%s -> %s) failed: %s", batch.mid, batch.job, batch.src, batch.dst, why)
-        self.batches.pop(batch.mid, None)
-        batch.phase = "failed"
-        left = [k for k in batch.keys if k not in batch.completed]
-        for key in left:
-            self.moving.pop((batch.job, key), None)
-        self.failed += len(left)
+        left = self._end(batch)
         job = self.state.jobs.get(batch.job)
         if job is not None:
             for key in left:
@@ -184,6 +206,23 @@ class Migrations:
             self.outbox.send_agg(batch.dst, wire.MIGRATE_DROP, None, job=batch.job, keys=left)
         if batch.on_done is not None:
             batch.on_done(batch, False)
+
+    def abandon(self, batch: Batch) -> None:
+        """An aggregator of ``batch`` was lost (``failover`` decides where its keys go): the
+        batch ends unfinished, without messages."""
+        self._end(batch)
+        if batch.on_done is not None:
+            batch.on_done(batch, False)
+
+    def _end(self, batch: Batch) -> list[str]:
+        """Forget an unfinished batch; returns its keys that did not move."""
+        self.batches.pop(batch.mid, None)
+        batch.phase = "failed"
+        left = [k for k in batch.keys if k not in batch.completed]
+        for key in left:
+            self.moving.pop((batch.job, key), None)
+        self.failed += len(left)
+        return left
 
     def forget_job(self, job: str) -> None:
         """The job was released: its batches end without callbacks."""

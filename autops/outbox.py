@@ -33,7 +33,7 @@ class AggregatorOutbox:
         self._send = send
         self.timeout = timeout
         self._reqs = itertools.count(1)
-        self._waiting: dict[int, tuple[float, Reply]] = {}     # req -> (deadline, reply)
+        self._waiting: dict[int, tuple[float, Reply, bytes]] = {}     # req -> (deadline, reply, identity)
 
     def send_agg(self, agg: str, op: str, reply: Reply | None, **fields: Any) -> None:
         info = self.state.aggs.get(agg)
@@ -44,20 +44,23 @@ class AggregatorOutbox:
         if reply is not None:
             req = next(self._reqs)
             fields["req"] = req
-            self._waiting[req] = (self.state.clock() + self.timeout, reply)
+            self._waiting[req] = (self.state.clock() + self.timeout, reply, info.identity)
         self._send(info.identity, wire.encode(op, **fields))
 
-    def deliver(self, msg: wire.Message) -> bool:
-        """An aggregator's OK or ERROR: True when it answered a message sent here."""
-        waiting = self._waiting.pop(msg.get("req"), None)
-        if waiting is None:
+    def deliver(self, msg: wire.Message, sender: bytes | None = None) -> bool:
+        """An aggregator's OK or ERROR: True when it answered a message sent here (to
+        ``sender``, when given: no other peer can answer for it)."""
+        req = msg.get("req")
+        waiting = self._waiting.get(req) if type(req) is int else None
+        if waiting is None or (sender is not None and sender != waiting[2]):
             return False
+        del self._waiting[req]
         waiting[1](msg)
         return True
 
     def expire(self, now: float) -> None:
         """Call ``reply(None)`` for every message whose answer is overdue at ``now``."""
-        for req, (deadline, reply) in list(self._waiting.items()):
+        for req, (deadline, reply, _) in list(self._waiting.items()):
             if now > deadline:
                 del self._waiting[req]
                 reply(None)

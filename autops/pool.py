@@ -85,6 +85,13 @@ class JobInfo:
     reverts: int = 0
     revert_waiting: tuple | None = None
     last_heard: float = field(default_factory=time.monotonic)
+    # failures: server-mode keys' replicas, and what the agents compare to learn of a failover
+    replicate: bool = True
+    replicas: dict = field(default_factory=dict)   # key -> aggregator holding its replica
+    epoch: int = 0                                 # bumped when keys moved after a failure
+    lost_aggs: set = field(default_factory=set)    # aggregators of this job that were lost
+    hint: dict = field(default_factory=dict)       # key -> preferred new owner (during a failover)
+    adopted: dict = field(default_factory=dict)    # tensor -> settings, from aggregators after a restart
 
     def cost(self, key: str) -> float:
         """e_t of a key; keys not measured yet get the job's CPU time per byte times their size."""

@@ -80,7 +80,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from dlrt import cli
-from dlrt.trace import load_trace
+from dlrt.trace import load_trace, skipped_message
 
 from .assignment import (LOSS_LIMIT, _EPS, Loads, busy_fraction, final_moves, holds, job_demand, joined_cycle,
                          pack_job, recycle, runs_per_cycle)
@@ -203,10 +203,11 @@ def workers_of(num_gpus: int) -> int:
     return max(1, math.ceil(num_gpus / GPUS_PER_WORKER))
 
 
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile ``q`` (0..100) of an ascending sequence."""
+def percentile(sorted_values: Sequence[float], q: float) -> float | None:
+    """Linear-interpolated percentile ``q`` (0..100) of an ascending sequence; None when it
+    is empty (JSON has no NaN)."""
     if not sorted_values:
-        return float("nan")
+        return None
     pos = (len(sorted_values) - 1) * q / 100.0
     lo = math.floor(pos)
     hi = min(lo + 1, len(sorted_values) - 1)
@@ -238,6 +239,8 @@ class SimConfig:
                 raise ValueError(f"{name.replace('_', '-')} must be positive")
         if self.cluster_size < 1:
             raise ValueError("cluster-size must be at least 1")
+        if self.threshold < 1:
+            raise ValueError("threshold must be at least 1")
         if self.profile_seconds < 0:
             raise ValueError("profile-seconds must be >= 0")
         if not 0 < self.loss_limit <= 1:
@@ -673,9 +676,9 @@ class Simulation:
             "samples_with_requests": len(ratios),
             "ratio_percentiles": {
                 "p50": percentile(ratios, 50), "p90": percentile(ratios, 90),
-                "p99": percentile(ratios, 99), "max": ratios[-1] if ratios else float("nan"),
+                "p99": percentile(ratios, 99), "max": ratios[-1] if ratios else None,
             },
-            "share_of_time_ratio_below_1": (sum(1 for r in ratios if r < 1) / len(ratios)) if ratios else float("nan"),
+            "share_of_time_ratio_below_1": (sum(1 for r in ratios if r < 1) / len(ratios)) if ratios else None,
             "peak_allocated": self.peak_alloc,
             "peak_requested": self.peak_req,
             **self.stats,
@@ -795,7 +798,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--oversize", choices=("spill", "grow"), default="spill",
                         help="a cluster whose packing would exceed --cluster-size: pass it over for the "
                              "next best fit (spill) or let it grow")
-    parser.add_argument("--limit", type=int, default=None, help="first N jobs only")
+    parser.add_argument("--limit", type=cli.positive(int), default=None, help="first N jobs only")
     parser.add_argument("--plot", default=None, metavar="PNG", help="write the figure here")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="progress bar on stderr (default: when stderr is a terminal)")
@@ -807,8 +810,11 @@ JSON_HELP = ("write the full result (with the series) as JSON to FILE ('-' for s
 
 def run(args: argparse.Namespace) -> int:
     """``autops simulate`` with parsed ``args``; a bad trace, model or parameter raises
-    ``ValueError`` (the CLI's exit status 2)."""
+    ``ValueError`` (the CLI's exit status 2), a trace without a valid job ``NoValidJob``
+    (exit status 1). Skipped bad rows are counted on stderr, the first few named."""
     report = load_trace(args.trace, limit=args.limit)
+    if report.skipped:
+        print(f"autops simulate: {skipped_message(report, args.trace)}", file=sys.stderr)
     iter_seconds = dict(ITER_SECONDS)
     iter_seconds.update(args.iter_seconds)
     config = SimConfig(models=tuple(m.strip() for m in args.models.split(",") if m.strip()),

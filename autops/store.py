@@ -68,6 +68,14 @@ class KeyState:
     held: list = field(default_factory=list)   # new side: (rank, iteration, data, deferred)
     held_hp: dict | None = None                # new side: hyper-parameters pushed meanwhile
     awaiting_workers: tuple | None = None      # new side: (mid, first iteration served here)
+    # failures: a sum-mode key taken over without state waits for every rank's last pulled
+    # iteration (rank -> iteration) and holds pushes meanwhile; a server-mode key with a
+    # replica publishes an iteration only once the replica acknowledged it
+    recovering: dict | None = None
+    replica: dict | None = None        # {"agg", "endpoints", "host"} of the replica
+    replicated: int = -1               # last iteration the replica acknowledged
+    replica_sent: int = -1             # last iteration sent to it (-1: full state still to send)
+    init_waiters: list = field(default_factory=list)   # INIT replies waiting for the replica
     job: str = ""
     # profiling: CPU seconds spent on this key and iterations completed since the last report
     cpu: float = 0.0
@@ -82,6 +90,8 @@ class KeyState:
         """Latest iteration a pull can read; -1 when nothing is readable yet."""
         if self.mode == "server" and not self.initialized:
             return -1
+        if self.replica is not None and self.mode == "server":
+            return min(self.completed, self.replicated)
         return self.completed
 
     def accumulator(self) -> np.ndarray:
@@ -111,6 +121,7 @@ class JobState:
     hp: dict
     keys: dict = field(default_factory=dict)
     broadcasts: dict = field(default_factory=dict)   # (name, seq) -> [array, gets left]
+    replicas: dict = field(default_factory=dict)     # key -> KeyState this aggregator backs up
 
 
 class Store:
@@ -120,6 +131,9 @@ class Store:
         self.jobs: dict[str, JobState] = {}
         self._allocate = allocate or (lambda job, sizes: [(np.empty(n, d), None) for n, d in sizes])
         self._scratch: dict[str, np.ndarray] = {}
+        # server mode: called with (key, averaged gradient) right after each optimizer step,
+        # before the iteration counts as completed (the aggregator replicates the step)
+        self.on_step = None
 
     def scratch(self, numel: int, dtype: str) -> np.ndarray:
         """One buffer per dtype, as large as the largest key, reused by every server-mode update."""
@@ -142,18 +156,7 @@ class Store:
 
         ``buffers``: ``(array, reference)`` pairs allocated beforehand for all of ``keys``
         (``buffer_sizes``), used instead of the allocator when every key is new."""
-        if mode not in MODES:
-            raise StoreError(f"job {job}: unknown mode {mode!r} (sum or server)")
-        if world_size < 1:
-            raise StoreError(f"job {job}: world size must be >= 1")
-        if mode == "server":
-            _optim().make_optimizer(optimizer or "", hp or {})   # validate before creating anything
-        state = self.jobs.get(job)
-        if state is None:
-            state = JobState(job, secret, world_size, mode, average, optimizer, dict(hp or {}))
-            self.jobs[job] = state
-        elif state.secret != secret or state.world_size != world_size:
-            raise StoreError(f"job {job}: assignment with a different secret or world size")
+        state = self.ensure_job(job, secret, world_size, mode, average, optimizer, hp)
         fresh = [spec for spec in dict((k.key, k) for k in keys).values() if spec.key not in state.keys]
         copies = 2 if mode == "sum" else 1
         if buffers is not None and len(fresh) * copies == len(buffers):
@@ -170,6 +173,23 @@ class Store:
                 ks.optimizer = _optim().make_optimizer(optimizer, hp or {})
                 ks.optimizer.init_state(ks.param)
             state.keys[spec.key] = ks
+
+    def ensure_job(self, job: str, secret: str, world_size: int, mode: str, average: bool = True,
+                   optimizer: str | None = None, hp: dict | None = None) -> JobState:
+        """The job's record, created if new; StoreError if the settings are invalid or differ."""
+        if mode not in MODES:
+            raise StoreError(f"job {job}: unknown mode {mode!r} (sum or server)")
+        if world_size < 1:
+            raise StoreError(f"job {job}: world size must be >= 1")
+        if mode == "server":
+            _optim().make_optimizer(optimizer or "", hp or {})   # validate before creating anything
+        state = self.jobs.get(job)
+        if state is None:
+            state = JobState(job, secret, world_size, mode, average, optimizer, dict(hp or {}))
+            self.jobs[job] = state
+        elif state.secret != secret or state.world_size != world_size:
+            raise StoreError(f"job {job}: assignment with a different secret or world size")
+        return state
 
     def release(self, job: str) -> None:
         self.jobs.pop(job, None)
@@ -240,6 +260,8 @@ class Store:
             np.divide(acc, ks.world_size, out=acc)
         if ks.mode == "server":
             ks.optimizer.step(ks.param, acc)
+            if self.on_step is not None:
+                self.on_step(ks, acc)
         ks.ranks.clear()
         ks.deferred.clear()
         ks.inline = 0
@@ -300,8 +322,8 @@ class Store:
 
     def pull_ready(self, ks: KeyState, iteration: int) -> bool:
         """True if ``iteration`` can be read now, False if the pull must wait; raises when stale."""
-        if ks.incoming is not None:
-            return False          # migrating here: the copy has not arrived yet
+        if ks.incoming is not None or ks.recovering is not None:
+            return False          # migrating here (the copy is missing) or recovering after a failure
         published = ks.published
         if iteration == published:
             return True
@@ -365,10 +387,18 @@ class Store:
             ks.optimizer.load_state(dict(zip(names, arrays[1:])), int(meta.get("step") or 0))
         ks.completed = completed
         ks.incoming = None
+        return self.apply_held(ks)
+
+    def apply_held(self, ks: KeyState) -> tuple[int, list[str]]:
+        """Apply the pushes held while ``ks`` waited (for a copy, or for the ranks' reports
+        after a failure), by iteration then rank; pushes replayed after a failure that the key
+        already contains are skipped. Returns (iterations completed, problems)."""
         held, ks.held = ks.held, []
         done, problems = 0, []
-        for rank, iteration, data, deferred in held:
+        for rank, iteration, data, deferred, replay in sorted(held, key=lambda h: (h[1], h[0])):
             try:
+                if replay and self.already_has(ks, rank, iteration):
+                    continue
                 if iteration != ks.open_iteration:
                     raise StoreError(f"push of {ks.spec.key!r} for iteration {iteration}, but the open "
                                      f"iteration is {ks.open_iteration}")
@@ -378,6 +408,86 @@ class Store:
             except StoreError as exc:
                 problems.append(str(exc))
         return done, problems
+
+    # --- failures --------------------------------------------------------------------
+    @staticmethod
+    def already_has(ks: KeyState, rank: int, iteration: int) -> bool:
+        """True when a push of ``rank`` for ``iteration`` is already part of ``ks`` (a replay
+        after a failure of a push the key had received)."""
+        return iteration <= ks.completed or (iteration == ks.open_iteration and rank in ks.ranks)
+
+    @staticmethod
+    def start_recovery(ks: KeyState) -> None:
+        """A sum-mode key taken over after its aggregator was lost: nothing is known until
+        every rank said which iteration it last pulled; pushes are held, pulls wait."""
+        ks.recovering = {}
+        ks.ranks.clear()
+        ks.deferred.clear()
+        ks.inline = 0
+        ks.held = []
+
+    def recover_report(self, ks: KeyState, rank: int, pulled: int) -> tuple[bool, list[str]]:
+        """Rank ``rank`` last pulled ``pulled``. When every rank has reported, the key resumes
+        after the smallest such iteration (every rank still holds its pushes from there on;
+        no rank needs an older value) and the held pushes are applied. Returns (resumed,
+        problems with held pushes)."""
+        if ks.recovering is None:
+            return False, []
+        ks.recovering[rank] = pulled
+        if len(ks.recovering) < ks.world_size:
+            return False, []
+        ks.completed = min(ks.recovering.values())
+        ks.recovering = None
+        _, problems = self.apply_held(ks)
+        return True, problems
+
+    def install_replica(self, state: JobState, spec: KeySpec, mode: str, average: bool, optimizer: str | None,
+                        hp: dict, meta: dict, arrays: list[np.ndarray]) -> KeyState:
+        """Back up a server-mode key (REPLICATE of kind ``state``): its master copy, optimizer
+        state, step and iteration counter, replacing an older backup."""
+        if mode != "server":
+            raise StoreError(f"key {spec.key!r}: only server-mode keys are replicated")
+        rks = state.replicas.get(spec.key)
+        if rks is None:
+            param, ref = self._allocate(state.job, [(spec.numel, spec.dtype)])[0]
+            rks = KeyState(spec, mode, state.world_size, average, job=state.job, param=param, param_ref=ref,
+                           optimizer=_optim().make_optimizer(optimizer, hp or {}))
+            rks.optimizer.init_state(rks.param)
+        rks.incoming = -1
+        self.install_key(rks, meta, arrays)
+        state.replicas[spec.key] = rks
+        return rks
+
+    @staticmethod
+    def replica_accepts(rks: KeyState, iteration: int, grad: np.ndarray) -> bool:
+        """Whether a backup can take the owner's step ``iteration`` (or already has it);
+        False when a step before it is missing. Nothing changes."""
+        if iteration <= rks.completed:
+            return True
+        if iteration != rks.completed + 1 or not rks.initialized:
+            return False
+        if grad.dtype != np.dtype(rks.spec.dtype) or grad.size != rks.spec.numel:
+            raise StoreError(f"replica step of {rks.spec.key!r}: {grad.size} x {grad.dtype}, "
+                             f"expected {rks.spec.numel} x {rks.spec.dtype}")
+        return True
+
+    @staticmethod
+    def replica_step(rks: KeyState, iteration: int, grad: np.ndarray, hp: dict) -> None:
+        """Apply the owner's step ``iteration`` (accepted by ``replica_accepts``) to a backup."""
+        if iteration <= rks.completed:
+            return
+        if hp:
+            rks.optimizer.set_hp(hp)
+        rks.optimizer.step(rks.param, grad)
+        rks.completed = iteration
+
+    @staticmethod
+    def promote(state: JobState, key: str) -> KeyState | None:
+        """The owner of ``key`` was lost: its backup here becomes the key (None: no backup)."""
+        rks = state.replicas.pop(key, None)
+        if rks is not None:
+            state.keys[key] = rks
+        return rks
 
     def drop_keys(self, job: str, keys: list[str]) -> list[KeyState]:
         """Forget keys that moved away (the migration completed); returns the dropped states."""
@@ -415,7 +525,7 @@ class Store:
     def bytes_held(self) -> int:
         total = 0
         for state in self.jobs.values():
-            for ks in state.keys.values():
+            for ks in [*state.keys.values(), *state.replicas.values()]:
                 total += sum(b.nbytes for b in ks.buffers)
                 for arr in (ks.param, ks.grad):
                     total += arr.nbytes if arr is not None else 0

@@ -98,7 +98,8 @@ def init(master: str | None = None, job: str | None = None, rank: int | None = N
     n_aggs = int(os.environ.get("AUTOPS_AGGREGATORS", 0)) if num_aggregators is None else num_aggregators
     agent = Agent(master, job, rank, world_size, mode="sum", num_aggregators=n_aggs, timeout=timeout,
                   transport=transport or os.environ.get("AUTOPS_TRANSPORT", "auto"),
-                  secret=os.environ.get("AUTOPS_JOB_SECRET"))
+                  secret=os.environ.get("AUTOPS_JOB_SECRET"),
+                  fault_tolerant=os.environ.get("AUTOPS_FAULT_TOLERANT", "1").lower() not in ("0", "false", "no"))
     _ctx = _Context(agent, rank, world_size)
 
 

@@ -7,21 +7,25 @@ This module owns the operation names, the per-operation field schema, and the re
 the data path (``PushItem``, ``PullItem``, ``PullReplyItem``, ``Move``, ``Ack``,
 ``InitItem``, ``KeyCopy``, ``TableEntry``): on the wire each is a short positional list,
 and only this module knows the positions. Everything malformed -- an undecodable header,
-a missing field, an item of the wrong shape, a payload slice outside its buffer -- raises
-``ProtocolError`` (``VersionMismatch`` for a peer speaking another version), never another
-exception, so a server loop answers it with an error instead of dying.
+a missing field, an item of the wrong shape, a payload slice outside its buffer, a number
+that is not finite, a declaration over the limits -- raises ``ProtocolError``
+(``VersionMismatch`` for a peer speaking another version), never another exception, so a
+server loop answers it with an error instead of dying. The limits (``MAX_TENSOR_BYTES``,
+``MAX_JOB_KEYS``) are checked before anything is planned or allocated: a huge count in a
+small message never makes a service allocate what it asks for.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, Container, Iterable, NamedTuple, Sequence
 
 import msgpack
 import numpy as np
 
 from dlrt.messages import Protocol, ProtocolError, VersionMismatch
 
-from .partition import KeySpec
+from .partition import KeySpec, validate_tensor
 
 VERSION = 2    # 2: the shared dlrt envelope and named item records
 
@@ -66,6 +70,12 @@ PUSH_ACK = "push_ack"
 PULL_REPLY = "pull_reply"
 REDIRECT = "redirect"
 STATE_REPLY = "state_reply"           # KeyCopy items + payloads, as TENSOR_COPY
+# failures (an aggregator lost): pMaster -> the aggregator taking keys over, and data-path messages
+FAILOVER = "failover"                 # take over keys: recover them from the workers, or promote replicas
+MIGRATE_ABORT = "migrate_abort"       # to a migration's old owner: the new one is gone, keep serving
+REPLICA_SET = "replica_set"           # to an owner: replicate these keys to another aggregator (or stop)
+RECOVER = "recover"                   # agent -> new owner: per key, the last iteration this rank pulled
+REPLICATE = "replicate"               # owner -> replica: full state (KeyCopy) or one step's gradient
 
 
 _int = (int,)
@@ -105,6 +115,16 @@ SCHEMA: dict[str, dict[str, tuple]] = {
     PULL_REPLY: {"items": _list},
     REDIRECT: {"items": _list},
     STATE_REPLY: {"items": _list},
+    FAILOVER: {"job": _str, "secret": _str, "world_size": _int, "keys": _list},
+    MIGRATE_ABORT: {"job": _str, "keys": _list},
+    REPLICA_SET: {"job": _str, "keys": _list},
+    RECOVER: {"job": _str, "secret": _str, "rank": _int, "items": _list},
+    REPLICATE: {"job": _str, "secret": _str, "items": _list},
+}
+
+# Fields that, when present and not None, are lists of names (keys, aggregators).
+NAME_LISTS: dict[str, tuple[str, ...]] = {
+    MIGRATE: ("keys", "to"), MIGRATE_DROP: ("keys",), TENSOR_COPY_DONE: ("keys",), WORKER_DONE: ("keys",),
 }
 
 PROTOCOL = Protocol("autops", VERSION, error_op=ERROR)
@@ -308,6 +328,42 @@ class TableEntry(NamedTuple):
             raise _malformed(op, item) from None
 
 
+# --- limits of a declaration ----------------------------------------------------------------
+MAX_TENSOR_BYTES = 1 << 40      # one declared tensor (and any one of its dimensions)
+MAX_TENSOR_DIMS = 32            # numpy's limit
+MAX_JOB_KEYS = 1 << 18          # aggregation keys of one job (a 1 TiB tensor in 4 MiB partitions)
+
+
+def check_declared(tensors: Sequence, partition_bytes: Any, known: Container[str] = (), keys: int = 0) -> None:
+    """DECLARE's ``tensors`` -- ``[name, shape, dtype(, options)]`` entries -- checked before
+    pMaster plans a key or an aggregator allocates a byte: ``ProtocolError`` for a malformed
+    entry, a tensor (or dimension) over ``MAX_TENSOR_BYTES``, more than ``MAX_TENSOR_DIMS``
+    dimensions, or a job that would have more than ``MAX_JOB_KEYS`` keys: the ``keys`` it has
+    plus those the tensors not in ``known`` would be cut into (``partition_bytes`` each)."""
+    if type(partition_bytes) is not int or partition_bytes <= 0:
+        raise ProtocolError(f"declare: the partition size must be a positive integer, got {partition_bytes!r}")
+    total = keys
+    for item in tensors:
+        if not isinstance(item, (list, tuple)) or len(item) not in (3, 4):
+            raise ProtocolError(f"declare: malformed tensor entry {item!r}"[:300])
+        try:
+            name, shape, dtype = validate_tensor(*item[:3])
+        except ValueError as exc:
+            raise ProtocolError(f"declare: {exc}"[:300]) from None
+        itemsize = np.dtype(dtype).itemsize
+        numel = math.prod(shape)
+        if len(shape) > MAX_TENSOR_DIMS or any(d > MAX_TENSOR_BYTES for d in shape) \
+                or numel * itemsize > MAX_TENSOR_BYTES:
+            raise ProtocolError(f"declare: tensor {name!r} of shape {list(shape)} {dtype} is over the limit "
+                                f"of {MAX_TENSOR_DIMS} dimensions and {MAX_TENSOR_BYTES} bytes"[:300])
+        if name not in known:
+            per_key = max(1, partition_bytes // itemsize)
+            total += math.ceil(numel / per_key) if numel * itemsize > partition_bytes else 1
+    if total > MAX_JOB_KEYS:
+        raise ProtocolError(f"declare: the job would have {total} keys, more than {MAX_JOB_KEYS}; "
+                            "declare fewer or larger partitions")
+
+
 # --- messages ---------------------------------------------------------------------------
 @dataclass
 class Message:
@@ -387,6 +443,13 @@ def parse(head: Any, payloads: Sequence = (), lent: frozenset = frozenset()) -> 
         value = fields[name]
         if not isinstance(value, types) or (types is _int and isinstance(value, bool)):
             raise ProtocolError(f"{op}: field {name!r} has the wrong type {type(value).__name__}")
+    for name, value in fields.items():
+        if type(value) is float and not math.isfinite(value):
+            raise ProtocolError(f"{op}: field {name!r} is not a finite number: {value!r}")
+    for name in NAME_LISTS.get(op, ()):
+        value = fields.get(name)
+        if value is not None and not (isinstance(value, list) and all(type(v) is str for v in value)):
+            raise ProtocolError(f"{op}: field {name!r} must be a list of names"[:300])
     return Message(op, fields, payloads, lent)
 
 
@@ -433,3 +496,41 @@ def key_copies(msg: Message) -> Iterable[tuple[str, dict, list]]:
             raise ProtocolError(f"{msg.op}: malformed item for {copy.key!r}")
         yield copy.key, copy.meta, [msg.view(i) for i in range(first, first + copy.count)]
         first += copy.count
+
+
+# --- records of failure handling ---------------------------------------------------------
+class RecoverItem(NamedTuple):
+    """RECOVER: ``[key, last pulled]`` -- the last iteration of ``key`` whose pull this rank got
+    answered (0 before any); the new owner of a lost ``sum``-mode key starts after the smallest."""
+    key: str
+    pulled: int
+
+    def to_wire(self) -> list:
+        return [self.key, self.pulled]
+
+    @classmethod
+    def from_wire(cls, item: Any, op: str = "recover") -> "RecoverItem":
+        if not isinstance(item, (list, tuple)) or len(item) < 2 or type(item[0]) is not str \
+                or not _is_int(item[1]) or item[1] < 0:
+            raise _malformed(op, item)
+        return cls(item[0], item[1])
+
+
+class StepItem(NamedTuple):
+    """REPLICATE of kind ``step``: the averaged gradient that completed ``iteration`` of
+    ``key`` (payload ``payload``) and the hyper-parameters it was applied with:
+    ``[key, iteration, payload, hp]``. The replica applies the same optimizer step."""
+    key: str
+    iteration: int
+    payload: int
+    hp: dict
+
+    def to_wire(self) -> list:
+        return [self.key, self.iteration, self.payload, self.hp]
+
+    @classmethod
+    def from_wire(cls, item: Any, op: str = "replicate") -> "StepItem":
+        if not isinstance(item, (list, tuple)) or len(item) < 4 or type(item[0]) is not str \
+                or not _is_int(item[1]) or not _is_int(item[2]) or not isinstance(item[3], dict):
+            raise _malformed(op, item)
+        return cls(item[0], item[1], item[2], item[3])

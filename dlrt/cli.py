@@ -4,30 +4,35 @@ DESIGN §6: ``--json FILE`` writes JSON to FILE (``-`` for stdout); ``--log-leve
 accepted after the subcommand (DEBUG, INFO, WARNING or ERROR, any case); addresses accept
 ``HOST:PORT`` and ``tcp://HOST:PORT``; services bind 127.0.0.1 unless ``--bind`` says
 otherwise; exit status 2 for usage errors (a bad argument, a bad input file), 1 for runtime
-errors, never a traceback for user input; ``--help`` shows defaults; a command group with
-no subcommand prints its list and exits 2.
+errors, never a traceback for user input, and the error is one line on stderr (``PROG:
+error: ...``, argparse's too: ``--help`` shows the usage); ``--help`` shows defaults; a
+command group with no subcommand prints its list and exits 2.
 
 This module owns the pieces: ``parser`` / ``add_commands`` / ``add_command`` (help with
 defaults, ``--log-level`` and ``--json FILE`` on every subcommand), argparse types for
-addresses and log levels, ``setup_logging``, ``write_json`` / ``emit`` (honouring ``-``),
-``no_subcommand`` and ``run_main``, which maps the errors a command raises to its exit status
-and one line on stderr.
+addresses, log levels, ports and numbers with bounds (``positive``, ``non_negative``),
+``setup_logging``, ``write_json`` / ``emit`` (honouring ``-``), ``no_subcommand`` and
+``run_main``, which maps the errors a command raises to its exit status and one line on
+stderr.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import math
 import pathlib
 import sys
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, NoReturn, TextIO
 
 from .endpoints import endpoint
 from .messages import ProtocolError
+from .trace import NoValidJob
 
 __all__ = ["LOG_LEVELS", "UsageError", "HelpFormatter", "Parser", "parser", "add_commands", "add_command",
-           "add_log_level", "add_json", "log_level", "address", "bind_address", "address_list",
-           "setup_logging", "write_json", "text_out", "emit", "no_subcommand", "run_main"]
+           "add_log_level", "add_json", "log_level", "address", "bind_address", "address_list", "port",
+           "positive", "non_negative", "one_line", "setup_logging", "write_json", "text_out", "emit",
+           "no_subcommand", "run_main"]
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 JSON_HELP = "write the result as JSON to FILE ('-' for stdout)"
@@ -36,6 +41,11 @@ LOG_FORMAT = "%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
 
 class UsageError(ValueError):
     """A bad argument found after parsing (exit status 2)."""
+
+
+def one_line(text: Any) -> str:
+    """``text`` as one line: its lines joined by spaces (an error message on stderr)."""
+    return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
 
 
 def _says_something(default: Any) -> bool:
@@ -54,8 +64,13 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose options without a help text still show their default
-    (its subcommands' parsers are ``Parser`` too)."""
+    """An ``ArgumentParser`` whose options without a help text still show their default and
+    whose usage errors are one line (its subcommands' parsers are ``Parser`` too)."""
+
+    def error(self, message: str) -> NoReturn:
+        """A usage error: ``PROG: error: MESSAGE`` on one line of stderr, exit status 2 (the
+        usage is what ``--help`` shows)."""
+        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
 
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
         action = super().add_argument(*args, **kwargs)
@@ -135,6 +150,47 @@ def address_list(text: str) -> list[str]:
     return [address(a) for a in items]
 
 
+def port(text: str) -> int:
+    """argparse type: a TCP port, 0..65535 (0: any free port, or off where the option says so)."""
+    value = _number(int, text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port {text!r} is out of range (0..65535)")
+    return value
+
+
+def _number(kind: Callable[[str], Any], text: str) -> Any:
+    try:
+        value = kind(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, "
+                                         f"got {text!r}") from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def positive(kind: Callable[[str], Any] = float) -> Callable[[str], Any]:
+    """argparse type: a finite number of ``kind`` (``int`` or ``float``) above 0."""
+    def parse(text: str) -> Any:
+        value = _number(kind, text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"expected a number above 0, got {text!r}")
+        return value
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
+
+
+def non_negative(kind: Callable[[str], Any] = float) -> Callable[[str], Any]:
+    """argparse type: a finite number of ``kind`` (``int`` or ``float``), 0 or more."""
+    def parse(text: str) -> Any:
+        value = _number(kind, text)
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+        return value
+    parse.__name__ = f"non-negative {kind.__name__}"
+    return parse
+
+
 def setup_logging(level: str, fmt: str = LOG_FORMAT) -> None:
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr, format=fmt)
 
@@ -179,19 +235,39 @@ def no_subcommand(p: argparse.ArgumentParser) -> int:
     return 2
 
 
+# runtime errors of libraries, by module: looked up only once the module is loaded (a
+# library that was never imported cannot have raised), so this module imports none of them
+_LIBRARY_RUNTIME_ERRORS = (("zmq", "ZMQError"), ("sqlite3", "Error"))
+
+
+def _runtime_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a runtime error (exit status 1) rather than a usage error or a bug."""
+    if isinstance(exc, (NoValidJob, ProtocolError, OSError, RuntimeError)):
+        return True
+    for module, name in _LIBRARY_RUNTIME_ERRORS:
+        kind = getattr(sys.modules.get(module), name, None)
+        if kind is not None and isinstance(exc, kind):
+            return True
+    return False
+
+
 def run_main(name: str, func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
     """``func(args)``, its failures turned into one line on stderr (``NAME: error: ...``) and
-    the exit status: 2 for a usage error (``UsageError``, any other ``ValueError`` such as a
-    bad trace), 1 for a runtime error (``OSError`` -- timeouts included --, ``RuntimeError``,
-    a peer's malformed message), 130 for Ctrl-C. Other exceptions are bugs and keep their
+    the exit status: 1 for a runtime error (``OSError`` -- timeouts and an address in use
+    included --, ``RuntimeError``, ZeroMQ's and SQLite's errors, a peer's malformed message,
+    a trace with no valid job), 2 for a usage error (``UsageError``, any other ``ValueError``
+    such as a bad trace), 130 for Ctrl-C. Other exceptions are bugs and keep their
     traceback."""
     try:
         return func(args)
-    except (ProtocolError, OSError, RuntimeError) as exc:
-        print(f"{name}: error: {exc}", file=sys.stderr)
-        return 1
-    except ValueError as exc:
-        print(f"{name}: error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        if _runtime_error(exc):
+            status = 1
+        elif isinstance(exc, ValueError):
+            status = 2
+        else:
+            raise
+        print(f"{name}: error: {one_line(exc) or type(exc).__name__}", file=sys.stderr)
+        return status

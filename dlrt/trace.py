@@ -15,6 +15,9 @@ name, in any order):
 Jobs come back sorted by submit time (stable: ties keep file order), shifted so the
 earliest submit is 0.0, and renumbered 0..N-1. Bad rows are either skipped and reported
 (``on_bad="skip"``) or raise ``TraceError`` naming ``FILE:LINE`` (``on_bad="reject"``).
+A trace without a single valid job (a header and no rows, or every row bad) raises
+``NoValidJob`` with the count of bad rows and the first few reasons; ``skipped_message``
+is the line a command prints about the rows it skipped (count and first few reasons).
 A ``TraceError`` is a ``ValueError``: a bad trace is bad user input.
 """
 from __future__ import annotations
@@ -24,8 +27,12 @@ import math
 import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Sequence
 
-__all__ = ["TraceJob", "TraceError", "LoadReport", "FORMATS", "detect_format", "load_trace"]
+__all__ = ["TraceJob", "TraceError", "NoValidJob", "LoadReport", "FORMATS", "detect_format", "load_trace",
+           "problems_summary", "skipped_message"]
+
+FIRST_PROBLEMS = 3       # bad rows named in messages (the count says how many there were)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +48,28 @@ class TraceJob:
 
 class TraceError(ValueError):
     """A trace cannot be read; the message names the file (and the line where there is one)."""
+
+
+class NoValidJob(TraceError):
+    """The trace was read but holds no valid job: nothing to run (a runtime error for a CLI:
+    exit status 1, where other bad traces are usage errors)."""
+
+
+def problems_summary(problems: Sequence[str], of: str = "", shown: int = FIRST_PROBLEMS) -> str:
+    """``"N bad rows[ of FILE]: A; B"`` -- ``"...; first: A; B; C"`` when there are more than
+    ``shown`` -- the count and the first reasons, on one line."""
+    n = len(problems)
+    count = f"{n} bad row{'s' if n != 1 else ''}{f' of {of}' if of else ''}"
+    listed = "; ".join(problems[:shown])
+    return f"{count}; first: {listed}" if n > shown else f"{count}: {listed}"
+
+
+def skipped_message(report: LoadReport, path: str | os.PathLike) -> str:
+    """The line a command prints about the rows of ``path`` it skipped ("" when none was):
+    ``"skipped N bad rows of FILE: ..."`` with the first few reasons."""
+    if not report.problems:
+        return ""
+    return "skipped " + problems_summary(report.problems, of=os.fspath(path))
 
 
 @dataclass
@@ -162,8 +191,8 @@ def load_trace(path: str | os.PathLike, fmt: str | None = None, max_gpus: int | 
     the header. ``max_gpus`` marks jobs asking for more GPUs as bad. ``on_bad`` is ``"skip"``
     (count and report bad rows) or ``"reject"`` (raise ``TraceError`` at the first one).
     ``limit`` keeps only the first ``limit`` jobs after sorting. Blank lines are ignored.
-    A file with a header and no rows gives an empty report; an empty, missing or unreadable
-    file raises ``TraceError``.
+    A file without a valid job (a header and no rows, or every row bad) raises
+    ``NoValidJob``; an empty, missing or unreadable file raises ``TraceError``.
     """
     if on_bad not in _ON_BAD:
         raise ValueError(f"on_bad must be one of {_ON_BAD}, got {on_bad!r}")
@@ -242,6 +271,9 @@ def load_trace(path: str | os.PathLike, fmt: str | None = None, max_gpus: int | 
         except OSError as e:
             raise TraceError(f"{fname}: cannot read trace file: {e.strerror or e}") from None
 
+    if not rows:
+        why = problems_summary(problems) if problems else "no rows after the header"
+        raise NoValidJob(f"no valid job in {fname}: {why}")
     rows.sort(key=lambda r: (r[0], r[1]))            # stable by construction
     if limit is not None:
         rows = rows[:limit]

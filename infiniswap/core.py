@@ -6,7 +6,9 @@ Three objects, no policy and no threads of their own:
 * :class:`CoreDevice` — the block device: slab table, page bitmap, I/O router between remote
   memory and the local backup file, mapping control for the control loop (thesis §2.4).
 * :class:`SlabStore` — a daemon's slab memory (one memfd; slabs allocated lazily, optionally
-  mlocked, freed by hole punching) (thesis §2.5).
+  mlocked, freed by hole punching) and its fence: a generation per slab that every device
+  access must name, so a slab taken back from a device is never touched by it again
+  (thesis §2.5; docs/infiniswap.md, "Fencing").
 * :class:`DataServer` — the daemon's TCP data server for devices on other hosts.
 * :class:`FuseServer` — the device as the file ``disk`` of a FUSE mount (libfuse3, C
   threads; no Python on its I/O path), for ``losetup`` / ``mkswap`` / ``swapon``.
@@ -60,6 +62,7 @@ class SlabInfo:
     state: SlabState
     remote_id: int | None          # None when unmapped
     region_offset: int
+    generation: int                # of the daemon's lease (0 when unmapped)
     bits_set: int                  # pages valid in remote memory
     in_flight: int
     failed: bool                   # a remote I/O of this slab failed since it was mapped
@@ -275,11 +278,15 @@ class CoreDevice(_Handle):
         """MAPPING → UNMAPPED."""
         _check(lib.isw_device_abort_map(self._p(), _uint(slab, "slab", _U32_MAX)), "abort_map")
 
-    def map_slab(self, slab: int, remote_id: int, region_offset: int) -> None:
-        """Map the slab (UNMAPPED or MAPPING) to ``region_offset`` of the remote: MAPPED with
-        every page bit clear.  OSError(EBUSY) if the slab is mapped or evicting."""
+    def map_slab(self, slab: int, remote_id: int, region_offset: int, generation: int) -> None:
+        """Map the slab (UNMAPPED or MAPPING) to ``region_offset`` of the remote, leased at
+        ``generation`` (the daemon's :meth:`SlabStore.generation` of that region): MAPPED with
+        every page bit clear.  Every remote access names the generation; one the daemon's
+        fence refuses (the slab was taken back) fails the slab over to the backup file.
+        OSError(EBUSY) if the slab is mapped or evicting."""
         _check(lib.isw_device_map_slab(self._p(), _uint(slab, "slab", _U32_MAX), remote_id,
-                                       _uint(region_offset, "region_offset")),
+                                       _uint(region_offset, "region_offset"),
+                                       _uint(generation, "generation")),
                "map_slab")
 
     def begin_evict(self, slab: int) -> bool:
@@ -316,6 +323,7 @@ class CoreDevice(_Handle):
             state=SlabState(info.state),
             remote_id=None if info.remote_id < 0 else int(info.remote_id),
             region_offset=int(info.region_offset),
+            generation=int(info.generation),
             bits_set=int(info.bits_set),
             in_flight=int(info.in_flight),
             failed=bool(info.failed),
@@ -384,9 +392,38 @@ class SlabStore(_Handle):
         return int(out[0])
 
     def free_slab(self, region_offset: int) -> None:
-        """munlock the slab and punch it out of the memfd: the memory returns to the OS."""
+        """Revoke the slab, then munlock it and punch it out of the memfd: the memory returns to
+        the OS.  OSError(EBUSY) if a device access did not finish within a moment (the slab
+        stays allocated and revoked; try again once :meth:`drained`)."""
         _check(lib.isw_store_free_slab(self._p(), _uint(region_offset, "region_offset")),
                "free_slab")
+
+    def generation(self, region_offset: int) -> int:
+        """The generation a lease of this allocated slab gets (the device's ``map_slab``)."""
+        out = ffi.new("uint64_t *")
+        _check(lib.isw_store_slab_generation(self._p(), _uint(region_offset, "region_offset"),
+                                             out), "generation")
+        return int(out[0])
+
+    def revoke(self, region_offset: int) -> bool:
+        """Take the slab back from whoever holds a lease of it: no access with an older
+        generation starts any more.  True when none is in progress either, so the slab may be
+        lent again or freed; False while one is still copying (poll :meth:`drained`)."""
+        return bool(_check(lib.isw_store_revoke_slab(self._p(),
+                                                     _uint(region_offset, "region_offset")),
+                           "revoke"))
+
+    def drained(self, region_offset: int) -> bool:
+        """True when no device access to the slab is in progress."""
+        return bool(_check(lib.isw_store_slab_drained(self._p(),
+                                                      _uint(region_offset, "region_offset")),
+                           "drained"))
+
+    def reset_users(self, region_offset: int) -> None:
+        """Forget the slab's count of accesses in progress.  Only for a count left by processes
+        that died inside an access: the caller knows no live process can access the slab."""
+        _check(lib.isw_store_reset_slab_users(self._p(), _uint(region_offset, "region_offset")),
+               "reset_users")
 
     def allocated_bytes(self) -> int:
         return int(lib.isw_store_allocated_bytes(self._p()))
@@ -413,6 +450,17 @@ class SlabStore(_Handle):
         cbuf = ffi.from_buffer(data)
         _check(lib.isw_store_write(self._p(), _uint(region_offset, "region_offset"), cbuf,
                                    len(cbuf)), "write")
+
+    def debug_hold_allocations(self, n: int) -> None:
+        """Test hook: the next ``n`` :meth:`alloc_slab` calls wait after reserving their slot
+        and before allocating memory, with the store's mutex released; ``n = 0`` lets every
+        waiting one go on."""
+        _check(lib.isw_store_debug_hold_allocations(self._p(), _uint(n, "n", 1 << 30)),
+               "debug_hold_allocations")
+
+    def debug_allocations_held(self) -> int:
+        """How many :meth:`alloc_slab` calls wait in that test hook now."""
+        return int(lib.isw_store_debug_allocations_held(self._p()))
 
     def close(self) -> None:
         """Unmap and close the memfd (devices that mapped it keep their mapping).

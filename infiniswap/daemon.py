@@ -17,9 +17,11 @@ A daemon owns
   of ``E + E'`` random mapped slabs, EVICT to the devices of the ``E`` least active, and it
   frees each slab when its DONE arrives.  A device whose connection is gone loses all its
   slabs at once.  A device that does not answer EVICT within ``timeout`` is taken as gone
-  too, but its slabs are *quarantined* first: no longer lent, still allocated, because a
-  device that is only slow may still read and write them.  They are freed when its late
-  DONE arrives, when its connection goes away, or after ``10 * timeout`` at the latest.
+  too, although it may only be slow and still read and write its slabs: the store's *fence*
+  (``fencing.py``, ``csrc/infiniswap/isw_fence.h``) makes that harmless.  Every lease has
+  a generation that the device names on each access; taking a slab back bumps it, so the
+  slow device's later accesses are refused (it reads and writes its backup file instead),
+  and the slab is freed or lent again as soon as no access that began before is copying.
 
 Allocating and releasing slab memory (fallocate + mlock, hole punching: up to seconds per
 GiB) runs on a second thread, the memory worker, so the control thread always answers
@@ -58,6 +60,7 @@ from dlrt.control import ControlThread
 
 from infiniswap.channel import bind_router
 from infiniswap.core import DataServer, SlabStore
+from infiniswap.fencing import RELEASE, REUSE, RegionFence
 from infiniswap.timings import Timings
 
 __all__ = ["Daemon", "GiB", "MiB", "Reporter"]
@@ -71,10 +74,11 @@ _MAX_BATCH = 256          # messages handled per wake-up before the monitor gets
 
 @dataclass
 class _Lease:
-    """One mapped slab: which device (routing id) uses which region."""
+    """One mapped slab: which device (routing id) uses which region, at which generation."""
     peer: bytes
     slab: int
     region: int
+    generation: int
     since: float
 
 
@@ -185,7 +189,10 @@ class Daemon:
         self._U: float | None = None
         self._free_list: list[int] = []                  # preallocated, unmapped regions
         self._leases: dict[tuple[bytes, int], _Lease] = {}
-        self._quarantine: dict[tuple[bytes, int], tuple[int, float]] = {}   # -> region, expiry
+        self._fence: RegionFence | None = None           # with the store
+        # leases taken back from a device that did not confirm (it may only be slow):
+        # (peer, slab) -> region, until its late DONE / UNMAP or its disconnection
+        self._revoked: dict[tuple[bytes, int], int] = {}
         self._to_free: list[int] = []                    # regions the memory worker releases
         self._allocating = 0                             # slabs the worker is allocating now
         self._locked: set[int] = set()                   # regions that are mlocked
@@ -215,6 +222,7 @@ class Daemon:
         if self._control.started:
             raise RuntimeError("daemon already started")
         self._store = SlabStore(self.capacity, self.slab_size, lock=self._lock_slabs)
+        self._fence = RegionFence(self._store)
         try:
             if self._data_host is not None:
                 self._server = DataServer(self._store, self._data_host, self._data_port)
@@ -288,8 +296,8 @@ class Daemon:
 
     # ---- memory accounting ----
 
-    # All of this is Python bookkeeping (under ``_mu``): the store's own counters share a
-    # mutex with allocation, which can take seconds.
+    # All of this is Python bookkeeping (under ``_mu``): it counts slabs the memory worker is
+    # still allocating or releasing, which the store's own counters publish only when done.
 
     def _measure(self) -> int:
         if self._reader is not None:
@@ -300,8 +308,12 @@ class Daemon:
 
     def _held(self) -> int:
         """Slabs this daemon holds once queued releases are done (allocations included)."""
-        return (len(self._free_list) + len(self._leases) + len(self._quarantine) +
+        return (len(self._free_list) + len(self._leases) + self._draining() +
                 self._allocating)
+
+    def _draining(self) -> int:
+        """Slabs taken back whose last accesses are still copying (neither lent nor freed)."""
+        return self._fence.draining if self._fence is not None else 0
 
     def _free(self) -> float:
         return self.total_memory - (self._U or 0.0) - self._held() * self.slab_size
@@ -331,6 +343,19 @@ class Daemon:
         self._to_free.append(region)
         self._mem_wake.set()
 
+    def _take_back(self, region: int, then: str) -> None:
+        """A lease of ``region`` ended: fence it, then reuse or release it once no access
+        of that lease is in progress (now, or from ``_monitor`` later)."""
+        assert self._fence is not None
+        if self._fence.take_back(region, then):
+            self._use_taken_back(region, then)
+
+    def _use_taken_back(self, region: int, then: str) -> None:
+        if then == REUSE:
+            self._free_list.append(region)      # unmapped; the monitor releases it if need be
+        else:
+            self._release(region)
+
     # ---- memory worker (its own thread: allocation can take seconds) ----
 
     def _memory_loop(self) -> None:
@@ -351,8 +376,13 @@ class Daemon:
             if region is not None:
                 try:
                     store.free_slab(region)
-                except OSError as exc:  # pragma: no cover - the kernel refused a hole punch
-                    log.error("daemon: cannot release a slab: %s", exc)
+                except OSError as exc:
+                    with self._mu:
+                        if exc.errno == errno.EBUSY:    # a device access is still copying
+                            assert self._fence is not None
+                            self._fence.wait(region, RELEASE)
+                            continue
+                    log.error("daemon: cannot release a slab: %s", exc)  # pragma: no cover
                 with self._mu:
                     self._locked.discard(region)
                 continue
@@ -546,13 +576,16 @@ class Daemon:
     def _mr_info(self, peer: bytes, msg: p.Message) -> bytes:
         slab = msg["slab"]
         lease = self._leases.get((peer, slab))
+        assert self._store is not None and self._fence is not None
         if lease is None:
-            lease = _Lease(peer, slab, self._free_list.pop(), time.monotonic())
+            region = self._free_list.pop()
+            lease = _Lease(peer, slab, region, self._store.generation(region), time.monotonic())
             self._leases[(peer, slab)] = lease
+            self._fence.lent(region, peer)
             self.maps += 1
-        assert self._store is not None
         return p.reply_to(msg, p.MR_INFO, slab=slab, region=lease.region, size=self.slab_size,
-                          host_id=self.host_id, host=self._advertised_host(),
+                          generation=lease.generation, host_id=self.host_id,
+                          host=self._advertised_host(),
                           data_port=self._server.port() if self._server is not None else None,
                           shm_path=self._store.path(), instance=self.instance)
 
@@ -575,39 +608,42 @@ class Daemon:
         for slab in msg["slabs"]:
             lease = self._leases.pop((peer, slab), None)
             if lease is not None:
-                self._free_list.append(lease.region)    # unmapped; the monitor releases it
-        if self._quarantine:                            # the device confirms it let go
-            given = {(peer, s) for s in msg["slabs"]}
-            self._end_quarantine(lambda key, _exp: key in given, "it gave them back")
+                self._lease_ended(lease, REUSE)
+            else:
+                self._confirm_revoked(peer, slab)   # a slow device lets go of a revoked one
         return p.reply_to(msg, p.DONE, slabs=list(msg["slabs"]))
 
-    def _device_gone(self, peer: bytes, why: str, quarantine: bool = False) -> None:
-        """Take back every slab of ``peer``: reusable at once if its connection is gone;
-        quarantined (held, not lent) if it may only be slow."""
+    def _lease_ended(self, lease: _Lease, then: str) -> None:
+        """The device confirmed it let go of the lease (drained): fence, then reuse/release."""
+        assert self._fence is not None
+        self._fence.let_go(lease.region, lease.peer)
+        self._take_back(lease.region, then)
+
+    def _confirm_revoked(self, peer: bytes, slab: int) -> None:
+        region = self._revoked.pop((peer, slab), None)
+        if region is not None:
+            assert self._fence is not None
+            self._fence.let_go(region, peer)
+
+    def _device_gone(self, peer: bytes, why: str, slow: bool = False) -> None:
+        """Take back every slab of ``peer`` through the fence: its connection is gone, or it
+        did not answer in time (``slow``: it may still access them until the revoke, and its
+        later accesses are refused)."""
+        assert self._fence is not None
         slabs = [key for key in self._leases if key[0] == peer]
-        expiry = time.monotonic() + 10 * self.timeout
+        if not slow:
+            self._fence.gone(peer)
+            for key in [k for k in self._revoked if k[0] == peer]:
+                del self._revoked[key]
         for key in slabs:
             region = self._leases.pop(key).region
-            if quarantine:
-                self._quarantine[key] = (region, expiry)
-            else:
-                self._free_list.append(region)
-        if not quarantine:
-            self._end_quarantine(lambda key, _exp: key[0] == peer, "its connection is gone")
+            if slow:
+                self._revoked[key] = region
+            self._take_back(region, RELEASE if slow else REUSE)
         if slabs:
             self.devices_lost += 1
             log.warning("daemon: device %s %s; took back its %d slab(s)%s", self._name(peer), why,
-                        len(slabs), " (quarantined until it confirms or disconnects)"
-                        if quarantine else "")
-
-    def _end_quarantine(self, which: Callable[[tuple[bytes, int], float], bool],
-                        why: str) -> None:
-        keys = [k for k, (_, exp) in self._quarantine.items() if which(k, exp)]
-        for key in keys:
-            self._release(self._quarantine.pop(key)[0])
-        if keys:
-            log.info("daemon: released %d quarantined slab(s) of %s: %s", len(keys),
-                     self._name(keys[0][0]), why)
+                        len(slabs), " (fenced: its later accesses are refused)" if slow else "")
 
     # ---- memory monitor (§2.5.1) ----
 
@@ -632,11 +668,15 @@ class Daemon:
         if now >= self._next_reap:                  # notice devices that went away
             self._next_reap = now + max(1.0, self.period)
             peers = {lease.peer for lease in self._leases.values()}
-            peers |= {key[0] for key in self._quarantine}
+            peers |= {key[0] for key in self._revoked}
+            if self._fence is not None:
+                peers |= self._fence.holders()
             for peer in peers:
                 if self._send([peer], p.encode(p.PING)) == "gone":
                     self._device_gone(peer, "disconnected")
-            self._end_quarantine(lambda _key, exp: exp <= now, "its grace period is over")
+        if self._fence is not None:
+            for region, then in self._fence.settle():
+                self._use_taken_back(region, then)
 
     # ---- batch eviction (§2.5.2) ----
 
@@ -668,9 +708,9 @@ class Daemon:
         rnd = self._round
         rid = msg.id
         if rnd is None or rid is None or rnd.waiting.get(rid) != peer:
-            if msg.op == p.DONE and self._quarantine:     # a late DONE: safe to free now
-                done = {(peer, s) for s in msg["slabs"]}
-                self._end_quarantine(lambda key, _exp: key in done, "its late DONE arrived")
+            if msg.op == p.DONE:                    # a late DONE: it drained those slabs
+                for s in msg["slabs"]:
+                    self._confirm_revoked(peer, s)
             log.debug("daemon: stale %s from %s", msg.op, self._name(peer))
             return
         now = time.monotonic()
@@ -686,7 +726,7 @@ class Daemon:
             for s in slabs:
                 lease = self._leases.pop((peer, s), None)
                 if lease is not None:
-                    self._release(lease.region)
+                    self._lease_ended(lease, RELEASE)
                     self.evictions += 1
                     self._evict_times.add(now - rnd.sent_at)
             if not rnd.waiting:
@@ -724,7 +764,7 @@ class Daemon:
             return
         for peer in set(rnd.waiting.values()):
             self._device_gone(peer, f"did not answer EVICT within {self.timeout:.3g} s: taking "
-                                    "it as gone", quarantine=True)
+                                    "it as gone", slow=True)
         self._round = None
 
     def _give_back_all(self, poller: zmq.Poller, sock: zmq.Socket) -> None:
@@ -768,7 +808,7 @@ class Daemon:
                 * self.slab_size,
                 "locked_bytes": len(self._locked) * self.slab_size,
                 "slabs_free": len(self._free_list), "slabs_mapped": len(self._leases),
-                "slabs_quarantined": len(self._quarantine),
+                "slabs_quarantined": self._draining(),
                 "devices": {k: sorted(v) for k, v in sorted(devices.items())},
                 "maps": self.maps, "evictions": self.evictions, "evict_rounds": self.evict_rounds,
                 "devices_lost": self.devices_lost, "requests": self.requests,

@@ -8,9 +8,11 @@ Every ``period`` the thread
 1. updates each slab's activity, ``A(s) = alpha * measured + (1 - alpha) * A(s)``, from the
    core's page counters (page I/Os per second);
 2. handles failures (§2.4.5): slabs whose remote I/O failed or whose remote is dead
-   (``CoreDevice.failed_slabs``), and daemons that do not answer PING within ``timeout``,
-   lose every slab they hold, exactly as in an eviction; such a daemon is left out of
-   placement until it answers again;
+   (``CoreDevice.failed_slabs``), including an access the daemon's fence refused because it
+   took the slab back, and daemons that do not answer PING within ``timeout``, lose every
+   slab they hold, exactly as in an eviction; such a daemon is left out of placement and
+   PINGed again with a growing interval (``period`` doubling up to ``4 * timeout``) until it
+   answers -- a daemon restarted at the same address is then used again like a new one;
 3. maps every unmapped slab with ``A(s) >= HotSlab`` (§2.4.2): QUERY_MEM to two daemons of
    M_new, else M_old (``placement.place_with``), MAP to the freer, MR_INFO -> open that
    daemon's memory once per daemon incarnation (shared memory when it runs on this host,
@@ -48,7 +50,7 @@ from infiniswap.channel import bind_router, context
 from infiniswap.core import CoreDevice, SlabState
 from infiniswap.timings import Timings
 
-__all__ = ["Controller", "TRANSPORTS"]
+__all__ = ["Controller", "TRANSPORTS", "next_retry"]
 
 log = logging.getLogger("infiniswap.device")
 
@@ -76,8 +78,15 @@ class _Daemon:
         self.ping_sent = 0.0
         self.ping_snapshot: frozenset[int] = frozenset()
         self.last_ping = -math.inf
+        self.retry = 0.0                    # PING interval while unreachable (0: reachable)
         self.free_bytes: int | None = None
         self.failures = 0
+
+
+def next_retry(previous: float, period: float, cap: float) -> float:
+    """The PING interval after another unanswered PING: ``period`` first, then doubling up to
+    ``cap`` (never below ``period``)."""
+    return max(period, min(cap, 2 * previous)) if previous > 0 else period
 
 
 class Controller:
@@ -421,6 +430,7 @@ class Controller:
         d.instance = inst
 
     def _mark_reachable(self, d: _Daemon) -> None:
+        d.retry = 0.0
         if not d.reachable:
             d.reachable = True
             if d.warned:
@@ -437,6 +447,7 @@ class Controller:
             d.warned = True
         d.reachable = False
         d.ping_id = None
+        d.retry = next_retry(d.retry, self.period, 4 * self.timeout)
         self._reset_socket(d)
 
     def _daemon_failed(self, d: _Daemon, why: str, reset: bool = True) -> None:
@@ -461,6 +472,7 @@ class Controller:
         d.instance = None
         d.reachable = False
         d.ping_id = None
+        d.retry = self.period               # it may be back at once (restarted)
         log.warning("device: daemon %s failed (%s): %d slab(s) unmapped, their pages are read "
                     "from the backup file", d.addr, why, len(slabs))
         d.warned = True
@@ -492,7 +504,7 @@ class Controller:
                 if now - d.ping_sent > self.timeout:
                     d.ping_id = None
                     self._mark_unreachable(d, f"no answer to PING within {self.timeout:g} s")
-            elif now - d.last_ping >= self.period:
+            elif now - d.last_ping >= max(self.period, d.retry):
                 d.last_ping = now
                 rid = self._new_id()
                 if self._send(d, p.encode(p.PING, id=rid)):
@@ -619,7 +631,7 @@ class Controller:
                 return self._map_failed()
             try:
                 rid = self._remote_for(d, msg)
-                self._core.map_slab(s, rid, msg["region"])
+                self._core.map_slab(s, rid, msg["region"], msg["generation"])
             except (OSError, ValueError) as exc:
                 if self._core.slab_info(s).state == SlabState.MAPPING:
                     self._core.abort_map(s)

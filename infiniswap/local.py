@@ -1,7 +1,8 @@
 """Daemons as child processes on this machine, for the benchmark, tests and demos.
 
 Owns starting ``infiniswap daemon`` subprocesses (``python -m infiniswap.cli daemon`` on a
-free loopback port), reading the address each one announces, and stopping exactly those
+free loopback port, or again on the same one after a crash: ``restart``), reading the
+address each one announces, and stopping exactly those
 processes by pid: SIGTERM and a bounded wait (a clean shutdown gives every slab back),
 SIGKILL when asked to emulate a crash or when a daemon does not stop
 (``dlrt.procs.stop_processes``).  Each daemon can run
@@ -42,6 +43,7 @@ class DaemonProcess:
         self.workdir = workdir or tempfile.mkdtemp(prefix="infiniswap-daemon-")
         self.usage_file = os.path.join(self.workdir, "usage") if emulate_usage else None
         self.proc: subprocess.Popen | None = None
+        self.bind = "tcp://127.0.0.1:0"
         self.address = ""
         self.data_address = ""
         self.pid = 0
@@ -49,7 +51,7 @@ class DaemonProcess:
         self.starts = 0
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "infiniswap.cli", "daemon", "--bind", "tcp://127.0.0.1:0",
+        cmd = [sys.executable, "-m", "infiniswap.cli", "daemon", "--bind", self.bind,
                "--slab-size", str(self.slab_size), "--capacity", str(self.capacity),
                "--headroom", str(self.headroom), "--period", str(self.period),
                "--timeout", str(self.timeout), "--exit-with-parent"]
@@ -78,6 +80,14 @@ class DaemonProcess:
             raise RuntimeError(f"unexpected first line from the daemon: {line!r}")
         self.address, self.data_address, self.pid = m["control"], m["data"], int(m["pid"])
         return self
+
+    def restart(self, wait: float = 30.0) -> "DaemonProcess":
+        """Start a new incarnation (fresh memory) at the control address of the last one, as
+        a supervisor restarts a crashed daemon: devices that know the address find it again."""
+        if not self.address:
+            raise RuntimeError("the daemon never started: nothing to restart")
+        self.bind = self.address
+        return self.start(wait)
 
     def _ready_line(self, wait: float) -> str:
         assert self.proc is not None and self.proc.stdout is not None

@@ -17,7 +17,7 @@ The eight messages of the paper, then the few extras this control plane needs::
   FREE_MEM        daemon -> device     free_bytes, slab_size, slabs_free,              --
                                        slabs_mapped, host_id
   MAP             device -> daemon     device_id, slab, [slab_size]                    MR_INFO | ERROR
-  MR_INFO         daemon -> device     slab, region, size, host_id, host,              --
+  MR_INFO         daemon -> device     slab, region, size, generation, host_id, host,  --
                                        data_port (int|None), shm_path (str|None)
   CHECK_ACTIVITY  daemon -> device     slabs                                           ACTIVITY
   ACTIVITY        device -> daemon     activity {slab: A(s)}                           --
@@ -41,6 +41,8 @@ Field meanings:
 * ``device_id``: a device's cluster-unique name; ``slab``/``slabs``: slab indices in that
   device's address space (the daemon keys its slabs by ``(device_id, slab)``).
 * ``region``: byte offset of the slab in the daemon's slab memory; ``size``: its length;
+  ``generation``: the lease's generation, which the device names on every access to the
+  region (the daemon's fence refuses it once the daemon took the slab back);
   ``shm_path``: a path the device can open to map that memory on the same host
   (e.g. ``/proc/<pid>/fd/<n>``), else ``None``; ``host``/``data_port``: the daemon's TCP
   data server (``data_port`` ``None`` when it runs none).
@@ -129,7 +131,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
     FREE_MEM: {"free_bytes": Field(UINT), "slab_size": Field(UINT), "slabs_free": Field(UINT),
                "slabs_mapped": Field(UINT), "host_id": Field(STR), "instance": _opt(STR)},
     MAP: {"device_id": Field(STR), "slab": Field(UINT), "slab_size": _opt(UINT)},
-    MR_INFO: {"slab": Field(UINT), "region": Field(UINT), "size": Field(UINT), "host_id": Field(STR),
+    MR_INFO: {"slab": Field(UINT), "region": Field(UINT), "size": Field(UINT),
+              "generation": Field(UINT), "host_id": Field(STR),
               "host": Field(STR), "data_port": _nullable(UINT), "shm_path": _nullable(STR),
               "instance": _opt(STR)},
     CHECK_ACTIVITY: {"slabs": Field(SLABS)},

@@ -321,7 +321,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli.add_json(ap, "write the result as JSON to FILE ('-' for stdout instead of the tables)")
     args = ap.parse_args(argv)
     cli.setup_logging(args.log_level)
-    result = run(args.machines, args.seed, trials=args.trials)
+    try:
+        result = run(args.machines, args.seed, trials=args.trials)
+    except ValueError as exc:          # --machines 0, --trials 0: one line, exit status 2
+        ap.error(str(exc))
     cli.emit(args.json, result, format_report(result))
     return 0
 

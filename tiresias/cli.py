@@ -3,7 +3,9 @@ live service (``master``, ``submit``, ``jobs``, ... in ``tiresias.service.cli``)
 
 Follows the runtime's command-line convention (``dlrt.cli``): ``--json FILE`` (``-`` for
 stdout), ``--log-level`` on every command, exit status 2 for usage errors (a bad trace
-included), 1 for runtime errors.
+included), 1 for runtime errors (a trace with no valid job, a run in which no job makes
+progress). Every result comes with the offered load of the trace on the cluster
+(``tiresias.load``) and the queue configuration used (``tiresias.queues``).
 """
 from __future__ import annotations
 
@@ -12,11 +14,16 @@ import json
 import sys
 
 from dlrt import cli
+from dlrt.trace import skipped_message
 
+from . import progress as guarantee
 from .cluster import parse_cluster
+from .load import offered_load
 from .metrics import summarize, write_jobs_csv
 from .placement import DEFAULT_PACKLIMIT
 from .policies import POLICIES, make_policy
+from .policies.gandiva import SWITCH_SECONDS
+from .queues import QueueConfig, queue_config
 from .sim import PLACEMENTS, SimConfig, simulate
 from .trace import CYCLE_MODELS, load_trace, with_models
 
@@ -30,14 +37,22 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", required=True, help="NODESxGPUS (e.g. 48x8) or a cluster spec CSV")
     p.add_argument("--on-bad", choices=["skip", "reject"], default="skip", help="bad trace rows")
     p.add_argument("--limit", type=int, default=None, help="first N jobs only")
-    p.add_argument("--queues", type=int, default=2)
-    p.add_argument("--thresholds", default="3200", help="queue thresholds in GPU-seconds, comma-separated")
+    p.add_argument("--queues", default="2",
+                   help="las/gittins: the number of queues K, or 'auto': thresholds doubling from the median "
+                        "of the service distribution (--distribution, else the trace's jobs' GPU-seconds) "
+                        "until past its largest")
+    p.add_argument("--thresholds", default="3200",
+                   help="queue thresholds in GPU-seconds, comma-separated (K - 1 of them; ignored with "
+                        "--queues auto)")
     p.add_argument("--promote-knob", type=float, default=None)
     p.add_argument("--continuous", action="store_true", help="continuous priorities (no queues)")
     p.add_argument("--interval", type=float, default=1.0)
     p.add_argument("--distribution", default=None,
-                   help="CSV of past job GPU-seconds for gittins (default: the trace's own jobs)")
-    p.add_argument("--quantum", type=float, default=1800.0, help="gandiva time-sharing quantum (s)")
+                   help="CSV of past job GPU-seconds for gittins and --queues auto (default: the trace's "
+                        "own jobs)")
+    p.add_argument("--switch", type=float, default=SWITCH_SECONDS,
+                   help="gandiva: the time-slicing switching period (s)")
+    p.add_argument("--quantum", type=float, default=1800.0, help="gandiva-rr: the round-robin quantum (s)")
     p.add_argument("--placement", choices=PLACEMENTS, default="tiresias",
                    help="count: GPUs counted cluster-wide (the original simulator); tiresias: consolidate "
                         "jobs with skew > PACKLIMIT, others limit fragmentation; consolidate / spread: all jobs")
@@ -53,6 +68,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="as the original Tiresias simulator: --placement count --no-overheads --no-slowdown")
     p.add_argument("--models", choices=["trace", "cycle"], default="trace",
                    help="cycle: give jobs without a model Table 3.3's models in turn (for skew and sizes)")
+    guarantee.add_arguments(p)
+    p.add_argument("--stall-limit", type=float, default=guarantee.DEFAULT_STALL_LIMIT, metavar="SECONDS",
+                   help="stop with an error when no job makes progress for this much simulated time")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: when stderr is a terminal)")
 
@@ -61,41 +79,64 @@ def _load(args):
     cluster = parse_cluster(args.cluster)
     report = load_trace(args.trace, args.format, max_gpus=cluster.total_gpus, on_bad=args.on_bad, limit=args.limit)
     if report.skipped:
-        print(f"tiresias: skipped {report.skipped} bad rows of {args.trace}; first: {report.problems[0]}",
-              file=sys.stderr)
+        print(f"tiresias: {skipped_message(report, args.trace)}", file=sys.stderr)
     jobs = with_models(report.jobs) if args.models == "cycle" else report.jobs
     return cluster, jobs
 
 
 def _config(args) -> SimConfig:
+    guard = {"min_run_factor": args.min_run_factor, "min_run": args.min_run}
     if args.original:
-        return SimConfig("count", args.packlimit, overheads=False, slowdown=False, migrate=False)
+        return SimConfig("count", args.packlimit, overheads=False, slowdown=False, migrate=False, **guard)
     if not 0.0 <= args.packlimit <= 1.0:
         raise ValueError(f"--packlimit must be in [0, 1] (a skew), got {args.packlimit}")
     return SimConfig(args.placement, args.packlimit, overheads=args.overheads, slowdown=args.slowdown,
-                     migrate=args.migrate)
+                     migrate=args.migrate, **guard)
 
 
-def _run(name: str, args, cluster, jobs, record: bool = False):
+def _queues(args, jobs) -> QueueConfig:
+    services = None
+    if str(args.queues).strip().lower() == "auto":
+        if args.distribution:
+            from .gittins import ServiceDistribution
+            services = ServiceDistribution.from_csv(args.distribution).samples
+        else:
+            services = [j.num_gpus * j.duration for j in jobs]
+    return queue_config(args.queues, args.thresholds, services)
+
+
+def _run(name: str, args, cluster, jobs, queues: QueueConfig, record: bool = False):
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     config = _config(args)
     target = cluster if config.placement != "count" else cluster.total_gpus
-    return simulate(jobs, target, _policy(name, args, jobs), record=record, progress=progress, config=config)
+    policy = make_policy(name, thresholds=queues.thresholds, promote_knob=args.promote_knob,
+                         continuous=args.continuous, interval=args.interval, distribution=args.distribution,
+                         quantum=args.quantum, switch=args.switch, cluster=cluster,
+                         history=[j.num_gpus * j.duration for j in jobs])
+    return simulate(jobs, target, policy, record=record, progress=progress, config=config,
+                    stall_limit=args.stall_limit)
 
 
-def _policy(name: str, args, jobs):
-    thresholds = [float(t) for t in args.thresholds.split(",") if t.strip()]
-    if len(thresholds) != args.queues - 1:
-        raise ValueError(f"--queues {args.queues} needs {args.queues - 1} thresholds, got {thresholds}")
-    return make_policy(name, thresholds=thresholds, promote_knob=args.promote_knob, continuous=args.continuous,
-                       interval=args.interval, distribution=args.distribution, quantum=args.quantum,
-                       history=[j.num_gpus * j.duration for j in jobs])
+def _uses_queues(name: str, args) -> bool:
+    return name in ("las", "gittins") and not args.continuous
+
+
+def _context(args, cluster, jobs, queues: QueueConfig) -> tuple[dict, str]:
+    """The offered load and the queue configuration: as JSON fields, and as text lines."""
+    load = offered_load(jobs, cluster.total_gpus)
+    queue_line = f"queues (las, gittins): {queues.text()}" if not args.continuous else \
+        f"queues: none (continuous priorities every {args.interval:g} s)"
+    return {"offered_load": load.as_dict()}, f"{load.text()}\n{queue_line}"
 
 
 def _cmd_simulate(args) -> int:
     cluster, jobs = _load(args)
-    result = _run(args.policy, args, cluster, jobs, record=bool(args.plot))
+    queues = _queues(args, jobs)
+    result = _run(args.policy, args, cluster, jobs, queues, record=bool(args.plot))
     summary = summarize(result)
+    summary.update(_context(args, cluster, jobs, queues)[0])
+    if _uses_queues(args.policy, args):
+        summary["queues"] = queues.as_dict()
     if args.json:
         cli.write_json(args.json, summary)
     if args.json != "-":
@@ -108,34 +149,60 @@ def _cmd_simulate(args) -> int:
     return 0
 
 
-def _cmd_compare(args) -> int:
-    cluster, jobs = _load(args)
-    names = [n.strip() for n in args.policies.split(",") if n.strip()]
+def _policy_names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise cli.UsageError(f"--policies: no policy given (a comma-separated list of {', '.join(POLICIES)})")
     for name in names:
         if name not in POLICIES:
-            raise ValueError(f"unknown policy {name!r} (one of {', '.join(POLICIES)})")
+            raise cli.UsageError(f"unknown policy {name!r} (one of {', '.join(POLICIES)})")
+    if len(set(names)) != len(names):
+        raise cli.UsageError(f"--policies: a policy is named twice in {text!r}")
+    return names
+
+
+def _cmd_compare(args) -> int:
+    names = _policy_names(args.policies)
+    cluster, jobs = _load(args)
+    queues = _queues(args, jobs)
+    context, header = _context(args, cluster, jobs, queues)
     rows, jct = {}, {}
     for name in names:
-        result = _run(name, args, cluster, jobs)
+        result = _run(name, args, cluster, jobs, queues)
         rows[name] = summarize(result)
         if args.plot:
             from .plots import jcts
             jct[name] = jcts(result)
-    base = rows.get("las") or rows[names[-1]]
-    lines = [f"{'policy':<12} {'avg JCT (s)':>14} {'median JCT':>12} {'p95 JCT':>12} {'avg norm':>9} "
-             f"{'median norm':>12} {'preempt':>8}"]
+    base_name = "las" if "las" in rows else names[-1]
+    base = rows[base_name]
+    lines = [header,
+             f"{'policy':<12} {'avg JCT (s)':>14} {'median JCT':>12} {'p95 JCT':>12} {'avg/' + base_name:>14} "
+             f"{'median/' + base_name:>15} {'preempt':>8}"]
     for name, r in rows.items():
         lines.append(f"{name:<12} {r['avg_jct']:>14.0f} {r['median_jct']:>12.0f} {r['p95_jct']:>12.0f} "
-                     f"{r['avg_jct'] / base['avg_jct']:>8.2f}x {r['median_jct'] / base['median_jct']:>11.2f}x "
+                     f"{_ratio(r['avg_jct'], base['avg_jct']):>13} {_ratio(r['median_jct'], base['median_jct']):>14} "
                      f"{r['preemptions']:>8}")
-    for r in rows.values():
-        r["avg_jct_vs_las"] = r["avg_jct"] / base["avg_jct"]
-        r["median_jct_vs_las"] = r["median_jct"] / base["median_jct"]
+    for name, r in rows.items():
+        r["normalized_by"] = base_name
+        r[f"avg_jct_vs_{base_name}"] = _div(r["avg_jct"], base["avg_jct"])
+        r[f"median_jct_vs_{base_name}"] = _div(r["median_jct"], base["median_jct"])
+        r.update(context)
+        if _uses_queues(name, args):
+            r["queues"] = queues.as_dict()
     cli.emit(args.json, list(rows.values()), "\n".join(lines))
     if args.plot:
         from .plots import plot_jct_cdf
         plot_jct_cdf(jct, args.plot, title=f"{len(jobs)} jobs on {args.cluster}")
     return 0
+
+
+def _div(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    r = _div(a, b)
+    return "-" if r is None else f"{r:.2f}x"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,11 +217,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs-csv", default=None, metavar="FILE", help="one row per job")
     p.add_argument("--plot", default=None, metavar="PNG", help="JCT CDF and GPUs in use over time")
     p.set_defaults(func=_cmd_simulate)
-    p = cli.add_command(sub, "compare", "simulate several policies, normalized by las", log_level="WARNING",
+    p = cli.add_command(sub, "compare", "simulate several policies, normalized by las (else by the last one)",
+                        log_level="WARNING",
                         json_help="write one summary per policy as JSON to FILE ('-' for stdout "
                                   "instead of the table)")
     _common(p)
-    p.add_argument("--policies", default="fifo,best-effort,srtf,gandiva,gittins,las")
+    p.add_argument("--policies", default="fifo,best-effort,srtf,gandiva,gittins,las",
+                   help=f"comma-separated, of {', '.join(POLICIES)}")
     p.add_argument("--plot", default=None, metavar="PNG", help="the policies' JCT CDFs (log x-axis)")
     p.set_defaults(func=_cmd_compare)
     service_cli.add_commands(sub)

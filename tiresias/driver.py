@@ -21,6 +21,12 @@ Costs (``tiresias.overheads``, simulator only): a resumed job stalls for its pau
 time (``overheads``); a multi-GPU job placed on more nodes than it needs runs slower by its
 skew (``slowdown``).
 
+Progress guarantee (``tiresias.progress``, simulator and live master): a job (re)started at
+``s`` with resume cost ``r`` keeps its GPUs until ``s + max(min_run, min_run_factor x r)``
+whatever its priority; ``r`` is the charged pause + resume in the simulator (0 without
+overheads) and the modelled or measured one live, where the cost is real. A pass that spares
+a protected job asks for another pass when its protection ends (``next_change``).
+
 Live mode (``defer_release``): a preempted job keeps its GPUs ("draining") until the caller
 says its processes are gone (``released``); a pass admits jobs onto GPUs that are free now,
 so a job that needs a stopping job's GPUs starts at the pass after they drain. Nodes can go
@@ -34,8 +40,9 @@ from typing import Callable, Iterable
 
 from . import overheads as ovh
 from . import placement as plc
+from . import progress
 from .cluster import ClusterSpec
-from .policies.base import Change, JobState, Policy, allocate
+from .policies.base import INF, Change, JobState, Policy, allocate
 
 EPS = 1e-9
 PLACEMENTS = ("count", "tiresias", "consolidate", "spread")
@@ -52,8 +59,11 @@ class DriverConfig:
     migrate: bool = False          # repack + Hungarian renaming when consolidation is blocked
     defer_release: bool = False    # live: preempted jobs hold their GPUs until ``released``
     preemption_cost: float | None = None   # seconds per resume instead of the model's (measured live)
+    min_run_factor: float = progress.DEFAULT_MIN_RUN_FACTOR   # progress guarantee: k x resume cost
+    min_run: float = progress.DEFAULT_MIN_RUN                 # ... and at least this many seconds
 
     def __post_init__(self) -> None:
+        progress.check_guard(self.min_run_factor, self.min_run)
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
         if self.defer_release and (self.placement == "count" or self.migrate):
@@ -89,6 +99,8 @@ class Driver:
         self.busy = 0.0
         self.preemptions = 0
         self.overhead = 0.0
+        self.last_progress = start          # the last time a job executed (or none was active)
+        self.guard_wake = INF               # when a job a pass spared loses its protection
 
     # --- time ----------------------------------------------------------------------------
     def advance(self, t: float) -> None:
@@ -96,19 +108,37 @@ class Driver:
         dt = t - self.now
         if dt <= 0:
             return
+        progressed = not self.policy.active
         for job in self.running.values():
             job.service += job.num_gpus * dt
             if job.stall > 0.0:
                 s = job.stall if job.stall < dt else dt
                 job.stall -= s
                 job.executed += (dt - s) * job.speed
+                progressed = progressed or s < dt
             else:
                 job.executed += dt * job.speed
+                progressed = True
+        if progressed:
+            self.last_progress = t
         self.busy += self.used * dt
         self.now = t
 
     def next_change(self) -> float:
-        return self.policy.next_change(self.running.values(), self.now)
+        t = self.policy.next_change(self.running.values(), self.now)
+        return t if self.guard_wake <= self.now or t < self.guard_wake else self.guard_wake
+
+    def resume_cost(self, job: JobState) -> float:
+        """Seconds ``job`` loses to a pause and resume: charged by the simulator with
+        ``overheads`` (else 0), real in the live master (the measured cost, else the model)."""
+        if not (self.config.overheads or self.config.defer_release):
+            return 0.0
+        cost = self.config.preemption_cost
+        return ovh.preemption_cost(job.model, job.num_gpus) if cost is None else cost
+
+    def _protect(self, job: JobState, cost: float) -> None:
+        job.protected_until = progress.protected_until(self.now, cost, self.config.min_run_factor,
+                                                       self.config.min_run)
 
     # --- lifecycle -------------------------------------------------------------------------
     def submit(self, job: JobState) -> None:
@@ -199,7 +229,7 @@ class Driver:
         if self.config.defer_release:
             to_start, to_stop = self._pass_live()
         else:
-            to_start, to_stop = allocate(self.policy, self.capacity, self.running.values(), now)
+            to_start, to_stop = self._allocate(self.capacity)
             if self.nodes is not None:
                 # place the admitted jobs on the GPUs the preempted ones free; a preempted job
                 # whose GPUs nobody could use after all (placement blocked) keeps running
@@ -219,6 +249,22 @@ class Driver:
             raise AssertionError(f"{self.used} GPUs allocated of {self.capacity} at t={now}")
         return Decision(to_start, to_stop, moved)
 
+    def _allocate(self, capacity: int, fits=None) -> tuple[list[JobState], list[JobState]]:
+        """The policy's pass; when it would preempt a protected job (progress guarantee), the
+        pass again with every protected running job kept, and a wake-up when the first of
+        those it spared may be preempted."""
+        now = self.now
+        running = self.running.values()
+        to_start, to_stop = allocate(self.policy, capacity, running, now, fits)
+        limit = now + EPS * max(1.0, abs(now))
+        spared = [job.protected_until for job in to_stop if job.protected_until > limit]
+        if not spared:
+            self.guard_wake = INF
+            return to_start, to_stop
+        keep = frozenset(j.job_id for j in running if j.protected_until > limit)
+        self.guard_wake = min(spared)
+        return allocate(self.policy, capacity, running, now, fits, keep)
+
     def _pass_live(self, rounds: int = 4) -> tuple[list[JobState], list[JobState]]:
         """Live pass: a job admitted by count that no placement can hold (even with the
         preemptions) is set aside and the pass runs again, so that it does not keep GPUs from
@@ -233,7 +279,7 @@ class Driver:
             return job.job_id not in blocked and job.job_id not in draining
 
         for attempt in range(rounds):
-            admitted, to_stop = allocate(self.policy, capacity, self.running.values(), now, fits)
+            admitted, to_stop = self._allocate(capacity, fits)
             saved = (list(nodes.free), dict(nodes.alloc))
             held = {job.job_id: nodes.release(job) for job in to_stop}
             stopping = {job.job_id for job in to_stop}
@@ -292,15 +338,16 @@ class Driver:
         now = self.now
         job.running = True
         job.waited += max(0.0, now - job.wait_since)
+        cost = 0.0
         if job.first_start is None:
             job.first_start = now
-        elif self.config.overheads and job.preemptions:
-            cost = self.config.preemption_cost
-            if cost is None:
-                cost = ovh.preemption_cost(job.model, job.num_gpus)
-            job.stall += cost
-            job.overhead += cost
-            self.overhead += cost
+        elif job.preemptions:
+            cost = self.resume_cost(job)
+            if self.config.overheads:
+                job.stall += cost
+                job.overhead += cost
+                self.overhead += cost
+        self._protect(job, cost)
         self.running[job.job_id] = job
         self.used += job.num_gpus
         self.policy.started(job, now)
@@ -466,6 +513,8 @@ class Nodes:
                     cost = ovh.preemption_cost(moved_job.model, moved_job.num_gpus)
                     moved_job.stall += cost
                     moved_job.overhead += cost
+                    moved_job.protected_until = progress.protected_until(
+                        now, cost, self.config.min_run_factor, self.config.min_run)
                 moved_job.speed = (ovh.placement_speed(moved_job.skew, plc.is_consolidated(alloc, self.per))
                                    if self.config.slowdown else 1.0)
                 self.moved.append(moved_job)

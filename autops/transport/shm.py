@@ -131,7 +131,7 @@ def _parse_handle(handle: Any, width: int) -> tuple:
         raise ValueError(f"malformed shared-memory reference {handle!r}")
     scope, seg_id, *ints = handle
     if not isinstance(scope, str) or not isinstance(seg_id, str) \
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in ints):
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints):
         raise ValueError(f"malformed shared-memory reference {handle!r}")
     return tuple(handle)
 

@@ -6,7 +6,10 @@
  * it alive).
  *
  * Threads: the accept thread polls the listening socket and a wake pipe; each connection
- * has a thread that reads a request, validates it against the store, and replies.  A
+ * has a thread that reads a request, validates it against the store, and replies.  Payloads
+ * pass through a buffer of the connection: a WRITE is received there and then copied into
+ * the slab, a READ copied out of the slab and then sent, each copy inside the slab's fence
+ * window (isw_store_access), so a revoke never waits for the network.  A
  * connection thread never closes its own socket (the fd number could be reused while
  * stop() shuts it down); finished connections are joined and closed by the accept thread
  * (woken through the pipe) or by stop().
@@ -36,6 +39,8 @@ struct conn {
     int fd;
     int done;                   /* under srv->mu */
     pthread_t th;
+    unsigned char *buf;         /* payload buffer of this connection's thread */
+    size_t buf_size;
 };
 
 struct isw_server {
@@ -59,51 +64,73 @@ static void wake(struct isw_server *srv)
     (void)n;
 }
 
-/* Serve one request.  Returns 0 to go on, < 0 to close the connection. */
-static int serve_one(struct isw_server *srv, int fd)
+/* The connection's payload buffer, at least `len` bytes; NULL if out of memory. */
+static unsigned char *conn_buffer(struct conn *c, size_t len)
 {
+    if (c->buf_size < len) {
+        unsigned char *b = realloc(c->buf, len);
+        if (b == NULL)
+            return NULL;
+        c->buf = b;
+        c->buf_size = len;
+    }
+    return c->buf;
+}
+
+/* The status of a well-formed request: 0 or -errno; *fatal when the stream is not. */
+static int request_status(const struct isw_req *q, int *fatal)
+{
+    *fatal = 1;
+    if (q->magic != ISW_PROTO_MAGIC)
+        return -EPROTO;
+    if (q->version != ISW_PROTO_VERSION)
+        return -EPROTONOSUPPORT;
+    if (q->op != ISW_OP_READ && q->op != ISW_OP_WRITE)
+        return -EOPNOTSUPP;
+    if (q->length == 0 || q->length > ISW_PROTO_MAX_LEN)
+        return -EMSGSIZE;
+    *fatal = 0;
+    return 0;
+}
+
+/* Serve one request.  Returns 0 to go on, < 0 to close the connection. */
+static int serve_one(struct conn *c)
+{
+    struct isw_server *srv = c->srv;
     unsigned char hb[ISW_PROTO_REQ_SIZE], rb[ISW_PROTO_REP_SIZE];
     struct isw_req q;
-    int status, fatal = 0, rc;
+    unsigned char *buf = NULL;
+    int status, fatal, rc;
 
-    rc = isw_recv_all(fd, hb, sizeof hb);
+    rc = isw_recv_all(c->fd, hb, sizeof hb);
     if (rc < 0)
         return rc;
     isw_req_decode(hb, &q);
     atomic_fetch_add(&srv->requests, 1);
-    if (q.magic != ISW_PROTO_MAGIC) {
-        status = -EPROTO;
-        fatal = 1;
-    } else if (q.version != ISW_PROTO_VERSION) {
-        status = -EPROTONOSUPPORT;
-        fatal = 1;
-    } else if (q.op != ISW_OP_READ && q.op != ISW_OP_WRITE) {
-        status = -EOPNOTSUPP;
-        fatal = 1;
-    } else if (q.length == 0 || q.length > ISW_PROTO_MAX_LEN) {
-        status = -EMSGSIZE;
-        fatal = 1;
-    } else {
-        status = isw_store_check_region(srv->store, q.region_offset, q.length);
-    }
-    unsigned char *mem = isw_store_base(srv->store) + (status == 0 ? q.region_offset : 0);
+    status = request_status(&q, &fatal);
+    if (!fatal && (buf = conn_buffer(c, q.length)) == NULL)
+        status = -ENOMEM;
     if (!fatal && q.op == ISW_OP_WRITE) {
         atomic_fetch_add(&srv->writes, 1);
-        rc = status == 0 ? isw_recv_all(fd, mem, q.length) : isw_recv_discard(fd, q.length);
+        rc = buf != NULL ? isw_recv_all(c->fd, buf, q.length) : isw_recv_discard(c->fd, q.length);
         if (rc < 0)
             return rc;
+        if (status == 0)
+            status = isw_store_access(srv->store, q.region_offset, q.length, q.gen, buf, 1);
         if (status == 0)
             atomic_fetch_add(&srv->bytes_written, q.length);
     } else if (!fatal) {
         atomic_fetch_add(&srv->reads, 1);
+        if (status == 0)
+            status = isw_store_access(srv->store, q.region_offset, q.length, q.gen, buf, 0);
     }
     if (status != 0)
         atomic_fetch_add(&srv->errors, 1);
     struct isw_rep rep = { .magic = ISW_PROTO_REPLY_MAGIC, .status = status, .req_id = q.req_id };
     isw_rep_encode(&rep, rb);
-    struct iovec iov[2] = { { rb, sizeof rb }, { mem, q.length } };
+    struct iovec iov[2] = { { rb, sizeof rb }, { buf, q.length } };
     int with_payload = status == 0 && q.op == ISW_OP_READ;
-    rc = isw_send_all(fd, iov, with_payload ? 2 : 1);
+    rc = isw_send_all(c->fd, iov, with_payload ? 2 : 1);
     if (rc < 0)
         return rc;
     if (with_payload)
@@ -116,7 +143,7 @@ static void *conn_main(void *arg)
     struct conn *c = arg;
     struct isw_server *srv = c->srv;
 
-    while (serve_one(srv, c->fd) == 0)
+    while (serve_one(c) == 0)
         ;
     shutdown(c->fd, SHUT_RDWR);
     pthread_mutex_lock(&srv->mu);
@@ -144,6 +171,7 @@ static void reap(struct isw_server *srv, int all)
             return;
         pthread_join(victim->th, NULL);
         close(victim->fd);
+        free(victim->buf);
         free(victim);
     }
 }

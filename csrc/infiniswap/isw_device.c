@@ -14,7 +14,9 @@
  *    check (both seq_cst).  Eviction stores EVICTING and then waits for in_flight == 0, so
  *    after the wait no thread touches the remote region (Dekker-style handshake).
  *  - A failed remote I/O moves the slab MAPPED → EVICTING (no new remote I/O), flags it and
- *    clears its bits; the data is then served from disk.  The control loop unmaps it.
+ *    clears its bits; the data is then served from disk.  The control loop unmaps it.  This
+ *    includes an access the daemon's fence refused (-ESTALE: the daemon took the slab back
+ *    while this device was too slow to hear of it).
  *
  * Call guard: every public call but the size getters, close and free runs between dev_enter
  * and dev_leave, so close() can wait for the calls in progress.  A control call that needs
@@ -42,6 +44,7 @@ struct isw_slab {
     struct isw_remote *remote;
     int remote_id;
     uint64_t region_offset;
+    uint64_t gen;                   /* the generation of the daemon's lease (isw_fence.h) */
     _Atomic uint64_t rd_remote, wr_remote, rd_disk, wr_disk_sync;
 };
 
@@ -319,7 +322,7 @@ static int write_piece(struct isw_device *d, uint32_t si, uint64_t soff,
     atomic_fetch_add(&s->in_flight, 1);
     struct isw_remote *r = slab_remote(s);
     if (r != NULL) {
-        rc = r->ops->write(r, s->region_offset + soff, buf, len);
+        rc = r->ops->write(r, s->region_offset + soff, s->gen, buf, len);
         if (rc == 0) {
             bits_set(d, si, soff >> ISW_PAGE_SHIFT, len >> ISW_PAGE_SHIFT);
             atomic_fetch_add(&s->wr_remote, len);
@@ -368,7 +371,7 @@ static int read_piece(struct isw_device *d, uint32_t si, uint64_t soff, unsigned
             run++;
         uint64_t o = p << ISW_PAGE_SHIFT, n = run << ISW_PAGE_SHIFT;
         if (bit) {
-            rc = r->ops->read(r, base + soff + o, buf + o, n);
+            rc = r->ops->read(r, base + soff + o, s->gen, buf + o, n);
             if (rc < 0) {
                 slab_fail(d, si);
                 atomic_fetch_sub(&s->in_flight, 1);
@@ -514,6 +517,7 @@ static int evict_locked(struct isw_device *d, uint32_t si)
     s->remote = NULL;
     s->remote_id = -1;
     s->region_offset = 0;
+    s->gen = 0;
     atomic_store(&s->failed, 0);
     atomic_store(&s->state, ISW_SLAB_UNMAPPED);
     return 1;
@@ -613,7 +617,7 @@ int isw_device_abort_map(struct isw_device *d, uint32_t slab)
 }
 
 int isw_device_map_slab(struct isw_device *d, uint32_t slab, int remote_id,
-                        uint64_t region_offset)
+                        uint64_t region_offset, uint64_t generation)
 {
     struct isw_remote *r;
     int rc;
@@ -639,6 +643,12 @@ int isw_device_map_slab(struct isw_device *d, uint32_t slab, int remote_id,
                       PRIu64 " bytes", region_offset, d->slab_size, remote_id, r->size);
         goto out;
     }
+    if (r->slab_size != 0 && (region_offset % r->slab_size != 0 || d->slab_size > r->slab_size)) {
+        rc = isw_fail(EINVAL, "region [%" PRIu64 ", +%" PRIu64 ") is not inside one %" PRIu64
+                      "-byte slab of remote %d", region_offset, d->slab_size, r->slab_size,
+                      remote_id);
+        goto out;
+    }
     if (st != ISW_SLAB_UNMAPPED && st != ISW_SLAB_MAPPING) {
         rc = isw_fail(EBUSY, "slab %u is %s; evict it first", slab, state_name(st));
         goto out;
@@ -647,6 +657,7 @@ int isw_device_map_slab(struct isw_device *d, uint32_t slab, int remote_id,
     s->remote = r;
     s->remote_id = remote_id;
     s->region_offset = region_offset;
+    s->gen = generation;
     r->nslabs++;
     atomic_store(&s->failed, 0);
     atomic_store(&s->state, ISW_SLAB_MAPPED);       /* publishes remote/region (seq_cst) */
@@ -725,6 +736,7 @@ int isw_device_slab_info(struct isw_device *d, uint32_t slab, struct isw_slab_in
     out->state = atomic_load(&s->state);
     out->remote_id = s->remote_id;
     out->region_offset = s->region_offset;
+    out->generation = s->gen;
     out->bits_set = bits_count(d, slab);
     out->in_flight = atomic_load(&s->in_flight);
     out->failed = atomic_load(&s->failed);

@@ -29,6 +29,7 @@ struct isw_slab_info {
     int state;
     int remote_id;              /* -1 when unmapped */
     uint64_t region_offset;
+    uint64_t generation;        /* of the daemon's lease (0 when unmapped) */
     uint64_t bits_set;          /* pages valid in remote memory */
     int64_t in_flight;
     int failed;                 /* a remote I/O of this slab failed since it was mapped */
@@ -80,8 +81,10 @@ int isw_device_remote_error(struct isw_device *d, int remote_id, char *out, size
 /* Mapping control (thesis §2.4.2, §2.4.4). */
 int isw_device_begin_map(struct isw_device *d, uint32_t slab);
 int isw_device_abort_map(struct isw_device *d, uint32_t slab);
+/* `generation`: of the daemon's lease of the region (isw_store_slab_generation); every
+ * remote access passes it, and one the daemon's fence refuses fails the slab over to disk. */
 int isw_device_map_slab(struct isw_device *d, uint32_t slab, int remote_id,
-                        uint64_t region_offset);
+                        uint64_t region_offset, uint64_t generation);
 /* EVICTING → drain in-flight remote I/O → bits cleared → UNMAPPED.  1 if it was mapped. */
 int isw_device_begin_evict(struct isw_device *d, uint32_t slab);
 /* begin_evict for every slab on the remote; returns how many. */

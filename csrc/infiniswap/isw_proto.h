@@ -2,17 +2,19 @@
  * isw_proto.h — wire format of the daemon's TCP data server (the "one-sided" READ/WRITE
  * of remote slab memory when the device is on another host).
  *
- * Request (28 bytes, little endian):
+ * Request (36 bytes, little endian):
  *   u32 magic (ISW_PROTO_MAGIC) | u16 version | u16 op (READ=1, WRITE=2)
- *   u64 region_offset | u32 length | u64 request_id
+ *   u64 region_offset | u32 length | u64 request_id | u64 generation
  *   followed by `length` payload bytes for WRITE.
  * Reply (16 bytes, little endian):
  *   u32 magic (ISW_PROTO_REPLY_MAGIC) | i32 status (0 or -errno) | u64 request_id
  *   followed by `length` payload bytes for a successful READ.
  *
- * A request must lie inside one allocated slab of the store.  A bad magic, version, op or
- * length gets an error reply and the connection is closed (the stream cannot be trusted);
- * a region error gets an error reply and the connection keeps serving.
+ * A request must lie inside one allocated slab of the store and carry the generation of
+ * the device's lease of that slab (isw_fence.h); a slab taken back since answers -ESTALE.
+ * A bad magic, version, op or length gets an error reply and the connection is closed (the
+ * stream cannot be trusted); a region or generation error gets an error reply and the
+ * connection keeps serving.
  */
 #ifndef ISW_PROTO_H
 #define ISW_PROTO_H
@@ -22,10 +24,10 @@
 /* cffi:begin */
 #define ISW_PROTO_MAGIC 0x50575349u       /* "ISWP" */
 #define ISW_PROTO_REPLY_MAGIC 0x52575349u /* "ISWR" */
-#define ISW_PROTO_VERSION 1u
+#define ISW_PROTO_VERSION 2u        /* 2: requests carry the lease generation */
 #define ISW_OP_READ 1u
 #define ISW_OP_WRITE 2u
-#define ISW_PROTO_REQ_SIZE 28
+#define ISW_PROTO_REQ_SIZE 36
 #define ISW_PROTO_REP_SIZE 16
 #define ISW_PROTO_MAX_LEN (16u << 20)   /* largest length a server accepts */
 #define ISW_PROTO_CHUNK (1u << 20)      /* largest length a client sends in one request */
@@ -38,6 +40,7 @@ struct isw_req {
     uint64_t region_offset;
     uint32_t length;
     uint64_t req_id;
+    uint64_t gen;
 };
 
 struct isw_rep {
@@ -68,6 +71,7 @@ static inline void isw_req_encode(const struct isw_req *q, unsigned char out[ISW
     isw_put_le(out + 8, q->region_offset, 8);
     isw_put_le(out + 16, q->length, 4);
     isw_put_le(out + 20, q->req_id, 8);
+    isw_put_le(out + 28, q->gen, 8);
 }
 
 static inline void isw_req_decode(const unsigned char in[ISW_PROTO_REQ_SIZE], struct isw_req *q)
@@ -78,6 +82,7 @@ static inline void isw_req_decode(const unsigned char in[ISW_PROTO_REQ_SIZE], st
     q->region_offset = isw_get_le(in + 8, 8);
     q->length = (uint32_t)isw_get_le(in + 16, 4);
     q->req_id = isw_get_le(in + 20, 8);
+    q->gen = isw_get_le(in + 28, 8);
 }
 
 static inline void isw_rep_encode(const struct isw_rep *r, unsigned char out[ISW_PROTO_REP_SIZE])

@@ -11,12 +11,13 @@
 #include <string.h>
 
 void isw_remote_init(struct isw_remote *r, const struct isw_remote_ops *ops, uint64_t size,
-                     const char *desc)
+                     uint64_t slab_size, const char *desc)
 {
     r->ops = ops;
     r->id = -1;
     r->nslabs = 0;
     r->size = size;
+    r->slab_size = slab_size;
     atomic_init(&r->dead, 0);
     atomic_init(&r->errors, 0);
     pthread_mutex_init(&r->err_mu, NULL);

@@ -7,6 +7,11 @@
  * daemon's data server).  Backends are thread-safe; read/write return 0 or -errno and
  * record the message with isw_remote_error().  A transport failure marks the remote dead
  * (permanently: the device's control loop unmaps its slabs and removes it).
+ *
+ * Every access names the generation of the device's lease of that slab (isw_fence.h): the
+ * shared-memory backend checks it in the store's fence line around its memcpy, the TCP
+ * backend sends it and the data server checks it.  A slab the daemon took back answers
+ * -ESTALE, which fails that slab only; the remote stays alive.
  */
 #ifndef ISW_REMOTE_H
 #define ISW_REMOTE_H
@@ -21,8 +26,8 @@ struct isw_remote;
 
 struct isw_remote_ops {
     const char *kind;
-    int (*read)(struct isw_remote *r, uint64_t off, void *buf, size_t len);
-    int (*write)(struct isw_remote *r, uint64_t off, const void *buf, size_t len);
+    int (*read)(struct isw_remote *r, uint64_t off, uint64_t gen, void *buf, size_t len);
+    int (*write)(struct isw_remote *r, uint64_t off, uint64_t gen, const void *buf, size_t len);
     void (*destroy)(struct isw_remote *r);
 };
 
@@ -31,6 +36,7 @@ struct isw_remote {
     int id;                      /* device-assigned id */
     int nslabs;                  /* device slabs mapped to it (device control lock) */
     uint64_t size;               /* addressable bytes; UINT64_MAX when unknown (TCP) */
+    uint64_t slab_size;          /* the store's slab size; 0 when unknown (TCP) */
     atomic_int dead;
     _Atomic uint64_t errors;
     pthread_mutex_t err_mu;
@@ -39,7 +45,7 @@ struct isw_remote {
 };
 
 void isw_remote_init(struct isw_remote *r, const struct isw_remote_ops *ops, uint64_t size,
-                     const char *desc);
+                     uint64_t slab_size, const char *desc);
 void isw_remote_fini(struct isw_remote *r);
 /* Record an error of this remote (and, if mark_dead, mark it dead); returns -err. */
 int isw_remote_error(struct isw_remote *r, int mark_dead, int err, const char *fmt, ...)

@@ -4,6 +4,12 @@
  * munlock + hole punching, so freed memory really returns to the OS.  Devices on the same
  * host map the memfd through /proc/<pid>/fd/<fd>; remote devices go through the data
  * server (isw_dataserver.h).
+ *
+ * Fencing (isw_fence.h): every slab has a generation; a device accesses a slab only with
+ * the generation its lease was given, and a revoke (or a free) bumps it, so a device that
+ * was too slow to give a slab back can no longer read or write it once the revoke has
+ * drained.  Allocation runs without the store mutex (fallocate and mlock of a large slab
+ * take seconds), so other calls are never held up by it.
  */
 #ifndef ISW_STORE_H
 #define ISW_STORE_H
@@ -24,9 +30,24 @@ int isw_store_fd(struct isw_store *s);
 uint64_t isw_store_capacity(struct isw_store *s);
 uint64_t isw_store_slab_size(struct isw_store *s);
 /* Allocate one slab: its region offset in *region_offset.  lock != 0: mlock it (a failure
- * frees the slab again and is returned, e.g. -ENOMEM/-EPERM under RLIMIT_MEMLOCK). */
+ * frees the slab again and is returned, e.g. -ENOMEM/-EPERM under RLIMIT_MEMLOCK).  The
+ * slot is reserved under the store mutex; the memory is allocated without it.  The slab
+ * gets a new generation. */
 int isw_store_alloc_slab(struct isw_store *s, int lock, uint64_t *region_offset);
+/* Revoke the slab (below), wait briefly for accesses in progress, then release its memory.
+ * -EBUSY (the slab stays allocated and revoked) if an access did not finish meanwhile. */
 int isw_store_free_slab(struct isw_store *s, uint64_t region_offset);
+/* The generation a lease of this allocated slab gets (devices pass it on every access). */
+int isw_store_slab_generation(struct isw_store *s, uint64_t region_offset, uint64_t *gen);
+/* Take an allocated slab back: bump its generation, so no access with an older one
+ * starts any more.  Returns 1 when no access is in progress either (the slab may be lent
+ * again or freed), 0 while accesses that began before are still copying. */
+int isw_store_revoke_slab(struct isw_store *s, uint64_t region_offset);
+/* 1 when no access to the slab is in progress, 0 otherwise. */
+int isw_store_slab_drained(struct isw_store *s, uint64_t region_offset);
+/* Forget the slab's access count: only for counts left by processes that died inside an
+ * access (the daemon knows every process that could access the slab is gone). */
+int isw_store_reset_slab_users(struct isw_store *s, uint64_t region_offset);
 uint64_t isw_store_allocated_bytes(struct isw_store *s);
 uint64_t isw_store_locked_bytes(struct isw_store *s);
 /* Bytes of memory the memfd really holds (from st_blocks). */
@@ -34,11 +55,22 @@ int isw_store_resident_bytes(struct isw_store *s, uint64_t *out);
 /* Copy to/from a range that lies inside one allocated slab (diagnostics, tests). */
 int isw_store_read(struct isw_store *s, uint64_t off, void *buf, uint64_t len);
 int isw_store_write(struct isw_store *s, uint64_t off, const void *buf, uint64_t len);
+/* Test hook: n > 0: the next n allocations wait after reserving their slot and before
+ * allocating memory, with the store mutex released, so a test can use the store meanwhile;
+ * n == 0: let every waiting allocation go on.  (An allocation that reaches the hook while
+ * n == 0 is set and then n > 0 again may pass unheld: set holds before allocations start.) */
+int isw_store_debug_hold_allocations(struct isw_store *s, int n);
+/* How many allocations are waiting in that hook now. */
+int isw_store_debug_allocations_held(struct isw_store *s);
 /* cffi:end */
 
 /* For the data server. */
 int isw_store_check_region(struct isw_store *s, uint64_t off, uint64_t len);
-unsigned char *isw_store_base(struct isw_store *s);
+/* Copy between buf and [off, off + len) of a slab leased at generation `gen`, inside the
+ * slab's fence window (write != 0: into the slab).  0, or -ERANGE / -EFAULT (not
+ * allocated) / -ESTALE (taken back) with a message. */
+int isw_store_access(struct isw_store *s, uint64_t off, uint64_t len, uint64_t gen, void *buf,
+                     int write);
 void isw_store_acquire(struct isw_store *s);
 void isw_store_release(struct isw_store *s);
 

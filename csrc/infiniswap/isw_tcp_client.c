@@ -52,13 +52,14 @@ static void checkin(struct tcp_remote *t, int i)
 
 /* One request/reply on fd.  Returns 0, a server status (< 0, *transport = 0) or a
  * transport error (< 0, *transport = 1). */
-static int tcp_one(struct tcp_remote *t, int fd, uint16_t op, uint64_t off, void *buf,
-                   uint32_t len, int *transport)
+static int tcp_one(struct tcp_remote *t, int fd, uint16_t op, uint64_t off, uint64_t gen,
+                   void *buf, uint32_t len, int *transport)
 {
     unsigned char hb[ISW_PROTO_REQ_SIZE], rb[ISW_PROTO_REP_SIZE];
     struct isw_req q = {
         .magic = ISW_PROTO_MAGIC, .version = ISW_PROTO_VERSION, .op = op,
         .region_offset = off, .length = len, .req_id = atomic_fetch_add(&t->next_id, 1),
+        .gen = gen,
     };
     struct iovec iov[2] = { { hb, sizeof hb }, { buf, len } };
     struct isw_rep rep;
@@ -93,10 +94,13 @@ static const char *status_text(int rc, int transport)
         return "the region is not an allocated slab of the daemon";
     if (!transport && rc == -ERANGE)
         return "the region is outside the daemon's store";
+    if (!transport && rc == -ESTALE)
+        return "the daemon took the slab back (the lease's generation is no longer valid)";
     return isw_strerror(rc);
 }
 
-static int tcp_xfer(struct isw_remote *r, uint16_t op, uint64_t off, void *buf, size_t len)
+static int tcp_xfer(struct isw_remote *r, uint16_t op, uint64_t off, uint64_t gen, void *buf,
+                    size_t len)
 {
     struct tcp_remote *t = (struct tcp_remote *)r;
     unsigned char *p = buf;
@@ -115,7 +119,7 @@ static int tcp_xfer(struct isw_remote *r, uint16_t op, uint64_t off, void *buf, 
     }
     while (len > 0) {
         uint32_t n = len > ISW_PROTO_CHUNK ? ISW_PROTO_CHUNK : (uint32_t)len;
-        rc = tcp_one(t, fd, op, off, p, n, &transport);
+        rc = tcp_one(t, fd, op, off, gen, p, n, &transport);
         if (rc < 0)
             break;
         p += n;
@@ -135,15 +139,16 @@ static int tcp_xfer(struct isw_remote *r, uint16_t op, uint64_t off, void *buf, 
     return 0;
 }
 
-static int tcp_read(struct isw_remote *r, uint64_t off, void *buf, size_t len)
+static int tcp_read(struct isw_remote *r, uint64_t off, uint64_t gen, void *buf, size_t len)
 {
-    return tcp_xfer(r, ISW_OP_READ, off, buf, len);
+    return tcp_xfer(r, ISW_OP_READ, off, gen, buf, len);
 }
 
-static int tcp_write(struct isw_remote *r, uint64_t off, const void *buf, size_t len)
+static int tcp_write(struct isw_remote *r, uint64_t off, uint64_t gen, const void *buf,
+                     size_t len)
 {
     /* The buffer is only sent, never written: the cast is safe. */
-    return tcp_xfer(r, ISW_OP_WRITE, off, (void *)buf, len);
+    return tcp_xfer(r, ISW_OP_WRITE, off, gen, (void *)buf, len);
 }
 
 static void tcp_destroy(struct isw_remote *r)
@@ -206,7 +211,7 @@ int isw_remote_tcp_open(const char *host, int port, int connections, int timeout
     pthread_cond_init(&t->cv, NULL);
     atomic_init(&t->next_id, 1);
     snprintf(desc, sizeof desc, "tcp:%s:%d", host, port);
-    isw_remote_init(&t->base, &tcp_ops, UINT64_MAX, desc);
+    isw_remote_init(&t->base, &tcp_ops, UINT64_MAX, 0, desc);
     *out = &t->base;
     return 0;
 }

@@ -25,8 +25,18 @@
  *    failed_slabs, flush, the writer-delay hook, and calls that must fail cleanly.
  * Phase 2: every page checked by one thread, then again after every slab was evicted
  *   (disk only); no remote or disk error may have happened.
- * Phase 3: workers race isw_device_close(): every call succeeds or fails with EBADF.
- * Phase 4: the FUSE server's buffer pool, with more threads than buffers.
+ * Phase 3, the fence (isw_fence.h): every slab mapped (shared memory and TCP), workers run
+ *   while the "daemon" takes each slab back behind the device's back (isw_store_revoke_slab,
+ *   no eviction), waits until it drained and lends it to a new owner that fills it with its
+ *   own pattern.  Then one access per slab by the (stale) device must be refused and go to
+ *   disk; every page must read back right and every new owner's pattern be intact.
+ * Phase 4: workers race isw_device_close(): every call succeeds or fails with EBADF.
+ * Phase 5: the FUSE server's buffer pool, with more threads than buffers.
+ * Phase 6: a second slab store, allocated and freed by several threads at once (slots
+ *   reserved under the store mutex, memory allocated without it: no slot handed out twice,
+ *   the generation and fence checks of isw_store_access), an observer reading its counters,
+ *   and then, with one allocation held inside the test hook (store mutex released), another
+ *   thread's allocation and frees must complete.
  *
  * Usage: isw_stress [iterations per worker in phase 1, default 6000]
  * Exit status: 0 when every check passed, 1 on a data mismatch or an unexpected result
@@ -42,6 +52,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -67,6 +78,10 @@
 #define BUFPOOL_BUFS 2
 #define BUFPOOL_THREADS 6
 #define BUFPOOL_SIZE ((size_t)64 << 10)
+#define ALLOC_THREADS 4
+#define ALLOC_SLOTS 6                   /* fewer than threads x 2: allocations contend */
+#define ALLOC_ROUNDS 400
+#define WAIT_TRIES 20000                /* bounded waits: 20000 x 500 us = 10 s */
 
 /* ---------- sanitizer settings (used unless *SAN_OPTIONS say otherwise) ---------- */
 
@@ -79,16 +94,13 @@
 #endif
 
 #ifdef ISW_STRESS_TSAN
-/* intercept_send=0: ThreadSanitizer records the bytes a send() reads only after the
- * release it does for the socket, so a data-server thread sending a READ reply from store
- * memory looks as if it raced with the thread of another connection that receives a later
- * WRITE of that page into the store, although the client sent that WRITE only after the
- * reply arrived.  Buffers that recv() writes (the server's writes to the store) are still
- * checked.  exitcode=66: any report fails the run (ThreadSanitizer's default, made explicit). */
+/* exitcode=66: any report fails the run (ThreadSanitizer's default, made explicit).  send()
+ * is intercepted again (it was not while the data server sent READ replies straight from
+ * store memory; replies now leave from the connection's own buffer). */
 const char *__tsan_default_options(void);
 const char *__tsan_default_options(void)
 {
-    return "intercept_send=0:exitcode=66:second_deadlock_stack=1";
+    return "exitcode=66:second_deadlock_stack=1";
 }
 #endif
 
@@ -306,11 +318,13 @@ static void ctl_map(struct controller *c, uint32_t s, int remote_id)
         expect_rc("isw_device_abort_map", isw_device_abort_map(g_dev, s), 0);
         return;
     }
-    if (!expect_rc("isw_store_alloc_slab", isw_store_alloc_slab(g_store, 0, &off), 0)) {
+    uint64_t gen = 0;
+    if (!expect_rc("isw_store_alloc_slab", isw_store_alloc_slab(g_store, 0, &off), 0) ||
+        !expect_rc("isw_store_slab_generation", isw_store_slab_generation(g_store, off, &gen), 0)) {
         isw_device_abort_map(g_dev, s);
         return;
     }
-    if (!expect_rc("isw_device_map_slab", isw_device_map_slab(g_dev, s, remote_id, off), 0)) {
+    if (!expect_rc("isw_device_map_slab", isw_device_map_slab(g_dev, s, remote_id, off, gen), 0)) {
         isw_store_free_slab(g_store, off);
         isw_device_abort_map(g_dev, s);
         return;
@@ -469,7 +483,7 @@ static void check_bad_calls(void)
     expect_rc("read(unaligned)", isw_device_read(g_dev, 1, page, PAGE), -EINVAL);
     expect_rc("write(past the end)", isw_device_write(g_dev, NPAGES * PAGE, page, PAGE), -ERANGE);
     expect_rc("remote_dead(unknown)", isw_device_remote_dead(g_dev, 9999), -ENOENT);
-    expect_rc("map_slab(unknown remote)", isw_device_map_slab(g_dev, 0, 9999, 0), -ENOENT);
+    expect_rc("map_slab(unknown remote)", isw_device_map_slab(g_dev, 0, 9999, 0, 1), -ENOENT);
     expect_rc("slab_info(out of range)", isw_device_slab_info(g_dev, NSLABS, NULL), -ERANGE);
 }
 
@@ -555,6 +569,106 @@ static void phase_verify(struct controller *c)
         fail("the remote path was not exercised (no map or no remote I/O)");
 }
 
+/* ---------- phase 3: the fence ---------- */
+
+/* The pattern a slab's new owner writes: pages numbered past the device's. */
+static void fill_owner_page(unsigned char *p, uint32_t s, uint64_t i)
+{
+    fill_page(p, NPAGES + (uint64_t)s * PAGES_PER_SLAB + i, 0xF00D);
+}
+
+static void owner_fill(uint32_t s, uint64_t region)
+{
+    unsigned char page[ISW_PAGE_SIZE];
+
+    for (uint64_t i = 0; i < PAGES_PER_SLAB; i++) {
+        fill_owner_page(page, s, i);
+        expect_rc("isw_store_write (new owner)",
+                  isw_store_write(g_store, region + i * PAGE, page, PAGE), 0);
+    }
+}
+
+static void owner_check(uint32_t s, uint64_t region)
+{
+    unsigned char want[ISW_PAGE_SIZE], got[ISW_PAGE_SIZE];
+
+    for (uint64_t i = 0; i < PAGES_PER_SLAB; i++) {
+        fill_owner_page(want, s, i);
+        if (expect_rc("isw_store_read (new owner)",
+                      isw_store_read(g_store, region + i * PAGE, got, PAGE), 0) &&
+            memcmp(want, got, PAGE) != 0) {
+            fail("fence: page %" PRIu64 " of slab %u's new owner was overwritten by the "
+                 "device it was taken from", i, s);
+            return;
+        }
+    }
+}
+
+/* Take slab s back from the device without telling it, wait for its accesses to drain. */
+static void revoke_behind_its_back(struct controller *c, uint32_t s)
+{
+    uint64_t region = c->region[s];
+    int rc = isw_store_revoke_slab(g_store, region);
+
+    if (rc < 0) {
+        expect_rc("isw_store_revoke_slab", rc, 1);
+        return;
+    }
+    for (int t = 0; t < WAIT_TRIES && isw_store_slab_drained(g_store, region) != 1; t++)
+        pause_us(500);
+    if (!expect_rc("isw_store_slab_drained", isw_store_slab_drained(g_store, region), 1))
+        return;
+    owner_fill(s, region);
+}
+
+static void phase_fence(struct controller *c, struct worker *ws, long iterations)
+{
+    unsigned char page[ISW_PAGE_SIZE];
+    struct isw_slab_info in;
+    struct isw_device_stats st;
+
+    for (uint32_t s = 0; s < NSLABS; s++)
+        if (c->region[s] == NO_REGION)
+            ctl_map(c, s, s % 2 ? c->tcp_id : c->shm_id);
+    for (uint32_t s = 0; s < NSLABS; s++)       /* ctl_map may abort ("the daemon said no") */
+        while (c->region[s] == NO_REGION)
+            ctl_map(c, s, s % 2 ? c->tcp_id : c->shm_id);
+    start_workers(ws, iterations, 3);
+    for (uint32_t s = 0; s < NSLABS; s++) {
+        pause_us(CTL_PAUSE_US);
+        revoke_behind_its_back(c, s);
+    }
+    join_workers(ws);
+    /* The stale device touches every slab once more: refused, to disk. */
+    for (uint32_t s = 0; s < NSLABS; s++) {
+        uint64_t p = (uint64_t)s * PAGES_PER_SLAB + 5;
+        fill_page(page, p, g_version[p] + 1);
+        if (expect_rc("isw_device_write (stale mapping)",
+                      isw_device_write(g_dev, p * PAGE, page, PAGE), 0))
+            g_version[p]++;
+        /* Page bits may still be set by a remote write that finished before the revoke and
+         * set them after the refusal cleared them; EVICTING ignores them, eviction clears
+         * them (checked below). */
+        if (expect_rc("isw_device_slab_info", isw_device_slab_info(g_dev, s, &in), 0) &&
+            (in.state != ISW_SLAB_EVICTING || !in.failed))
+            fail("fence: slab %u is in state %d (failed %d) after an access with a revoked "
+                 "generation", s, in.state, in.failed);
+    }
+    check_all_pages("read after the fence");
+    for (uint32_t s = 0; s < NSLABS; s++)
+        owner_check(s, c->region[s]);
+    expect_rc("isw_device_stats", isw_device_stats(g_dev, &st), 0);
+    if (st.remote_errors < NSLABS || st.disk_errors != 0)
+        fail("fence: %" PRIu64 " refused accesses (expected >= %d), %" PRIu64 " disk errors",
+             st.remote_errors, NSLABS, st.disk_errors);
+    for (uint32_t s = 0; s < NSLABS; s++) {     /* the late EVICT; the owner gives it back */
+        ctl_evict(c, s);
+        check_slab_info(s);                     /* unmapped: no remote page left */
+    }
+    check_all_pages("read after the fence (every slab unmapped)");
+    printf("isw_stress: fence: %" PRIu64 " accesses refused\n", st.remote_errors);
+}
+
 static void phase_close_race(struct controller *c, struct worker *ws)
 {
     for (uint32_t s = 0; s < NSLABS; s += 2)
@@ -616,6 +730,142 @@ static void phase_bufpool(void)
     isw_bufpool_destroy(pool);
 }
 
+/* ---------- phase 6: a store allocated from several threads ---------- */
+
+static struct isw_store *g_astore;
+static atomic_int g_owner[ALLOC_SLOTS];     /* allocator id + 1 holding the slot, 0 if none */
+static atomic_int g_alloc_done;
+
+/* One allocation's checks: its own slot, its data, its generation and fence. */
+static void allocator_use(int id, uint64_t off)
+{
+    unsigned char mine[ISW_PAGE_SIZE], back[ISW_PAGE_SIZE];
+    int slot = (int)(off / SLAB_SIZE), expected = 0;
+    uint64_t gen = 0;
+
+    if (!atomic_compare_exchange_strong(&g_owner[slot], &expected, id + 1)) {
+        fail("store slot %d was handed to allocator %d while %d held it", slot, id, expected - 1);
+        return;
+    }
+    memset(mine, id + 1, PAGE);
+    expect_rc("isw_store_slab_generation", isw_store_slab_generation(g_astore, off, &gen), 0);
+    expect_rc("isw_store_access (write)", isw_store_access(g_astore, off, PAGE, gen, mine, 1), 0);
+    if (expect_rc("isw_store_access (read)", isw_store_access(g_astore, off, PAGE, gen, back, 0), 0)
+        && memcmp(mine, back, PAGE) != 0)
+        fail("allocator %d read another allocator's data in its slab", id);
+    expect_rc("isw_store_access (old generation)",
+              isw_store_access(g_astore, off, PAGE, gen - 1, back, 0), -ESTALE);
+    expect_rc("isw_store_revoke_slab", isw_store_revoke_slab(g_astore, off), 1);
+    expect_rc("isw_store_access (revoked)", isw_store_access(g_astore, off, PAGE, gen, back, 0),
+              -ESTALE);
+    atomic_store(&g_owner[slot], 0);
+}
+
+static void *allocator_main(void *arg)
+{
+    int id = (int)(intptr_t)arg;
+
+    for (int r = 0; r < ALLOC_ROUNDS; r++) {
+        uint64_t off;
+        int lock = id == 0 && r % 4 == 0;
+        int rc = isw_store_alloc_slab(g_astore, lock, &off);
+        if (rc == -ENOSPC || (lock && (rc == -ENOMEM || rc == -EPERM || rc == -EAGAIN))) {
+            pause_us(20);                   /* all taken, or RLIMIT_MEMLOCK: fine */
+            continue;
+        }
+        if (!expect_rc("isw_store_alloc_slab", rc, 0))
+            break;
+        allocator_use(id, off);
+        expect_rc("isw_store_free_slab", isw_store_free_slab(g_astore, off), 0);
+    }
+    return NULL;
+}
+
+static void *store_observer_main(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&g_alloc_done)) {
+        uint64_t resident;
+        if (isw_store_allocated_bytes(g_astore) > ALLOC_SLOTS * SLAB_SIZE ||
+            isw_store_locked_bytes(g_astore) > isw_store_allocated_bytes(g_astore) + SLAB_SIZE)
+            fail("store counters out of range while allocating");
+        expect_rc("isw_store_resident_bytes", isw_store_resident_bytes(g_astore, &resident), 0);
+        pause_us(100);
+    }
+    return NULL;
+}
+
+struct held_alloc {
+    uint64_t off;
+    int rc;
+    atomic_int done;
+};
+
+static void *held_alloc_main(void *arg)
+{
+    struct held_alloc *h = arg;
+    h->rc = isw_store_alloc_slab(g_astore, 0, &h->off);
+    atomic_store(&h->done, 1);
+    return NULL;
+}
+
+/* Wait (bounded) until *flag == want; 1 if it did. */
+static int wait_flag(atomic_int *flag, int want)
+{
+    for (int t = 0; t < WAIT_TRIES && atomic_load(flag) != want; t++)
+        pause_us(500);
+    return atomic_load(flag) == want;
+}
+
+/* One allocation held inside the test hook; the store must go on serving other calls. */
+static void store_hold_check(void)
+{
+    struct held_alloc held = { 0 }, other = { 0 };
+    pthread_t th_held, th_other;
+
+    expect_rc("isw_store_debug_hold_allocations", isw_store_debug_hold_allocations(g_astore, 1), 0);
+    fatal_if(-pthread_create(&th_held, NULL, held_alloc_main, &held), "pthread_create");
+    for (int t = 0; t < WAIT_TRIES && isw_store_debug_allocations_held(g_astore) != 1; t++)
+        pause_us(500);
+    if (!expect_rc("isw_store_debug_allocations_held", isw_store_debug_allocations_held(g_astore), 1))
+        exit(1);
+    fatal_if(-pthread_create(&th_other, NULL, held_alloc_main, &other), "pthread_create");
+    if (!wait_flag(&other.done, 1)) {
+        fail("an allocation waited for another allocation in progress (store mutex held?)");
+        exit(1);
+    }
+    pthread_join(th_other, NULL);
+    expect_rc("isw_store_alloc_slab (beside a held one)", other.rc, 0);
+    if (isw_store_allocated_bytes(g_astore) != SLAB_SIZE)
+        fail("the held allocation was published before it finished");
+    expect_rc("isw_store_free_slab (beside a held one)", isw_store_free_slab(g_astore, other.off), 0);
+    if (atomic_load(&held.done))
+        fail("the held allocation did not wait in the test hook");
+    expect_rc("isw_store_debug_hold_allocations", isw_store_debug_hold_allocations(g_astore, 0), 0);
+    pthread_join(th_held, NULL);
+    if (expect_rc("isw_store_alloc_slab (held)", held.rc, 0))
+        expect_rc("isw_store_free_slab (held)", isw_store_free_slab(g_astore, held.off), 0);
+}
+
+static void phase_store_allocations(void)
+{
+    pthread_t th[ALLOC_THREADS], obs;
+
+    fatal_if(isw_store_open(ALLOC_SLOTS * SLAB_SIZE, SLAB_SIZE, &g_astore), "isw_store_open");
+    for (int i = 0; i < ALLOC_THREADS; i++)
+        fatal_if(-pthread_create(&th[i], NULL, allocator_main, (void *)(intptr_t)i),
+                 "pthread_create");
+    fatal_if(-pthread_create(&obs, NULL, store_observer_main, NULL), "pthread_create");
+    for (int i = 0; i < ALLOC_THREADS; i++)
+        pthread_join(th[i], NULL);
+    atomic_store(&g_alloc_done, 1);
+    pthread_join(obs, NULL);
+    if (isw_store_allocated_bytes(g_astore) != 0 || isw_store_locked_bytes(g_astore) != 0)
+        fail("store: slabs left allocated after every allocator freed its own");
+    store_hold_check();
+    isw_store_free(g_astore);
+}
+
 int main(int argc, char **argv)
 {
     long iterations = argc > 1 ? strtol(argv[1], NULL, 10) : 6000;
@@ -650,15 +900,21 @@ int main(int argc, char **argv)
     phase_concurrent(&ctl, ws, iterations);
     printf("isw_stress: phase 2: verify every page\n");
     phase_verify(&ctl);
-    printf("isw_stress: phase 3: I/O racing close\n");
+    printf("isw_stress: phase 3: the fence\n");
+    phase_fence(&ctl, ws, iterations / 4 + 1);
+    printf("isw_stress: phase 4: I/O racing close\n");
     phase_close_race(&ctl, ws);
-    printf("isw_stress: phase 4: buffer pool\n");
+    printf("isw_stress: phase 5: buffer pool\n");
     phase_bufpool();
+    printf("isw_stress: phase 6: concurrent slab allocation\n");
+    phase_store_allocations();
 
     struct isw_server_stats ss;
     isw_server_get_stats(srv, &ss);
-    if (ss.requests == 0 || ss.errors != 0)
-        fail("data server: %" PRIu64 " requests, %" PRIu64 " errors", ss.requests, ss.errors);
+    /* Its only errors: the fence refusing the stale device (at least once per TCP slab). */
+    if (ss.requests == 0 || ss.errors < NSLABS / 2)
+        fail("data server: %" PRIu64 " requests, %" PRIu64 " errors (the fence refuses at "
+             "least %d)", ss.requests, ss.errors, NSLABS / 2);
     isw_server_free(srv);
     isw_store_free(g_store);
     for (int i = 0; i < IO_THREADS; i++)

@@ -34,13 +34,22 @@ def test_simulate_writes_the_contracted_json_and_jobs_csv(tmp_path):
     assert all(float(r["jct"]) >= float(r["queue_delay"]) >= 0 for r in rows)
 
 
+def table(stdout: str) -> tuple[list[str], dict[str, str]]:
+    """compare's text: the lines above the table (offered load, queues) and its rows by policy."""
+    lines = stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("policy"))
+    return lines[:head + 1], {line.split()[0]: line for line in lines[head + 1:]}
+
+
 def test_compare_prints_a_table_normalized_by_las():
     proc = run("compare", "--trace", str(DATA / "tiresias" / "60_job.csv"), "--cluster", "2x4",
                "--policies", "fifo,srtf,gittins,las")
     assert proc.returncode == 0, proc.stderr
-    lines = {line.split()[0]: line for line in proc.stdout.splitlines()[1:]}
-    assert set(lines) == {"fifo", "srtf", "gittins", "las"}
-    assert "1.00x" in lines["las"]
+    above, rows = table(proc.stdout)
+    assert set(rows) == {"fifo", "srtf", "gittins", "las"}
+    assert "1.00x" in rows["las"] and "avg/las" in above[-1]
+    # the regime next to the figures: 60 jobs asking 1.87x the 8 GPUs over 1779 s; the queues
+    assert above[0].startswith("offered load 1.87 of 8 GPUs") and "K=2, thresholds 3,200 GPU-s" in above[1]
 
 
 def test_bad_rows_reported_not_a_traceback(tmp_path):
@@ -126,3 +135,57 @@ def test_help_shows_defaults():
     assert proc.returncode == 0
     text = " ".join(proc.stdout.split())
     assert "(default: 127.0.0.1:8470)" in text and "(default: INFO)" in text
+
+
+def test_compare_without_las_names_the_policy_it_normalizes_by(tmp_path):
+    out = tmp_path / "cmp.json"
+    proc = run("compare", "--trace", str(DATA / "tiresias" / "60_job.csv"), "--cluster", "2x4",
+               "--policies", "fifo,srtf", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    above, rows = table(proc.stdout)
+    assert "avg/srtf" in above[-1] and "las" not in above[-1] and "1.00x" in rows["srtf"]
+    data = {r["policy"]: r for r in json.loads(out.read_text())}
+    assert {r["normalized_by"] for r in data.values()} == {"srtf"}
+    assert data["srtf"]["avg_jct_vs_srtf"] == 1.0 and data["fifo"]["avg_jct_vs_srtf"] > 1.0
+    assert "avg_jct_vs_las" not in data["fifo"]
+    assert data["fifo"]["offered_load"]["gpus"] == 8 and data["fifo"]["offered_load"]["overall"] > 1.8
+
+
+def test_empty_policy_list_is_one_line_exit_2():
+    proc = run("compare", "--trace", str(DATA / "tiresias" / "60_job.csv"), "--cluster", "2x4", "--policies", " ,")
+    assert proc.returncode == 2 and "no policy given" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_a_trace_without_a_valid_job_is_exit_1_with_the_reasons(tmp_path):
+    trace = tmp_path / "bad.csv"
+    trace.write_text("job_id,submit_time,num_gpus,duration\n1,0,1,-3\n")
+    proc = run("compare", "--trace", str(trace), "--cluster", "2x4")
+    assert proc.returncode == 1 and "no valid job" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_continuous_las_with_overheads_ends_and_queues_auto_is_reported(tmp_path):
+    # the three-job example of Fig. 3.7 on 2 GPUs: priorities every second, overheads charged;
+    # without the progress guarantee this run never ended
+    trace = tmp_path / "three.csv"
+    trace.write_text("job_id,submit_time,num_gpus,duration\n1,0,2,2\n2,0,1,8\n3,0,2,6\n")
+    proc = run("simulate", "--trace", str(trace), "--cluster", "1x2", "--policy", "las", "--continuous",
+               "--interval", "1", "--json", "-")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["jobs"] == 3
+    proc = run("simulate", "--trace", str(trace), "--cluster", "1x2", "--policy", "las", "--continuous",
+               "--interval", "1", "--min-run-factor", "0", "--stall-limit", "600")
+    assert proc.returncode == 1 and "no job made progress" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run("simulate", "--trace", str(DATA / "tiresias" / "60_job.csv"), "--cluster", "2x4", "--policy",
+               "las", "--queues", "auto", "--json", "-")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["queues"]["auto"] and summary["queues"]["queues"] == len(summary["queues"]["thresholds"]) + 1
+    assert summary["offered_load"]["overall"] == pytest.approx(1.8707, abs=1e-4)
+
+
+def test_simulate_help_states_the_progress_guarantee():
+    proc = run("simulate", "--help")
+    text = " ".join(proc.stdout.split())
+    assert proc.returncode == 0 and "s + max(MIN_RUN, FACTOR x r)" in text and "(default: 2.0)" in text
+    assert "--stall-limit" in text and "'auto'" in text

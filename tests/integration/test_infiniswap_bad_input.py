@@ -217,6 +217,7 @@ def test_daemon_map_unmap_and_ping_list(daemon, dealer):
     sock.send(p.encode(p.MAP, id=2, device_id="dev-a", slab=3))
     again = reply(sock)
     assert again["region"] == first["region"] and again.id == 2
+    assert again["generation"] == first["generation"]          # the same lease
     sock.send(p.encode(p.PING, id=3))
     assert reply(sock)["slabs"] == [3]
     assert daemon.stats()["devices"] == {"dev-a": [3]}
@@ -226,6 +227,10 @@ def test_daemon_map_unmap_and_ping_list(daemon, dealer):
     sock.send(p.encode(p.PING, id=5))
     assert reply(sock)["slabs"] == []
     assert daemon.stats()["slabs_mapped"] == 0
+    sock.send(p.encode(p.MAP, id=6, device_id="dev-a", slab=3))   # a new lease never repeats
+    renewed = reply(sock)                                         # (region, generation)
+    assert renewed.op == p.MR_INFO
+    assert (renewed["region"], renewed["generation"]) != (first["region"], first["generation"])
 
 
 def test_daemon_refuses_map_at_headroom(dealer):

@@ -27,7 +27,8 @@ store = SlabStore(16 << 20, 1 << 20, lock=False)
 srv = DataServer(store, "127.0.0.1", 0)
 regions = [store.alloc_slab() for _ in range(4)]
 print(json.dumps({"path": store.path(), "capacity": store.capacity, "port": srv.port(),
-                  "regions": regions}), flush=True)
+                  "regions": regions, "gens": [store.generation(r) for r in regions]}),
+      flush=True)
 for line in sys.stdin:
     cmd = line.split()
     if cmd[0] == "free":
@@ -107,10 +108,10 @@ def test_daemon_killed_reads_still_return_last_writes(daemon, device):
     info = daemon.info
     shm = device.add_remote_shm(info["path"], info["capacity"])
     tcp = device.add_remote_tcp("127.0.0.1", info["port"], connections=2, timeout=2.0)
-    r = info["regions"]
-    device.map_slab(1, shm, r[0])
-    device.map_slab(2, tcp, r[1])
-    device.map_slab(3, tcp, r[2])
+    r, g = info["regions"], info["gens"]
+    device.map_slab(1, shm, r[0], g[0])
+    device.map_slab(2, tcp, r[1], g[1])
+    device.map_slab(3, tcp, r[2], g[2])
     data = pages(PPS, 3 * PPS, 1)
     device.write(SLAB, data)                        # slabs 1, 2, 3 (shm, tcp, tcp)
     assert device.read(SLAB, len(data)) == data
@@ -136,7 +137,7 @@ def test_daemon_killed_reads_still_return_last_writes(daemon, device):
 def test_hung_daemon_times_out_instead_of_hanging(daemon, device):
     info = daemon.info
     tcp = device.add_remote_tcp("127.0.0.1", info["port"], connections=1, timeout=0.5)
-    device.map_slab(0, tcp, info["regions"][0])
+    device.map_slab(0, tcp, info["regions"][0], info["gens"][0])
     device.write(0, pages(0, 4, 1))
     daemon.kill(signal.SIGSTOP)
     try:
@@ -154,9 +155,9 @@ def test_hung_daemon_times_out_instead_of_hanging(daemon, device):
 def test_eviction_then_daemon_releases_memory(daemon, device):
     info = daemon.info
     shm = device.add_remote_shm(info["path"], info["capacity"])
-    r = info["regions"]
-    device.map_slab(0, shm, r[0])
-    device.map_slab(1, shm, r[1])
+    r, g = info["regions"], info["gens"]
+    device.map_slab(0, shm, r[0], g[0])
+    device.map_slab(1, shm, r[1], g[1])
     data = pages(0, 2 * PPS, 3)
     device.write(0, data)
     assert device.slab_info(0).bits_set == PPS

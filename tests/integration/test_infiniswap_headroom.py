@@ -4,7 +4,9 @@ again; devices keep reading every page back.  In-process daemon with an injected
 reader (the emulated local application), real devices on loopback."""
 from __future__ import annotations
 
+import mmap
 import os
+import struct
 import threading
 import time
 
@@ -89,46 +91,94 @@ def test_growing_local_usage_evicts_least_active_slabs_until_headroom(pressured_
         idle.close()
 
 
-def test_device_that_never_answers_evict_is_taken_as_gone(pressured_daemon):
-    """A device that took slabs and then stays silent loses them after ``timeout``: they are
-    no longer lent to it, but held (quarantined) until its late DONE or its disconnection,
-    since a device that is only slow may still be using them."""
+def _fence_view(shm_path: str) -> tuple[mmap.mmap, int]:
+    """The daemon's slab memory mapped here, as a device on its host maps it, and where its
+    fence lines begin (docs/infiniswap.md, "Fencing")."""
+    with open(shm_path, "r+b") as fh:
+        mem = mmap.mmap(fh.fileno(), 0)
+    capacity = struct.unpack_from("<Q", mem, len(mem) - 64 + 16)[0]
+    return mem, capacity
+
+
+def _line(capacity: int, region: int) -> int:
+    return capacity + (region // MiB) * 64          # u64 generation, i64 accesses in progress
+
+
+def _silent_device(daemon: Daemon, identity: bytes, slabs: int) -> tuple[zmq.Socket, list]:
+    sock = context().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IDENTITY, identity)
+    sock.connect(daemon.address)
+    leases = []
+    for slab in range(slabs):
+        sock.send(p.encode(p.MAP, id=slab, device_id=identity.decode(), slab=slab, slab_size=MiB))
+        assert sock.poll(5000)
+        info = p.decode(sock.recv())
+        assert info.op == p.MR_INFO
+        leases.append(info)
+    return sock, leases
+
+
+def test_device_that_never_answers_evict_is_fenced_and_its_memory_released(pressured_daemon):
+    """A device that took slabs and then stays silent loses them after ``timeout``.  It may only
+    be slow, so the daemon takes them back through the fence: their generations change, so the
+    device's accesses would be refused; a slab it is copying right now (its fence count raised,
+    as a device's memcpy does) is held -- neither lent nor freed -- until that copy ends, or
+    until the device disconnects; the others are released at once."""
     daemon, used = pressured_daemon
     daemon.timeout = 0.3
     wait_until(lambda: daemon.stats()["slabs_free"] > 0, 5, "preallocation")
-    sock = context().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.IDENTITY, b"silent")
-    sock.connect(daemon.address)
+    sock, leases = _silent_device(daemon, b"silent", 3)
+    mem, capacity = _fence_view(leases[0]["shm_path"])
+    lines = [_line(capacity, info["region"]) for info in leases]
     try:
-        for slab in range(3):
-            sock.send(p.encode(p.MAP, id=slab, device_id="silent", slab=slab, slab_size=MiB))
-            assert sock.poll(5000)
-            assert p.decode(sock.recv()).op == p.MR_INFO
         assert daemon.stats()["devices"] == {"silent": [0, 1, 2]}
+        for info, line in zip(leases, lines):
+            assert struct.unpack_from("<Qq", mem, line) == (info["generation"], 0)
+        struct.pack_into("<q", mem, lines[0] + 8, 1)        # slab 0: inside a memcpy
         used[0] = 30 * MiB
         wait_until(lambda: daemon.stats()["slabs_mapped"] == 0, 10, "the silent device's slabs")
+        wait_until(lambda: daemon.stats()["allocated_bytes"] == MiB, 10,
+                   "the memory of the slabs nobody copies to be released")
         st = daemon.stats()
         assert st["devices_lost"] == 1 and st["evictions"] == 0
-        assert st["slabs_quarantined"] == 3 and st["allocated_bytes"] >= 3 * MiB
+        assert st["slabs_quarantined"] == 1                 # the one being copied
+        for info, line in zip(leases, lines):               # every lease is fenced
+            assert struct.unpack_from("<Q", mem, line)[0] != info["generation"]
         asked = {}
         while sock.poll(0):
             msg = p.decode(sock.recv())
             asked[msg.op] = msg
         assert p.CHECK_ACTIVITY in asked and p.EVICT in asked   # it was asked, never answered
-        sock.send(p.encode(p.DONE, id=asked[p.EVICT].id, slabs=[0, 1]))     # late, for two
-        wait_until(lambda: daemon.stats()["slabs_quarantined"] == 1, 5, "the late DONE")
-        sock.close(0)                                                     # and it goes away
+        struct.pack_into("<q", mem, lines[0] + 8, 0)        # the copy ends
+        wait_until(lambda: daemon.stats()["slabs_quarantined"] == 0 and
+                   daemon.stats()["allocated_bytes"] == 0, 5, "the copy in progress to end")
+        # Late, harmless; it says the device let go, so it can no longer be copying either.
+        sock.send(p.encode(p.DONE, id=asked[p.EVICT].id, slabs=[0, 1, 2]))
+        used[0] = 0
+        wait_until(lambda: daemon.stats()["slabs_free"] > 0, 5, "preallocation again")
+
+        # A count that never drains (its device died inside a copy) is forgotten once no
+        # device that may still access the slab is connected, and not before.
+        other, [lease] = _silent_device(daemon, b"crashed", 1)
+        line = _line(capacity, lease["region"])
+        struct.pack_into("<q", mem, line + 8, 1)
+        used[0] = 30 * MiB
+        wait_until(lambda: daemon.stats()["slabs_quarantined"] == 1, 10, "the eviction timeout")
+        other.close(0)                                      # and it goes away
         wait_until(lambda: daemon.stats()["slabs_quarantined"] == 0, 10, "the disconnection")
+        assert struct.unpack_from("<q", mem, line + 8)[0] == 0
     finally:
         sock.close(0)
+        mem.close()
 
 
-def test_slow_device_keeps_reading_its_data_while_its_slabs_are_quarantined(pressured_daemon,
+def test_slow_device_keeps_reading_its_data_while_its_slabs_are_fenced(pressured_daemon,
                                                                              tmp_path):
     """The device's control thread stalls past the daemon's EVICT timeout while its I/O goes
-    on: the daemon must not hand the memory back to the OS (or to anyone) until the device
-    confirms, so every read stays right; the late DONE then frees the slabs."""
+    on: the daemon takes the slabs back through the fence, so the device's accesses are
+    refused from then on and every read stays right (from the backup file); once the device
+    resumes it gives the slabs up."""
     daemon, used = pressured_daemon
     daemon.timeout = 0.3
     dev = Device(4 * MiB, backup=tmp_path / "b", daemons=[daemon.address], slab_size=MiB,

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from infiniswap import Device
 from infiniswap.core import SlabState
 from infiniswap.local import LocalDaemons
-from infiniswap_testlib import wait_until
+from infiniswap_testlib import PageChurn, wait_until
 
 MiB = 1 << 20
 PAGE = 4096
@@ -221,3 +221,62 @@ def test_read_after_write_when_the_daemon_dies_before_the_disk_write(tmp_path, t
         finally:
             dev.core.set_debug_writer_delay(0)
             dev.close()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_daemon_restarted_after_a_crash_is_used_again(tmp_path, transport):
+    """A daemon is SIGKILLed while the device writes and reads.  Until it is back every page
+    comes from the backup file, and is right.  It is restarted at the same address with fresh
+    memory: the device's control loop notices that it answers again, forgets the old
+    incarnation, maps its hot slabs there again, and reads from it -- and every page read
+    before, during and after is right."""
+    with LocalDaemons(1, slab_size=SLAB, capacity=CAPACITY, headroom=0, period=0.05) as one:
+        daemon = one[0]
+        dev = Device(4 * SLAB, backup=tmp_path / "backup", daemons=one.addresses,
+                     slab_size=SLAB, period=0.05, timeout=0.5, transport=transport)
+        churn = PageChurn(dev, 4 * PPS)
+        try:
+            assert dev.map_now() == 4
+            churn.start()
+
+            def remote_reads() -> int:
+                return dev.stats()["io"]["bytes_read_remote"]
+
+            wait_until(lambda: remote_reads() > 0, 10, "remote reads before the crash")
+            first = dev.stats()["daemons"][daemon.address]["instance"]
+            daemon.kill(signal.SIGKILL)
+            wait_until(lambda: dev.stats()["daemon_failures"] == 1 and not dev.stats()["mapped"],
+                       10, "the device to take the dead daemon's slabs back to its backup file")
+            st = dev.stats()
+            assert not st["daemons"][daemon.address]["reachable"]
+            outage_remote, outage_disk, outage_reads = (st["io"]["bytes_read_remote"],
+                                                        st["io"]["bytes_read_disk"], churn.reads)
+            wait_until(lambda: churn.reads > outage_reads + 200 or churn.errors, 20,
+                       "reads while the daemon is down")
+            st = dev.stats()
+            assert st["io"]["bytes_read_disk"] > outage_disk and not st["mapped"]
+            assert st["io"]["bytes_read_remote"] == outage_remote     # all from the backup file
+
+            daemon.restart()
+            wait_until(lambda: dev.stats()["mapped"].get(daemon.address), 15,
+                       "the device to map its hot slabs on the restarted daemon")
+            st = dev.stats()
+            again = st["daemons"][daemon.address]
+            assert again["reachable"] and again["instance"] not in (None, first)
+            assert again["transport"] == transport and st["daemon_failures"] == 1
+            back = remote_reads()
+            wait_until(lambda: remote_reads() > back or churn.errors, 10,
+                       "remote reads from the restarted daemon")
+            done = churn.reads
+            wait_until(lambda: churn.reads > done + 200 or churn.errors, 20, "reads after")
+        finally:
+            churn.stop()
+        assert not churn.errors, churn.errors
+        try:
+            assert dev.read(0, dev.size) == churn.model
+            dev.flush()
+        finally:
+            dev.close()
+        with open(tmp_path / "backup", "rb") as fh:
+            assert fh.read() == churn.model

@@ -141,6 +141,9 @@ def test_reports_follow_the_daemon_and_metrics_serve_them(daemon, subscriber, tm
         evicted = report_where(subscriber, lambda r: r["evictions_total"] > 0, "an eviction")
         assert evicted["slabs_free"] == 0 and evicted["slabs_lent"] < 4
         assert evicted["lendable_bytes"] == 0
+        # The exporter gets the same figures right after the publisher, on the control thread:
+        # once that thread answered a STATUS sent now, it has served them too.
+        ask(daemon.address, p.STATUS)
         samples = scrape(daemon.metrics_url)
         assert samples[f'infiniswap_evictions_total{{host="{HOST}"}}'] >= 1.0
 

@@ -17,13 +17,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from autops.admin import AdminClient
 from autops.agent import Agent
 from autops.local import LocalPool
+from autops_testlib import TENSORS, W, check_same, grad
 
-TENSORS = [("big", (120_000,), "float32"),     # 2 partitions at 256 KiB
-           ("mid", (20_000,), "float32"),
-           ("s1", (100,), "float32"),           # small keys, batched per aggregator
-           ("s2", (37,), "float32")]
 ITERS = 24
-W = 2
 _jobs = itertools.count()
 
 
@@ -40,11 +36,6 @@ def pool3():
 def admin_migrate(master: str, job: str, keys=None, to=None) -> None:
     with AdminClient(master, 5) as admin:
         admin.migrate(job, keys=keys, to=to)
-
-
-def grad(rank: int, it: int, name: str, shape) -> np.ndarray:
-    rng = np.random.default_rng([rank, it, sum(map(ord, name))])
-    return rng.integers(-8, 8, size=shape).astype(np.float32)
 
 
 def train(master: str, mode: str, schedule: dict[int, list], transport: str = "auto") -> dict:
@@ -108,14 +99,6 @@ schedules = st.dictionaries(
     values=st.lists(st.tuples(st.lists(st.integers(0, 20), max_size=4), st.sampled_from(["agg-0", "agg-1", "agg-2"])),
                     min_size=1, max_size=3),
     min_size=1, max_size=5)
-
-
-def check_same(got: dict, ref: dict) -> None:
-    for rank in range(W):
-        for name, (last, acc) in ref["results"][rank].items():
-            g_last, g_acc = got["results"][rank][name]
-            np.testing.assert_array_equal(g_last, last, err_msg=f"rank {rank} tensor {name}: final value")
-            np.testing.assert_array_equal(g_acc, acc, err_msg=f"rank {rank} tensor {name}: values pulled")
 
 
 @pytest.mark.parametrize("mode", ["sum", "server"])

@@ -181,3 +181,21 @@ def test_declared_memory_is_enforced_by_a_cgroup_of_that_size(master, tmp_path):
     assert "tiresias" in path and int(limit) == 64 << 20
     leftover = [p for p in ("/sys/fs/cgroup/memory" + path, "/sys/fs/cgroup" + path) if os.path.isdir(p)]
     assert leftover == []                          # removed when the run ended
+
+
+def test_a_run_whose_supervisor_is_killed_is_stopped_before_it_runs_again(master, tmp_path):
+    m = master("--nodes", "1x1", "--interval", "0.5")
+    j = m.submit(1, *counter(25, 0.1), name="orphaned")
+    m.wait_status(j, "running")
+    wait_for(lambda: len(steps(m.state, j)) >= 5, 30, "the job to count a few steps")
+    run1 = m.state / "jobs" / str(j) / "run1"
+    groups = json.loads((run1 / "groups.json").read_text())["groups"]
+    os.kill(int((run1 / "supervisor.pid").read_text()), signal.SIGKILL)
+    done = m.wait_status(j, ("finished", "failed"))
+    assert done["status"] == "finished" and done["run"] >= 2, done
+    kinds = [e["kind"] for e in m.client.get(f"/api/v1/events?job={j}")]
+    assert "lost" in kinds
+    assert not (m.state / "checkpoints" / str(j) / "checkpoint" / "DOUBLE").exists()   # never ran twice at once
+    for pgid in groups:                          # the lost run's processes were stopped
+        with pytest.raises(ProcessLookupError):
+            os.killpg(pgid, 0)

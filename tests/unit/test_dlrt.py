@@ -1,15 +1,22 @@
-"""The shared core: message envelope and versions, addresses, waker, child processes."""
+"""The shared core: message envelope and versions, addresses, waker, child processes, and
+the CLI convention (errors as one line and an exit status, argument types)."""
+import argparse
+import re
 import select
 import signal
+import sqlite3
 import subprocess
 import sys
 
 import msgpack
 import pytest
+import zmq
 
+from dlrt import cli
 from dlrt.endpoints import endpoint, host_port, is_loopback
 from dlrt.messages import Protocol, ProtocolError, VersionMismatch
 from dlrt.procs import kill_tree, stop_processes
+from dlrt.trace import NoValidJob, TraceError
 from dlrt.waker import Waker
 
 V1 = Protocol("demo", 1, error_op="error")
@@ -178,3 +185,69 @@ def test_control_thread_stops_a_loop_blocked_in_poll():
     assert not ctl.alive and not ctl.started and rounds
     ctl.stop()                                            # idempotent
     ctl.close()
+
+
+def failing(exc: BaseException):
+    def run(_args):
+        raise exc
+    return run
+
+
+@pytest.mark.parametrize("exc, status", [
+    (NoValidJob("no valid job in t.csv: no rows after the header"), 1),
+    (zmq.ZMQError(zmq.EADDRINUSE), 1),
+    (sqlite3.OperationalError("unable to open database file"), 1),
+    (TimeoutError("no answer within 1s"), 1),
+    (ProtocolError("not msgpack"), 1),
+    (RuntimeError("refused"), 1),
+    (TraceError("t.csv:1: unrecognised trace header"), 2),
+    (cli.UsageError("give --daemons"), 2),
+    (ValueError("bad\nvalue\n"), 2),
+])
+def test_run_main_turns_expected_errors_into_one_line(capsys, exc, status):
+    assert cli.run_main("demo cmd", failing(exc), argparse.Namespace()) == status
+    err = capsys.readouterr().err
+    assert err.startswith("demo cmd: error: ") and err.count("\n") == 1 and err.endswith("\n")
+    assert " ".join(str(exc).split()) in err or str(exc) == ""
+
+
+def test_run_main_keeps_the_traceback_of_a_bug():
+    with pytest.raises(KeyError):
+        cli.run_main("demo", failing(KeyError("bug")), argparse.Namespace())
+
+
+def test_run_main_ctrl_c_is_130():
+    assert cli.run_main("demo", failing(KeyboardInterrupt()), argparse.Namespace()) == 130
+
+
+def test_usage_errors_are_one_line_and_exit_2(capsys):
+    p = cli.parser("demo", "a demo")
+    sub = cli.add_commands(p)
+    c = cli.add_command(sub, "run", "run it")
+    c.add_argument("--timeout", type=cli.positive(float), default=1.0)
+    for argv, text in ((["run", "--timeout", "abc"], "expected a number, got 'abc'"),
+                       (["run", "--timeout", "0"], "expected a number above 0, got '0'"),
+                       (["run", "--log-level", "foo"], "invalid choice: 'FOO'"),
+                       (["nope"], "invalid choice: 'nope'")):
+        with pytest.raises(SystemExit) as done:
+            p.parse_args(argv)
+        err = capsys.readouterr().err
+        assert done.value.code == 2 and err.count("\n") == 1 and ": error: " in err and text in err, err
+
+
+@pytest.mark.parametrize("kind, text, ok", [
+    (cli.positive(float), "0.5", 0.5), (cli.positive(int), "3", 3), (cli.non_negative(int), "0", 0),
+    (cli.non_negative(float), "2.5", 2.5), (cli.port, "0", 0), (cli.port, "65535", 65535),
+])
+def test_number_types_accept(kind, text, ok):
+    assert kind(text) == ok
+
+
+@pytest.mark.parametrize("kind, text", [
+    (cli.positive(float), "0"), (cli.positive(float), "-1"), (cli.positive(float), "nan"),
+    (cli.positive(float), "inf"), (cli.positive(int), "1.5"), (cli.non_negative(int), "-1"),
+    (cli.non_negative(float), "x"), (cli.port, "65536"), (cli.port, "-1"), (cli.port, "http"),
+])
+def test_number_types_refuse(kind, text):
+    with pytest.raises(argparse.ArgumentTypeError, match=re.escape(repr(text))):
+        kind(text)

@@ -57,3 +57,14 @@ def test_cli_usage_errors_exit_2(capsys):
         cli.main(["daemon", "--period", "0"])
     assert exc.value.code == 2
     assert "'0' must be positive" in capsys.readouterr().err
+
+
+def test_unreachable_daemon_is_pinged_with_a_growing_interval():
+    from infiniswap.devicectl import next_retry
+    intervals, t = [], 0.0
+    for _ in range(8):
+        t = next_retry(t, period=0.5, cap=4.0)
+        intervals.append(t)
+    assert intervals == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0, 4.0, 4.0]
+    assert next_retry(0.0, period=1.0, cap=0.5) == 1.0      # never below the period
+    assert next_retry(3.0, period=1.0, cap=0.5) == 1.0

@@ -5,6 +5,7 @@ tests/integration/test_infiniswap_core_io.py."""
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import random
 import re
@@ -64,11 +65,17 @@ def server(store):
         srv.stop()
 
 
+def lease(st: SlabStore) -> tuple[int, int]:
+    """A new slab of the store as a daemon lends it: (region offset, generation)."""
+    region = st.alloc_slab()
+    return region, st.generation(region)
+
+
 def map_slabs(dev: CoreDevice, st: SlabStore, remote: int, slabs: list[int]) -> dict[int, int]:
     regions = {}
     for s in slabs:
-        regions[s] = st.alloc_slab()
-        dev.map_slab(s, remote, regions[s])
+        regions[s], gen = lease(st)
+        dev.map_slab(s, remote, regions[s], gen)
     return regions
 
 
@@ -147,16 +154,16 @@ def test_bad_arguments_are_clear_value_errors(device, store):
     with pytest.raises(ValueError, match="slab 8 is out of range: the device has 8 slabs"):
         device.begin_evict(8)
     with pytest.raises(OSError, match="no remote with id 3") as e:
-        device.map_slab(0, 3, 0)
+        device.map_slab(0, 3, 0, 1)
     assert e.value.errno == errno.ENOENT
     rid = device.add_remote_shm(store.path(), store.capacity)
     with pytest.raises(ValueError, match="outside remote"):
-        device.map_slab(0, rid, store.capacity)
+        device.map_slab(0, rid, store.capacity, 1)
     with pytest.raises(ValueError, match="not page aligned"):
-        device.map_slab(0, rid, 100)
-    device.map_slab(0, rid, store.alloc_slab())
+        device.map_slab(0, rid, 100, 1)
+    device.map_slab(0, rid, *lease(store))
     with pytest.raises(OSError, match="slab 0 is mapped; evict it first") as e:
-        device.map_slab(0, rid, 0)
+        device.map_slab(0, rid, 0, 1)
     assert e.value.errno == errno.EBUSY
     with pytest.raises(OSError, match="cannot open shared memory"):
         device.add_remote_shm("/nonexistent/mem", SLAB)
@@ -248,7 +255,7 @@ def test_gil_is_released_during_blocking_io(device):
     try:
         rid = device.add_remote_tcp("127.0.0.1", lsock.getsockname()[1], connections=1,
                                     timeout=10.0)       # the kernel completes the handshake
-        device.map_slab(0, rid, 0)
+        device.map_slab(0, rid, 0, 1)
         lsock.settimeout(10)
         conn, _ = lsock.accept()
         conn.settimeout(10)
@@ -264,8 +271,8 @@ def test_gil_is_released_during_blocking_io(device):
         th = threading.Thread(target=io)
         th.start()
         for _ in range(2):                              # serve the WRITE, then the READ
-            magic, ver, op, off, length, req = REQ.unpack(_recv_exact(conn, REQ.size))
-            assert (magic, ver, off, length) == (MAGIC, 1, 0, PAGE_SIZE)
+            magic, ver, op, off, length, req, gen = REQ.unpack(_recv_exact(conn, REQ.size))
+            assert (magic, ver, off, length, gen) == (MAGIC, VERSION, 0, PAGE_SIZE, 1)
             if op == 2:
                 assert _recv_exact(conn, length) == page(1)
                 conn.sendall(REP.pack(REPLY_MAGIC, 0, req))
@@ -335,7 +342,7 @@ def test_evict_while_writing_keeps_every_page(device, store, server, kind):
         store.free_slab(regions[2])                 # DONE: the daemon may release it now
         time.sleep(0.05)
         assert device.begin_evict(3) is True
-        device.map_slab(3, rid, store.alloc_slab())  # and remap under load
+        device.map_slab(3, rid, *lease(store))      # and remap under load
         time.sleep(0.05)
     finally:
         stop.set()
@@ -363,7 +370,7 @@ def test_map_states_and_activity_sampling(device, store):
     device.abort_map(4)
     assert device.slab_info(4).state is SlabState.UNMAPPED
     device.begin_map(4)
-    device.map_slab(4, rid, store.alloc_slab())
+    device.map_slab(4, rid, *lease(store))
     device.write(4 * SLAB, pages(0, 3))
     device.read(4 * SLAB, 2 * PAGE_SIZE)
     device.read(0, PAGE_SIZE)
@@ -409,7 +416,7 @@ def test_remote_dies_while_disk_write_pending_read_after_write_holds(tmp_path, s
         assert d.failed_slabs() == [] and d.slab_info(1).state is SlabState.UNMAPPED
         assert d.read(SLAB, 9 * PAGE_SIZE) == new + page(99)
         with pytest.raises(OSError, match="is dead"):
-            d.map_slab(2, rid, 0)
+            d.map_slab(2, rid, 0, 1)
         d.remove_remote(rid)
         with pytest.raises(OSError, match="no remote"):
             d.remote_dead(rid)
@@ -491,6 +498,7 @@ def test_every_page_written_reads_back(tmp_path_factory, ops):
     d = CoreDevice(4 * SLAB, SLAB, tmp_path_factory.mktemp("p") / "b", writer_threads=2)
     try:
         rid = d.add_remote_shm(st_.path(), st_.capacity)
+        regions = [lease(st_) for _ in range(d.num_slabs)]
         model: dict[int, bytes] = {}
         npages = d.size // PAGE_SIZE
         for v, (op, first, n) in enumerate(ops):
@@ -503,7 +511,7 @@ def test_every_page_written_reads_back(tmp_path_factory, ops):
                 want = b"".join(model.get(first + i, bytes(PAGE_SIZE)) for i in range(n))
                 assert d.read(first * PAGE_SIZE, n * PAGE_SIZE) == want
             elif op == "map" and d.slab_info(slab).state is SlabState.UNMAPPED:
-                d.map_slab(slab, rid, slab * SLAB)
+                d.map_slab(slab, rid, *regions[slab])
             elif op == "evict":
                 d.begin_evict(slab)
         for p, data in model.items():
@@ -543,6 +551,122 @@ def test_store_alloc_free_returns_memory():
         s.close()
     with pytest.raises(ValueError, match="slab store is closed"):
         s.alloc_slab()
+
+
+def test_allocation_does_not_hold_up_other_store_calls(store):
+    """Allocating a slab (fallocate + mlock: seconds for a GiB) runs without the store's mutex:
+    while an allocation is held inside it by the test hook, every other store call -- another
+    allocation included -- completes, and the two allocations get different slabs."""
+    first = store.alloc_slab()
+    store.debug_hold_allocations(1)
+    held: dict[str, int] = {}
+    allocating = threading.Thread(target=lambda: held.update(region=store.alloc_slab()))
+    allocating.start()
+    others: dict[str, object] = {}
+    try:
+        deadline = time.monotonic() + 10
+        while store.debug_allocations_held() != 1:
+            assert time.monotonic() < deadline, "the allocation never reached the test hook"
+            time.sleep(0.005)
+
+        def other_calls() -> None:
+            others["region"] = store.alloc_slab()
+            others["allocated"] = store.allocated_bytes()
+            others["locked"] = store.locked_bytes()
+            others["resident"] = store.resident_bytes()
+            store.write(first, page(1))
+            others["read"] = store.read(first, PAGE_SIZE)
+            others["gen"] = store.generation(first)
+            others["revoked"] = store.revoke(first)
+            store.free_slab(first)
+            others["done"] = True
+
+        caller = threading.Thread(target=other_calls)
+        caller.start()
+        caller.join(10)           # returns at once; only a call blocked on the allocation stays
+        assert not caller.is_alive(), "a store call waited for the allocation in progress"
+        assert others.get("done"), others
+        assert store.debug_allocations_held() == 1 and "region" not in held
+        assert others["allocated"] == 2 * SLAB      # the held allocation is not published yet
+        assert others["read"] == page(1) and others["revoked"] is True
+    finally:
+        store.debug_hold_allocations(0)
+        allocating.join(10)
+    assert held["region"] not in (others["region"], first)
+    assert store.allocated_bytes() == 2 * SLAB
+
+
+def _fence_line(store: SlabStore, region: int) -> tuple[mmap.mmap, int]:
+    """The store's memfd mapped here, and the offset of the fence line of ``region``'s slab
+    (docs/infiniswap.md, "Fencing": [slabs][64-byte lines: u64 generation, i64 users]...)."""
+    with open(store.path(), "r+b") as fh:
+        mem = mmap.mmap(fh.fileno(), 0)
+    magic, version, slab_size, capacity, nslots = struct.unpack_from("<IIQQQ", mem, len(mem) - 64)
+    assert (magic, version, slab_size, capacity) == (0x46575349, 1, SLAB, store.capacity)
+    return mem, capacity + (region // SLAB) * 64
+
+
+def test_revoke_waits_for_an_access_in_progress(store):
+    """What a device's copy does to the fence line (users + 1 while it copies) keeps a revoked
+    slab from being lent again or freed until the copy is over; a count left by a process that
+    died inside a copy can be forgotten."""
+    region, gen = lease(store)
+    mem, line = _fence_line(store, region)
+    try:
+        assert struct.unpack_from("<Qq", mem, line) == (gen, 0)
+        struct.pack_into("<q", mem, line + 8, 1)            # a device is inside its memcpy
+        assert store.revoke(region) is False and not store.drained(region)
+        assert struct.unpack_from("<Q", mem, line)[0] == gen + 1 == store.generation(region)
+        with pytest.raises(OSError, match="still being accessed") as e:
+            store.free_slab(region)
+        assert e.value.errno == errno.EBUSY and store.allocated_bytes() == SLAB
+        struct.pack_into("<q", mem, line + 8, 0)            # ... and leaves it
+        assert store.drained(region)
+        store.free_slab(region)
+        assert store.allocated_bytes() == 0
+        again = store.alloc_slab()
+        assert again == region and store.generation(again) > gen + 1    # a new life
+        struct.pack_into("<q", mem, line + 8, 1)            # left by a process that died
+        assert store.revoke(again) is False
+        store.reset_users(again)
+        assert store.drained(again)
+    finally:
+        mem.close()
+
+
+@pytest.mark.parametrize("kind", ["shm", "tcp"])
+def test_a_slab_taken_back_is_never_touched_by_its_old_device(tmp_path, store, server, kind):
+    """The fence: the daemon takes a slab back from a device that has not heard of it yet and
+    lends it to another device.  The old device's reads and writes on its old mapping are
+    refused (-ESTALE), fail over to its backup file and read back right; the new device's
+    data in the slab is untouched."""
+    def remote(dev: CoreDevice) -> int:
+        return (dev.add_remote_shm(store.path()) if kind == "shm"
+                else dev.add_remote_tcp("127.0.0.1", server.port(), connections=1))
+
+    with CoreDevice(2 * SLAB, SLAB, tmp_path / "old") as old, \
+            CoreDevice(2 * SLAB, SLAB, tmp_path / "new") as new:
+        r_old = remote(old)
+        region, gen = lease(store)
+        old.map_slab(0, r_old, region, gen)
+        old.write(0, pages(0, 4, 1))                        # remote, and disk in the background
+        assert store.read(region, 4 * PAGE_SIZE) == pages(0, 4, 1)
+        assert store.revoke(region) is True                 # taken back; nothing in progress
+        new_gen = store.generation(region)
+        assert new_gen != gen
+        new.map_slab(0, remote(new), region, new_gen)
+        theirs = pages(100, PAGES_PER_SLAB, 2)
+        new.write(0, theirs)
+        info = old.slab_info(0)
+        assert (info.state, info.generation, info.bits_set) == (SlabState.MAPPED, gen, 4)
+        assert old.read(0, 4 * PAGE_SIZE) == pages(0, 4, 1)    # refused remotely, from disk
+        old.write(0, pages(0, 8, 3))                        # refused remotely, to disk
+        assert old.read(0, 8 * PAGE_SIZE) == pages(0, 8, 3)
+        assert store.read(region, SLAB) == theirs and new.read(0, SLAB) == theirs
+        assert old.failed_slabs() == [0] and not old.remote_dead(r_old)
+        assert "took the slab back" in old.remote_error(r_old)
+        assert old.stats().bytes_read_remote == 0 and old.stats().remote_errors == 1
+        assert old.slab_info(0).state is SlabState.EVICTING
 
 
 def test_store_locked_slabs():
@@ -593,9 +717,9 @@ def test_store_mlock_failure_is_reported():
 
 # ---------------------------------------------------------------- data server, bad input
 
-REQ = struct.Struct("<IHHQIQ")
+REQ = struct.Struct("<IHHQIQQ")        # magic, version, op, region, length, request id, generation
 REP = struct.Struct("<IiQ")
-MAGIC, REPLY_MAGIC = 0x50575349, 0x52575349
+MAGIC, REPLY_MAGIC, VERSION = 0x50575349, 0x52575349, 2
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -615,23 +739,27 @@ def _connect(srv: DataServer) -> socket.socket:
 
 def test_data_server_answers_bad_requests_and_keeps_serving(store, server, tmp_path):
     off = store.alloc_slab()
+    gen = store.generation(off)
     store.write(off, b"hello" + bytes(PAGE_SIZE - 5))
     with _connect(server) as s:
         # Out-of-range and unallocated regions: error reply, the connection stays usable.
-        s.sendall(REQ.pack(MAGIC, 1, 1, store.capacity, PAGE_SIZE, 7))
+        s.sendall(REQ.pack(MAGIC, VERSION, 1, store.capacity, PAGE_SIZE, 7, gen))
         magic, status, rid = REP.unpack(_recv_exact(s, REP.size))
         assert (magic, status, rid) == (REPLY_MAGIC, -errno.ERANGE, 7)
-        s.sendall(REQ.pack(MAGIC, 1, 2, off + SLAB, PAGE_SIZE, 8) + b"z" * PAGE_SIZE)
+        s.sendall(REQ.pack(MAGIC, VERSION, 2, off + SLAB, PAGE_SIZE, 8, gen) + b"z" * PAGE_SIZE)
         assert REP.unpack(_recv_exact(s, REP.size)) == (REPLY_MAGIC, -errno.EFAULT, 8)
-        s.sendall(REQ.pack(MAGIC, 1, 1, off + SLAB - 8, 16, 9))
+        s.sendall(REQ.pack(MAGIC, VERSION, 1, off + SLAB - 8, 16, 9, gen))
         assert REP.unpack(_recv_exact(s, REP.size))[1] == -errno.ERANGE
-        s.sendall(REQ.pack(MAGIC, 1, 1, off, 5, 10))
+        # A generation the slab no longer has (taken back): refused, nothing written.
+        s.sendall(REQ.pack(MAGIC, VERSION, 2, off, 5, 12, gen - 1) + b"zzzzz")
+        assert REP.unpack(_recv_exact(s, REP.size)) == (REPLY_MAGIC, -errno.ESTALE, 12)
+        s.sendall(REQ.pack(MAGIC, VERSION, 1, off, 5, 10, gen))
         assert REP.unpack(_recv_exact(s, REP.size)) == (REPLY_MAGIC, 0, 10)
         assert _recv_exact(s, 5) == b"hello"
-    for bad, code in [(REQ.pack(0xDEADBEEF, 1, 1, off, 5, 11), errno.EPROTO),
-                      (REQ.pack(MAGIC, 9, 1, off, 5, 11), errno.EPROTONOSUPPORT),
-                      (REQ.pack(MAGIC, 1, 77, off, 5, 11), errno.EOPNOTSUPP),
-                      (REQ.pack(MAGIC, 1, 1, off, 1 << 30, 11), errno.EMSGSIZE)]:
+    for bad, code in [(REQ.pack(0xDEADBEEF, VERSION, 1, off, 5, 11, gen), errno.EPROTO),
+                      (REQ.pack(MAGIC, 9, 1, off, 5, 11, gen), errno.EPROTONOSUPPORT),
+                      (REQ.pack(MAGIC, VERSION, 77, off, 5, 11, gen), errno.EOPNOTSUPP),
+                      (REQ.pack(MAGIC, VERSION, 1, off, 1 << 30, 11, gen), errno.EMSGSIZE)]:
         with _connect(server) as s:
             s.sendall(bad)
             assert REP.unpack(_recv_exact(s, REP.size))[1] == -code
@@ -639,11 +767,11 @@ def test_data_server_answers_bad_requests_and_keeps_serving(store, server, tmp_p
     with _connect(server) as s:                     # garbage then hang-up: no crash
         s.sendall(b"\x01\x02\x03")
     st_ = server.stats()
-    assert st_.errors == 7 and st_.bytes_read == 5
+    assert st_.errors == 8 and st_.bytes_read == 5
     # The server still serves devices.
     with CoreDevice(2 * SLAB, SLAB, tmp_path / "b") as d:
         rid = d.add_remote_tcp("127.0.0.1", server.port(), connections=1)
-        d.map_slab(0, rid, off)
+        d.map_slab(0, rid, off, store.generation(off))
         d.write(0, page(3))
         assert d.read(0, PAGE_SIZE) == page(3) and d.stats().bytes_read_remote == PAGE_SIZE
 

@@ -16,6 +16,7 @@ sys.meta_path.insert(0, NoCore())
 
 def test_pure_modules_import_without_the_c_core():
     code = BLOCK_CORE + ("import infiniswap.placement, infiniswap.eviction, infiniswap.protocol, infiniswap.report\n"
+                         "import infiniswap.fencing\n"
                          "assert 'infiniswap._core' not in sys.modules\n"
                          "import infiniswap\n"
                          "try:\n"

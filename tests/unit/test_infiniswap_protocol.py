@@ -12,7 +12,7 @@ EXAMPLES = {
     p.FREE_MEM: {"free_bytes": 12 << 30, "slab_size": 1 << 30, "slabs_free": 12, "slabs_mapped": 3,
                  "host_id": "node1/6b2c"},
     p.MAP: {"device_id": "node2:0", "slab": 7, "slab_size": 1 << 30},
-    p.MR_INFO: {"slab": 7, "region": 3 << 30, "size": 1 << 30, "host_id": "node1/6b2c", "host": "10.0.0.1",
+    p.MR_INFO: {"slab": 7, "region": 3 << 30, "size": 1 << 30, "generation": 5, "host_id": "node1/6b2c", "host": "10.0.0.1",
                 "data_port": 7301, "shm_path": "/proc/4242/fd/9"},
     p.CHECK_ACTIVITY: {"slabs": [1, 7, 9]},
     p.ACTIVITY: {"activity": {1: 0.0, 7: 35.5, 9: 20}},

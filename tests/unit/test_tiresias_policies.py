@@ -3,7 +3,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tiresias.policies.baselines import FIFO, SRSF, SRTF, BestEffort, Gandiva, SmallestFirst
+from tiresias.policies.baselines import FIFO, SRSF, SRTF, BestEffort, GandivaRoundRobin, SmallestFirst
 from tiresias.policies.las import ContinuousLAS, DiscretizedLAS
 from tiresias.sim import simulate
 
@@ -91,12 +91,12 @@ def test_promotion_with_knob():
     assert {j.job_id for j in knob.jobs if j.end_time} == {0, 1}
 
 
-@pytest.mark.parametrize("policy", [FIFO, BestEffort, SRTF, SRSF, SmallestFirst, Gandiva, DiscretizedLAS])
+@pytest.mark.parametrize("policy", [FIFO, BestEffort, SRTF, SRSF, SmallestFirst, GandivaRoundRobin, DiscretizedLAS])
 def test_invariants_on_a_random_trace(policy):
     import random
     rng = random.Random(3)
     trace = [J(i, rng.uniform(0, 500), rng.choice([1, 1, 1, 2, 4, 8]), rng.uniform(1, 300)) for i in range(200)]
-    res = simulate(trace, 16, policy() if policy is not Gandiva else Gandiva(quantum=30))
+    res = simulate(trace, 16, policy() if policy is not GandivaRoundRobin else GandivaRoundRobin(quantum=30))
     assert len(res.jobs) == 200
     for j in res.jobs:
         assert j.end_time is not None

@@ -125,9 +125,10 @@ def test_generic_minimal_columns_any_order(tmp_path):
     assert rep.jobs == [TraceJob(0, 0.0, 2, 30.0, None, None, 2)]
 
 
-def test_header_only_gives_empty_report(tmp_path):
-    rep = load_trace(write(tmp_path, GENERIC_HEADER))
-    assert rep.jobs == [] and rep.skipped == 0 and rep.format == "generic"
+def test_header_only_is_a_trace_without_a_valid_job(tmp_path):
+    p = write(tmp_path, GENERIC_HEADER)
+    with pytest.raises(dlrt.trace.NoValidJob, match=re.escape(f"no valid job in {p}: no rows after the header")):
+        load_trace(p)
 
 
 # ---------------------------------------------------------------- bad rows

@@ -2,17 +2,23 @@
 from __future__ import annotations
 
 from .base import JobState, Policy, allocate
-from .baselines import FIFO, SRSF, SRTF, BestEffort, Gandiva, SmallestFirst
+from ..cluster import ClusterSpec
+from .baselines import FIFO, SRSF, SRTF, BestEffort, GandivaRoundRobin, SmallestFirst
+from .gandiva import SWITCH_SECONDS, GandivaModel
 from .las import ContinuousGittins, ContinuousLAS, DiscretizedGittins, DiscretizedLAS
 
-POLICIES = ("las", "gittins", "srtf", "srsf", "fifo", "best-effort", "sf", "gandiva")
+POLICIES = ("las", "gittins", "srtf", "srsf", "fifo", "best-effort", "sf", "gandiva", "gandiva-rr")
+SIMULATOR_ONLY = ("gandiva", "gandiva-rr")
 
 
 def make_policy(name: str, thresholds=(3200.0,), promote_knob: float | None = None, continuous: bool = False,
                 interval: float = 1.0, distribution: str | None = None, quantum: float = 1800.0,
-                history=None) -> Policy:
+                history=None, switch: float = SWITCH_SECONDS,
+                cluster: ClusterSpec | None = None) -> Policy | GandivaModel:
     """A policy by its command-line name; gittins takes its service distribution from the CSV
-    ``distribution`` or else from ``history`` (GPU-seconds of the trace's jobs)."""
+    ``distribution`` or else from ``history`` (GPU-seconds of the trace's jobs). ``gandiva``
+    is the original simulator's model (``switch`` period; node sets of ``cluster``'s shape,
+    default the simulated cluster), ``gandiva-rr`` the round-robin policy (``quantum``)."""
     if name in ("las", "gittins") and continuous:
         if name == "las":
             return ContinuousLAS(interval)
@@ -25,7 +31,9 @@ def make_policy(name: str, thresholds=(3200.0,), promote_knob: float | None = No
     if name in simple:
         return simple[name]()
     if name == "gandiva":
-        return Gandiva(quantum)
+        return GandivaModel(switch, cluster)
+    if name == "gandiva-rr":
+        return GandivaRoundRobin(quantum)
     raise ValueError(f"unknown policy {name!r} (one of {', '.join(POLICIES)})")
 
 
@@ -38,5 +46,6 @@ def _distribution(path: str | None, history):
     return ServiceDistribution(history)
 
 
-__all__ = ["JobState", "Policy", "allocate", "make_policy", "POLICIES", "FIFO", "BestEffort", "SRTF", "SRSF",
-           "SmallestFirst", "Gandiva", "DiscretizedLAS", "DiscretizedGittins", "ContinuousLAS", "ContinuousGittins"]
+__all__ = ["JobState", "Policy", "allocate", "make_policy", "POLICIES", "SIMULATOR_ONLY", "FIFO", "BestEffort",
+           "SRTF", "SRSF", "SmallestFirst", "GandivaRoundRobin", "GandivaModel", "DiscretizedLAS",
+           "DiscretizedGittins", "ContinuousLAS", "ContinuousGittins"]

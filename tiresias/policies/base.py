@@ -59,6 +59,7 @@ class JobState:
     speed: float = 1.0                # progress per second in the current placement
     overhead: float = 0.0             # seconds charged to pauses and resumes so far
     migrations: int = 0
+    protected_until: float = -INF     # not preemptible before (the progress guarantee)
 
     def remaining(self) -> float:
         return INF if self.duration is None else max(0.0, self.duration - self.executed)
@@ -98,8 +99,15 @@ class Policy:
         return INF
 
     def may_preempt(self, now: float) -> bool:
-        """May this pass stop running jobs? (time-sharing policies: only at a quantum's end)"""
+        """May this pass stop running jobs? (time-sharing policies: only at a quantum's end;
+        asked again at the same ``now`` it answers the same)"""
         return self.preemptive
+
+    def plan(self, capacity: int, running: Iterable[JobState], now: float, fits, keep: frozenset[int]
+             ) -> tuple[list[JobState], list[JobState]] | None:
+        """A policy with its own pass returns ``(to_start, to_preempt)`` as ``allocate`` does
+        (keeping the jobs in ``keep`` running); None (the default): the priority walk."""
+        return None
 
     # --- bookkeeping the driver calls ------------------------------------------------
     def add(self, job: JobState, now: float) -> None:
@@ -161,21 +169,26 @@ class Policy:
 
 
 def allocate(policy: Policy, capacity: int, running: Iterable[JobState], now: float,
-             fits: Callable[[JobState, int], bool] | None = None) -> tuple[list[JobState], list[JobState]]:
+             fits: Callable[[JobState, int], bool] | None = None,
+             keep: frozenset[int] = frozenset()) -> tuple[list[JobState], list[JobState]]:
     """One scheduling pass (Pseudocode 2): ``(to_start, to_preempt)``.
 
     Walk the jobs in priority order; admit a job when its GPUs fit in what is left
     (all-or-nothing), skip it otherwise — or stop, for head-of-line-blocking policies. Running
     jobs left out are to be preempted; a non-preemptive policy keeps every running job and
     fills what is left. ``fits(job, free)`` may refuse a waiting job that fits by count (e.g.
-    no consolidated placement); running jobs keep the GPUs they hold.
+    no consolidated placement); running jobs keep the GPUs they hold. Running jobs in ``keep``
+    (protected by the progress guarantee) keep their GPUs whatever their priority.
     """
+    own = policy.plan(capacity, running, now, fits, keep)
+    if own is not None:
+        return own
     active = policy.active
     if not policy.may_preempt(now):
         free = capacity - sum(j.num_gpus for j in running)
         return _fill(policy, free, now, fits), []
     order = policy.running_order(now)
-    free = capacity
+    free = capacity - sum(j.num_gpus for j in running if j.job_id in keep) if keep else capacity
     to_start: list[JobState] = []
     to_preempt: list[JobState] = []
     heads: list = []
@@ -187,6 +200,8 @@ def allocate(policy: Policy, capacity: int, running: Iterable[JobState], now: fl
         # admit the waiting jobs ahead of this running job
         while heads and heads[0][0] < key:
             free = _admit_head(policy, heads, free, to_start, fits, active)
+        if job.job_id in keep:
+            continue
         if job.num_gpus <= free:
             free -= job.num_gpus
         else:

@@ -3,10 +3,11 @@
 ``fifo``: YARN-CS — non-preemptive, FIFO by submit time with head-of-line blocking.
 ``best-effort``: FIFO that lets later jobs that fit go first. ``srtf`` / ``srsf``:
 preemptive, by oracle remaining time / remaining time x GPUs. ``sf``: smallest GPU count
-first (preemptive). ``gandiva``: time sharing — at the end of every ``quantum`` (default
+first (preemptive). ``gandiva-rr``: time sharing — at the end of every ``quantum`` (default
 1800 s) the jobs that ran least recently go first and running jobs may be suspended; between
-quantum ends arrivals only fill free GPUs (a round-robin model of Gandiva's time slicing:
-whole jobs are suspended and resumed; GPU sharing between jobs is not modelled).
+quantum ends arrivals only fill free GPUs (a round-robin variant of Gandiva's time slicing
+that runs through the driver, with its placement and cost models; ``gandiva`` is the model
+of the original Tiresias simulator, ``tiresias.gandiva``).
 """
 from __future__ import annotations
 
@@ -50,8 +51,8 @@ class SmallestFirst(Policy):
         return (job.num_gpus, job.submit_time, job.job_id)
 
 
-class Gandiva(Policy):
-    name = "gandiva"
+class GandivaRoundRobin(Policy):
+    name = "gandiva-rr"
 
     def __init__(self, quantum: float = 1800.0) -> None:
         super().__init__()
@@ -59,6 +60,7 @@ class Gandiva(Policy):
             raise ValueError("quantum must be positive")
         self.quantum = quantum
         self.tick = quantum           # the end of the current quantum
+        self.opened = -INF            # when the last quantum ended (a pass then may preempt)
 
     def key(self, job: JobState, now: float):
         last = now if job.running else job.last_run
@@ -67,8 +69,8 @@ class Gandiva(Policy):
     def may_preempt(self, now: float) -> bool:
         if now + 1e-9 * max(1.0, now) >= self.tick:
             self.tick = now + self.quantum
-            return True
-        return False
+            self.opened = now
+        return self.opened == now
 
     def next_change(self, running: Iterable[JobState], now: float) -> float:
         return self.tick if len(self.active) > len(self.running) else INF

@@ -4,10 +4,13 @@ One cgroup per node of a run, under ``tiresias/`` on the cgroup v2 hierarchy whe
 memory controller, else on the v1 ``memory`` hierarchy. The node's command joins it before it
 executes (``join_self`` as the child's pre-exec step), so every page it touches is charged;
 what does not fit is paged to the node's swap — an Infiniswap device when the node runs one.
-The cgroup is removed when the run ends (leftover processes are killed first).
+The cgroup is removed when the run ends (leftover processes are killed first). Its name
+(``run_cgroup_name``) carries a short hash of the run's directory, so two masters on one host
+(different state dirs) never share a cgroup.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import time
@@ -38,6 +41,12 @@ def _memory_mount() -> tuple[str, str]:
     if v1 is None:
         raise CgroupError("no cgroup memory controller is mounted")
     return "v1", v1
+
+
+def run_cgroup_name(run_dir: str, job_id: int, run: int, rank: int) -> str:
+    """The cgroup of node ``rank`` of a run: ``job{id}-run{run}-node{rank}-{hash of run_dir}``."""
+    owner = hashlib.sha1(os.path.abspath(run_dir).encode()).hexdigest()[:10]
+    return f"job{job_id}-run{run}-node{rank}-{owner}"
 
 
 def unavailable() -> str | None:
@@ -74,6 +83,16 @@ class MemoryLimit:
         except OSError as exc:
             raise CgroupError(f"cannot create memory cgroup {name}: {exc}") from None
         return cls(path, version)
+
+    @classmethod
+    def existing(cls, name: str) -> "MemoryLimit | None":
+        """The cgroup ``name`` under ``tiresias/`` if it exists (to remove it), else None."""
+        try:
+            version, mount = _memory_mount()
+        except (CgroupError, OSError):
+            return None
+        path = os.path.join(mount, PARENT, name)
+        return cls(path, version) if os.path.isdir(path) else None
 
     def join_self(self) -> None:
         with open(os.path.join(self.path, "cgroup.procs"), "w") as f:

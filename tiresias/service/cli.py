@@ -20,6 +20,7 @@ from dlrt import cli
 from dlrt.cli import UsageError
 from dlrt.endpoints import host_port
 
+from .. import progress
 from .client import Client, read_token
 
 DEFAULT_STATE = os.environ.get("TIRESIAS_STATE") or os.path.expanduser("~/.tiresias")
@@ -131,6 +132,7 @@ def _master_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node-host", action="append", default=[], metavar="NODE=HOST",
                    help="the host name a node's Infiniswap reports carry (default: the node's name)")
     p.add_argument("--report-max-age", type=float, default=10.0, help="older reports are ignored and flagged")
+    progress.add_arguments(p, live=True)
 
 
 def cmd_master(args) -> int:
@@ -150,7 +152,7 @@ def cmd_master(args) -> int:
         node_hosts[node] = hostname
     config = MasterConfig(args.state, args.policy, thresholds, args.promote_knob, args.distribution,
                           args.packlimit, args.interval, args.stop_grace, args.checkpoint_root,
-                          args.autops_master, node_hosts)
+                          args.autops_master, node_hosts, args.min_run_factor, args.min_run)
     if args.executor == "local":
         from .local import LocalExecutor
         shape = parse_cluster(args.nodes) if re.match(r"^\s*\d+\s*[xX]\s*\d+\s*$", args.nodes) else None

@@ -6,6 +6,11 @@ to ``RUN_DIR/exit.json``. Nothing of a run lives in the master's memory that a r
 master cannot find again: ``reconcile`` reads the run dirs, checks that the supervisor is
 still alive (by pid and command line, so a recycled pid is not mistaken for it) and adopts
 it. No GPU is needed: ``CUDA_VISIBLE_DEVICES`` is set from the placement all the same.
+
+A run whose supervisor died without recording how it ended is lost, but its node commands
+may still run: before reporting it lost (the master then starts it again), the executor stops
+the process groups the run recorded in ``groups.json`` (SIGTERM, SIGKILL after
+``LOST_GRACE_S``; over later polls, so the master never blocks) and removes its memory cgroups.
 """
 from __future__ import annotations
 
@@ -13,14 +18,19 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from typing import Any
 
-from .executor import LaunchSpec, NodeInfo, RunEnd
+import psutil
+
 from dlrt.procs import kill_tree, signal_group
 
+from .cgroup import CgroupError, MemoryLimit, run_cgroup_name
+from .executor import LaunchSpec, NodeInfo, RunEnd
 from .supervisor import read_json, write_json
 
 SUPERVISOR = "tiresias.service.supervisor"
+LOST_GRACE_S = 5.0          # SIGTERM to SIGKILL for what a lost run left running
 
 
 class LocalExecutor:
@@ -30,6 +40,7 @@ class LocalExecutor:
         self._nodes = [NodeInfo(f"node{i}", gpus_per_node) for i in range(nodes)]
         self._runs: dict[tuple[int, int], dict[str, Any]] = {}      # tracked: (job, run) -> handle
         self._children: dict[int, subprocess.Popen] = {}            # supervisors we started (to reap)
+        self._stopping: dict[tuple[int, int], float] = {}           # lost runs being stopped: SIGKILL deadline
 
     def nodes(self) -> list[NodeInfo]:
         return list(self._nodes)
@@ -98,7 +109,63 @@ class LocalExecutor:
         record = read_json(os.path.join(handle["run_dir"], "exit.json"))   # written as it exited
         if record is not None:
             return RunEnd(job_id, run, record.get("exit_code"), bool(record.get("stopped")))
-        return RunEnd(job_id, run, None, lost=True, detail="its supervisor died without recording an exit status")
+        if not self._orphans_stopped((job_id, run), handle["run_dir"]):
+            return None
+        detail = "its supervisor died without recording an exit status"
+        problem = _remove_cgroups(handle["run_dir"])
+        return RunEnd(job_id, run, None, lost=True, detail=f"{detail}; {problem}" if problem else detail)
+
+    def _orphans_stopped(self, key: tuple[int, int], run_dir: str) -> bool:
+        """Stop the process groups a lost run recorded: SIGTERM now, SIGKILL once the grace
+        is over; True when none is left (or SIGKILL has been sent)."""
+        groups = _recorded_groups(run_dir)
+        deadline = self._stopping.get(key)
+        if deadline is None:
+            self._stopping[key] = time.monotonic() + LOST_GRACE_S
+            sig = signal.SIGTERM
+        else:
+            sig = signal.SIGKILL if time.monotonic() >= deadline else 0
+        if sig == signal.SIGKILL:
+            for pgid in groups:
+                kill_tree(pgid)                  # workers in sessions of their own too
+        alive = [pgid for pgid in groups if signal_group(pgid, sig)]
+        if alive and sig != signal.SIGKILL:
+            return False
+        self._stopping.pop(key, None)
+        return True
+
+
+def _recorded_groups(run_dir: str) -> list[int]:
+    """The process groups a run recorded in ``groups.json``, less any whose leader's pid now
+    belongs to another process (a pid is not reused while its process group exists)."""
+    record = read_json(os.path.join(run_dir, "groups.json")) or {}
+    groups = record.get("groups", [])
+    started = record.get("started") or [None] * len(groups)
+    ours = []
+    for pgid, at in zip(groups, started):
+        try:
+            if at is not None and abs(psutil.Process(pgid).create_time() - at) > 0.01:
+                continue                         # recycled: the leader and its group are gone
+        except psutil.Error:
+            pass                                 # leader gone; the group (if any) is still the run's
+        ours.append(pgid)
+    return ours
+
+
+def _remove_cgroups(run_dir: str) -> str:
+    """Remove the memory cgroups of a run (killing what is left in them); '' or what failed."""
+    spec = read_json(os.path.join(run_dir, "spec.json"))
+    if not spec or not spec.get("memory_bytes"):
+        return ""
+    problems = []
+    for rank in range(len(spec.get("placement", []))):
+        limit = MemoryLimit.existing(run_cgroup_name(run_dir, spec["job_id"], spec["run"], rank))
+        try:
+            if limit is not None:
+                limit.remove()
+        except CgroupError as exc:
+            problems.append(str(exc))
+    return "; ".join(problems)
 
 
 def _alive(pid: int) -> bool:

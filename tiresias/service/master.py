@@ -32,7 +32,8 @@ from typing import Any, Callable
 from ..cluster import ClusterSpec, skew_of
 from ..driver import Driver, DriverConfig
 from ..placement import DEFAULT_PACKLIMIT
-from ..policies import POLICIES, make_policy
+from ..policies import POLICIES, SIMULATOR_ONLY, make_policy
+from ..progress import DEFAULT_MIN_RUN, DEFAULT_MIN_RUN_FACTOR
 from ..policies.base import JobState
 from .executor import Executor, LaunchSpec, RunEnd, default_launcher
 from .reports import ReportFeed
@@ -40,7 +41,7 @@ from .store import ACTIVE, TERMINAL, Store
 
 log = logging.getLogger("tiresias.master")
 
-LIVE_POLICIES = tuple(p for p in POLICIES if p != "gandiva")
+LIVE_POLICIES = tuple(p for p in POLICIES if p not in SIMULATOR_ONLY)
 KILL_AFTER_S = 5.0           # SIGTERM -> SIGKILL
 MAX_LAUNCH_FAILURES = 3      # consecutive failed launches before a job is failed
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -68,6 +69,8 @@ class MasterConfig:
     checkpoint_root: str | None = None
     autops_master: str | None = None          # given to jobs that ask for AutoPS aggregators
     node_hosts: dict[str, str] = field(default_factory=dict)   # node -> host in Infiniswap reports
+    min_run_factor: float = DEFAULT_MIN_RUN_FACTOR   # progress guarantee (tiresias.progress)
+    min_run: float = DEFAULT_MIN_RUN
 
     def __post_init__(self) -> None:
         if self.policy not in LIVE_POLICIES:
@@ -120,7 +123,8 @@ class Master:
         self.pass_seconds: list[float] = []
         self.last_persist = 0.0
         self.driver = Driver(self._policy(), self.cluster,
-                             DriverConfig("tiresias", packlimit=config.packlimit, defer_release=True),
+                             DriverConfig("tiresias", packlimit=config.packlimit, defer_release=True,
+                                          min_run_factor=config.min_run_factor, min_run=config.min_run),
                              start=clock(), eligible=self._eligible)
         self._recover()
 

@@ -64,6 +64,14 @@ def read_json(path: str) -> Any | None:
         return None
 
 
+def _create_time(pid: int) -> float | None:
+    """When ``pid`` started (so a recycled pid is never taken for a group leader of the run)."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -95,7 +103,8 @@ class Supervisor:
         for rank in range(len(spec.placement)):
             limit = None
             if spec.memory_bytes:
-                limit = cgroup.MemoryLimit.create(f"job{spec.job_id}-run{spec.run}-node{rank}", spec.memory_bytes)
+                limit = cgroup.MemoryLimit.create(cgroup.run_cgroup_name(self.run_dir, spec.job_id, spec.run, rank),
+                                                  spec.memory_bytes)
                 self.cgroups.append(limit)
             proc = subprocess.Popen(node_command(spec, rank, "127.0.0.1", port),
                                     env=node_env(spec, rank, "127.0.0.1", port), cwd=spec.workdir,
@@ -105,7 +114,8 @@ class Supervisor:
             self.procs.append(proc)
         log.close()
         write_json(os.path.join(self.run_dir, "groups.json"),
-                   {"supervisor": os.getpid(), "groups": [p.pid for p in self.procs]})
+                   {"supervisor": os.getpid(), "groups": [p.pid for p in self.procs],
+                    "started": [_create_time(p.pid) for p in self.procs]})
 
     def signal_all(self, sig: int) -> None:
         for p in self.procs:

@@ -7,46 +7,38 @@ state, lifecycle transitions, service accounting, placement and overhead models 
 over, ``speed * dt`` of execution. At each event the simulator completes jobs, admits
 arrivals and asks the driver for a pass; it predicts each started job's completion from its
 remaining execution and speed. Time is in seconds.
+
+Every run ends: the driver's progress guarantee keeps a resumed job running long enough to
+make progress, and should no job execute for ``stall_limit`` seconds of simulated time
+while jobs are active, ``tiresias.progress.StallError`` stops the run.
 """
 from __future__ import annotations
 
 import heapq
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from ..cluster import ClusterSpec, skew_of
 from ..driver import EPS, PLACEMENTS, Driver, DriverConfig
 from ..policies.base import INF, JobState, Policy
+from ..policies.gandiva import GandivaModel
+from ..progress import DEFAULT_STALL_LIMIT, check_limit, check_stall
+from .gandiva import simulate_gandiva
+from .progressbar import progress_reporter
+from .result import SimResult
 
 SimConfig = DriverConfig
 __all__ = ["PLACEMENTS", "SimConfig", "SimResult", "simulate"]
 
 
-@dataclass
-class SimResult:
-    policy: str
-    jobs: list[JobState]
-    capacity: int
-    makespan: float
-    busy_gpu_seconds: float
-    preemptions: int
-    wall_seconds: float
-    events: int = 0
-    timeline: list = field(default_factory=list)   # (time, job_id, "start"|"stop"|"end") when recorded
-    placement: str = "count"
-    placement_waits: int = 0          # admitted by count, not placeable (consolidation blocked)
-    repacks: int = 0
-    migrations: int = 0               # jobs moved by repacks (with the matching)
-    migrations_naive: int = 0         # ... had the new plan been applied without renaming nodes
-    overhead_seconds: float = 0.0
-
-
-def simulate(trace: Iterable, cluster: ClusterSpec | int, policy: Policy, record: bool = False,
+def simulate(trace: Iterable, cluster: ClusterSpec | int, policy: Policy | GandivaModel, record: bool = False,
              progress: bool | Callable[[int, int, float], None] = False, config: SimConfig | None = None,
-             max_events: int | None = None) -> SimResult:
-    """Run ``trace`` (objects with job_id, submit_time, num_gpus, duration[, model, skew]) to the end."""
+             max_events: int | None = None, stall_limit: float = DEFAULT_STALL_LIMIT) -> SimResult:
+    """Run ``trace`` (objects with job_id, submit_time, num_gpus, duration[, model, skew]) to the
+    end; ``StallError`` when no job executes for ``stall_limit`` simulated seconds. The Gandiva
+    model (``tiresias.gandiva``) has its own simulation (``tiresias.sim.gandiva``)."""
     started_wall = time.perf_counter()
+    check_limit(stall_limit)
     config = config or SimConfig()
     if config.defer_release:
         raise ValueError("defer_release is for the live master, not the simulator")
@@ -54,6 +46,8 @@ def simulate(trace: Iterable, cluster: ClusterSpec | int, policy: Policy, record
         if config.placement != "count":
             raise ValueError("node placement needs a ClusterSpec (nodes x GPUs), not a GPU count")
         cluster = ClusterSpec(1, cluster)
+    if isinstance(policy, GandivaModel):
+        return simulate_gandiva(trace, cluster, policy, config, record, progress, max_events, stall_limit)
     pending = sorted(trace, key=lambda j: (j.submit_time, j.job_id))
     for tj in pending:
         if tj.num_gpus > cluster.total_gpus:
@@ -67,7 +61,7 @@ def simulate(trace: Iterable, cluster: ClusterSpec | int, policy: Policy, record
     events = 0
     total = len(pending)
     done = 0
-    report = _progress_reporter(progress, total)
+    report = progress_reporter(progress, total)
     while nxt < total or policy.active:
         t_arrival = pending[nxt].submit_time if nxt < total else INF
         while ends and tokens.get(ends[0][2]) != ends[0][1]:
@@ -79,6 +73,7 @@ def simulate(trace: Iterable, cluster: ClusterSpec | int, policy: Policy, record
             raise RuntimeError(f"simulation stuck at t={drv.now}: jobs {stuck} can never run")
         drv.advance(t)
         now = drv.now
+        check_stall(now, drv.last_progress, stall_limit, len(policy.active), len(drv.running))
         events += 1
         if max_events is not None and events > max_events:
             raise RuntimeError(f"more than {max_events} events")
@@ -130,25 +125,3 @@ def simulate(trace: Iterable, cluster: ClusterSpec | int, policy: Policy, record
         result.migrations = drv.nodes.migrations
         result.migrations_naive = drv.nodes.migrations_naive
     return result
-
-
-def _progress_reporter(progress, total: int):
-    """A callable ``(done, running, now, final=False)`` drawing a tqdm bar, or None."""
-    if not progress:
-        return None
-    if callable(progress):
-        return lambda done, run, now, final=False: progress(done, total, now)
-    from tqdm import tqdm
-    bar = tqdm(total=total, unit="job", desc="simulating", mininterval=0.5, leave=True)
-    state = {"done": 0, "last": 0.0}
-
-    def report(done: int, run: int, now: float, final: bool = False) -> None:
-        t = time.perf_counter()
-        if final or t - state["last"] > 0.5:
-            bar.update(done - state["done"])
-            state["done"] = done
-            state["last"] = t
-            bar.set_postfix_str(f"day {now / 86400:.1f}, running {run}", refresh=False)
-            if final:
-                bar.close()
-    return report

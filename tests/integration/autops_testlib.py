@@ -1,0 +1,26 @@
+"""What the AutoPS property tests share: a small model of tensors (a partitioned key, a whole
+key, small keys batched per aggregator), deterministic gradients, and the bit-identical
+comparison of two training runs' results."""
+from __future__ import annotations
+
+import numpy as np
+
+TENSORS = [("big", (120_000,), "float32"),     # 2 partitions at 256 KiB
+           ("mid", (20_000,), "float32"),
+           ("s1", (100,), "float32"),           # small keys, batched per aggregator
+           ("s2", (37,), "float32")]
+W = 2
+
+
+def grad(rank: int, it: int, name: str, shape) -> np.ndarray:
+    rng = np.random.default_rng([rank, it, sum(map(ord, name))])
+    return rng.integers(-8, 8, size=shape).astype(np.float32)
+
+
+def check_same(got: dict, ref: dict) -> None:
+    """Every rank's final value and sum of pulled values equal the reference run's."""
+    for rank in range(W):
+        for name, (last, acc) in ref["results"][rank].items():
+            g_last, g_acc = got["results"][rank][name]
+            np.testing.assert_array_equal(g_last, last, err_msg=f"rank {rank} tensor {name}: final value")
+            np.testing.assert_array_equal(g_acc, acc, err_msg=f"rank {rank} tensor {name}: values pulled")

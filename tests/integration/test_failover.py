@@ -1,0 +1,309 @@
+"""Aggregators SIGKILLed while a job trains: no step lost or applied twice.
+
+A W=2 job trains on a pool of three aggregator processes; at random points one aggregator
+is killed (and a fresh one started so the pool keeps its size). pMaster declares it lost
+after its heartbeat timeout and moves its keys: ``sum``-mode keys are rebuilt from the
+pushes the workers kept, ``server``-mode keys continue on their replica. The result must be
+bit-identical to the same job trained without failures, in both modes, also when the kill
+hits a migration; and when the workers' kept pushes are corrupted the check must catch it.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+
+from autops import agent as agent_mod
+from autops.admin import AdminClient
+from autops.agent import Agent, AutoPSError
+from autops.local import LocalPool
+from autops_testlib import TENSORS, W, check_same, grad
+
+ITERS = 12
+_jobs = itertools.count()
+_names = itertools.count(3)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    pool = LocalPool(3, master_args=["--static", "--heartbeat-timeout", "2.0"],
+                     aggregator_args=["--heartbeat-interval", "0.2"])
+    pool.start()
+    try:
+        yield pool
+    finally:
+        pool.stop()
+
+
+class Killer:
+    """Kills aggregators of the pool as the schedule says; ``replace`` starts as many new
+    ones (from the main thread: a child started from a worker thread dies with that thread)."""
+
+    def __init__(self, pool: LocalPool) -> None:
+        self.pool = pool
+        self.killed: list[tuple[str, float]] = []
+
+    def kill(self, choice: int, owners: list[str]) -> None:
+        names = sorted(self.pool.aggregators)
+        victim = owners[choice % len(owners)] if choice >= 0 and owners else names[choice % len(names)]
+        if victim not in self.pool.aggregators:
+            return
+        self.pool.kill_aggregator(victim)
+        self.killed.append((victim, time.monotonic()))
+
+    def replace(self) -> None:
+        for _ in self.killed:
+            self.pool.add_aggregator(f"agg-{next(_names)}")
+
+
+def settled(pool: LocalPool, timeout: float = 30.0) -> None:
+    """Wait until pMaster sees exactly the pool's aggregator processes alive (replacements
+    registered, the killed ones declared lost)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = {a["id"] for a in pool.status()["aggregators"] if a["alive"]}
+        if alive == set(pool.aggregators):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"pool did not settle: {alive} vs {sorted(pool.aggregators)}")
+
+
+def train(pool: LocalPool, mode: str, kills: dict[int, tuple], migrate_at: int | None = None,
+          timeout: float = 30.0, iteration_hook=None) -> dict:
+    """One W=2 job of ITERS iterations. ``kills``: iteration -> (phase, choice, delay):
+    phase ``start`` kills before the iteration's pushes, ``pushed`` once both ranks' pushes
+    were acknowledged and before any pull, ``async`` ``delay`` seconds into the iteration from
+    another thread. ``choice`` >= 0 picks among the job's owners, < 0 among all aggregators."""
+    settled(pool)
+    job = f"fail-{mode}-{next(_jobs)}"
+    kw = dict(mode=mode, average=mode == "server", num_aggregators=2, timeout=timeout,
+              partition_bytes=256 << 10)
+    if mode == "server":
+        kw.update(optimizer="adam", hp={"lr": 0.05})
+    agents = [Agent(pool.master, job, r, W, **kw) for r in range(W)]
+    killer = Killer(pool)
+    barrier = threading.Barrier(W, timeout=timeout)
+    results: dict = {}
+    errors: list = []
+    pauses: list[float] = []
+    hooked: list[int] = []
+    timers: list[threading.Timer] = []
+    try:
+        for a in agents:
+            a.declare(TENSORS)
+        if mode == "server":
+            for n, s, _ in TENSORS:
+                agents[0].init(n, np.linspace(-1, 1, int(np.prod(s)), dtype=np.float32).reshape(s)).wait()
+
+        def work(rank: int) -> None:
+            try:
+                agent = agents[rank]
+                out = {n: np.empty(s, np.float32) for n, s, _ in TENSORS}
+                acc = {n: np.zeros(s, np.float64) for n, s, _ in TENSORS}
+                for it in range(1, ITERS + 1):
+                    t0 = time.monotonic()
+                    phase, choice, delay = kills.get(it, (None, 0, 0.0))
+                    barrier.wait()
+                    if rank == 0 and iteration_hook is not None:
+                        hooked.append(it)
+                        while hooked:        # the main thread runs it (children die with their thread)
+                            time.sleep(0.01)
+                    if rank == 0:
+                        owners = sorted(agent.placement())
+                        if migrate_at == it:
+                            with AdminClient(pool.master, 5) as admin:
+                                admin.migrate(job)
+                        if phase == "start":
+                            killer.kill(choice, owners)
+                        elif phase == "async":
+                            timer = threading.Timer(delay, killer.kill, (choice, owners))
+                            timers.append(timer)
+                            timer.start()
+                    pushes = [agent.push(n, grad(rank, it, n, s), it) for n, s, _ in TENSORS]
+                    for h in pushes:
+                        h.wait(timeout)
+                    barrier.wait()
+                    if rank == 0 and phase == "pushed":
+                        killer.kill(choice, sorted(agent.placement()))
+                    barrier.wait()
+                    pulls = [agent.pull(n, out[n], it) for n, _, _ in TENSORS]
+                    for h in pulls:
+                        h.wait(timeout * 2)
+                    for n in acc:
+                        acc[n] += out[n]       # every pulled value counts: a stale read changes the sum
+                    for timer in timers:       # a kill "during" this iteration happens before the next
+                        timer.join()
+                    pauses.append(time.monotonic() - t0)
+                results[rank] = {n: (out[n].copy(), acc[n]) for n in out}
+            except BaseException as exc:  # surfaced below
+                errors.append(exc)
+                barrier.abort()
+
+        threads = [threading.Thread(target=work, args=(r,)) for r in range(W)]
+        for t in threads:
+            t.start()
+        while any(t.is_alive() for t in threads):
+            if hooked:
+                iteration_hook(hooked[0], job)
+                hooked.clear()
+            time.sleep(0.005)
+        if errors:
+            raise errors[0]
+    finally:
+        for a in agents:
+            a.close()
+        killer.replace()
+    return {"results": results, "killed": killer.killed, "longest_iteration_s": max(pauses), "job": job}
+
+
+@pytest.fixture(scope="module")
+def references(pool):
+    return {mode: train(pool, mode, {}) for mode in ("sum", "server")}
+
+
+kill_points = st.tuples(st.integers(2, ITERS - 2),
+                        st.sampled_from(["start", "pushed", "async"]),
+                        st.integers(-3, 3),
+                        st.floats(0.0, 0.05))
+
+
+@pytest.mark.parametrize("mode", ["sum", "server"])
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
+          phases=[Phase.explicit, Phase.generate])    # no shrinking: each example takes seconds
+@given(point=kill_points)
+def test_an_aggregator_killed_at_a_random_point_costs_no_step(pool, references, mode, point):
+    it, phase, choice, delay = point
+    got = train(pool, mode, {it: (phase, choice, delay)})
+    assert got["killed"], "the schedule killed nothing"
+    check_same(got, references[mode])
+    print(f"{mode}: killed {got['killed'][0][0]} at iteration {it} ({phase}); longest iteration "
+          f"{got['longest_iteration_s']:.2f}s")
+
+
+@pytest.mark.parametrize("mode", ["sum", "server"])
+@pytest.mark.parametrize("victim", ["source", "destination"])
+def test_an_aggregator_killed_during_a_migration_costs_no_step(pool, references, mode, victim):
+    # every key moves at iteration 4; the old (or a new) owner dies while the copies are under way
+    got = train(pool, mode, {4: ("async", 0 if victim == "source" else -1, 0.0)}, migrate_at=4)
+    assert got["killed"]
+    check_same(got, references[mode])
+
+
+def test_corrupted_replay_is_caught(pool, references, monkeypatch):
+    keep = agent_mod._IOLoop.keep
+
+    def corrupt(self, spec, iteration, data):
+        keep(self, spec, iteration, data + 1)
+
+    monkeypatch.setattr(agent_mod._IOLoop, "keep", corrupt)
+    # killed after both pushes, before any pull: the new owners rebuild the iteration from the
+    # workers' kept copies, which are wrong now
+    got = train(pool, "sum", {5: ("pushed", 0, 0.0)})
+    with pytest.raises(AssertionError):
+        check_same(got, references["sum"])
+
+
+def test_server_mode_without_replication_fails_clearly(pool):
+    settled(pool)
+    job = f"norep-{next(_jobs)}"
+    agents = [Agent(pool.master, job, r, 1, mode="server", optimizer="sgd", hp={"lr": 0.1}, timeout=10,
+                    fault_tolerant=False, num_aggregators=1) for r in range(1)]
+    try:
+        a = agents[0]
+        a.declare([("w", (1000,), "float32")])
+        a.init("w", np.zeros(1000, np.float32)).wait()
+        out = np.empty(1000, np.float32)
+        a.push_pull("w", np.ones(1000, np.float32), out, 1).wait()
+        (owner,) = a.placement()
+        settled(pool)
+        pool.kill_aggregator(owner)
+        pool.add_aggregator(f"agg-{next(_names)}")
+        with pytest.raises(AutoPSError, match="no replica"):
+            a.push_pull("w", np.ones(1000, np.float32), out, 2).wait(30)
+    finally:
+        for a in agents:
+            a.close()
+
+
+VANISHING_WORKER = """
+import sys, time
+import numpy as np
+from autops.agent import Agent
+a = Agent(sys.argv[1], sys.argv[2], 0, 1, mode="server", optimizer="adam", hp={"lr": 0.1}, timeout=10)
+a.declare([("w", (50_000,), "float32")])
+a.init("w", np.zeros(50_000, np.float32)).wait()
+out = np.empty(50_000, np.float32)
+for it in range(1, 4):
+    a.push_pull("w", np.ones(50_000, np.float32), out, it).wait()
+print("trained", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_job_whose_workers_vanish_is_released_with_its_replicas():
+    import subprocess
+    import sys
+    with LocalPool(2, master_args=["--static", "--job-timeout", "1.0"]) as small:
+        job = f"vanish-{next(_jobs)}"
+        worker = subprocess.Popen([sys.executable, "-c", VANISHING_WORKER, small.master, job],
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            assert worker.stdout.readline().strip() == "trained"
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:      # until both have heartbeated since
+                status = small.status()
+                holders = {a["id"] for a in status["aggregators"] if job in a["holds_jobs"]}
+                if len(holders) == 2:
+                    break
+                time.sleep(0.1)
+            (entry,) = [j for j in status["jobs"] if j["job"] == job]
+            assert holders == {"agg-0", "agg-1"}, "owner and replica both hold the job"
+            assert len(entry["aggregators"]) == 1, "one owner: the other aggregator holds the replica"
+            worker.kill()          # gone without shutdown(): no JOB_DONE
+            worker.wait()
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                status = small.status()
+                if not status["jobs"] and not any(job in a["holds_jobs"] for a in status["aggregators"]):
+                    break
+                time.sleep(0.1)
+            assert not status["jobs"], "the job was released after --job-timeout"
+            assert all(a["bytes_held"] == 0 for a in status["aggregators"]), status["aggregators"]
+        finally:
+            worker.kill()
+            worker.wait()
+
+
+@pytest.mark.parametrize("mode", ["sum", "server"])
+def test_a_restarted_pmaster_adopts_its_running_jobs(pool, references, mode):
+    # pMaster is SIGKILLed before iteration 4 and started again on the same address before 7
+    # (training goes on meanwhile); before 10 the aggregators must have registered again with
+    # what they hold and both workers joined the rebuilt job again
+    def hook(it: int, job: str) -> None:
+        if it == 4:
+            pool.kill_master()
+        elif it == 7:
+            pool.start_master()
+        elif it == 10:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                try:
+                    status = pool.status()
+                except Exception:  # not answering yet
+                    status = {"jobs": [], "aggregators": []}
+                rejoined = [j for j in status["jobs"] if j["job"] == job
+                            and j["ranks_joined"] == [0, 1] and j["keys"] == 5]
+                alive = {a["id"] for a in status["aggregators"] if a["alive"]}
+                if rejoined and alive == set(pool.aggregators):
+                    return
+                time.sleep(0.1)
+            raise AssertionError(f"the job was not rebuilt: {status}")
+
+    got = train(pool, mode, {}, iteration_hook=hook)
+    check_same(got, references[mode])
+    status = pool.status()
+    assert got["job"] not in {j["job"] for j in status["jobs"]}, "released at the end"

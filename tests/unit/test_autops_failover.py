@@ -1,0 +1,166 @@
+"""Failure handling as plain decisions: where a lost aggregator's keys go (pMaster's
+``Failover`` on a fake clock and a recording outbox), where replicas live, and how an
+aggregator's store rebuilds a key from the workers' reports or continues from a replica."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autops import wire
+from autops.failover import Failover
+from autops.migration import Migrations
+from autops.partition import KeySpec
+from autops.pool import AggInfo, JobInfo, PoolState
+from autops.replication import pick_replica
+from autops.store import Store
+
+from test_autops_elastic import FakeClock, RecordingOutbox, message
+
+
+# --- replica placement --------------------------------------------------------------------
+def test_a_replica_goes_to_another_host_before_a_less_loaded_one():
+    candidates = [("a", "h1", 0), ("b", "h1", 0), ("c", "h2", 500)]
+    assert pick_replica("a", "h1", candidates) == "c"
+
+
+def test_a_replica_on_the_same_host_when_there_is_no_other():
+    assert pick_replica("a", "h1", [("a", "h1", 0), ("b", "h1", 9), ("c", "h1", 3)]) == "c"
+    assert pick_replica("a", "h1", [("a", "h1", 0)]) is None
+
+
+# --- pMaster: a lost aggregator's keys ------------------------------------------------------
+def pool_with_job(mode: str, clock: FakeClock, replicate: bool = True):
+    state = PoolState(heartbeat_timeout=5.0, clock=clock)
+    for i, host in enumerate(["h1", "h1", "h2"]):
+        state.add_aggregator(AggInfo(f"agg-{i}", f"id{i}".encode(), {"tcp": f"tcp://x:{i}"}, host, i, clock()))
+    job = JobInfo("j", "s", 2, 2, mode, True, "adam" if mode == "server" else None, {}, 1 << 20, 1 << 16,
+                  ["agg-0", "agg-1"])
+    job.replicate = replicate
+    conf = {"mode": mode, "average": True, "optimizer": job.optimizer, "hp": {}}
+    job.tensors = {"w": ((1000,), "float32", conf), "b": ((10,), "float32", conf)}
+    job.keys = {"w": KeySpec("w", "w", 0, 1000, "float32", False), "b": KeySpec("b", "b", 0, 10, "float32", False)}
+    job.table = {"w": "agg-0", "b": "agg-1"}
+    if mode == "server" and replicate:
+        job.replicas = {"w": "agg-2", "b": "agg-2"}
+    state.jobs["j"] = job
+    outbox = RecordingOutbox()
+    flushed = []
+    failover = Failover(state, outbox, Migrations(state, outbox), flushed.append)
+    return state, job, outbox, failover, flushed
+
+
+def silence(state: PoolState, agg: str, clock: FakeClock) -> None:
+    """Every aggregator but ``agg`` heartbeats now; then the clock passes the timeout."""
+    clock.t += 6.0
+    for a in state.aggs.values():
+        if a.agg_id != agg:
+            a.last_seen = clock.t
+
+
+def test_a_sum_mode_key_is_rebuilt_on_a_live_aggregator_of_the_job():
+    clock = FakeClock()
+    state, job, outbox, failover, flushed = pool_with_job("sum", clock)
+    silence(state, "agg-0", clock)
+    assert failover.check(clock()) == ["agg-0"]
+    assert job.table == {"w": "agg-1", "b": "agg-1"}
+    (agg, fields), = outbox.to(wire.FAILOVER)
+    assert agg == "agg-1" and not fields["promote"] and [k[0] for k in fields["keys"]] == ["w"]
+    assert job.epoch == 1 and job.lost_aggs == {"agg-0"} and "agg-0" not in state.aggs
+    assert job.pending_acks, "the table waits for the take-over's answer"
+    for _, _, reply, _ in outbox.waiting:
+        reply(message(wire.OK))
+    assert not job.pending_acks and flushed and job.failure is None
+
+
+def test_a_server_mode_key_is_promoted_on_its_replica_which_gets_a_new_replica():
+    clock = FakeClock()
+    state, job, outbox, failover, _ = pool_with_job("server", clock)
+    silence(state, "agg-0", clock)
+    failover.check(clock())
+    (agg, fields), = outbox.to(wire.FAILOVER)
+    assert agg == "agg-2" and fields["promote"] is True
+    assert job.table["w"] == "agg-2"
+    assert job.replicas["w"] == "agg-1" and fields["replicas"]["w"]["agg"] == "agg-1"
+
+
+def test_a_lost_replica_is_replaced():
+    clock = FakeClock()
+    state, job, outbox, failover, _ = pool_with_job("server", clock)
+    silence(state, "agg-2", clock)
+    failover.check(clock())
+    assert not outbox.to(wire.FAILOVER)
+    sets = outbox.to(wire.REPLICA_SET)
+    assert {agg for agg, _ in sets} == {"agg-0", "agg-1"}
+    assert all(fields["replica"]["agg"] in ("agg-0", "agg-1") and fields["replica"]["agg"] != agg
+               for agg, fields in sets)
+
+
+@pytest.mark.parametrize("mode", ["sum", "server"])
+def test_without_fault_tolerance_the_job_fails_with_a_message(mode):
+    clock = FakeClock()
+    state, job, outbox, failover, _ = pool_with_job(mode, clock, replicate=False)
+    silence(state, "agg-0", clock)
+    failover.check(clock())
+    assert not outbox.to(wire.FAILOVER)
+    assert "agg-0" in job.failure and ("fault tolerance" in job.failure or "replication" in job.failure)
+
+
+def test_a_pause_of_pmaster_itself_declares_nobody_lost():
+    clock = FakeClock()
+    state, job, outbox, failover, _ = pool_with_job("sum", clock)
+    assert failover.check(clock()) == []
+    clock.t += 10.0            # pMaster's loop did not run: heartbeats are waiting in its socket
+    assert failover.check(clock()) == []
+    assert "agg-0" in state.aggs
+
+
+# --- the aggregator's store -------------------------------------------------------------------
+def sum_key(world: int = 2) -> tuple[Store, object]:
+    store = Store()
+    store.assign("j", "s", world, "sum", [KeySpec("k", "k", 0, 4, "float32", False)], average=False)
+    return store, store.jobs["j"].keys["k"]
+
+
+def test_a_rebuilt_key_resumes_after_the_smallest_iteration_pulled():
+    store, ks = sum_key()
+    store.start_recovery(ks)
+    a, b = np.full(4, 1.0, np.float32), np.full(4, 2.0, np.float32)
+    # rank 0 pulled 6 and pushed 7; rank 1 pulled only 5: it resends 6, rank 0 its kept 6 and 7
+    ks.held += [(0, 7, a, False, True), (0, 6, a, False, True), (1, 6, b, False, True)]
+    assert store.recover_report(ks, 0, 6) == (False, [])
+    assert not store.pull_ready(ks, 6)
+    resumed, problems = store.recover_report(ks, 1, 5)
+    assert resumed and not problems
+    assert ks.completed == 6 and ks.ranks == {0}         # 6 rebuilt from both; 7 half pushed
+    np.testing.assert_array_equal(ks.value(6), a + b)
+    assert store.pull_ready(ks, 6)
+
+
+def test_replayed_pushes_the_key_has_are_skipped():
+    store, ks = sum_key()
+    ks.completed = 3
+    ks.ranks = {1}
+    assert store.already_has(ks, 0, 3) and store.already_has(ks, 1, 4)
+    assert not store.already_has(ks, 0, 4)
+
+
+def test_a_replica_takes_the_owners_steps_and_can_be_promoted():
+    spec = KeySpec("p", "p", 0, 8, "float32", False)
+    owner = Store()
+    owner.assign("j", "s", 1, "server", [spec], optimizer="adam", hp={"lr": 0.1})
+    ks = owner.jobs["j"].keys["p"]
+    owner.init(owner.jobs["j"], "p", np.linspace(0, 1, 8, dtype=np.float32))
+    backup = Store()
+    state = backup.ensure_job("j", "s", 1, "server", True, "adam", {"lr": 0.1})
+    meta, arrays = owner.export_key(ks)
+    rks = backup.install_replica(state, spec, "server", True, "adam", {"lr": 0.1}, meta, [a.copy() for a in arrays])
+    grads = []
+    owner.on_step = lambda k, g: grads.append(g.copy())
+    for it in (1, 2, 3):
+        owner.push(ks, 0, np.full(8, 0.5 * it, np.float32))
+        assert backup.replica_accepts(rks, it, grads[-1])
+        backup.replica_step(rks, it, grads[-1], dict(ks.optimizer.hp))
+    assert not backup.replica_accepts(rks, 5, grads[-1]), "a missing step is noticed"
+    np.testing.assert_array_equal(rks.param, ks.param)
+    promoted = backup.promote(state, "p")
+    assert promoted is rks and state.keys["p"].completed == 3 and not state.replicas
