@@ -8,8 +8,9 @@ keys there, ``Failover``:
 * gives each lost key a new owner: a ``server``-mode key goes to its replica, which holds
   its master copy, optimizer state and step (``FAILOVER`` with ``promote``); a ``sum``-mode
   key goes to a live aggregator of the job (the least loaded; any live one when the job has
-  none left), which rebuilds it from the workers: each rank reports the last iteration it
-  pulled (``RECOVER``) and resends the pushes it keeps (``agent``);
+  none left; one the provider starts when none is alive), which rebuilds it from the
+  workers: each rank reports the last iteration it pulled (``RECOVER``) and resends the
+  pushes it keeps (``agent``);
 * chooses new replicas where a replica was lost or promoted (``REPLICA_SET``);
 * bumps the job's ``epoch`` and records the lost aggregator, so the agents that ask for the
   table (they do when a request waits too long) learn which keys to recover. The table is
@@ -28,6 +29,7 @@ from . import wire
 from .migration import Migrations
 from .outbox import Outbox
 from .pool import AggInfo, JobInfo, PoolState
+from .providers import Provider
 from .replication import choose_replica, replica_info
 
 log = logging.getLogger("autops.failover")
@@ -38,11 +40,13 @@ class Failover:
     table requests of a job once its acknowledgements are in (pMaster's)."""
 
     def __init__(self, state: PoolState, outbox: Outbox, migrations: Migrations,
-                 flush: Callable[[JobInfo], None]) -> None:
+                 flush: Callable[[JobInfo], None], provider: Provider | None = None) -> None:
         self.state = state
         self.outbox = outbox
         self.migrations = migrations
         self.flush = flush
+        self.provider = provider or Provider()
+        self.starting: dict[str, list[tuple[str, str, list[str]]]] = {}   # new aggregator -> (job, lost, keys)
         self.lost: dict[str, AggInfo] = {}     # aggregators declared lost (state "lost"), for reports
         self.recovered_keys = 0
         self.failed_keys = 0
@@ -142,7 +146,7 @@ class Failover:
             else:
                 live = self._live_for(job, dead)
                 if not live:
-                    self._fail(job, f"aggregator {dead} was lost and no aggregator is left to take its keys")
+                    self._start_for(job, dead, keys)
                     return
                 hint = job.hint.get(key)
                 groups.setdefault((hint if hint in live else live[0], False, *sig), []).append(key)
@@ -163,6 +167,34 @@ class Failover:
             self._send(job, owner, wire.FAILOVER, job=job.job, secret=job.secret, world_size=job.world_size,
                        mode=mode, average=average, optimizer=optimizer, hp=json.loads(hp), promote=promote,
                        keys=[job.keys[k].to_wire() for k in group], replicas=replicas)
+
+    def _start_for(self, job: JobInfo, dead: str, keys: list[str]) -> None:
+        """No live aggregator is left: a fresh one from the provider takes the keys once it
+        registered (``aggregator_registered``); the job's table waits until then."""
+        started = self.provider.start(1) if self.provider.can_start(0) else []
+        if not started:
+            self._fail(job, f"aggregator {dead} was lost and no aggregator is left to take its keys")
+            return
+        log.info("job %s: aggregator %s started to take the keys of lost %s", job.job, started[0], dead)
+        self.starting.setdefault(started[0], []).append((job.job, dead, keys))
+        job.pending_acks.add(("starting", started[0]))
+
+    def aggregator_registered(self, info: AggInfo) -> bool:
+        """An aggregator registered: if it was started for lost keys, give them to it."""
+        waiting = self.starting.pop(info.agg_id, None)
+        if not waiting:
+            return False
+        info.state = "active"
+        for job_id, dead, keys in waiting:
+            job = self.state.jobs.get(job_id)
+            if job is None:
+                continue
+            job.pending_acks.discard(("starting", info.agg_id))
+            job.aggregators = sorted(set(job.aggregators) | {info.agg_id})
+            self._take_over(job, dead, [k for k in keys if job.table.get(k) == dead])
+            job.home = job.home if job.home in self.state.aggs else info.agg_id
+            self.flush(job)
+        return True
 
     def _rereplicate(self, job: JobInfo, keys: list[str]) -> None:
         """Keys whose replica was lost get a new one (their owner sends it the whole state)."""

@@ -77,7 +77,7 @@ class Master:
         self.config = elastic or ElasticConfig()
         self.migrations = Migrations(self.state, self.outbox)
         self.elastic = Elastic(self.state, self.outbox, self.config, self.provider, self.migrations)
-        self.failover = Failover(self.state, self.outbox, self.migrations, self._flush_parked)
+        self.failover = Failover(self.state, self.outbox, self.migrations, self._flush_parked, self.provider)
         self.report_period = report_period
         self._next_report = self.clock()
         self.publisher = None
@@ -188,6 +188,8 @@ class Master:
         if not reset:
             self._adopt(info, msg.get("holding") or {})
         self._reply(identity, wire.encode(wire.OK, req=msg.get("req"), agg=agg_id, reset=reset))
+        if self.failover.aggregator_registered(info):
+            return
         if not self.elastic.registered_for_revert(info):
             ready = self.elastic.aggregator_registered(info)
             if ready is not None:

@@ -10,6 +10,8 @@ hits a migration; and when the workers' kept pushes are corrupted the check must
 from __future__ import annotations
 
 import itertools
+import os
+import signal
 import threading
 import time
 
@@ -73,14 +75,15 @@ def settled(pool: LocalPool, timeout: float = 30.0) -> None:
 
 
 def train(pool: LocalPool, mode: str, kills: dict[int, tuple], migrate_at: int | None = None,
-          timeout: float = 30.0, iteration_hook=None) -> dict:
+          timeout: float = 30.0, iteration_hook=None, num_aggregators: int = 2, settle: bool = True) -> dict:
     """One W=2 job of ITERS iterations. ``kills``: iteration -> (phase, choice, delay):
     phase ``start`` kills before the iteration's pushes, ``pushed`` once both ranks' pushes
     were acknowledged and before any pull, ``async`` ``delay`` seconds into the iteration from
     another thread. ``choice`` >= 0 picks among the job's owners, < 0 among all aggregators."""
-    settled(pool)
+    if settle:
+        settled(pool)
     job = f"fail-{mode}-{next(_jobs)}"
-    kw = dict(mode=mode, average=mode == "server", num_aggregators=2, timeout=timeout,
+    kw = dict(mode=mode, average=mode == "server", num_aggregators=num_aggregators, timeout=timeout,
               partition_bytes=256 << 10)
     if mode == "server":
         kw.update(optimizer="adam", hp={"lr": 0.05})
@@ -307,3 +310,22 @@ def test_a_restarted_pmaster_adopts_its_running_jobs(pool, references, mode):
     check_same(got, references[mode])
     status = pool.status()
     assert got["job"] not in {j["job"] for j in status["jobs"]}, "released at the end"
+
+
+def test_with_no_aggregator_left_the_provider_starts_one_that_takes_the_keys():
+    # a pool whose aggregators pMaster starts itself (local provider): the job's only
+    # aggregator is killed; the recovered keys go to a fresh one
+    small = LocalPool(0, master_args=["--static", "--provider", "local", "--max-aggregators", "1",
+                                      "--heartbeat-timeout", "2.0"])
+    with small:
+        ref = train(small, "sum", {}, num_aggregators=1, settle=False)
+
+        def kill_owner(it: int, job: str) -> None:
+            if it == 5:
+                (agg,) = [a for a in small.status()["aggregators"] if a["alive"]]
+                os.kill(agg["pid"], signal.SIGKILL)
+
+        got = train(small, "sum", {}, num_aggregators=1, settle=False, iteration_hook=kill_owner)
+        check_same(got, ref)
+        status = small.status()
+        assert status["failover"]["lost_aggregators"] and status["failover"]["recovered_keys"] == 5
