@@ -7,10 +7,9 @@ keys there, ``Failover``:
   keys moving *to* it stay with their old owner (``MIGRATE_ABORT``); the rest are lost keys;
 * gives each lost key a new owner: a ``server``-mode key goes to its replica, which holds
   its master copy, optimizer state and step (``FAILOVER`` with ``promote``); a ``sum``-mode
-  key goes to a live aggregator of the job (the least loaded; any live one when the job has
-  none left; one the provider starts when none is alive), which rebuilds it from the
-  workers: each rank reports the last iteration it pulled (``RECOVER``) and resends the
-  pushes it keeps (``agent``);
+  key is placed like any task (``_place``) and its new owner rebuilds it from the workers:
+  each rank reports the last iteration it pulled (``RECOVER``) and resends the pushes it
+  keeps (``agent``);
 * chooses new replicas where a replica was lost or promoted (``REPLICA_SET``);
 * bumps the job's ``epoch`` and records the lost aggregator, so the agents that ask for the
   table (they do when a request waits too long) learn which keys to recover. The table is
@@ -26,6 +25,7 @@ import logging
 from typing import Callable
 
 from . import wire
+from .assignment import pack_job
 from .migration import Migrations
 from .outbox import Outbox
 from .pool import AggInfo, JobInfo, PoolState
@@ -126,7 +126,60 @@ class Failover:
         own = [a for a in job.aggregators if a in live]
         return sorted(own or live, key=lambda a: (load.get(a, 0), a))
 
-    def _take_over(self, job: JobInfo, dead: str, keys: list[str]) -> None:
+    def _place(self, job: JobInfo, dead: str, keys: list[str]) -> dict[str, str]:
+        """New owners of lost ``sum`` keys. A key that was migrating keeps its destination.
+
+        A packed job's keys are packed like at its arrival (Pseudocode 3, ``pack_job``) onto
+        its cluster's live aggregators; where none has room, an idle aggregator of the pool
+        joins the cluster, and after those a fresh one from the provider (named ``+i`` here).
+        Other jobs (profiling, dedicated, or not profiled yet) spread over their own live
+        aggregators, least loaded first, else over any live one; none alive gives ``+0``.
+        """
+        live = {a.agg_id for a in self.state.live_aggregators() if a.agg_id != dead}
+        placed = {k: job.hint[k] for k in keys if job.hint.get(k) in live}
+        rest = [k for k in keys if k not in placed]
+        cluster = self.state.clusters.get(job.cluster) if job.cluster else None
+        if rest and job.state == "packed" and cluster is not None and job.standalone:
+            loads = self.state.loads([a for a in self.state.cluster_aggs(cluster) if a in live])
+            for key, owner in placed.items():
+                if owner in loads:
+                    d, e = loads[owner].get(job.job, (job.standalone, 0.0))
+                    loads[owner][job.job] = (d, e + job.cost(key))
+            idle = [a.agg_id for a in self.state.idle() if a.agg_id != dead]
+            table, _ = pack_job(job.job, job.standalone, [(k, job.cost(k)) for k in rest], loads,
+                                lambda i: idle[i] if i < len(idle) else f"+{i - len(idle)}")
+            return {**placed, **table}
+        ranked = self._live_for(job, dead)
+        return {**placed, **{k: ranked[0] if ranked else "+0" for k in rest}}
+
+    def _take_over(self, job: JobInfo, dead: str, keys: list[str], owner: str | None = None) -> None:
+        """New owners for ``keys`` of lost ``dead`` (all of them to ``owner`` when given)."""
+        modes = {k: job.tensors[job.keys[k].tensor][2]["mode"] for k in keys}
+        summed = [k for k in keys if modes[k] != "server"]
+        if summed and not job.replicate:
+            self._fail(job, f"aggregator {dead} was lost with keys of this job, which runs without "
+                            "fault tolerance (its workers keep no copies of their pushes)")
+            return
+        placed = {k: owner for k in summed} if owner else self._place(job, dead, summed)
+        fresh = sorted({a for a in placed.values() if a.startswith("+")})
+        if fresh:
+            ranked = self._live_for(job, dead)
+            started = self.provider.start(len(fresh)) if self.provider.can_start(0) >= len(fresh) else []
+            if len(started) == len(fresh):
+                names = dict(zip(fresh, started))
+                for new in started:
+                    log.info("job %s: aggregator %s started to take keys of lost %s", job.job, new, dead)
+                    self.starting.setdefault(new, []).append(
+                        (job.job, dead, [k for k, a in placed.items() if names.get(a) == new]))
+                    job.pending_acks.add(("starting", new))
+                placed = {k: a for k, a in placed.items() if a not in names}
+            elif ranked:
+                log.info("job %s: no aggregator can be started; keys of lost %s go to %s", job.job, dead, ranked[0])
+                placed = {k: ranked[0] if a in fresh else a for k, a in placed.items()}
+            else:
+                self._fail(job, f"aggregator {dead} was lost and no aggregator is left to take its keys")
+                return
+        self._join_cluster(job, set(placed.values()))
         groups: dict[tuple, list[str]] = {}
         for key in keys:
             conf = job.tensors[job.keys[key].tensor][2]
@@ -139,61 +192,57 @@ class Failover:
                                     + ("" if job.replicate else " (the job runs without replication)"))
                     return
                 groups.setdefault((replica, True, *sig), []).append(key)
-            elif not job.replicate:
-                self._fail(job, f"aggregator {dead} was lost with keys of this job, which runs without "
-                                "fault tolerance (its workers keep no copies of their pushes)")
-                return
-            else:
-                live = self._live_for(job, dead)
-                if not live:
-                    self._start_for(job, dead, keys)
-                    return
-                hint = job.hint.get(key)
-                groups.setdefault((hint if hint in live else live[0], False, *sig), []).append(key)
-        for (owner, promote, mode, average, optimizer, hp), group in groups.items():
+            elif key in placed:
+                groups.setdefault((placed[key], False, *sig), []).append(key)
+        for (new_owner, promote, mode, average, optimizer, hp), group in groups.items():
             replicas = {}
             for key in group:
-                job.table[key] = owner
+                job.table[key] = new_owner
                 if mode == "server" and job.replicate:
-                    new = choose_replica(self.state, owner, exclude={dead})
+                    new = choose_replica(self.state, new_owner, exclude={dead})
                     if new is not None:
                         job.replicas[key] = new
                         replicas[key] = replica_info(self.state, new)
                         job.touched.add(new)
-            job.touched.add(owner)
+            job.touched.add(new_owner)
             self.recovered_keys += len(group)
             log.info("job %s: %d key(s) of lost aggregator %s %s %s", job.job, len(group), dead,
-                     "promoted on their replica" if promote else "rebuilt from the workers on", owner)
-            self._send(job, owner, wire.FAILOVER, job=job.job, secret=job.secret, world_size=job.world_size,
+                     "promoted on their replica" if promote else "rebuilt from the workers on", new_owner)
+            self._send(job, new_owner, wire.FAILOVER, job=job.job, secret=job.secret, world_size=job.world_size,
                        mode=mode, average=average, optimizer=optimizer, hp=json.loads(hp), promote=promote,
                        keys=[job.keys[k].to_wire() for k in group], replicas=replicas)
 
-    def _start_for(self, job: JobInfo, dead: str, keys: list[str]) -> None:
-        """No live aggregator is left: a fresh one from the provider takes the keys once it
-        registered (``aggregator_registered``); the job's table waits until then."""
-        started = self.provider.start(1) if self.provider.can_start(0) else []
-        if not started:
-            self._fail(job, f"aggregator {dead} was lost and no aggregator is left to take its keys")
-            return
-        log.info("job %s: aggregator %s started to take the keys of lost %s", job.job, started[0], dead)
-        self.starting.setdefault(started[0], []).append((job.job, dead, keys))
-        job.pending_acks.add(("starting", started[0]))
+    def _join_cluster(self, job: JobInfo, aggs: set[str]) -> None:
+        """Idle (or freshly started) aggregators that took keys of a packed job join its cluster."""
+        cluster = self.state.clusters.get(job.cluster) if job.cluster else None
+        for agg in aggs:
+            info = self.state.aggs.get(agg)
+            if info is None or info.state not in ("idle", "starting"):
+                continue
+            info.state = "active"
+            if cluster is not None and job.state == "packed":
+                info.cluster = cluster.name
+                cluster.aggs.add(agg)
+            else:
+                info.exclusive = info.exclusive or (job.job if job.state == "dedicated" else None)
 
     def aggregator_registered(self, info: AggInfo) -> bool:
         """An aggregator registered: if it was started for lost keys, give them to it."""
         waiting = self.starting.pop(info.agg_id, None)
         if not waiting:
             return False
-        info.state = "active"
+        info.state = "starting"
         for job_id, dead, keys in waiting:
             job = self.state.jobs.get(job_id)
             if job is None:
                 continue
             job.pending_acks.discard(("starting", info.agg_id))
             job.aggregators = sorted(set(job.aggregators) | {info.agg_id})
-            self._take_over(job, dead, [k for k in keys if job.table.get(k) == dead])
+            self._take_over(job, dead, [k for k in keys if job.table.get(k) == dead], owner=info.agg_id)
             job.home = job.home if job.home in self.state.aggs else info.agg_id
             self.flush(job)
+        if info.state == "starting":
+            info.state = "active"
         return True
 
     def _rereplicate(self, job: JobInfo, keys: list[str]) -> None:

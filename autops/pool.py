@@ -29,7 +29,7 @@ class AggInfo:
     pid: int
     last_seen: float
     stats: dict = field(default_factory=dict)
-    state: str = "idle"                 # idle | temporary | active | draining
+    state: str = "idle"                 # idle | temporary | active | draining (| starting: registering for a failover)
     cluster: str | None = None
     reserved_for: str | None = None     # temporary: the job being profiled on it
     exclusive: str | None = None        # serves only this (reverted or dedicated) job

@@ -75,8 +75,9 @@ def settled(pool: LocalPool, timeout: float = 30.0) -> None:
 
 
 def train(pool: LocalPool, mode: str, kills: dict[int, tuple], migrate_at: int | None = None,
-          timeout: float = 30.0, iteration_hook=None, num_aggregators: int = 2, settle: bool = True) -> dict:
-    """One W=2 job of ITERS iterations. ``kills``: iteration -> (phase, choice, delay):
+          timeout: float = 30.0, iteration_hook=None, num_aggregators: int = 2, settle: bool = True,
+          iters: int = ITERS) -> dict:
+    """One W=2 job of ``iters`` iterations. ``kills``: iteration -> (phase, choice, delay):
     phase ``start`` kills before the iteration's pushes, ``pushed`` once both ranks' pushes
     were acknowledged and before any pull, ``async`` ``delay`` seconds into the iteration from
     another thread. ``choice`` >= 0 picks among the job's owners, < 0 among all aggregators."""
@@ -107,7 +108,7 @@ def train(pool: LocalPool, mode: str, kills: dict[int, tuple], migrate_at: int |
                 agent = agents[rank]
                 out = {n: np.empty(s, np.float32) for n, s, _ in TENSORS}
                 acc = {n: np.zeros(s, np.float64) for n, s, _ in TENSORS}
-                for it in range(1, ITERS + 1):
+                for it in range(1, iters + 1):
                     t0 = time.monotonic()
                     phase, choice, delay = kills.get(it, (None, 0, 0.0))
                     barrier.wait()
@@ -329,3 +330,36 @@ def test_with_no_aggregator_left_the_provider_starts_one_that_takes_the_keys():
         check_same(got, ref)
         status = small.status()
         assert status["failover"]["lost_aggregators"] and status["failover"]["recovered_keys"] == 5
+
+
+ITERS_PACKED = 300
+
+
+def test_a_packed_jobs_lost_keys_are_packed_again_in_its_cluster():
+    # an elastic pool: the job is profiled and packed, then the aggregator holding its keys is
+    # killed; its keys are packed again (Pseudocode 3) on an aggregator that joins the job's
+    # cluster, and the result is bit-identical to a run without the failure
+    fast = ["--warmup-iters", "2", "--profile-iters", "5", "--period", "2", "--heartbeat-timeout", "2.0"]
+    with LocalPool(3, master_args=fast, aggregator_args=["--heartbeat-interval", "0.2"]) as elastic:
+        ref = train(elastic, "sum", {}, num_aggregators=1, iters=ITERS_PACKED)
+        seen: dict = {}
+
+        def kill_when_packed(it: int, job: str) -> None:
+            status = elastic.status()
+            (record,) = [j for j in status["jobs"] if j["job"] == job]
+            if "victim" not in seen and record["state"] == "packed" and status["migrations"]["active"] == 0:
+                seen["victim"], seen["cluster"] = record["aggregators"][0], record["cluster"]
+                os.kill(next(a["pid"] for a in status["aggregators"] if a["id"] == seen["victim"]), signal.SIGKILL)
+            elif "victim" in seen and "after" not in seen and seen["victim"] not in record["aggregators"]:
+                seen["after"] = (record, {a["id"]: a for a in status["aggregators"]})
+            elif "victim" not in seen:
+                time.sleep(0.05)          # slower iterations while pMaster profiles the job
+
+        got = train(elastic, "sum", {}, num_aggregators=1, iters=ITERS_PACKED, iteration_hook=kill_when_packed)
+        check_same(got, ref)
+        assert "after" in seen, f"the job was not packed, or its keys did not move: {seen}"
+        record, aggs = seen["after"]
+        assert record["state"] == "packed" and record["cluster"] == seen["cluster"]
+        assert all(aggs[a]["cluster"] == seen["cluster"] and aggs[a]["state"] == "active"
+                   for a in record["aggregators"]), (record, aggs)
+        assert aggs[seen["victim"]]["state"] == "lost"

@@ -114,6 +114,99 @@ def test_a_pause_of_pmaster_itself_declares_nobody_lost():
     assert "agg-0" in state.aggs
 
 
+def packed_pool(clock: FakeClock, idle: int = 0, provider=None):
+    """Cluster c0 of agg-0..agg-2 (same D=1 s): job j packed on agg-0 (w, e=0.3) and agg-1
+    (b, e=0.1); job k fills agg-1 (e=0.8) and half of agg-2 (e=0.5). ``idle`` more
+    aggregators wait in the pool."""
+    state = PoolState(heartbeat_timeout=5.0, clock=clock)
+    for i in range(3 + idle):
+        state.add_aggregator(AggInfo(f"agg-{i}", f"id{i}".encode(), {"tcp": f"tcp://x:{i}"}, "h1", i, clock()))
+    cluster = state.open_cluster()
+    for i in range(3):
+        state.aggs[f"agg-{i}"].state, state.aggs[f"agg-{i}"].cluster = "active", cluster.name
+        cluster.aggs.add(f"agg-{i}")
+    conf = {"mode": "sum", "average": True, "optimizer": None, "hp": {}}
+    for name, keys in {"j": {"w": ("agg-0", 0.3), "b": ("agg-1", 0.1)},
+                       "k": {"x": ("agg-1", 0.8), "y": ("agg-2", 0.5)}}.items():
+        job = JobInfo(name, "s", 2, 2, "sum", True, None, {}, 1 << 20, 1 << 16,
+                      sorted({a for a, _ in keys.values()}))
+        job.tensors = {key: ((1000,), "float32", conf) for key in keys}
+        job.keys = {key: KeySpec(key, key, 0, 1000, "float32", False) for key in keys}
+        job.table = {key: agg for key, (agg, _) in keys.items()}
+        job.e = {key: e for key, (_, e) in keys.items()}
+        job.state, job.cluster, job.standalone = "packed", cluster.name, 1.0
+        cluster.jobs.add(name)
+        state.jobs[name] = job
+    outbox = RecordingOutbox()
+    flushed = []
+    failover = Failover(state, outbox, Migrations(state, outbox), flushed.append, provider)
+    return state, outbox, failover, flushed
+
+
+def test_a_packed_jobs_lost_key_is_packed_where_it_fits_not_on_the_jobs_least_loaded():
+    clock = FakeClock()
+    state, outbox, failover, _ = packed_pool(clock)
+    silence(state, "agg-0", clock)
+    failover.check(clock())
+    # agg-1 is the job's own and least loaded by bytes, but has 0.1 s free of its 1 s cycle;
+    # agg-2 has 0.5 s free: Pseudocode 3 puts w (0.3 s) there.
+    assert state.jobs["j"].table["w"] == "agg-2"
+    (agg, fields), = outbox.to(wire.FAILOVER)
+    assert agg == "agg-2" and [k[0] for k in fields["keys"]] == ["w"]
+
+
+def test_without_room_in_the_cluster_an_idle_aggregator_joins_it():
+    clock = FakeClock()
+    state, outbox, failover, _ = packed_pool(clock, idle=1)
+    state.jobs["j"].e["w"] = 0.7                 # fits neither agg-1 (0.1 free) nor agg-2 (0.5)
+    silence(state, "agg-0", clock)
+    failover.check(clock())
+    assert state.jobs["j"].table["w"] == "agg-3"
+    assert state.aggs["agg-3"].state == "active" and "agg-3" in state.clusters["c0"].aggs
+
+
+class StartingProvider:
+    """Starts aggregators by name only; they register when the test says so."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+
+    def can_start(self, running: int) -> int:
+        return 4
+
+    def start(self, n: int) -> list[str]:
+        names = [f"new-{len(self.started) + i}" for i in range(n)]
+        self.started += names
+        return names
+
+
+def test_without_room_or_idle_aggregators_a_fresh_one_is_started_and_joins_the_cluster():
+    clock = FakeClock()
+    provider = StartingProvider()
+    state, outbox, failover, flushed = packed_pool(clock, provider=provider)
+    job = state.jobs["j"]
+    job.e["w"] = 0.7
+    silence(state, "agg-0", clock)
+    failover.check(clock())
+    assert provider.started == ["new-0"] and not outbox.to(wire.FAILOVER)
+    assert ("starting", "new-0") in job.pending_acks, "the table waits for the new aggregator"
+    info = AggInfo("new-0", b"idn", {"tcp": "tcp://x:9"}, "h1", 9, clock())
+    state.add_aggregator(info)
+    assert failover.aggregator_registered(info)
+    assert job.table["w"] == "new-0" and info.state == "active" and "new-0" in state.clusters["c0"].aggs
+    (agg, fields), = outbox.to(wire.FAILOVER)
+    assert agg == "new-0" and [k[0] for k in fields["keys"]] == ["w"]
+
+
+def test_without_room_and_nothing_to_start_the_key_goes_to_the_jobs_least_loaded():
+    clock = FakeClock()
+    state, outbox, failover, _ = packed_pool(clock)
+    state.jobs["j"].e["w"] = 0.7
+    silence(state, "agg-0", clock)
+    failover.check(clock())
+    assert state.jobs["j"].table["w"] == "agg-1" and state.jobs["j"].failure is None
+
+
 # --- the aggregator's store -------------------------------------------------------------------
 def sum_key(world: int = 2) -> tuple[Store, object]:
     store = Store()
