@@ -34,6 +34,12 @@ stop all ranks at the same iteration when one saw a preemption request;
 ``any_rank_async`` starts it early so the round trip overlaps the iteration.
 ``allgather(tensor, name)`` gives every rank all ranks' tensors (per-rank RNG states for the
 checkpoint rank 0 writes).
+
+GPU tensors. Parameters, gradients and tensors may live on a CUDA device: each is staged
+through a pinned host buffer (``autops.torch_device``). A gradient's copy to the host starts
+in its autograd hook on a side stream and its push leaves once the copy is done, so the copy
+overlaps the rest of backward and the other tensors' communication; results are copied back
+into the device tensors when ``step()``/``synchronize()`` waits for them.
 """
 from __future__ import annotations
 
@@ -45,6 +51,7 @@ import torch
 
 from .agent import DEFAULT_TIMEOUT, Agent, AutoPSError, Handle
 from .optim import hp_from_torch_group, optimizer_name_of
+from .torch_device import DeviceStager, StagedHandle, host_array
 
 log = logging.getLogger("autops.torch")
 
@@ -62,6 +69,18 @@ class _Context:
         self.bcast_seq: dict[str, int] = {}
         self.declared: set[str] = set()
         self.outstanding: list[tuple[Handle, Any]] = []
+        self._stager: DeviceStager | None = None
+
+    def stager(self) -> DeviceStager:
+        """The pinned-memory stager for device tensors (started on first use)."""
+        if self._stager is None:
+            self._stager = DeviceStager()
+        return self._stager
+
+    def close(self) -> None:
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
 
 
 _ctx: _Context | None = None
@@ -115,6 +134,8 @@ def shutdown() -> None:
     if _ctx is not None and _ctx.agent is not None:
         _ctx.agent.job_done()
         _ctx.agent.close()
+    if _ctx is not None:
+        _ctx.close()
     _ctx = None
 
 
@@ -133,11 +154,20 @@ def placement() -> dict[str, list[str]]:
 
 
 def _flat_numpy(t: torch.Tensor):
-    if t.device.type != "cpu":
-        raise AutoPSError(f"tensor on {t.device}: AutoPS moves CPU tensors; copy to CPU first")
+    """A CPU tensor's flat numpy view; a device tensor's copy on the host (read-only use)."""
     if not t.is_contiguous():
         raise AutoPSError("tensor must be contiguous")
-    return t.detach().reshape(-1).numpy()
+    return host_array(t if t.device.type == "cpu" else t.detach().cpu())
+
+
+def _on_device(t: torch.Tensor) -> bool:
+    if t.device.type == "cpu":
+        return False
+    if t.device.type != "cuda":
+        raise AutoPSError(f"tensor on {t.device}: AutoPS moves CPU and CUDA tensors")
+    if not t.is_contiguous():
+        raise AutoPSError("tensor must be contiguous")
+    return True
 
 
 def _declare(ctx: _Context, entries: list[tuple]) -> None:
@@ -161,8 +191,11 @@ def push_pull_async(tensor: torch.Tensor, name: str, average: bool = True) -> Ha
     _declare(ctx, [(key, tuple(tensor.shape), _dtype_name(tensor), {"mode": "sum", "average": average})])
     it = ctx.iterations.get(key, 0) + 1
     ctx.iterations[key] = it
-    arr = _flat_numpy(tensor)
-    handle = ctx.agent.push_pull(key, arr, arr, it)
+    if _on_device(tensor):
+        handle = ctx.stager().submit(key, tensor, lambda a: ctx.agent.push_pull(key, a, a, it), result=tensor)
+    else:
+        arr = _flat_numpy(tensor)
+        handle = ctx.agent.push_pull(key, arr, arr, it)
     ctx.outstanding.append((handle, tensor))
     return handle
 
@@ -227,6 +260,10 @@ def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[tuple[str
 def _broadcast_start(ctx: _Context, name: str, tensor: torch.Tensor, root_rank: int) -> Handle:
     seq = ctx.bcast_seq.get(name, 0)
     ctx.bcast_seq[name] = seq + 1
+    if _on_device(tensor):
+        return ctx.stager().submit(f"bcast.{name}", tensor.data,
+                                   lambda a: ctx.agent.broadcast(f"bcast.{name}", a, root_rank, seq),
+                                   result=tensor.data)
     return ctx.agent.broadcast(f"bcast.{name}", _flat_numpy(tensor.data), root_rank, seq)
 
 
@@ -309,8 +346,9 @@ class _DistributedMixin:
             entries.append((name, tuple(p.shape), _dtype_name(p), opts))
         _declare(ctx, entries)
         for p in names:
-            if mode == "server":
-                self._aps_staging[p] = torch.empty_like(p.data, memory_format=torch.contiguous_format)
+            if mode == "server":        # where pulled parameters land (pinned host memory for a GPU's)
+                self._aps_staging[p] = (ctx.stager().buffer(names[p], "params", p.data) if _on_device(p.data) else
+                                        torch.empty_like(p.data, memory_format=torch.contiguous_format))
             p.register_post_accumulate_grad_hook(self._aps_hook)
 
     def _aps_hp(self, p) -> dict:
@@ -355,15 +393,23 @@ class _DistributedMixin:
         if not grad.is_contiguous():
             p.grad = grad = grad.contiguous()
         it = self._aps_iteration + 1
-        g = _flat_numpy(grad)
-        if self._aps_mode == "sum":
-            handle = ctx.agent.push_pull(self._aps_names[p], g, g, it)
-        else:
+        name, agent = self._aps_names[p], ctx.agent
+        changed = None
+        if self._aps_mode == "server":
             hp = self._aps_hp(p)
             changed = hp if self._aps_hp_sent.get(id(p)) != hp else None
             if changed:
                 self._aps_hp_sent[id(p)] = hp
-            handle = ctx.agent.push_pull(self._aps_names[p], g, _flat_numpy(self._aps_staging[p]), it, hp=changed)
+        if _on_device(grad):
+            if self._aps_mode == "sum":
+                handle = ctx.stager().submit(name, grad, lambda g: agent.push_pull(name, g, g, it), result=grad)
+            else:
+                out = host_array(self._aps_staging[p])
+                handle = ctx.stager().submit(name, grad, lambda g: agent.push_pull(name, g, out, it, hp=changed))
+        else:
+            g = _flat_numpy(grad)
+            out = g if self._aps_mode == "sum" else _flat_numpy(self._aps_staging[p])
+            handle = agent.push_pull(name, g, out, it, hp=changed)
         self._aps_handles[p] = handle
 
     def synchronize(self) -> None:
@@ -373,6 +419,9 @@ class _DistributedMixin:
         for p in self._aps_names:
             if p not in self._aps_handles:
                 self._aps_start(p)
+        for handle in self._aps_handles.values():
+            if isinstance(handle, StagedHandle):
+                handle.submitted()       # staged pushes reach the agent before it flushes its batches
         self._aps_ctx.agent.flush()
         handles, self._aps_handles = self._aps_handles, {}
         for handle in handles.values():
@@ -423,7 +472,7 @@ class _DistributedMixin:
                 scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
                 state["step"] = torch.tensor(float(handle.step), dtype=scalar)
             for key, value in handle.state.items():
-                state[key] = torch.from_numpy(value).view(p.shape).to(p.dtype)
+                state[key] = torch.from_numpy(value).view(p.shape).to(device=p.device, dtype=p.dtype)
             self.state[p] = state
 
 

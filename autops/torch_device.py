@@ -1,0 +1,131 @@
+"""CUDA tensors for the parameter service: pinned host staging that overlaps communication.
+
+AutoPS moves host memory. ``DeviceStager.push_pull`` takes a tensor on a GPU:
+
+1. it copies the tensor into a pinned host buffer on a side stream, after the work already
+   queued on the current stream (autograd's), and records an event -- the training thread
+   goes on at once, so the copy overlaps the rest of backward;
+2. a stager thread waits for that event and hands the host buffer to the agent, so the push
+   leaves as soon as the bytes are on the host and the pushes leave in the order they came;
+3. ``wait()`` on the returned handle waits for the result (in a pinned buffer), copies it
+   back into the device tensor on the side stream, and makes the current stream wait for
+   that copy, so whatever the caller queues next sees the result.
+
+The device operations (buffers, streams, events) go through ``CudaOps``; tests pass a fake
+that runs them synchronously on CPU tensors to check the ordering and copies without a GPU.
+One stager per training process; its pinned buffers are kept per name and reused.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from concurrent.futures import Future
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+__all__ = ["CudaOps", "DeviceStager", "StagedHandle", "host_array"]
+
+
+def host_array(t: torch.Tensor) -> np.ndarray:
+    """The flat numpy view of a contiguous CPU tensor (shares its memory)."""
+    return t.detach().reshape(-1).numpy()
+
+
+class CudaOps:
+    """What staging needs from CUDA: pinned buffers, one side stream, events."""
+
+    def __init__(self) -> None:
+        self.stream = torch.cuda.Stream()
+
+    def pinned_like(self, t: torch.Tensor) -> torch.Tensor:
+        return torch.empty(t.numel(), dtype=t.dtype, pin_memory=True)
+
+    def to_host(self, src: torch.Tensor, dst: torch.Tensor) -> Any:
+        """Queue ``dst <- src`` after the current stream's work; returns an event to wait on."""
+        self.stream.wait_stream(torch.cuda.current_stream(src.device))
+        with torch.cuda.stream(self.stream):
+            dst.copy_(src.detach().reshape(-1), non_blocking=True)
+            src.record_stream(self.stream)       # src's memory is not reused before the copy ran
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        return event
+
+    def wait_event(self, event: Any) -> None:
+        event.synchronize()
+
+    def to_device(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Queue ``dst <- src`` and make the current stream wait for it."""
+        with torch.cuda.stream(self.stream):
+            dst.view(-1).copy_(src, non_blocking=True)
+        torch.cuda.current_stream(dst.device).wait_stream(self.stream)
+
+
+class StagedHandle:
+    """Completion of one staged operation: ``wait()`` also copies the result back."""
+
+    def __init__(self, submitted: Future, finish: Callable[[], None]) -> None:
+        self._submitted = submitted
+        self._finish = finish
+        self._done = False
+
+    def submitted(self, timeout: float | None = None) -> Any:
+        """Wait until the operation was handed to the agent; its handle."""
+        return self._submitted.result(timeout)
+
+    def wait(self, timeout: float | None = None) -> None:
+        if self._done:
+            return
+        self.submitted(timeout).wait(timeout)
+        self._finish()
+        self._done = True
+
+
+class DeviceStager:
+    """Stages device tensors through pinned host buffers for an agent's operations."""
+
+    def __init__(self, ops: Any | None = None) -> None:
+        self.ops = ops if ops is not None else CudaOps()
+        self._buffers: dict[tuple[str, str], torch.Tensor] = {}
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="autops-stager", daemon=True)
+        self._thread.start()
+
+    def buffer(self, name: str, role: str, like: torch.Tensor) -> torch.Tensor:
+        """The pinned host buffer ``role`` of ``name`` (made on first use, then reused)."""
+        buf = self._buffers.get((name, role))
+        if buf is None or buf.numel() != like.numel() or buf.dtype != like.dtype:
+            buf = self._buffers[(name, role)] = self.ops.pinned_like(like)
+        return buf
+
+    def submit(self, name: str, tensor: torch.Tensor, start: Callable[[np.ndarray], Any],
+               result: torch.Tensor | None = None) -> StagedHandle:
+        """Copy ``tensor`` to the host, then ``start(host_array)`` (from the stager thread,
+        once the copy is done) must return a handle whose result lands in that same array;
+        ``wait()`` copies it back into ``result`` (a device tensor; None: nothing comes back)."""
+        host = self.buffer(name, "io", tensor)
+        event = self.ops.to_host(tensor, host)
+        submitted: Future = Future()
+        self._queue.put((event, lambda: start(host_array(host)), submitted))
+
+        def finish() -> None:
+            if result is not None:
+                self.ops.to_device(host, result)
+        return StagedHandle(submitted, finish)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            event, start, submitted = item
+            try:
+                self.ops.wait_event(event)
+                submitted.set_result(start())
+            except BaseException as exc:      # the caller's wait() raises it
+                submitted.set_exception(exc)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(10)
