@@ -5,5 +5,6 @@ about any of them: versioned messages and their errors (``messages``), this mach
 identity (``hostid``), addresses and endpoints (``endpoints``), a thread waker
 (``waker``), stopping child processes (``procs``), job traces read into plain records
 (``trace``: AutoPS's and Tiresias's simulators replay the same traces) and the command-line
-helpers every CLI uses (``cli``). Each system keeps its own protocol on top.
+helpers every CLI uses (``cli``), emulated hosts for tests and benchmarks (``testbed``, the
+``dlrt`` command in ``main``). Each system keeps its own protocol on top.
 """

@@ -28,6 +28,7 @@ from unittest import mock
 import pytest
 
 import autops.cli
+import dlrt.main
 from autops.simulate import public, simulate
 import infiniswap.cli
 import tiresias.cli
@@ -67,6 +68,7 @@ ROOTS = [
     (["autops"], autops.cli.main, [], {("bench", name): m for name, (m, _) in autops.cli.BENCHMARKS.items()}),
     (["infiniswap"], infiniswap.cli.main, [], {(name,): m for name, (m, _) in infiniswap.cli.FORWARDED.items()}),
     (["tiresias"], tiresias.cli.main, [], {}),
+    (["dlrt"], dlrt.main.main, [], {}),
 ]
 SPECIAL = [(["infiniswap", "device", "stop"], infiniswap.cli.main, ["device", "stop"])]   # its own parser
 
