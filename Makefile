@@ -4,18 +4,19 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test bench clean
+.PHONY: setup pyverbs demo demo-hosts test bench clean
 
-setup: $(STAMP)
+setup: $(STAMP) pyverbs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # System packages: libfuse3 (+ pkg-config) to build the C core's FUSE front end, fuse3 (fusermount3),
 # fio and stress-ng for the benchmarks and memory-pressure tests, chromium (headless) for the
-# Tiresias dashboard test.  Installed when missing and we are
+# Tiresias dashboard test, libibverbs-dev and python3-pyverbs for the RDMA transport (docs/rdma.md).
+# Installed when missing and we are
 # root with apt-get; otherwise skipped quietly (the C build then says that libfuse3-dev is missing).
-SYSPKGS := fuse3 libfuse3-dev pkg-config fio stress-ng chromium
+SYSPKGS := fuse3 libfuse3-dev pkg-config fio stress-ng chromium libibverbs-dev python3-pyverbs
 
 # torch first, pinned: the machine carries a CPU build of 2.13.0; an unpinned torch would pull CUDA wheels.
 # The C core is built by `pip install -e`: a change to its sources re-runs this step.
@@ -36,10 +37,28 @@ $(STAMP): pyproject.toml infiniswap/_build_core.py $(wildcard csrc/infiniswap/*.
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
+# AutoPS's rdma transport: Debian's pyverbs is built for Debian's python3.11; the venv's CPython 3.11
+# shares its ABI, so that one package is linked into the venv (when the suffix matches and it imports).
+PYVERBS := /usr/lib/python3/dist-packages/pyverbs
+pyverbs: | $(STAMP)
+	@site=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])'); \
+	suffix=$$($(PY) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))'); \
+	if [ -e "$(PYVERBS)/device$$suffix" ]; then \
+	    ln -sfn $(PYVERBS) "$$site/pyverbs"; \
+	    $(PY) -c 'import pyverbs.device, pyverbs.qp, pyverbs.mr' \
+	        || { rm -f "$$site/pyverbs"; echo "note: Debian's pyverbs does not load in $(PY): the rdma transport is unavailable"; }; \
+	elif [ -d "$(PYVERBS)" ]; then \
+	    echo "note: Debian's pyverbs is built for another Python than $(PY) ($$suffix): the rdma transport is unavailable"; \
+	fi
+
 demo: setup
 	$(PY) examples/autops_demo.py
 	$(PY) examples/tiresias_demo.py
 	$(PY) examples/infiniswap_demo.py
+
+# two AutoPS jobs whose workers and aggregators sit on different emulated hosts (root)
+demo-hosts: setup
+	$(PY) examples/autops_hosts_demo.py
 
 test: setup
 	$(PY) -m pytest -q -ra
@@ -47,6 +66,7 @@ test: setup
 bench: setup
 	$(PY) bench/autops_pushpull.py --transport shm ipc tcp --json bench/results/autops_pushpull.json
 	$(PY) bench/autops_pushpull.py --model flat64m resnet50 --workers 2 --transport shm ipc --mode server --json bench/results/autops_pushpull_server_adam.json
+	$(PY) bench/autops_pushpull.py --emulate-hosts --workers 2 4 --aggregators same --model flat64m resnet50 vgg19 --link 1gbit 10gbit --iters 4 --rounds 2 --json bench/results/autops_pushpull_hosts.json
 	$(PY) bench/autops_packing.py --jobs 4 --model vgg19 --rounds 3 --json bench/results/autops_packing.json
 	$(PY) bench/autops_packing.py --jobs 4 --model bert-base resnet50 alexnet --json bench/results/autops_packing.json --append
 	$(PY) bench/autops_packing.py --jobs 2 3 --model vgg19 --json bench/results/autops_packing.json --append
@@ -59,6 +79,8 @@ bench: setup
 	$(PY) bench/tiresias_live.py --json bench/results/tiresias_live.json
 	$(PY) bench/infiniswap_bench.py --size 2G --num-daemons 3 --json bench/results/infiniswap_bench.json
 	$(PY) bench/infiniswap_fio.py --json bench/results/infiniswap_fio.json
+	$(PY) bench/infiniswap_bench.py --emulate-hosts --link 10gbit --json bench/results/infiniswap_bench_hosts.json
+	$(PY) bench/infiniswap_fio.py --emulate-hosts --link 10gbit --json bench/results/infiniswap_fio_hosts.json
 	$(PY) bench/infiniswap_apps.py --json bench/results/infiniswap_apps.json
 	$(VENV)/bin/tiresias compare --trace ../shared/data/traces/philly.csv --cluster 48x8 --original --no-progress \
 	    --json bench/results/tiresias_philly_original.json --plot bench/results/tiresias_philly_cdf.png

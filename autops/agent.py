@@ -35,6 +35,7 @@ from dlrt.waker import Waker
 from . import wire
 from .partition import KeySpec
 from .transport import TRANSPORTS, Channel, Inbound, Shared, Transport, TransportError, make_context
+from .transport.rdma_verbs import require_device
 
 log = logging.getLogger("autops.agent")
 
@@ -142,7 +143,9 @@ class _Background(Handle):
 
 @dataclass
 class Part:
-    """One key of one operation in flight."""
+    """One key of one operation in flight; a push with ``out`` is a push_pull (PUSH_PULL:
+    the aggregator answers it with the value of its iteration) and stands for two parts of
+    its handle."""
     spec: KeySpec
     handle: Handle
     iteration: int
@@ -150,6 +153,21 @@ class Part:
     out: np.ndarray | None = None      # pull: where the reply is copied
     hp: dict | None = None             # push: changed hyper-parameters (server mode)
     staged: Shared | None = None       # push: the slice, copied into memory the transport lends
+
+    @property
+    def fused(self) -> bool:
+        return self.data is not None and self.out is not None
+
+    def finish(self, error: BaseException | None = None) -> None:
+        """Complete this part (both halves of a push_pull) on its handle."""
+        self.handle._part_done(error)
+        if self.fused:
+            self.handle._part_done(error)
+
+    def halves(self) -> tuple["Part", "Part"]:
+        """A push_pull as a plain push and a plain pull (resent separately after a failure)."""
+        return (Part(self.spec, self.handle, self.iteration, data=self.data, hp=self.hp),
+                Part(self.spec, self.handle, self.iteration, out=self.out))
 
 
 @dataclass
@@ -273,6 +291,8 @@ class Agent:
         self.fault_tolerant = fault_tolerant
         if transport not in TRANSPORTS:
             raise AutoPSError(f"unknown transport {transport!r} (one of {', '.join(TRANSPORTS)})")
+        if transport == "rdma":
+            require_device()       # no device: fail here at once, not later in the I/O thread
         self.transport = transport
         self.ctx = make_context()
         self._master = MasterClient(self.ctx, master, timeout)
@@ -371,8 +391,7 @@ class Agent:
             raise AutoPSError(f"push_pull of {name!r}: the output array must be contiguous and writeable")
         _, out_flat = self._check(name, out)
         handle = Handle.of(name, self, specs, 2 * len(specs))
-        self._submit(("push", specs, flat, iteration, handle, hp))
-        self._submit(("pull", specs, out_flat, iteration, handle))
+        self._submit(("push", specs, flat, iteration, handle, hp, out_flat))
         return handle
 
     def init(self, name: str, array: np.ndarray, hp: dict | None = None,
@@ -516,7 +535,7 @@ class _IOLoop:
     def fail_all(self, exc: BaseException) -> None:
         for req in list(self.inflight.values()):
             for part in req.parts:
-                part.handle._part_done(exc)
+                part.finish(exc)
         self.inflight.clear()
 
     def forget_routes(self, agg: str | None = None) -> None:
@@ -542,7 +561,8 @@ class _IOLoop:
             raise AutoPSError(f"aggregator {agg}: {exc}") from None
         if channel not in self.channel_agg:
             self.channel_agg[channel] = agg
-            self.poller.register(channel.pollable, zmq.POLLIN)
+            for pollable in channel.pollables:
+                self.poller.register(pollable, zmq.POLLIN)
         self.routes[agg] = channel
         return channel
 
@@ -632,31 +652,39 @@ class _IOLoop:
                                  if s.small and self.table.route(k, iteration) == agg}
         return self.small[cache]
 
-    def do_push(self, specs, flat, iteration, handle, hp) -> None:
+    def do_push(self, specs, flat, iteration, handle, hp, out=None) -> None:
+        """Push ``flat`` (and, with ``out``, pull the result into it: one PUSH_PULL per key)."""
         if iteration > self.last_iteration:
             self.last_iteration = iteration
             self.marks.append((iteration, time.monotonic()))
         for spec in specs:
             agg = self.table.route(spec.key, iteration)
-            part = Part(spec, handle, iteration, data=flat[spec.offset:spec.offset + spec.numel], hp=hp)
+            sl = slice(spec.offset, spec.offset + spec.numel)
+            part = Part(spec, handle, iteration, data=flat[sl], out=out[sl] if out is not None else None, hp=hp)
+            self.route_push(agg, part)
             if self.agent.fault_tolerant:
+                # after the send: the copy overlaps the transfer
                 self.keep(spec, iteration, part.data)
-            if spec.small:
+
+    def route_push(self, agg: str, part: Part) -> None:
+        """Batch a small key's push, or stage and send a large one's."""
+        spec = part.spec
+        if spec.small:
+            pending = self.batch_push[agg]
+            if any(p.spec.key == spec.key for p in pending):
+                self.flush(agg)
                 pending = self.batch_push[agg]
-                if any(p.spec.key == spec.key for p in pending):
-                    self.flush(agg)
-                    pending = self.batch_push[agg]
-                pending.append(part)
-                handle.batched = True
-                self.maybe_flush(agg)
-            else:
-                if self.lends(agg) and spec.key not in self.staged_busy:
-                    # the aggregator reads the staged copy in place until it answers our
-                    # pull of this iteration
-                    part.staged = self.stage(spec)
-                    np.copyto(part.staged.array, part.data)
-                    self.staged_busy[spec.key] = iteration
-                self.send(agg, wire.PUSH, [part])
+            pending.append(part)
+            part.handle.batched = True
+            self.maybe_flush(agg)
+            return
+        if self.lends(agg) and spec.key not in self.staged_busy:
+            # the aggregator reads the staged copy in place until it answers our pull of
+            # this iteration
+            part.staged = self.stage(spec)
+            np.copyto(part.staged.array, part.data)
+            self.staged_busy[spec.key] = part.iteration
+        self.send(agg, wire.PUSH_PULL if part.fused else wire.PUSH, [part])
 
     def do_pull(self, specs, flat, iteration, handle) -> None:
         for spec in specs:
@@ -670,10 +698,14 @@ class _IOLoop:
                 self.send(agg, wire.PULL, [part])
 
     def maybe_flush(self, agg: str) -> None:
-        batch = self.batch_push[agg] or self.batch_pull[agg]
+        """Send ``agg``'s batch once it holds every small key it serves (pushes, pulls, or both)."""
+        batch_push, batch_pull = self.batch_push[agg], self.batch_pull[agg]
+        batch = batch_push or batch_pull
         small = self.small_of(agg, batch[-1].iteration if batch else 0)
-        pushed = {p.spec.key for p in self.batch_push[agg]}
-        pulled = {p.spec.key for p in self.batch_pull[agg]}
+        if len(batch_push) < len(small) and len(batch_pull) < len(small):
+            return              # cannot cover them yet (cheap: no sets per small key)
+        pushed = {p.spec.key for p in batch_push}
+        pulled = {p.spec.key for p in batch_pull} | {p.spec.key for p in batch_push if p.fused}
         if pushed >= small and (not pulled or pulled >= small):
             self.flush(agg)
         elif not pushed and pulled >= small:
@@ -681,8 +713,11 @@ class _IOLoop:
 
     def flush(self, agg: str) -> None:
         pushes, pulls = self.batch_push.pop(agg, []), self.batch_pull.pop(agg, [])
-        if pushes:
-            self.send(agg, wire.PUSH, pushes)
+        fused = [p for p in pushes if p.fused]
+        if fused:
+            self.send(agg, wire.PUSH_PULL, fused)
+        if len(fused) < len(pushes):
+            self.send(agg, wire.PUSH, [p for p in pushes if not p.fused])
         if pulls:
             self.send(agg, wire.PULL, pulls)
 
@@ -704,9 +739,9 @@ class _IOLoop:
         channel.send(head, payloads)
 
     def send(self, agg: str, op: str, parts: list[Part], replay: bool = False) -> None:
-        """A PUSH, PULL or STATE_GET of ``parts``, all served by ``agg``; ``replay``: pushes
-        resent after a failure (the aggregator skips what it has)."""
-        if op != wire.PUSH:
+        """A PUSH, PUSH_PULL, PULL or STATE_GET of ``parts``, all served by ``agg``; ``replay``:
+        pushes resent after a failure (the aggregator skips what it has)."""
+        if op not in (wire.PUSH, wire.PUSH_PULL):
             self.request(agg, op, parts, op, items=[wire.PullItem(p.spec.key, p.iteration).to_wire() for p in parts])
             return
         lends = self.lends(agg) and not replay
@@ -777,20 +812,24 @@ class _IOLoop:
             if not request.parts:
                 log.error("%s refused by aggregator %s: %s", request.kind, request.agg, msg["message"])
             for part in request.parts:
-                part.handle._part_done(err)
+                part.finish(err)
         elif msg.op == wire.REDIRECT:
             self.redirect(request, msg)
         elif msg.op == wire.PULL_REPLY:
             self.fill(request, msg)
         elif msg.op == wire.STATE_REPLY:
             self.fill_state(request, msg)
+        elif request.kind == wire.PUSH_PULL:
+            err = AutoPSError(f"aggregator {request.agg} answered a push_pull with {msg.op}, not the pulled value")
+            for part in request.parts:
+                part.finish(err)
         else:
             if request.kind == wire.INIT:
                 for part in request.parts:
                     if self.staged_busy.get(part.spec.key) == 0:
                         del self.staged_busy[part.spec.key]
             for part in request.parts:
-                part.handle._part_done()
+                part.finish()
 
     def fill(self, request: Request, msg: wire.Message) -> None:
         try:
@@ -808,22 +847,22 @@ class _IOLoop:
             try:
                 src = msg.whole(item.payload, part.out.dtype)
             except wire.ProtocolError as exc:
-                part.handle._part_done(AutoPSError(f"pull of {part.spec.key!r}: bad reply: {exc}"))
+                part.finish(AutoPSError(f"pull of {part.spec.key!r}: bad reply: {exc}"))
                 continue
             if src.size != part.out.size:
-                part.handle._part_done(AutoPSError(
+                part.finish(AutoPSError(
                     f"pull of {part.spec.key!r}: reply has {src.size} elements, expected {part.out.size}"))
                 continue
             np.copyto(part.out, src)
-            if request.kind == wire.PULL:
+            if request.kind in (wire.PULL, wire.PUSH_PULL):
                 self.pulled_answered(part.spec.key, part.iteration)
             if self.staged_busy.get(part.spec.key, 1 << 62) <= part.iteration:
                 del self.staged_busy[part.spec.key]     # the aggregator is done with our staged push
-            part.handle._part_done()
+            part.finish()
             if item.moved is not None:
                 moved.append(item.moved)
         for part in by_key.values():
-            part.handle._part_done(error or AutoPSError(f"pull reply from {request.agg} lacks {part.spec.key!r}"))
+            part.finish(error or AutoPSError(f"pull reply from {request.agg} lacks {part.spec.key!r}"))
         for move in moved:        # after the worker has its values: off its critical path
             self.learn_move(move)
 
@@ -1010,16 +1049,13 @@ class _IOLoop:
             if request.resend is not None:
                 self.resend_whole(request)
                 continue
-            for part in request.parts:
-                if request.kind == wire.PUSH:
-                    pushes[(part.spec.key, part.iteration)] = part
-                else:
-                    pulls.append(part)
-        for part in unsent:                      # batched, not sent yet
-            if part.data is not None:
-                pushes[(part.spec.key, part.iteration)] = part
-            else:
-                pulls.append(part)
+            unsent.extend(request.parts)
+        for part in unsent:                      # dropped, or batched and not sent yet
+            push, pull = part.halves() if part.fused else (part, None) if part.data is not None else (None, part)
+            if push is not None:
+                pushes[(push.spec.key, push.iteration)] = push
+            if pull is not None:
+                pulls.append(pull)
         replay: dict[tuple, list[Part]] = collections.defaultdict(list)     # (iteration, agg) -> parts
         for key in sorted(affected):
             for it, copy in sorted(self.kept.get(key, {}).items()):
@@ -1062,4 +1098,4 @@ class _IOLoop:
                     f"within {self.agent.timeout:.0f}s; another worker of the job may have died or the "
                     f"aggregator is down (AUTOPS_TIMEOUT sets this limit)")
                 for part in request.parts:
-                    part.handle._part_done(err)
+                    part.finish(err)

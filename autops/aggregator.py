@@ -41,6 +41,8 @@ from dlrt.waker import Waker
 from . import wire
 from .cycle import CyclicSchedule
 from .partition import KeySpec
+from .precopy import Follower, Precopies
+from .spare import SpareBuffers
 from .store import JobState, KeyState, Store, StoreError
 from .transport import Channel, Inbound, Sender, Shared, Transport, background_priority, make_context
 
@@ -72,34 +74,45 @@ class Aggregator:
     def __init__(self, master: str, bind_host: str = "127.0.0.1", port: int = 0,
                  advertise_host: str | None = None, ipc: bool = True,
                  heartbeat_interval: float = 1.0, register_timeout: float = 30.0,
-                 name: str | None = None) -> None:
+                 name: str | None = None, transport: str = "auto") -> None:
         self.master = master
         self.heartbeat_interval = heartbeat_interval
         self.register_timeout = register_timeout
         self.name = name
         self.agg_id: str | None = None
         self.agg_name: str | None = None     # the id pMaster gave, kept to register again
-        self.ctx = make_context()
+        self.ctx = make_context(server=True)
         # the data path: listeners for agents and peers (tcp; ipc and shm for this host),
         # channels to peer aggregators, and the memory published values live in
-        self.transport = Transport(self.ctx, "auto", local=ipc)
+        self.transport = Transport(self.ctx, transport, local=ipc)
         self.memory = self.transport.memory
         self.store = Store(self._allocate)
         self.waiters: dict = {}     # id(KeyState) -> [PendingPull]; ("bcast", job, name, seq) -> [(reply, req)]
         self._stop = threading.Event()
         self.endpoints = self.transport.listen(bind_host, port, advertise_host or default_advertise_host(bind_host))
         self._sources: dict = {listener.pollable: listener for listener in self.transport.listeners}
-        self._data_ops = {wire.PUSH: self._push, wire.PULL: self._pull, wire.INIT: self._init,
-                          wire.BCAST_PUT: self._bcast_put, wire.BCAST_GET: self._bcast_get,
+        self._data_ops = {wire.PUSH: self._push, wire.PUSH_PULL: self._push, wire.PULL: self._pull,
+                          wire.INIT: self._init, wire.BCAST_PUT: self._bcast_put, wire.BCAST_GET: self._bcast_get,
                           wire.TENSOR_COPY: self._tensor_copy, wire.STATE_GET: self._state_get,
                           wire.RECOVER: self._recover, wire.REPLICATE: self._replicate_in}
         self.ctrl = self.ctx.socket(zmq.DEALER)
         self.ctrl.connect(master)
         self.proc = psutil.Process()
         self.stats = {"pushes": 0, "pulls": 0, "errors": 0, "bytes_in": 0, "bytes_out": 0,
-                      "late": 0, "postponed": 0, "migrated_in": 0, "migrated_out": 0}
-        # live migration: copies sent to other aggregators, waiting for their ack
+                      "late": 0, "postponed": 0, "migrated_in": 0, "migrated_out": 0,
+                      "states_sent_ahead": 0, "taken_over_ahead": 0}
+        # live migration: copies sent to other aggregators, waiting for their ack (those that
+        # sent no state because it went ahead: ``ahead_copies``); server-mode state sent ahead
+        # to followers, and their acks
         self.copy_waits: dict[int, tuple[int, str, list[str]]] = {}   # req -> (mid, job, keys)
+        self.ahead_copies: dict[int, set[str]] = {}                    # req -> keys sent without state
+        # hand-overs and WORKER_DONE reports due, sent once per turn of the loop for all keys
+        # that came due in it (one message, not one per key, on the data path's busiest moment)
+        self.due_copies: dict[int, list[KeyState]] = {}                # mid -> keys
+        self.due_workers: dict[tuple[int, str], list[str]] = {}        # (mid, job) -> keys
+        self.precopies = Precopies()
+        self.spare = SpareBuffers()      # buffers of keys that moved away, for keys moving back
+        self.follow_waits: dict[int, tuple[KeyState, Follower, str]] = {}   # req -> (key, follower, kind)
         self._copy_reqs = iter(range(1, 1 << 62))
         # replication (server mode): steps and states sent to replicas, waiting for their ack
         self.replica_waits: dict[int, tuple[KeyState, int, str]] = {}   # req -> (key, iteration, replica)
@@ -198,6 +211,7 @@ class Aggregator:
                     self._drain_master()
                 else:
                     self._drain(self._sources[pollable])
+            self._flush_migration()
 
     def _drain_master(self) -> None:
         """What is queued from pMaster (at most 64 messages before polling again)."""
@@ -265,6 +279,7 @@ class Aggregator:
             self._replica_set(msg)
         elif msg.op == wire.MIGRATE_DROP:
             for ks in self.store.drop_keys(msg["job"], list(msg["keys"])):
+                self.spare.keep(ks.job, ks.buffer_refs if ks.mode == "sum" else [ks.param_ref])
                 for pending in self.waiters.pop(id(ks), []):
                     if not pending.finished:
                         pending.finished = True
@@ -310,6 +325,8 @@ class Aggregator:
             for pending in self.waiters.pop(id(ks), []):
                 self._send_error(pending.reply, pending.req, f"job {job!r} was released")
         self.store.release(job)
+        self.precopies.forget(job)
+        self.spare.release(job)
         self.admitted.pop(job, None)
         self.postponed.pop(job, None)
         self.memory.release(job)
@@ -348,6 +365,8 @@ class Aggregator:
         return wire.Move(ks.spec.key, mv["to"], mv["cutover"] + 1, mv["info"])
 
     def _push(self, reply: Sender, msg: wire.Message) -> None:
+        """PUSH (acknowledged at once) or PUSH_PULL (answered with the value of the pushed
+        iteration once it is published: one message each way per key instead of four)."""
         state = self.store.job(msg["job"], msg["secret"])
         rank = msg["rank"]
         replay = bool(msg.get("replay"))      # resent after a failure: what the key has is skipped
@@ -390,7 +409,9 @@ class Aggregator:
                     self.store.set_hp(ks, hp)
                 except ValueError as exc:
                     raise StoreError(f"key {ks.spec.key!r}: bad hyper-parameters: {exc}") from None
-        reply.send(wire.header(wire.PUSH_ACK, req=msg.get("req"), items=[wire.Ack(k).to_wire() for k in seen]))
+        answer_with_value = msg.op == wire.PUSH_PULL
+        if not answer_with_value:
+            reply.send(wire.header(wire.PUSH_ACK, req=msg.get("req"), items=[wire.Ack(k).to_wire() for k in seen]))
         now = time.monotonic()
         for ks, data, _, deferred, iteration in checked:
             self.stats["pushes"] += 1
@@ -401,6 +422,8 @@ class Aggregator:
                 self._apply_push(ks, rank, data, deferred)
             else:
                 self.postponed[state.job][2].append((ks, rank, data, deferred))
+        if answer_with_value:
+            self._answer_pull(reply, msg.get("req"), [(ks, iteration) for ks, _, _, _, iteration in checked])
 
     def _apply_push(self, ks: KeyState, rank: int, data: np.ndarray, deferred: bool) -> None:
         t0 = time.thread_time()
@@ -466,7 +489,12 @@ class Aggregator:
         if redirects:
             reply.send(wire.header(wire.REDIRECT, req=msg.get("req"), items=redirects))
             return
-        pending = PendingPull(reply, msg.get("req"), items, iteration={id(ks): it for ks, it in items})
+        self._answer_pull(reply, msg.get("req"), items)
+
+    def _answer_pull(self, reply: Sender, req: int | None, items: list) -> None:
+        """Answer a pull of ``items`` ``[(KeyState, iteration)]`` now, or park it until every
+        one of them is published."""
+        pending = PendingPull(reply, req, items, iteration={id(ks): it for ks, it in items})
         for ks, iteration in items:
             if not self.store.pull_ready(ks, iteration):
                 pending.waiting.add(id(ks))
@@ -501,18 +529,28 @@ class Aggregator:
             self.waiters[id(ks)] = keep
         mv = ks.moving
         if mv is not None and not mv["sent"] and ks.completed >= mv["cutover"]:
-            self._send_copy(ks)
+            mv["sent"] = True
+            self.due_copies.setdefault(mv["mid"], []).append(ks)
         if ks.awaiting_workers is not None and ks.incoming is None and ks.completed >= ks.awaiting_workers[1]:
             mid, _ = ks.awaiting_workers
             ks.awaiting_workers = None
-            self.ctrl.send_multipart(wire.encode(wire.WORKER_DONE, mid=mid, job=ks.job, keys=[ks.spec.key],
-                                                 agg=self.agg_id))
+            self.due_workers.setdefault((mid, ks.job), []).append(ks.spec.key)
+
+    def _flush_migration(self) -> None:
+        """The hand-overs and WORKER_DONE reports that came due in this turn of the loop."""
+        due, self.due_copies = self.due_copies, {}
+        for keys in due.values():
+            self._send_copies(keys)
+        reports, self.due_workers = self.due_workers, {}
+        for (mid, job), keys in reports.items():
+            self.ctrl.send_multipart(wire.encode(wire.WORKER_DONE, mid=mid, job=job, keys=keys, agg=self.agg_id))
 
     def _reply_pull(self, pending: PendingPull) -> None:
         items, payloads = [], []
         for ks, iteration in pending.items:
             value = ks.value(iteration)
-            moved = self._move(ks) if ks.moving is not None and iteration == ks.moving["cutover"] else None
+            # every reply up to the cutover names the new owner: the agents prepare ahead
+            moved = self._move(ks) if ks.moving is not None and iteration <= ks.moving["cutover"] else None
             items.append(wire.PullReplyItem(ks.spec.key, iteration, len(payloads), moved).to_wire())  # Fig. 4.5 step 2
             payloads.append(ks.value_ref(iteration) or value)     # lent where the channel can
             self.stats["bytes_out"] += value.nbytes
@@ -523,14 +561,19 @@ class Aggregator:
     def _migrate_prepare(self, msg: wire.Message) -> None:
         """New side: create the keys in the incoming state (pushes held, pulls parked).
 
-        Large buffers are created and populated by a helper thread first, so neither the
-        jobs this aggregator already serves nor the migrating job wait for page faults."""
+        Buffers the job's keys left here when they moved away are used again; large new ones
+        are created and populated by a helper thread first, so neither the jobs this
+        aggregator already serves nor the migrating job wait for page faults."""
         try:
             keys = [KeySpec.from_wire(k) for k in msg["keys"]]
             sizes = Store.buffer_sizes(msg["mode"], keys)
             nbytes = sum(numel * np.dtype(dtype).itemsize for numel, dtype in sizes)
         except (ValueError, TypeError, IndexError) as exc:
             self.ctrl.send_multipart(wire.error(str(exc), req=msg.get("req"), agg=self.agg_id))
+            return
+        reused = self.spare.take(msg["job"], sizes)
+        if reused is not None:
+            self._finish_prepare(msg, keys, sizes, (reused, None))
             return
         if not self.memory.slow_to_allocate(nbytes):
             self._finish_prepare(msg, keys, sizes)
@@ -586,50 +629,155 @@ class Aggregator:
             self.ctrl.send_multipart(wire.error(str(exc), req=req, agg=self.agg_id))
 
     def _migrate_init(self, msg: wire.Message) -> None:
-        """Old side: hand the keys over after their open iteration (the cutover)."""
+        """Old side: hand the keys over after their open iteration plus ``lead`` (the
+        cutover); the new owner learns at once which workers' buffers to map. A key with
+        ``followers`` (server mode) first sends them its state (``precopy``); its cutover is
+        decided once they hold it (``MIGRATE_CUTOVER``)."""
         req = msg.get("req")
         try:
             state = self.store.jobs.get(msg["job"])
             if state is None:
                 raise StoreError(f"job {msg['job']!r} is not served here")
+            lead = msg.get("lead") or 0
+            if type(lead) is not int or lead < 0:
+                raise StoreError(f"bad lead {lead!r}")
+            followers = msg.get("followers") or {}
             found = []
             for key in msg["keys"]:
                 ks = state.keys.get(key)
                 if ks is None:
                     raise StoreError(f"key {key!r} of job {msg['job']!r} is not here")
-                if ks.moving is not None or ks.incoming is not None:
+                if ks.moving is not None or ks.incoming is not None or ks.handover is not None:
                     raise StoreError(f"key {key!r} of job {msg['job']!r} is already migrating")
-                found.append(ks)
-            cutovers = {}
-            for ks in found:
-                ks.moving = {"mid": msg["mid"], "to": msg["to"], "info": msg["info"],
-                             "cutover": ks.open_iteration, "sent": False}
-                cutovers[ks.spec.key] = ks.open_iteration
-            self.ctrl.send_multipart(wire.encode(wire.OK, req=req, agg=self.agg_id, cutovers=cutovers))
-        except (StoreError, ValueError, TypeError) as exc:
+                infos = followers.get(key) or []
+                if not isinstance(infos, list) or not all(isinstance(i, dict) and i.get("agg") for i in infos) \
+                        or (infos and ks.mode != "server"):
+                    raise StoreError(f"bad followers of key {key!r}: {infos!r}")
+                found.append((ks, infos))
+        except (StoreError, ValueError, TypeError, AttributeError) as exc:
             self.ctrl.send_multipart(wire.error(str(exc), req=req, agg=self.agg_id))
+            return
+        cutovers = {}
+        for ks, infos in found:
+            ks.handover = {"mid": msg["mid"], "to": msg["to"], "info": msg["info"], "lead": lead}
+            if not infos:
+                cutovers[ks.spec.key] = self._start_handover(ks)
+                continue
+            ks.followers = {i["agg"]: Follower(dict(i), incoming=i["agg"] == msg["to"]) for i in infos}
+            self.precopies.start(ks, list(ks.followers.values()), self._state_bytes(ks))
+        self.ctrl.send_multipart(wire.encode(wire.OK, req=req, agg=self.agg_id, cutovers=cutovers))
+        segments = self.transport.handles_for(msg["info"], state.job)
+        if segments:
+            # a copy without keys: the workers' buffers, mapped there before their first push
+            self._peer(msg["info"]).send(wire.header(wire.TENSOR_COPY, mid=msg["mid"], job=state.job,
+                                                     secret=state.secret, items=[], segments=segments))
+        self._pump_precopy()
+
+    @staticmethod
+    def _start_handover(ks: KeyState) -> int:
+        """The key's cutover: its open iteration plus the hand-over's lead; returns it."""
+        h, ks.handover = ks.handover, None
+        ks.moving = {"mid": h["mid"], "to": h["to"], "info": h["info"],
+                     "cutover": ks.open_iteration + h["lead"], "sent": False}
+        return ks.moving["cutover"]
+
+    def _followed(self, ks: KeyState) -> None:
+        """Every follower of ``ks`` holds its state (or gave up): decide its cutover, tell pMaster."""
+        if ks.handover is None:
+            return
+        mid = ks.handover["mid"]
+        cutover = self._start_handover(ks)
+        self.ctrl.send_multipart(wire.encode(wire.MIGRATE_CUTOVER, mid=mid, job=ks.job,
+                                             cutovers={ks.spec.key: cutover}, agg=self.agg_id))
+
+    @staticmethod
+    def _state_bytes(ks: KeyState) -> int:
+        arrays = 1 + len(ks.optimizer.state_arrays()) if ks.optimizer is not None else 1
+        return arrays * ks.spec.numel * np.dtype(ks.spec.dtype).itemsize
+
+    def _pump_precopy(self) -> None:
+        """Send the followers' states whose turn it is (``Precopies`` bounds the bytes in flight)."""
+        for ks, follower in self.precopies.due():
+            state = self.store.jobs.get(ks.job)
+            if ks.followers.get(follower.agg) is not follower or state is None or state.keys.get(ks.spec.key) is not ks:
+                self.precopies.holds(ks.job, ks.spec.key, follower.agg)     # the key moved on: nothing to wait for
+                continue
+            follower.sent = ks.completed
+            self._send_follower(ks, follower, "state", *self._state_snapshot(ks))
+
+    def _send_follower(self, ks: KeyState, follower: Follower, kind: str, items: list, arrays: list) -> None:
+        req = self._replicate_to(follower.info, ks, kind, items, arrays, incoming=follower.incoming)
+        if req is None:
+            self._drop_follower(ks, follower, "it cannot be reached")
+        else:
+            self.follow_waits[req] = (ks, follower, kind)
+
+    def _follower_acked(self, msg: wire.Message) -> None:
+        ks, follower, kind = self.follow_waits.pop(msg["req"])
+        if ks.followers.get(follower.agg) is not follower:
+            return              # an answer about a follower this key no longer has
+        if msg.op == wire.ERROR:
+            self._drop_follower(ks, follower, msg["message"])
+        elif kind == "state":
+            self.stats["states_sent_ahead"] += 1
+            if self.precopies.holds(ks.job, ks.spec.key, follower.agg):
+                self._followed(ks)
+            self._pump_precopy()
+
+    def _drop_follower(self, ks: KeyState, follower: Follower, why: str) -> None:
+        """Stop sending ``ks``'s steps to ``follower`` (its hand-over then carries the state)."""
+        log.warning("%s of job %s: %s no longer follows it: %s", ks.spec.key, ks.job, follower.agg, why)
+        ks.followers.pop(follower.agg, None)
+        if self.precopies.holds(ks.job, ks.spec.key, follower.agg):
+            self._followed(ks)
+        self._pump_precopy()
+
+    def _refollow(self, ks: KeyState) -> None:
+        """The state of ``ks`` changed outside a step (INIT): its followers get it again."""
+        for follower in ks.followers.values():
+            follower.sent = -1
+            self.precopies.requeue(ks, follower, self._state_bytes(ks))
+        self._pump_precopy()
 
     def _peer(self, info: dict) -> Channel:
         channel = self.transport.connect(info)
-        if channel.pollable not in self._sources:
-            self._sources[channel.pollable] = channel
-            self.poller.register(channel.pollable, zmq.POLLIN)
+        for pollable in channel.pollables:
+            if pollable not in self._sources:
+                self._sources[pollable] = channel
+                self.poller.register(pollable, zmq.POLLIN)
         return channel
 
-    def _send_copy(self, ks: KeyState) -> None:
-        """TENSOR_COPY (Fig. 4.5 step 4): counters, master copy and optimizer state."""
-        mv = ks.moving
-        mv["sent"] = True
-        state = self.store.jobs[ks.job]
-        meta, arrays = self.store.export_key(ks)
+    def _send_copies(self, keys: list[KeyState], full: bool = False) -> None:
+        """TENSOR_COPY (Fig. 4.5 step 4) of keys of one migration whose cutover iteration is
+        complete: each key's counter and, in server mode, its master copy, optimizer state and
+        step -- unless the new owner holds them already (a follower, or the key's replica) and
+        not ``full``. ``current`` names the aggregators that were sent the cutover iteration's
+        state: the new owner keeps such a replica without sending it the state again."""
+        mv = keys[0].moving
+        state = self.store.jobs[keys[0].job]
+        items, arrays, ahead = [], [], set()
         # the workers' buffers this aggregator maps: the new owner maps them before the
         # workers' first push reaches it, not on that push's path
-        meta["segments"] = self.transport.handles_for(mv["info"], ks.job)
+        segments = self.transport.handles_for(mv["info"], state.job)
+        for ks in keys:
+            current = [f.agg for f in ks.followers.values() if f.sent == ks.completed]
+            if ks.replica is not None and ks.replica_sent == ks.completed:
+                current.append(ks.replica.get("agg"))
+            ks.followers.clear()       # no step follows the cutover here
+            if ks.mode == "server" and mv["to"] in current and not full:
+                meta, key_arrays = {"completed": ks.completed, "ahead": True}, []
+                ahead.add(ks.spec.key)
+            else:
+                meta, key_arrays = self.store.export_key(ks)
+            meta.update(current=current, segments=segments)
+            items.append(wire.KeyCopy(ks.spec.key, meta, len(key_arrays)).to_wire())
+            arrays.extend(key_arrays)
         req = next(self._copy_reqs)
-        self.copy_waits[req] = (mv["mid"], ks.job, [ks.spec.key])
-        self._peer(mv["info"]).send(
-            wire.header(wire.TENSOR_COPY, req=req, mid=mv["mid"], job=ks.job, secret=state.secret,
-                        items=[wire.KeyCopy(ks.spec.key, meta, len(arrays)).to_wire()]), arrays)
+        self.copy_waits[req] = (mv["mid"], state.job, [ks.spec.key for ks in keys])
+        if ahead:
+            self.ahead_copies[req] = ahead
+        self._peer(mv["info"]).send(wire.header(wire.TENSOR_COPY, req=req, mid=mv["mid"], job=state.job,
+                                                secret=state.secret, items=items), arrays)
 
     def _on_peer(self, inbound: Inbound) -> None:
         try:
@@ -640,46 +788,95 @@ class Aggregator:
         if msg.get("req") in self.replica_waits:
             self._replica_acked(msg)
             return
+        if msg.get("req") in self.follow_waits:
+            self._follower_acked(msg)
+            return
         waited = self.copy_waits.pop(msg.get("req"), None)
         if waited is None:
             return
         mid, job, keys = waited
-        fields = {}
+        ahead = self.ahead_copies.pop(msg.get("req"), set())
         if msg.op == wire.ERROR:
-            log.error("copy of %s of job %s was refused: %s", keys, job, msg["message"])
-            fields["error"] = msg["message"]
+            refused = {key: msg["message"] for key in keys}
         else:
-            self.stats["migrated_out"] += len(keys)
-        self.ctrl.send_multipart(wire.encode(wire.TENSOR_COPY_DONE, mid=mid, job=job, keys=keys,
-                                             agg=self.agg_id, **fields))
+            refused = {k: str(v) for k, v in (msg.get("refused") or {}).items() if k in keys}
+        # keys the new owner did not hold the state of, although they went ahead: send it
+        again = self._copy_again(job, [k for k in refused if k in ahead], refused)
+        failed = {k: why for k, why in refused.items() if k not in again}
+        done = [k for k in keys if k not in refused]
+        if done:
+            self.stats["migrated_out"] += len(done)
+            self.ctrl.send_multipart(wire.encode(wire.TENSOR_COPY_DONE, mid=mid, job=job, keys=done,
+                                                 agg=self.agg_id))
+        if failed:
+            log.error("copy of %s of job %s was refused: %s", sorted(failed), job, next(iter(failed.values())))
+            self.ctrl.send_multipart(wire.encode(wire.TENSOR_COPY_DONE, mid=mid, job=job, keys=sorted(failed),
+                                                 agg=self.agg_id, error=next(iter(failed.values()))))
+
+    def _copy_again(self, job: str, keys: list[str], why: dict[str, str]) -> set[str]:
+        """The new owner did not hold the state a hand-over relied on: send it; returns the
+        keys sent again."""
+        state = self.store.jobs.get(job)
+        again = [ks for ks in (state.keys.get(k) for k in keys) if ks is not None and ks.moving is not None] \
+            if state is not None else []
+        if again:
+            log.warning("%d keys of job %s, e.g. %s: %s; sending the whole state", len(again), job,
+                        again[0].spec.key, why[again[0].spec.key])
+            self._send_copies(again, full=True)
+        return {ks.spec.key for ks in again}
 
     def _tensor_copy(self, reply: Sender, msg: wire.Message) -> None:
-        """New side: install the copy, apply the held pushes, answer parked pulls."""
+        """New side: take the keys over -- from the copy, or from the state that came ahead
+        (``precopy``, or this aggregator's replica of the key) -- apply the held pushes, answer
+        parked pulls. The answer lists the keys ``refused`` (their state did not arrive
+        ahead after all: the old owner sends it). A copy without keys names the workers'
+        buffers to map ahead."""
         state = self.store.job(msg["job"], msg["secret"])
-        installed = []
+        self.memory.premap(msg.get("segments"))
+        installed, refused = [], {}
         for key, meta, views in wire.key_copies(msg):
-            ks = self.store.key(state, key)
-            arrays = [np.frombuffer(view, dtype=ks.spec.dtype) for view in views]
             self.memory.premap(meta.get("segments"))     # the workers' buffers, before their pushes come
-            t0 = time.thread_time()
-            first = meta.get("completed", 0) + 1 if isinstance(meta.get("completed"), int) else 1
-            hp, ks.held_hp = ks.held_hp, None
+            try:
+                ks = self.store.key(state, key)
+                self._take_over(state, ks, meta, [np.frombuffer(view, dtype=ks.spec.dtype) for view in views],
+                                msg["mid"])
+            except StoreError as exc:
+                refused[key] = str(exc)
+                continue
+            installed.append(ks)
+        self.stats["migrated_in"] += len(installed)
+        reply.send(wire.header(wire.OK, req=msg.get("req"), **({"refused": refused} if refused else {})))
+        for ks in installed:
+            self._published(ks)
+
+    def _take_over(self, state: JobState, ks: KeyState, meta: dict, arrays: list, mid: int) -> None:
+        """One key of a TENSOR_COPY; StoreError (the key unchanged) when it cannot be taken."""
+        t0 = time.thread_time()
+        first = meta.get("completed", 0) + 1 if isinstance(meta.get("completed"), int) else 1
+        hp = ks.held_hp
+        if meta.get("ahead"):
+            self.store.take_ahead(ks, meta.get("completed"), state.replicas.get(ks.spec.key))
+            self.stats["taken_over_ahead"] += 1
+            if hp:
+                self.store.set_hp(ks, hp)
+        else:
             if hp:
                 # hyper-parameters the workers sent with held pushes apply after the copy's own
                 meta = {**meta, "hp": {**(meta.get("hp") or {}), **hp}}
-            _, problems = self.store.install_key(ks, meta, arrays)
-            ks.cpu += time.thread_time() - t0
-            ks.awaiting_workers = (msg["mid"], first)
-            for problem in problems:
-                self.stats["errors"] += 1
-                log.error("held push of migrated key %s dropped: %s", key, problem)
-            installed.append(ks)
-            if ks.replica is not None:
-                self._replicate_state(ks)
-        self.stats["migrated_in"] += len(installed)
-        reply.send(wire.header(wire.OK, req=msg.get("req")))
-        for ks in installed:
-            self._published(ks)
+            self.store.take_copy(ks, meta, arrays)
+        ks.held_hp = None
+        state.replicas.pop(ks.spec.key, None)       # owned here now: a replica of it here is of no use
+        replica_current = ks.replica is not None and ks.replica.get("agg") in (meta.get("current") or ())
+        if replica_current:
+            ks.replica_sent = ks.replicated = ks.completed      # it was sent this state already
+        _, problems = self.store.apply_held(ks)
+        ks.cpu += time.thread_time() - t0
+        ks.awaiting_workers = (mid, first)
+        for problem in problems:
+            self.stats["errors"] += 1
+            log.error("held push of migrated key %s dropped: %s", ks.spec.key, problem)
+        if ks.replica is not None and not replica_current:
+            self._replicate_state(ks)
 
     def _state_get(self, reply: Sender, msg: wire.Message) -> None:
         """Server-side state of keys right after an iteration (a worker's checkpoint): master
@@ -744,13 +941,18 @@ class Aggregator:
 
     def _migrate_abort(self, msg: wire.Message) -> None:
         """The new owner of a migration was lost: keep serving the keys (their state here is
-        whole up to the cutover; later pushes were redirected and are resent)."""
+        whole up to the cutover; later pushes were redirected and are resent) and stop sending
+        their state ahead."""
         state = self.store.jobs.get(msg["job"])
         for key in msg["keys"]:
             ks = state.keys.get(key) if state is not None else None
+            if ks is not None:
+                ks.followers.clear()
+                ks.handover = None
             if ks is not None and ks.moving is not None:
                 ks.moving = None
                 log.info("migration of %s of job %s aborted: the new owner was lost", key, msg["job"])
+        self.precopies.forget(msg["job"], set(msg["keys"]))
         self.ctrl.send_multipart(wire.encode(wire.OK, req=msg.get("req"), agg=self.agg_id))
 
     def _replica_set(self, msg: wire.Message) -> None:
@@ -774,38 +976,53 @@ class Aggregator:
 
     def _replicate_state(self, ks: KeyState) -> None:
         """Send the whole server-side state of ``ks`` to its replica (REPLICATE ``state``)."""
+        ks.replica_sent = ks.completed
+        self._send_replica(ks, ks.completed, "state", *self._state_snapshot(ks))
+
+    def _state_snapshot(self, ks: KeyState) -> tuple[list, list]:
+        """REPLICATE ``state`` items and arrays of ``ks``: its whole state, copied now (the
+        next step may change the live arrays before they are sent)."""
         state = self.store.jobs[ks.job]
         meta, arrays = self.store.export_key(ks)
         meta.update(spec=ks.spec.to_wire(), mode=ks.mode, average=ks.average, world_size=state.world_size,
                     optimizer=state.optimizer if ks.optimizer is None else ks.optimizer.name)
-        ks.replica_sent = ks.completed
-        self._send_replica(ks, ks.completed, "state", [wire.KeyCopy(ks.spec.key, meta, len(arrays)).to_wire()],
-                           [np.array(a) for a in arrays])
+        return [wire.KeyCopy(ks.spec.key, meta, len(arrays)).to_wire()], [np.array(a) for a in arrays]
 
     def _replicate_step(self, ks: KeyState, grad: np.ndarray) -> None:
         """Store hook, right after the optimizer step of iteration ``completed + 1``: send the
-        replica that step's averaged gradient (it applies the same deterministic update), or
-        the whole state when the replica does not have the previous iteration."""
-        if ks.replica is None:
-            return
+        replica (and the followers of a key whose state is copied ahead, ``precopy``) that
+        step's averaged gradient (it applies the same deterministic update). One that has
+        not been sent the previous iteration gets nothing: it is sent the whole state."""
         iteration = ks.completed + 1
-        if ks.replica_sent != ks.completed:
-            return              # the state is sent once the iteration completed (``_published``)
-        ks.replica_sent = iteration
-        self._send_replica(ks, iteration, "step",
-                           [wire.StepItem(ks.spec.key, iteration, 0, dict(ks.optimizer.hp)).to_wire()],
-                           [np.array(grad)])
+        items = [wire.StepItem(ks.spec.key, iteration, 0, dict(ks.optimizer.hp)).to_wire()]
+        copy = None
+        if ks.replica is not None and ks.replica_sent == ks.completed:
+            ks.replica_sent = iteration
+            copy = np.array(grad)
+            self._send_replica(ks, iteration, "step", items, [copy])
+        for follower in [f for f in ks.followers.values() if f.sent == ks.completed]:
+            follower.sent = iteration
+            copy = np.array(grad) if copy is None else copy
+            self._send_follower(ks, follower, "step", items, [copy])
 
     def _send_replica(self, ks: KeyState, iteration: int, kind: str, items: list, arrays: list) -> None:
+        req = self._replicate_to(ks.replica, ks, kind, items, arrays)
+        if req is not None:
+            self.replica_waits[req] = (ks, iteration, ks.replica.get("agg", ""))
+
+    def _replicate_to(self, info: dict, ks: KeyState, kind: str, items: list, arrays: list,
+                      **fields) -> int | None:
+        """One REPLICATE of ``kind`` about ``ks`` to the aggregator ``info`` names: its
+        request id, None when it could not be sent."""
         state = self.store.jobs[ks.job]
         req = next(self._copy_reqs)
-        self.replica_waits[req] = (ks, iteration, ks.replica.get("agg", ""))
         try:
-            self._peer(ks.replica).send(wire.header(wire.REPLICATE, req=req, kind=kind, job=ks.job,
-                                                    secret=state.secret, items=items), arrays)
+            self._peer(info).send(wire.header(wire.REPLICATE, req=req, kind=kind, job=ks.job,
+                                              secret=state.secret, items=items, **fields), arrays)
         except Exception as exc:  # an unreachable replica must not stop the data path
-            self.replica_waits.pop(req, None)
-            log.error("cannot replicate %s of job %s to %s: %s", ks.spec.key, ks.job, ks.replica.get("agg"), exc)
+            log.error("cannot replicate %s of job %s to %s: %s", ks.spec.key, ks.job, info.get("agg"), exc)
+            return None
+        return req
 
     def _replica_acked(self, msg: wire.Message) -> None:
         ks, iteration, replica = self.replica_waits.pop(msg["req"])
@@ -825,9 +1042,15 @@ class Aggregator:
         self._published(ks)
 
     def _replicate_in(self, reply: Sender, msg: wire.Message) -> None:
-        """Replica side: install a whole state, or apply one step of the owner."""
+        """Replica side: install a whole state, or apply one step of the owner. With
+        ``incoming``, the same for a key migrating here (its state sent ahead, ``precopy``)."""
+        incoming = bool(msg.get("incoming"))
         if msg.get("kind") == "state":
             for key, meta, views in wire.key_copies(msg):
+                if incoming:
+                    ks = self.store.key(self.store.job(msg["job"], msg["secret"]), key)
+                    self.store.precopy(ks, meta, [np.frombuffer(view, dtype=ks.spec.dtype) for view in views])
+                    continue
                 try:
                     spec = KeySpec.from_wire(meta["spec"])
                     state = self.store.ensure_job(msg["job"], msg["secret"], int(meta["world_size"]), meta["mode"],
@@ -842,7 +1065,7 @@ class Aggregator:
             state = self.store.job(msg["job"], msg["secret"])
             steps = []
             for item in msg.items(wire.StepItem):
-                rks = state.replicas.get(item.key)
+                rks = self._following(state, item.key) if incoming else state.replicas.get(item.key)
                 grad = msg.whole(item.payload, rks.spec.dtype) if rks is not None else None
                 if rks is None or not self.store.replica_accepts(rks, item.iteration, grad):
                     raise StoreError(f"replica of {item.key!r} misses the steps before {item.iteration}")
@@ -854,6 +1077,12 @@ class Aggregator:
                 self.store.replica_step(rks, item.iteration, grad, item.hp)
             return
         reply.send(wire.header(wire.OK, req=msg.get("req")))
+
+    @staticmethod
+    def _following(state: JobState, key: str) -> KeyState | None:
+        """The key migrating here whose state came ahead and follows the old owner's steps."""
+        ks = state.keys.get(key)
+        return ks if ks is not None and ks.incoming is not None and ks.precopied else None
 
     def _recover(self, reply: Sender, msg: wire.Message) -> None:
         """A worker's RECOVER: the last iteration it pulled of each key taken over here."""
@@ -887,6 +1116,8 @@ class Aggregator:
                 self.store.init(state, key, data, hp=msg.get("hp"), opt_state=opt_state or None, step=step)
             except ValueError as exc:
                 raise StoreError(f"INIT of {key!r}: {exc}") from None
+            if state.keys[key].followers:
+                self._refollow(state.keys[key])      # a migration copying its state ahead
         backed = [state.keys[key] for key, *_ in prepared if state.keys[key].replica is not None]
         if backed:
             # acknowledged once every replica holds the master copy: a worker that saw the

@@ -21,7 +21,8 @@ from dlrt.endpoints import DEFAULT_BIND_HOST, host_port
 
 # name -> (module, help); the module's ``main(argv)`` parses the benchmark's own options
 BENCHMARKS = {
-    "pushpull": ("dlrt_bench.autops_pushpull", "push+pull of whole models vs gloo all-reduce"),
+    "pushpull": ("dlrt_bench.autops_pushpull", "push+pull of whole models vs gloo all-reduce (--emulate-hosts: "
+                                               "across emulated hosts)"),
     "packing": ("dlrt_bench.autops_packing", "aggregators and CPU of J jobs packed vs dedicated"),
     "migrate": ("dlrt_bench.autops_migrate", "pause a job sees when all its tensors migrate live"),
     "failover": ("dlrt_bench.autops_failover", "what surviving an aggregator's loss costs: replication, pause"),
@@ -50,7 +51,7 @@ def _cmd_aggregator(args: argparse.Namespace) -> int:
         host, port = args.bind_host or DEFAULT_BIND_HOST, args.port
     serve(args.master, bind_host=host.strip("[]"), port=port, advertise_host=args.advertise_host,
           ipc=not args.no_ipc, name=args.name, register_timeout=args.register_timeout,
-          heartbeat_interval=args.heartbeat_interval)
+          heartbeat_interval=args.heartbeat_interval, transport=args.transport)
     return 0
 
 
@@ -173,6 +174,9 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                    help="address workers use to reach this machine (default: the --bind host; this "
                         "machine's address for 0.0.0.0)")
     p.add_argument("--no-ipc", action="store_true", help="do not offer a unix-socket endpoint")
+    p.add_argument("--transport", choices=("auto", "tcp", "rdma"), default="auto",
+                   help="rdma: also listen on rdma and reach peer aggregators over it (needs an RDMA "
+                        "device; not run on hardware yet, see docs/rdma.md)")
     p.add_argument("--name", default=None, help="aggregator id (default: pMaster gives agg-N)")
     p.add_argument("--register-timeout", type=cli.positive(float), default=30.0)
     p.add_argument("--heartbeat-interval", type=cli.positive(float), default=1.0,

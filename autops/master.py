@@ -162,6 +162,7 @@ class Master:
                 wire.PROFILE: self._profile,
                 wire.TENSOR_COPY_DONE: lambda i, m: self.migrations.copy_done(m, self.state.by_identity.get(i, "")),
                 wire.WORKER_DONE: lambda i, m: self.migrations.worker_done(m, self.state.by_identity.get(i, "")),
+                wire.MIGRATE_CUTOVER: lambda i, m: self.migrations.cutover(m, self.state.by_identity.get(i, "")),
                 wire.MIGRATE: self._migrate,
             }.get(msg.op)
             if handler is None:

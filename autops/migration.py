@@ -1,17 +1,26 @@
 """pMaster's side of live tensor migration (thesis §4.3.2, Fig. 4.5).
 
 A batch moves keys of one job, all with the same aggregation settings, from one aggregator
-to another:
+to another. Everything large moves while the job trains; the switch itself, at an
+iteration boundary, moves only counters:
 
 1. ``MIGRATE_PREPARE`` to the new aggregator: it creates the keys in the incoming state
-   (it holds pushes and parks pulls until the copy arrived).
-2. ``MIGRATE_INIT`` to the old aggregator: it picks each key's cutover (its open iteration),
-   which pMaster records in the job's table as "new owner from cutover + 1 on"; the old one
-   serves everything up to the cutover, puts the new address into those pull replies and
-   REDIRECTs anything later.
-3. The old aggregator sends ``TENSOR_COPY`` once the cutover iteration is complete and
-   reports ``TENSOR_COPY_DONE``; the new one reports ``WORKER_DONE`` once all workers pushed
-   the next iteration to it.
+   (it holds pushes and parks pulls until the hand-over) in memory populated ahead.
+2. ``MIGRATE_INIT`` to the old aggregator. A key's cutover is its open iteration plus
+   ``LEAD_ITERATIONS``, recorded in the job's table as "new owner from cutover + 1 on"; the
+   old one serves everything up to the cutover, puts the new address into those pull
+   replies (the agents map the new owner's memory ahead) and REDIRECTs anything later. It
+   tells the new owner at once which workers' buffers to map. A ``server``-mode key first
+   sends its state (master copy, optimizer state, step) to its *followers* -- the new owner,
+   unless it holds the key as its replica already, and the new owner's replica when that is
+   a new one -- and then every step's averaged gradient, as to a replica (``replication``);
+   its cutover is decided once its followers hold the state and reported with
+   ``MIGRATE_CUTOVER``. Keys switch one by one as their state arrives, so none is followed
+   for longer than its own copy and lead take.
+3. The old aggregator hands each key over once its cutover iteration is complete
+   (``TENSOR_COPY``: the counter; state only where no follower holds it) and reports
+   ``TENSOR_COPY_DONE``; the new one reports ``WORKER_DONE`` once all workers pushed the
+   next iteration to it.
 4. With both reports for a key, the table owns the new aggregator and ``MIGRATE_DROP`` tells
    the old one to forget the key.
 """
@@ -31,6 +40,11 @@ from .replication import choose_replica, replica_info
 
 log = logging.getLogger("autops.migration")
 
+# iterations between the hand-over order and the cutover: the agents learn of the move from
+# the pull replies of the iterations in between and prepare for it (map, connect)
+LEAD_ITERATIONS = 2
+RECENT = 16     # completed batches ``status`` lists
+
 
 @dataclass
 class Batch:
@@ -46,6 +60,8 @@ class Batch:
     started: float = field(default_factory=time.monotonic)
     finished: float | None = None
     replicas: dict = field(default_factory=dict)    # key -> replica the new owner keeps (server mode)
+    followers: dict = field(default_factory=dict)   # key -> aggregators its state is copied to ahead
+    first: dict = field(default_factory=dict)       # key -> first iteration the new owner serves
     on_done: Callable[["Batch", bool], None] | None = None
 
 
@@ -62,6 +78,7 @@ class Migrations:
         self.completed = 0          # keys
         self.failed = 0             # keys
         self.durations: list[float] = []   # seconds per completed batch (last 100)
+        self.recent: list[dict] = []       # the last completed batches: where, when they switched
         self._mids = itertools.count(1)
 
     def active(self, job: str | None = None, aggs: set | None = None) -> list[Batch]:
@@ -92,6 +109,7 @@ class Migrations:
             job.touched.add(dst)
             if mode == "server":
                 batch.replicas = self._replicas(job, keys, dst)
+                batch.followers = self._followers(job, keys, src, dst, batch.replicas)
             self.outbox.send_agg(dst, wire.MIGRATE_PREPARE, lambda msg, b=batch: self._prepared(b, msg),
                                  mid=batch.mid, job=job.job, secret=job.secret, world_size=job.world_size,
                                  mode=mode, average=average, optimizer=optimizer, hp=json.loads(hp),
@@ -116,6 +134,24 @@ class Migrations:
                 out[key] = replica
         return out
 
+    def _followers(self, job: JobInfo, keys: list[str], src: str, dst: str,
+                   replicas: dict[str, str]) -> dict[str, list[str]]:
+        """Where each server-mode key's state must be before its switch: the new owner,
+        unless it is the key's replica already (kept current by the old owner), and the new
+        owner's replica when it is not the key's current one (nor the old owner, which the
+        new owner then sends the state after the switch)."""
+        out = {}
+        for key in keys:
+            current = job.replicas.get(key) if job.replicate else None
+            if current not in self.state.aggs:
+                current = None
+            wanted = [] if current == dst else [dst]
+            new_replica = replicas.get(key)
+            if new_replica not in (None, current, src):
+                wanted.append(new_replica)
+            out[key] = wanted
+        return out
+
     # --- replies -----------------------------------------------------------------------
     def _prepared(self, batch: Batch, msg: wire.Message | None) -> None:
         if batch.mid not in self.batches:
@@ -130,8 +166,11 @@ class Migrations:
             return
         batch.phase = "init"
         info = {"endpoints": dst.endpoints, "host": dst.host, "segments": msg.get("segments") or []}
+        followers = {k: [replica_info(self.state, a) for a in aggs if a in self.state.aggs]
+                     for k, aggs in batch.followers.items() if aggs}
         self.outbox.send_agg(batch.src, wire.MIGRATE_INIT, lambda m, b=batch: self._initiated(b, m),
-                             mid=batch.mid, job=batch.job, to=batch.dst, info=info, keys=batch.keys)
+                             mid=batch.mid, job=batch.job, to=batch.dst, info=info, keys=batch.keys,
+                             lead=LEAD_ITERATIONS, followers=followers)
 
     def _initiated(self, batch: Batch, msg: wire.Message | None) -> None:
         if batch.mid not in self.batches:
@@ -140,13 +179,25 @@ class Migrations:
             self._fail(batch, "the old aggregator did not start the hand-over: " +
                        (msg["message"] if msg is not None else "no answer"), drop_dst=True)
             return
-        job = self.state.jobs.get(batch.job)
-        cutovers = msg.get("cutovers") or {}
         batch.phase = "copying"
-        if job is not None:
-            for key in batch.keys:
-                if key in cutovers:
-                    job.moves[key] = (batch.dst, int(cutovers[key]) + 1)
+        self._cut(batch, msg.get("cutovers") or {})
+
+    def cutover(self, msg: wire.Message, sender: str | None = None) -> None:
+        """The old owner's MIGRATE_CUTOVER: keys whose state went ahead switch after these
+        iterations; ignored unless ``sender`` (as for ``copy_done``) is the batch's source."""
+        batch = self.batches.get(msg["mid"])
+        if batch is None or sender not in (None, batch.src):
+            return
+        self._cut(batch, msg["cutovers"])
+
+    def _cut(self, batch: Batch, cutovers: dict) -> None:
+        """Record cutovers: the table names the new owner from the next iteration on."""
+        job = self.state.jobs.get(batch.job)
+        for key, cut in cutovers.items():
+            if key in batch.keys and type(cut) is int and key not in batch.completed:
+                batch.first[key] = cut + 1
+                if job is not None:
+                    job.moves[key] = (batch.dst, cut + 1)
 
     def copy_done(self, msg: wire.Message, sender: str | None = None) -> None:
         """The old owner's TENSOR_COPY_DONE; ignored unless ``sender`` (when given: the
@@ -189,6 +240,12 @@ class Migrations:
             batch.phase = "done"
             batch.finished = self.clock()
             self.durations = (self.durations + [batch.finished - batch.started])[-100:]
+            firsts = sorted(batch.first.values())
+            self.recent = (self.recent + [{
+                "mid": batch.mid, "job": batch.job, "from": batch.src, "to": batch.dst, "keys": len(batch.keys),
+                "first_iterations": [firsts[0], firsts[-1]] if firsts else None,
+                "precopied_keys": sum(1 for f in batch.followers.values() if f),
+                "seconds": round(batch.finished - batch.started, 4)}])[-RECENT:]
             del self.batches[batch.mid]
             log.info("migration %d of job %s: %d keys %s -> %s in %.3fs", batch.mid, batch.job,
                      len(batch.keys), batch.src, batch.dst, batch.finished - batch.started)
@@ -236,4 +293,5 @@ class Migrations:
         return {"active": sum(len(b.keys) - len(b.completed) for b in self.batches.values()),
                 "completed": self.completed, "failed": self.failed,
                 "batches_active": len(self.batches),
-                "last_batch_s": round(self.durations[-1], 4) if self.durations else None}
+                "last_batch_s": round(self.durations[-1], 4) if self.durations else None,
+                "recent": list(self.recent)}

@@ -15,8 +15,10 @@ a view of the worker's buffer (the worker does not touch it before its pull of `
 returns) and sums all views once, when the last push of ``i`` is in, straight into the
 published buffer (sum) or into the first worker's staging buffer, which the optimizer then
 reads (server: no gradient buffer on the aggregator at all). Pushes
-that arrive as socket frames go to the accumulator at once. Published buffers come from
-an injectable allocator so the aggregator can place them in shared memory.
+that arrive as socket frames go to the accumulator: the first of an iteration is kept as it
+is (the received frame, which nothing else writes) and added to the second in one pass,
+straight into the accumulator, instead of being copied there first. Published buffers come
+from an injectable allocator so the aggregator can place them in shared memory.
 
 A pull of iteration ``i`` is ready when ``i`` is published; the store never blocks, it
 tells the caller which keys became ready so the server loop can answer parked pulls.
@@ -59,6 +61,7 @@ class KeyState:
     initialized: bool = False          # server: master copy set by INIT
     grad: np.ndarray | None = None     # server: accumulator of socket pushes (allocated on first use)
     inline: int = 0                    # pushes of the open iteration already in the accumulator
+    first: np.ndarray | None = None    # the open iteration's first socket push, added to the next one
     deferred: list = field(default_factory=list)   # shared-memory views of the open iteration
     optimizer: Any = None
     # live migration (§4.3.2): old side hands over after ``moving["cutover"]``; new side holds
@@ -68,6 +71,9 @@ class KeyState:
     held: list = field(default_factory=list)   # new side: (rank, iteration, data, deferred)
     held_hp: dict | None = None                # new side: hyper-parameters pushed meanwhile
     awaiting_workers: tuple | None = None      # new side: (mid, first iteration served here)
+    precopied: bool = False                    # new side: the server-side state arrived ahead
+    followers: dict = field(default_factory=dict)   # old side: agg -> precopy.Follower (server mode)
+    handover: dict | None = None               # old side: the hand-over waiting for the followers
     # failures: a sum-mode key taken over without state waits for every rank's last pulled
     # iteration (rank -> iteration) and holds pushes meanwhile; a server-mode key with a
     # replica publishes an iteration only once the replica acknowledged it
@@ -240,13 +246,17 @@ class Store:
         """
         if deferred:
             ks.deferred.append(data)
+        elif ks.inline == 0 and ks.first is None:
+            ks.first = data          # kept (a received frame): summed with the next push in one pass
         else:
             acc = ks.accumulator()
-            if ks.inline == 0:
-                np.copyto(acc, data)
+            if ks.first is not None:
+                np.add(ks.first, data, out=acc)
+                ks.first = None
+                ks.inline = 2
             else:
                 np.add(acc, data, out=acc)
-            ks.inline += 1
+                ks.inline += 1
         ks.ranks.add(rank)
         return self._maybe_complete(ks)
 
@@ -265,13 +275,14 @@ class Store:
         ks.ranks.clear()
         ks.deferred.clear()
         ks.inline = 0
+        ks.first = None
         ks.completed += 1
         ks.cpu_iters += 1
         return True
 
     def _reduce(self, ks: KeyState) -> np.ndarray:
         """The sum of all pushes of the open iteration, in the accumulator or a scratch buffer."""
-        views = ks.deferred
+        views = ks.deferred if ks.first is None else [ks.first, *ks.deferred]
         if ks.inline:
             acc = ks.accumulator()
         elif ks.mode == "sum":
@@ -367,8 +378,47 @@ class Store:
         """Take over a migrated key from its copy, then apply the pushes held meanwhile.
 
         Returns (iterations completed by the held pushes, problems with held pushes)."""
+        self.take_copy(ks, meta, arrays)
+        return self.apply_held(ks)
+
+    def take_copy(self, ks: KeyState, meta: dict, arrays: list[np.ndarray]) -> None:
+        """Take over a migrated key from its copy; the pushes held meanwhile stay held."""
         if ks.incoming is None:
             raise StoreError(f"key {ks.spec.key!r} is not waiting for a copy")
+        self._load_copy(ks, meta, arrays)
+        ks.incoming = None
+        ks.precopied = False
+
+    def precopy(self, ks: KeyState, meta: dict, arrays: list[np.ndarray]) -> None:
+        """The old owner's state of a server-mode key still incoming here, sent ahead of the
+        switch: loaded, pushes still held; the old owner's steps follow (``replica_step``)."""
+        if ks.incoming is None or ks.mode != "server":
+            raise StoreError(f"key {ks.spec.key!r} is not a server-mode key migrating here")
+        self._load_copy(ks, meta, arrays)
+        ks.precopied = True
+
+    def take_ahead(self, ks: KeyState, completed: int, replica: KeyState | None) -> None:
+        """Take over a migrated key whose old owner completed ``completed`` and sent no
+        state: in ``server`` mode the state is here already, copied ahead into ``ks`` and
+        kept current by the old owner's steps, or in ``replica`` (this aggregator was the
+        key's replica). StoreError when neither is at ``completed``; held pushes stay held."""
+        if ks.incoming is None:
+            raise StoreError(f"key {ks.spec.key!r} is not waiting for a copy")
+        if not isinstance(completed, int) or completed < 0:
+            raise StoreError(f"copy of {ks.spec.key!r}: bad iteration counter {completed!r}")
+        if ks.mode == "server" and not (ks.precopied and ks.initialized and ks.completed == completed):
+            if replica is None or not replica.initialized or replica.completed != completed:
+                raise StoreError(f"key {ks.spec.key!r}: no state of iteration {completed} arrived ahead "
+                                 f"(it has {ks.completed if ks.precopied else None}); send it")
+            self._load_copy(ks, *self.export_key(replica))
+        ks.completed = completed
+        ks.incoming = None
+        ks.precopied = False
+
+    def _load_copy(self, ks: KeyState, meta: dict, arrays: list[np.ndarray]) -> None:
+        """Set a key's counter and, in server mode, its master copy, optimizer state and
+        step from a copy (``export_key``'s form); StoreError, changing nothing, when the copy
+        does not fit the key."""
         completed = meta.get("completed")
         if not isinstance(completed, int) or completed < 0:
             raise StoreError(f"copy of {ks.spec.key!r}: bad iteration counter {completed!r}")
@@ -386,8 +436,6 @@ class Store:
                 ks.optimizer.set_hp(meta["hp"])
             ks.optimizer.load_state(dict(zip(names, arrays[1:])), int(meta.get("step") or 0))
         ks.completed = completed
-        ks.incoming = None
-        return self.apply_held(ks)
 
     def apply_held(self, ks: KeyState) -> tuple[int, list[str]]:
         """Apply the pushes held while ``ks`` waited (for a copy, or for the ranks' reports
@@ -424,6 +472,7 @@ class Store:
         ks.ranks.clear()
         ks.deferred.clear()
         ks.inline = 0
+        ks.first = None
         ks.held = []
 
     def recover_report(self, ks: KeyState, rank: int, pulled: int) -> tuple[bool, list[str]]:

@@ -52,12 +52,14 @@ TENSOR_COPY = "tensor_copy"
 # aggregator -> master
 TENSOR_COPY_DONE = "tensor_copy_done"
 WORKER_DONE = "worker_done"
+MIGRATE_CUTOVER = "migrate_cutover"   # keys whose state went ahead: their cutovers, once decided
 # admin -> master
 MIGRATE = "migrate"                   # move keys of a job (operators, benchmarks)
 # any -> master
 STATUS = "status"
 # agent -> aggregator
 PUSH = "push"
+PUSH_PULL = "push_pull"               # a push answered with the value of its iteration (PULL_REPLY), not an ack
 PULL = "pull"
 INIT = "init"
 BCAST_PUT = "bcast_put"
@@ -101,9 +103,11 @@ SCHEMA: dict[str, dict[str, tuple]] = {
     TENSOR_COPY: {"mid": _int, "job": _str, "secret": _str, "items": _list},
     TENSOR_COPY_DONE: {"mid": _int, "job": _str, "keys": _list},
     WORKER_DONE: {"mid": _int, "job": _str, "keys": _list},
+    MIGRATE_CUTOVER: {"mid": _int, "job": _str, "cutovers": _map},
     MIGRATE: {"job": _str},
     STATUS: {},
     PUSH: {"job": _str, "secret": _str, "rank": _int, "items": _list},
+    PUSH_PULL: {"job": _str, "secret": _str, "rank": _int, "items": _list},
     PULL: {"job": _str, "secret": _str, "rank": _int, "items": _list},
     INIT: {"job": _str, "secret": _str, "rank": _int, "items": _list},
     BCAST_PUT: {"job": _str, "secret": _str, "rank": _int, "name": _str, "seq": _int, "dtype": _str, "shape": _list},

@@ -6,6 +6,8 @@ model, workers, transport, autops_s, gloo_s, ratio (autops_s / gloo_s, medians).
 
     python bench/autops_pushpull.py --json bench/results/autops_pushpull.json
     python bench/autops_pushpull.py --model flat64m --workers 2 --transport shm ipc --mode server
+    python bench/autops_pushpull.py --emulate-hosts --workers 4 --aggregators same --link 1gbit \
+        --model flat64m --json out.json        # root: each worker and aggregator on its own emulated host
 """
 import sys
 

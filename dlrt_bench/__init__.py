@@ -4,7 +4,9 @@ Installed with the distribution, so ``autops bench NAME`` and ``infiniswap bench
 a fresh install; those subcommands import this package only when they run (the libraries
 never import it otherwise). Every module imports the libraries, never the other way round:
 
-* ``autops_pushpull`` -- push+pull of whole models vs gloo all-reduce;
+* ``autops_pushpull`` -- push+pull of whole models vs gloo all-reduce, on this machine or on
+  emulated hosts (its worker processes in ``pushpull_workers``, where they run in
+  ``pushpull_sites``; an AutoPS pool on emulated hosts in ``autops_hosts``);
 * ``autops_packing`` / ``autops_migrate`` -- AutoPS elasticity (shared pieces in
   ``autops_elastic``);
 * ``infiniswap_bench`` -- remote memory (shm, TCP) vs the backup file;

@@ -1,98 +1,51 @@
-"""``autops bench pushpull``: one training iteration's push+pull of a model's tensors, next
-to ``torch.distributed`` gloo all-reduce of the same tensors in DDP-style 25 MB buckets,
-measured in the same run on this machine.
+"""``autops bench pushpull``: AutoPS push+pull of a model's tensors against gloo all-reduce.
 
-Per configuration (model x workers x transport x mode) it starts a fresh local pool, runs
-``W`` worker processes that push and pull every tensor (last layer first, as backward
-produces them) for ``--iters`` iterations, and reports the median seconds per iteration,
-gloo's median for the same tensors, their ratio, and the aggregators' peak RSS (VmHWM)
-relative to the model's size. ``--json FILE`` writes one object per configuration (``-``:
-stdout). Model shapes come from ``autops.models``.
+One training iteration's push+pull of every tensor, next to ``torch.distributed`` gloo
+all-reduce of the same tensors in DDP-style 25 MB buckets, measured in the same run on the
+same hosts.
+
+Per configuration (model x workers x transport x mode x link) it starts a fresh site --
+this machine (a local pool), or with ``--emulate-hosts`` one emulated host per aggregator
+and per worker (``pushpull_sites``) -- and ``W`` AutoPS workers and ``W`` gloo workers
+(``pushpull_workers``). After ``--warmup`` iterations of each, the two systems run in
+alternating blocks (``--rounds``; ``--iters`` measured iterations each), so a change in the
+background load hits both. It reports the median seconds per iteration (the slowest rank's),
+gloo's median, their ratio, the CPU seconds both spend per iteration (workers, and for AutoPS
+the aggregators), the aggregators' peak memory relative to the model's size, and on emulated
+hosts the bytes that crossed the worker and aggregator hosts' links per iteration. When both
+systems' processes would not fit in memory together, each runs alone (``interleaved``:
+false). ``--json FILE`` writes one object per configuration (``-``: stdout). Model shapes
+come from ``autops.models``.
 """
 from __future__ import annotations
 
+import json
 import math
-import multiprocessing as mp
+import selectors
 import statistics
+import subprocess
 import sys
+import threading
 import time
 import uuid
+from typing import Any
 
-import numpy as np
+import psutil
 
-from autops.local import LocalPool, free_port
 from autops.models import model_tensors
 from dlrt import cli
-from dlrt.procs import join_or_kill
+from dlrt.procs import stop_processes
 
-BUCKET_BYTES = 25 * 2**20
+from .pushpull_sites import EmulatedSite, LocalSite, emulation_unavailable
+from .pushpull_workers import seed_parameters
 
+__all__ = ["main", "seed_parameters", "owned_rss", "RssSampler"]
 
-
-def seed_parameters(agent, rank: int, tensors, outs: dict) -> None:
-    """Server mode: rank 0 initialises every tensor (zeros), then every rank pulls them once."""
-    if rank == 0:
-        for h in [agent.init(n, np.zeros(s, d)) for n, s, d in tensors]:
-            h.wait()
-    for h in [agent.pull(n, outs[n], 0) for n, _, _ in tensors]:
-        h.wait()
-
-def _median_after_warmup(times: list[float], warmup: int) -> float:
-    return statistics.median(times[warmup:] if len(times) > warmup else times)
+ANSWER_TIMEOUT = 600.0      # seconds a block of iterations may take
+MEMORY_SHARE = 0.6          # run both systems at once only within this share of free memory
 
 
-# --- AutoPS worker -------------------------------------------------------------------------
-def _autops_worker(master, job, rank, world, tensors, iters, transport, mode, optimizer, aggregators, queue):
-    try:
-        from autops.agent import Agent
-        opts = {"mode": mode, "average": True}
-        if mode == "server":
-            opts.update(optimizer=optimizer, hp={"lr": 1e-3})
-        agent = Agent(master, job, rank, world, mode=mode, num_aggregators=aggregators, transport=transport,
-                      optimizer=optimizer if mode == "server" else None, timeout=120)
-        agent.declare([(n, s, d, opts) for n, s, d in tensors])
-        grads = {n: np.full(s, rank + 1, dtype=d) for n, s, d in tensors}
-        outs = {n: np.empty(s, dtype=d) for n, s, d in tensors}
-        if mode == "server":
-            seed_parameters(agent, rank, tensors, outs)
-        times = []
-        order = list(reversed(tensors))
-        for it in range(1, iters + 1):
-            start = time.perf_counter()
-            handles = [agent.push_pull(n, grads[n], outs[n], it) for n, _, _ in order]
-            agent.flush()
-            for h in handles:
-                h.wait()
-            times.append(time.perf_counter() - start)
-            if it == 1 and mode == "sum":
-                expected = (world + 1) / 2
-                for n, _, _ in tensors:
-                    flat = outs[n].reshape(-1)
-                    if flat.size and not (flat[0] == expected and flat[-1] == expected):
-                        raise RuntimeError(f"wrong aggregate for {n}: {flat[0]} != {expected}")
-        queue.put(("ok", rank, times))
-        agent.job_done()
-        agent.close()
-    except BaseException as exc:  # report, never hang the parent
-        queue.put(("error", rank, f"{exc.__class__.__name__}: {exc}"))
-
-
-def _collect(procs: list, queue, label: str) -> dict:
-    """Start ``procs``, gather one ``(status, rank, payload)`` per worker, always reap them."""
-    for p in procs:
-        p.start()
-    results = {}
-    try:
-        for _ in procs:
-            status, rank, payload = queue.get(timeout=600)
-            if status != "ok":
-                raise RuntimeError(f"{label} worker {rank} failed: {payload}")
-            results[rank] = payload
-    finally:
-        join_or_kill(procs, timeout=10)
-    return results
-
-
+# --- memory of the aggregators ---------------------------------------------------------------
 def _peak_rss(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -125,7 +78,6 @@ class RssSampler:
     """Samples ``owned_rss`` of some processes every ``period`` seconds; keeps the peak sum."""
 
     def __init__(self, pids: list[int], period: float = 0.05) -> None:
-        import threading
         self.pids, self.period, self.peak = pids, period, 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -143,98 +95,239 @@ class RssSampler:
         self._thread.join()
 
 
-def run_autops(tensors, world: int, transport: str, iters: int, warmup: int, aggregators: int,
-               mode: str = "sum", optimizer: str = "adam", log_level: str = "WARNING") -> dict:
-    ctx = mp.get_context("spawn")
-    with LocalPool(aggregators, log_level=log_level) as pool:
-        agg_pids = [p.pid for p in pool.procs[1:]]
-        idle_rss = sum(_peak_rss(pid) for pid in agg_pids)
-        queue = ctx.Queue()
-        job = f"bench-{uuid.uuid4().hex[:6]}"
-        procs = [ctx.Process(target=_autops_worker, args=(pool.master, job, r, world, tensors, iters, transport,
-                                                          mode, optimizer, aggregators, queue))
-                 for r in range(world)]
-        idle_owned = sum(owned_rss(pid) for pid in agg_pids)
-        with RssSampler(agg_pids) as sampler:
-            results = _collect(procs, queue, "AutoPS")
-        peak_rss = sum(_peak_rss(pid) for pid in agg_pids)
-    per_iter = [max(results[r][i] for r in results) for i in range(iters)]
-    return {"autops_s": _median_after_warmup(per_iter, warmup), "autops_iters_s": per_iter,
-            "agg_peak_rss_bytes": peak_rss, "agg_idle_rss_bytes": idle_rss,
-            "agg_peak_owned_bytes": sampler.peak, "agg_idle_owned_bytes": idle_owned}
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds the processes used so far (all their threads): the
+    aggregators' (workers measure their own, over their iterations only)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            times = psutil.Process(pid).cpu_times()
+            total += times.user + times.system
+        except psutil.Error:
+            pass
+    return total
 
 
-# --- gloo peer ------------------------------------------------------------------------------
-def _gloo_worker(rank, world, port, tensors, iters, queue):
+# --- the worker processes ----------------------------------------------------------------------
+class WorkerGroup:
+    """Worker processes (``pushpull_workers``) driven over their stdin and stdout."""
+
+    def __init__(self, label: str, procs: list[subprocess.Popen]) -> None:
+        self.label, self.procs = label, procs
+        try:
+            self.pids = [answer["pid"] for answer in self._answers()]
+        except BaseException:
+            self.close()
+            raise
+
+    def _answers(self) -> list[dict]:
+        """One JSON line from every worker; ``RuntimeError`` on an error, an exit or no answer."""
+        answers: dict[int, dict] = {}
+        deadline = time.monotonic() + ANSWER_TIMEOUT
+        with selectors.DefaultSelector() as sel:
+            for rank, proc in enumerate(self.procs):
+                sel.register(proc.stdout, selectors.EVENT_READ, rank)
+            while len(answers) < len(self.procs):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RuntimeError(f"{self.label} workers did not answer within {ANSWER_TIMEOUT:.0f}s")
+                for key, _ in sel.select(left):
+                    rank = key.data
+                    line = self.procs[rank].stdout.readline()
+                    if not line:
+                        raise RuntimeError(f"{self.label} worker {rank} exited with {self.procs[rank].wait()}")
+                    answer = json.loads(line)
+                    if "error" in answer:
+                        raise RuntimeError(answer["error"])
+                    answers[rank] = answer
+                    sel.unregister(self.procs[rank].stdout)
+        return [answers[rank] for rank in range(len(self.procs))]
+
+    def run(self, count: int) -> list[dict]:
+        """``count`` iterations on every worker; their answers by rank."""
+        for proc in self.procs:
+            proc.stdin.write(f"run {count}\n".encode())
+            proc.stdin.flush()
+        return self._answers()
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Ask the workers to leave their job, then stop whatever is still running."""
+        for proc in self.procs:
+            try:
+                proc.stdin.write(b"stop\n")
+                proc.stdin.close()
+            except OSError:
+                pass
+        deadline = time.monotonic() + timeout
+        for proc in self.procs:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        stop_processes(self.procs)
+
+
+def worker_argv(system: str, rank: int, world: int, model: str, shapes: str | None, extra: list[str]) -> list[str]:
+    """The command line of one ``pushpull_workers`` process."""
+    return [sys.executable, "-m", "dlrt_bench.pushpull_workers", system, "--model", model, "--rank", str(rank),
+            "--world", str(world), *(["--shapes", shapes] if shapes else []), *extra]
+
+
+# --- one configuration --------------------------------------------------------------------------
+class Measurement:
+    """Iteration times, CPU seconds and link bytes of one system, block by block."""
+
+    def __init__(self) -> None:
+        self.iters: list[float] = []
+        self.reduce_only: list[float] = []
+        self.cpu = 0.0
+        self.traffic: dict[str, int] = {}
+
+    def add(self, answers: list[dict], cpu: float, traffic: dict | None) -> None:
+        count = len(answers[0]["times"])
+        self.iters += [max(a["times"][i] for a in answers) for i in range(count)]
+        if "reduce_only" in answers[0]:
+            self.reduce_only += [max(a["reduce_only"][i] for a in answers) for i in range(count)]
+        self.cpu += cpu
+        for name, nbytes in (traffic or {}).items():
+            self.traffic[name] = self.traffic.get(name, 0) + nbytes
+
+    def per_iteration(self) -> dict:
+        """Medians and means per iteration (link bytes: bare all-reduces count as iterations)."""
+        n = max(1, len(self.iters))
+        moved = max(1, len(self.iters) + len(self.reduce_only))
+        return {"median_s": statistics.median(self.iters) if self.iters else None,
+                "cpu_s": self.cpu / n,
+                "traffic": {name: nbytes // moved for name, nbytes in self.traffic.items()} or None}
+
+
+def _delta(after: dict | None, before: dict | None) -> dict | None:
+    if after is None or before is None:
+        return None
+    return {name: after[name] - before[name] for name in after}
+
+
+def fits_together(model_bytes: int, world: int) -> bool:
+    """Whether AutoPS (gradients, results, two kept copies per worker, the aggregators' buffers)
+    and gloo (gradients, buckets, receive buffers) fit in free memory at the same time."""
+    need = model_bytes * (world * 7 + 3)
+    return need < MEMORY_SHARE * psutil.virtual_memory().available
+
+
+def run_config(site: Any, args: Any, model: str, world: int, aggregators: int, transport: str,
+               mode: str, model_bytes: int, tensors: int) -> dict:
+    """Measure one configuration on an up ``site``."""
+    systems = ["gloo", "autops"] if args.compare == "gloo" else ["autops"]
+    interleaved = len(systems) > 1 and fits_together(model_bytes, world)
+    if interleaved:
+        schedule = [s for r in range(args.rounds) for s in (systems if r % 2 == 0 else systems[::-1])]
+    else:
+        schedule = [s for s in systems for _ in range(args.rounds)]
+    job = f"bench-{uuid.uuid4().hex[:6]}"
+    extra = {"autops": ["--master", site.master, "--job", job, "--aggregators", str(aggregators),
+                        "--transport", transport, "--mode", mode, "--optimizer", args.optimizer],
+             "gloo": ["--init", site.gloo_init()]}
+    services = site.service_pids()
+    idle_rss = sum(_peak_rss(pid) for pid in services)
+    idle_owned = sum(owned_rss(pid) for pid in services)
+    per_block = max(1, math.ceil(args.iters / args.rounds))
+    groups: dict[str, WorkerGroup] = {}
+    measured = {s: Measurement() for s in systems}
     try:
-        import torch
-        import torch.distributed as dist
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-        grads = [torch.full(s, float(rank + 1)) for _, s, _ in reversed(tensors)]
-        buckets, current, size = [], [], 0        # DDP: reverse order, 25 MB buckets
-        for g in grads:
-            current.append(g)
-            size += g.numel() * 4
-            if size >= BUCKET_BYTES:
-                buckets.append(current)
-                current, size = [], 0
-        if current:
-            buckets.append(current)
-        flats = [torch.empty(sum(g.numel() for g in b)) for b in buckets]
-        times, reduce_only = [], []
-        for _ in range(iters):
-            dist.barrier()
-            start = time.perf_counter()
-            for flat in flats:
-                dist.all_reduce(flat)
-            reduce_only.append(time.perf_counter() - start)
-            dist.barrier()
-            start = time.perf_counter()
-            works = []
-            for bucket, flat in zip(buckets, flats):
-                torch.cat([g.reshape(-1) for g in bucket], out=flat)
-                works.append(dist.all_reduce(flat, async_op=True))
-            for bucket, flat, work in zip(buckets, flats, works):
-                work.wait()
-                flat.div_(world)
-                offset = 0
-                for g in bucket:
-                    g.view(-1).copy_(flat[offset:offset + g.numel()])
-                    offset += g.numel()
-            times.append(time.perf_counter() - start)
-            for g in grads:
-                g.fill_(float(rank + 1))
-        dist.destroy_process_group()
-        queue.put(("ok", rank, (times, reduce_only)))
-    except BaseException as exc:
-        queue.put(("error", rank, f"{exc.__class__.__name__}: {exc}"))
+        with RssSampler(services) as sampler:
+            for i, system in enumerate(schedule):
+                if system not in groups:
+                    procs = [site.start_worker(r, worker_argv(system, r, world, model, args.shapes, extra[system]))
+                             for r in range(world)]
+                    groups[system] = WorkerGroup("AutoPS" if system == "autops" else "gloo", procs)
+                    if args.warmup:
+                        groups[system].run(args.warmup)
+                group = groups[system]
+                pids = services if system == "autops" else []
+                cpu0, traffic0 = cpu_seconds(pids), site.traffic()
+                answers = group.run(per_block)
+                cpu = cpu_seconds(pids) - cpu0 + sum(a["cpu"] for a in answers)
+                measured[system].add(answers, cpu, _delta(site.traffic(), traffic0))
+                if system not in schedule[i + 1:]:
+                    groups.pop(system).close()
+        peak_rss = sum(_peak_rss(pid) for pid in services)
+    finally:
+        for group in groups.values():
+            group.close()
+    return {"model": model, "workers": world, "aggregators": aggregators, "transport": transport, "mode": mode,
+            "optimizer": args.optimizer if mode == "server" else None,
+            "site": site.kind, "link": site.link, "delay": site.delay, "tensors": tensors, "model_bytes": model_bytes,
+            **results(measured, world, model_bytes),
+            "agg_peak_rss_bytes": peak_rss, "agg_peak_rss_over_model": peak_rss / model_bytes,
+            "agg_idle_rss_bytes": idle_rss, "agg_peak_owned_bytes": sampler.peak,
+            "agg_owned_over_model": (sampler.peak - idle_owned) / model_bytes,
+            "iters": args.iters, "warmup": args.warmup, "rounds": args.rounds, "interleaved": interleaved}
 
 
-def run_gloo(tensors, world: int, iters: int, warmup: int) -> dict:
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_gloo_worker, args=(r, world, port, tensors, iters, queue)) for r in range(world)]
-    results = _collect(procs, queue, "gloo")
-    per_iter = [max(results[r][0][i] for r in results) for i in range(iters)]
-    reduce_only = [max(results[r][1][i] for r in results) for i in range(iters)]
-    return {"gloo_s": _median_after_warmup(per_iter, warmup), "gloo_iters_s": per_iter,
-            "gloo_allreduce_only_s": _median_after_warmup(reduce_only, warmup)}
+def results(measured: dict[str, Measurement], world: int, model_bytes: int) -> dict:
+    """The JSON fields of both systems' measurements (gloo's ``None`` without it)."""
+    autops = measured["autops"].per_iteration()
+    gloo_measured = measured.get("gloo")
+    gloo = gloo_measured.per_iteration() if gloo_measured else {}
+    row = {"autops_s": autops["median_s"], "gloo_s": gloo.get("median_s"),
+           "ratio": autops["median_s"] / gloo["median_s"] if gloo else None,
+           "gloo_allreduce_only_s": (statistics.median(gloo_measured.reduce_only)
+                                     if gloo_measured and gloo_measured.reduce_only else None),
+           "autops_cpu_s": autops["cpu_s"], "gloo_cpu_s": gloo.get("cpu_s"),
+           "autops_iters_s": measured["autops"].iters, "gloo_iters_s": gloo_measured.iters if gloo_measured else None}
+    if autops["traffic"] is not None:
+        row["autops_link_bytes"] = autops["traffic"]
+        row["gloo_link_bytes"] = gloo.get("traffic")
+        # every worker's push (its model) left its host over its shaped link: ~1.0 when it did
+        row["autops_workers_sent_over_model"] = autops["traffic"]["workers_sent"] / (world * model_bytes)
+    return row
+
+
+def summary(row: dict) -> str:
+    ratio = f"{row['ratio']:.2f}x" if row["ratio"] is not None else "-"
+    gloo_ms = f"{row['gloo_s'] * 1e3:8.1f}" if row["gloo_s"] else "       -"
+    where = f"{row['site']} {row['link'] or ''}".strip()
+    text = (f"{row['model']:>9} W={row['workers']} A={row['aggregators']} {row['transport']:<4} {row['mode']:<6} "
+            f"[{where}] autops {row['autops_s'] * 1e3:8.1f} ms  gloo {gloo_ms} ms  ratio {ratio}  "
+            f"cpu/iter {row['autops_cpu_s'] * 1e3:.0f}"
+            + (f" vs {row['gloo_cpu_s'] * 1e3:.0f} ms" if row["gloo_cpu_s"] is not None else " ms"))
+    if "autops_workers_sent_over_model" in row:
+        text += f"  workers sent {row['autops_workers_sent_over_model']:.2f}x model over their links"
+    else:
+        text += f"  aggregator memory {row['agg_owned_over_model']:.2f}x model"
+    return text
+
+
+def aggregator_count(text: str) -> int | str:
+    """``--aggregators``: a count, or ``same`` (as many as workers)."""
+    if text == "same":
+        return text
+    return cli.positive(int)(text)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = cli.parser("autops bench pushpull", __doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--model", nargs="+", default=["flat64m", "resnet50", "bert-base", "vgg19"])
-    parser.add_argument("--transport", nargs="+", default=["ipc", "tcp"], choices=["ipc", "tcp", "shm"])
+    parser.add_argument("--transport", nargs="+", default=None, choices=["auto", "ipc", "tcp", "shm", "rdma"],
+                        help="default: ipc tcp on this machine, auto (which picks tcp) on emulated hosts")
     parser.add_argument("--mode", nargs="+", default=["sum"], choices=["sum", "server"])
     parser.add_argument("--optimizer", default="adam", choices=["sgd", "adam", "adamw"],
                         help="server-side optimizer in server mode")
-    parser.add_argument("--aggregators", type=int, default=2)
+    parser.add_argument("--aggregators", type=aggregator_count, default=2, metavar="N|same",
+                        help="aggregators of the pool (same: as many as workers)")
     parser.add_argument("--compare", choices=["gloo", "none"], default="gloo")
-    parser.add_argument("--iters", type=int, default=12)
+    parser.add_argument("--iters", type=int, default=12, help="measured iterations of each system")
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--rounds", type=cli.positive(int), default=3,
+                        help="blocks each system's iterations are split into, alternating with the other's")
+    parser.add_argument("--emulate-hosts", action="store_true",
+                        help="each aggregator and each worker on an emulated host of its own (root; "
+                             "network namespaces with shaped links, see dlrt.testbed)")
+    parser.add_argument("--link", nargs="+", default=["1gbit"],
+                        help="emulated hosts: link rates (e.g. 1gbit 10gbit; none: unshaped)")
+    parser.add_argument("--delay", default=None, help="emulated hosts: one-way delay between hosts, e.g. 50us")
+    parser.add_argument("--prefix", default="apsb", help="emulated hosts: name prefix of the testbed")
     parser.add_argument("--shapes", default=None,
                         help="tensor shapes JSON (default: $AUTOPS_TENSOR_SHAPES, else shared/data/models)")
     cli.add_log_level(parser, "WARNING")
@@ -242,6 +335,16 @@ def main(argv: list[str] | None = None) -> int:
                          "progress lines then go to stderr)")
     args = parser.parse_args(argv)
     cli.setup_logging(args.log_level)
+    transports = args.transport or (["auto"] if args.emulate_hosts else ["ipc", "tcp"])
+    if args.emulate_hosts:
+        if any(t in ("ipc", "shm") for t in transports):
+            parser.error("--emulate-hosts: ipc and shm cannot reach another host; use auto or tcp")
+        reason = emulation_unavailable()
+        if reason:
+            raise RuntimeError(f"--emulate-hosts: emulated hosts unavailable here: {reason}")
+    if "rdma" in transports:
+        from autops.transport.rdma_verbs import require_device
+        require_device()          # no RDMA device: one line and exit 1, before any process starts
     out = cli.text_out(args.json)
     try:
         shapes = {model: model_tensors(model, args.shapes) for model in args.model}
@@ -249,38 +352,31 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
 
     rows = []
+    links = [None if link == "none" else link for link in args.link] if args.emulate_hosts else [None]
     for model in args.model:
-        tensors = shapes[model]
-        model_bytes = sum(math.prod(s) * 4 for _, s, _ in tensors)
+        model_bytes = sum(math.prod(s) * 4 for _, s, _ in shapes[model])
         for world in args.workers:
-            gloo = run_gloo(tensors, world, args.iters, args.warmup) if args.compare == "gloo" else {}
-            for transport in args.transport:
-                for mode in args.mode:
-                    res = run_autops(tensors, world, transport, args.iters, args.warmup, args.aggregators,
-                                     mode, args.optimizer, args.log_level)
-                    row = {"model": model, "workers": world, "transport": transport, "mode": mode,
-                           "optimizer": args.optimizer if mode == "server" else None,
-                           "aggregators": args.aggregators, "tensors": len(tensors), "model_bytes": model_bytes,
-                           "autops_s": res["autops_s"], "gloo_s": gloo.get("gloo_s"),
-                           "gloo_allreduce_only_s": gloo.get("gloo_allreduce_only_s"),
-                           "ratio": res["autops_s"] / gloo["gloo_s"] if gloo else None,
-                           "agg_peak_rss_bytes": res["agg_peak_rss_bytes"],
-                           "agg_peak_rss_over_model": res["agg_peak_rss_bytes"] / model_bytes,
-                           "agg_idle_rss_bytes": res["agg_idle_rss_bytes"],
-                           "agg_peak_owned_bytes": res["agg_peak_owned_bytes"],
-                           "agg_owned_over_model":
-                               (res["agg_peak_owned_bytes"] - res["agg_idle_owned_bytes"]) / model_bytes,
-                           "iters": args.iters, "warmup": args.warmup}
-                    rows.append(row)
-                    ratio = f"{row['ratio']:.2f}x" if row["ratio"] is not None else "-"
-                    gloo_ms = f"{row['gloo_s'] * 1e3:8.1f}" if row["gloo_s"] else "       -"
-                    print(f"{model:>9} W={world} {transport:<4} {mode:<6} autops {row['autops_s'] * 1e3:8.1f} ms  "
-                          f"gloo {gloo_ms} ms  ratio {ratio}  aggregator memory {row['agg_owned_over_model']:.2f}x model "
-                          f"(peak RSS {row['agg_peak_rss_over_model']:.2f}x incl. mapped worker buffers)", file=out, flush=True)
-    if args.json:
+            aggregators = world if args.aggregators == "same" else args.aggregators
+            for link in links:
+                for transport in transports:
+                    for mode in args.mode:
+                        if args.emulate_hosts:
+                            site = EmulatedSite(world, aggregators, link, args.delay, args.prefix, args.log_level)
+                        else:
+                            # with rdma, the aggregators offer it too
+                            site = LocalSite(aggregators, args.log_level,
+                                             ["--transport", "rdma"] if transport == "rdma" else None)
+                        with site:
+                            row = run_config(site, args, model, world, aggregators, transport, mode, model_bytes,
+                                             len(shapes[model]))
+                        rows.append(row)
+                        print(summary(row), file=out, flush=True)
+                        if args.json and args.json != "-":
+                            cli.write_json(args.json, rows, lines=True)   # kept if a later one fails
+    if args.json == "-":
         cli.write_json(args.json, rows, lines=True)
-        if args.json != "-":
-            print(f"wrote {len(rows)} configurations to {args.json}")
+    elif args.json:
+        print(f"wrote {len(rows)} configurations to {args.json}")
     return 0
 
 

@@ -22,15 +22,26 @@ creates a ``Device`` of ``--size`` and, through the Python API from ``--threads`
 5. checks that sampled blocks still hold what was written (the random writes rewrite the
    same content, so the device's content is known at every point).
 
-The daemons' CPU time is measured over steps 1-3 (target for ``shm``: near zero, as with
-RDMA).  The result is printed as a table; ``--json FILE`` also writes it as JSON (``-``:
-stdout, instead of the table).
+The daemons' CPU time is measured over steps 1-3 and for each phase, with the bytes moved
+to and from remote memory: CPU seconds per GB and % of one core (target for ``shm``: near
+zero, as with RDMA; for ``tcp``: as little as TCP allows, see docs/infiniswap.md).
+
+``--emulate-hosts`` runs the same across emulated hosts (``dlrt.testbed``, root): the
+daemons on their own hosts, the device side (this module again, ``--attach FILE``) on
+another, over links shaped to ``--link`` (``--delay``); modes ``tcp`` (the device's
+``auto`` transport, which must pick TCP) and ``disk``.  It adds the bytes each host sent and
+received over its link, so the traffic is seen to cross the shaped links.
+
+The result is printed as a table; ``--json FILE`` also writes it as JSON (``-``: stdout,
+instead of the table).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import threading
@@ -46,11 +57,13 @@ from infiniswap.sizes import format_size, parse_size
 from infiniswap.timings import summarize
 from dlrt import cli
 
-__all__ = ["run", "format_table", "main"]
+__all__ = ["run", "run_emulated", "format_table", "main"]
 
 PAGE = 4096
 BLOCK = 128 << 10
 MODES = ("shm", "tcp", "disk")
+HOST_MODES = ("tcp", "disk")
+PHASES = ("seq_write_128k", "rand_read_4k", "rand_write_4k", "seq_read_128k")
 
 
 class _Content:
@@ -168,8 +181,28 @@ def _verify(dev: Device, content: _Content, samples: int = 64) -> bool:
     return True
 
 
-def _cpu(daemons: LocalDaemons | None) -> list[float]:
+def _cpu(daemons: Any) -> list[float]:
     return [d.cpu_seconds() for d in daemons.daemons] if daemons else []
+
+
+class _Meter:
+    """The daemons' CPU time and the bytes the device moved to and from remote memory
+    between two readings: CPU seconds per GB and % of one core."""
+
+    def __init__(self, daemons: Any, dev: Device) -> None:
+        self.daemons, self.dev = daemons, dev
+
+    def read(self) -> tuple[float, float, int]:
+        io = self.dev.stats()["io"]
+        return (time.perf_counter(), sum(_cpu(self.daemons)),
+                io["bytes_read_remote"] + io["bytes_written_remote"])
+
+    @staticmethod
+    def between(a: tuple[float, float, int], b: tuple[float, float, int]) -> dict[str, Any]:
+        wall, cpu, moved = b[0] - a[0], b[1] - a[1], b[2] - a[2]
+        return {"daemon_cpu_s": round(cpu, 3), "remote_bytes": moved,
+                "daemon_cpu_s_per_GB": round(cpu / (moved / 1e9), 3) if moved else None,
+                "daemon_core_percent": round(100 * cpu / wall, 1) if wall > 0 else None}
 
 
 def _ms(summary: dict[str, Any]) -> dict[str, Any]:
@@ -215,12 +248,12 @@ def _wait_prealloc(daemons: LocalDaemons, slabs_each: int, timeout: float = 60.0
 
 
 def _run_mode(mode: str, size: int, slab_size: int, threads: int, seconds: float,
-              daemons: LocalDaemons | None, workdir: str, content: _Content,
-              log: Callable[[str], None]) -> dict[str, Any]:
+              daemons: Any, workdir: str, content: _Content, log: Callable[[str], None],
+              tcp_transport: str = "tcp") -> dict[str, Any]:
     backup = os.path.join(workdir, f"backup-{mode}.img")
     addrs = daemons.addresses if daemons is not None and mode != "disk" else []
     dev = Device(size, backup=backup, daemons=addrs, slab_size=slab_size, period=1.0,
-                 timeout=5.0, transport="tcp" if mode == "tcp" else "auto")
+                 timeout=5.0, transport=tcp_transport if mode == "tcp" else "auto")
     out: dict[str, Any] = {"mode": mode}
     try:
         if addrs:
@@ -235,20 +268,27 @@ def _run_mode(mode: str, size: int, slab_size: int, threads: int, seconds: float
             out["map_time_ms"] = _ms(summarize(dev.map_times()))
             if st["slabs_mapped"] != dev.num_slabs:
                 log(f"  warning: only {st['slabs_mapped']} of {dev.num_slabs} slabs mapped")
-        cpu0, t0 = _cpu(daemons if addrs else None), time.perf_counter()
-        log(f"  {mode}: sequential 128 KiB writes (fill)")
-        out["seq_write_128k"] = _phase(dev, threads, 1e9, "seq_write_128k", content, one_pass=True)
-        dev.flush()
-        _drop_cache(backup)
-        for kind in ("rand_read_4k", "rand_write_4k", "seq_read_128k"):
+        meter = _Meter(daemons if addrs else None, dev)
+        cpu0, t0, start = _cpu(daemons if addrs else None), time.perf_counter(), meter.read()
+        for kind in PHASES:
             log(f"  {mode}: {kind}")
-            out[kind] = _phase(dev, threads, seconds, kind, content)
+            before = meter.read()
+            if kind == "seq_write_128k":        # the fill
+                out[kind] = _phase(dev, threads, 1e9, kind, content, one_pass=True)
+            else:
+                out[kind] = _phase(dev, threads, seconds, kind, content)
+            if addrs:
+                out[kind].update(meter.between(before, meter.read()))
+            if kind == "seq_write_128k":
+                dev.flush()
+                _drop_cache(backup)
         wall = time.perf_counter() - t0
         cpu1 = _cpu(daemons if addrs else None)
         if addrs:
             used = [b - a for a, b in zip(cpu0, cpu1)]
             out["daemon_cpu_s"] = [round(x, 3) for x in used]
             out["daemon_cpu_percent_of_one_core"] = round(100 * sum(used) / wall, 2)
+            out["daemon_cpu_s_per_GB"] = meter.between(start, meter.read())["daemon_cpu_s_per_GB"]
         io = dev.stats()["io"]
         reads = io["pages_read_remote"] + io["pages_read_disk"]
         out["remote_read_fraction"] = round(io["pages_read_remote"] / reads, 4) if reads else 0.0
@@ -267,10 +307,18 @@ def _run_mode(mode: str, size: int, slab_size: int, threads: int, seconds: float
     return out
 
 
+def _capacity_each(size: int, slab_size: int, ndaemons: int) -> int:
+    """A daemon holds its share of the device's slabs plus one."""
+    return (-(-(size // slab_size) // ndaemons) + 1) * slab_size
+
+
 def run(size: int = 2 << 30, ndaemons: int = 3, *, slab_size: int = 256 << 20, threads: int = 4,
         seconds: float = 5.0, modes: Sequence[str] = MODES, workdir: str | None = None,
-        log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
-    """Run the benchmark; returns a JSON-able dict (see the module docstring)."""
+        log: Callable[[str], None] = lambda s: None, daemons: Any = None,
+        tcp_transport: str = "tcp") -> dict[str, Any]:
+    """Run the benchmark; returns a JSON-able dict (see the module docstring).  ``daemons``:
+    daemons started by someone else (``AttachedDaemons``, e.g. on emulated hosts) instead of
+    ``ndaemons`` started here; ``tcp_transport``: the device's transport in mode ``tcp``."""
     if size % slab_size:
         raise ValueError(f"size {size} must be a multiple of the slab size {slab_size}")
     if size // BLOCK < threads:
@@ -279,9 +327,12 @@ def run(size: int = 2 << 30, ndaemons: int = 3, *, slab_size: int = 256 << 20, t
     workdir = workdir or tempfile.mkdtemp(prefix="infiniswap-bench-", dir="/var/tmp"
                                           if os.path.isdir("/var/tmp") else None)
     content = _Content()
+    attached = daemons is not None
+    if attached:
+        ndaemons = len(daemons.daemons)
     nslabs = size // slab_size
     share = -(-nslabs // ndaemons)
-    each = share + 1                    # a daemon holds its share plus one slab
+    each = _capacity_each(size, slab_size, ndaemons) // slab_size
     result: dict[str, Any] = {
         "config": {"size": size, "slab_size": slab_size, "daemons": ndaemons,
                    "threads": threads, "seconds": seconds, "modes": list(modes),
@@ -290,13 +341,13 @@ def run(size: int = 2 << 30, ndaemons: int = 3, *, slab_size: int = 256 << 20, t
                             "python": platform.python_version(),
                             "kernel": platform.release()}},
         "runs": {}}
-    daemons = None
     try:
         if any(m != "disk" for m in modes):
-            log(f"starting {ndaemons} daemons ({format_size(each * slab_size)} each)")
-            daemons = LocalDaemons(ndaemons, slab_size=slab_size, capacity=each * slab_size,
-                                   headroom=0, period=0.2, timeout=5.0, workdir=None)
-            daemons.start()
+            if not attached:
+                log(f"starting {ndaemons} daemons ({format_size(each * slab_size)} each)")
+                daemons = LocalDaemons(ndaemons, slab_size=slab_size, capacity=each * slab_size,
+                                       headroom=0, period=0.2, timeout=5.0, workdir=None)
+                daemons.start()
             _wait_prealloc(daemons, each)       # all of it: the baseline must not see allocation
             idle = min(3.0, seconds)
             log(f"measuring the idle daemons' CPU for {idle:g} s (baseline)")
@@ -307,11 +358,11 @@ def run(size: int = 2 << 30, ndaemons: int = 3, *, slab_size: int = 256 << 20, t
         for mode in modes:
             log(f"mode {mode}")
             result["runs"][mode] = _run_mode(mode, size, slab_size, threads, seconds, daemons,
-                                             workdir, content, log)
+                                             workdir, content, log, tcp_transport)
             if daemons is not None and mode != "disk" and mode != modes[-1]:
                 _wait_prealloc(daemons, share)      # memory back after the evictions
     finally:
-        if daemons is not None:
+        if daemons is not None and not attached:
             result["daemon_exit_codes"] = daemons.stop()
         if own_dir:
             try:
@@ -346,12 +397,63 @@ def _ratios(runs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def run_emulated(size: int = 2 << 30, ndaemons: int = 3, *, link: str = "10gbit",
+                 delay: str | None = None, slab_size: int = 256 << 20, threads: int = 4,
+                 seconds: float = 5.0, modes: Sequence[str] = HOST_MODES,
+                 workdir: str | None = None, prefix: str = "iswbench",
+                 log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """The benchmark across emulated hosts (root): ``ndaemons`` daemons on hosts 1..N, the
+    device side (``--attach``) on host 0, links shaped to ``link``/``delay`` (``link``
+    ``"none"``: not shaped, to see what the shaping costs).  Returns
+    :func:`run`'s result plus ``emulated_hosts``: the layout and the bytes each host sent and
+    received over its link during the run."""
+    from dlrt.testbed import Testbed, available, cleanup
+    from dlrt_bench.infiniswap_hosts import HostCluster, link_delta
+
+    bad = [m for m in modes if m not in HOST_MODES]
+    if bad:
+        raise ValueError(f"mode(s) {', '.join(bad)} cannot run across hosts: use tcp, disk")
+    why = available(delay=delay is not None)
+    if why:
+        raise RuntimeError(f"emulated hosts are unavailable here: {why}")
+    cleanup(prefix)
+    options = dict(slab_size=slab_size, capacity=_capacity_each(size, slab_size, ndaemons),
+                   headroom=0, period=0.2, timeout=5.0)
+    with Testbed(ndaemons + 1, link=None if link == "none" else link, delay=delay,
+                 prefix=prefix) as tb, \
+            HostCluster(tb, **options) as cluster, \
+            tempfile.TemporaryDirectory(prefix="infiniswap-bench-") as tmp:
+        log(f"{ndaemons} daemons on {', '.join(h.name for h in cluster.daemon_hosts)}, the device "
+            f"on {cluster.device_host.name}, links {link}" + (f", delay {delay}" if delay else ""))
+        cmd = [sys.executable, "-m", "dlrt_bench.infiniswap_bench", "--attach",
+               cluster.write_attach_file(os.path.join(tmp, "daemons.json")),
+               "--size", str(size), "--slab-size", str(slab_size), "--threads", str(threads),
+               "--seconds", str(seconds), "--modes", ",".join(modes), "--json", "-"]
+        if workdir:
+            cmd += ["--dir", workdir]
+        links0 = cluster.links()
+        done = cluster.device_host.run(cmd, stdout=subprocess.PIPE)
+        links = link_delta(links0, cluster.links())
+        if done.returncode != 0:
+            raise RuntimeError(f"the device side on {cluster.device_host.name} failed "
+                               f"(exit {done.returncode}); see its messages above")
+        result = json.loads(done.stdout)
+        result["emulated_hosts"] = {
+            "link": link, "delay": delay, "device_host": cluster.device_host.name,
+            "daemon_hosts": {h.name: d.address for h, d in zip(cluster.daemon_hosts,
+                                                               cluster.daemons)},
+            "link_bytes": links}
+    return result
+
+
 def format_table(result: dict[str, Any]) -> str:
     cfg = result["config"]
+    hosts = result.get("emulated_hosts")
     lines = [f"infiniswap bench: {format_size(cfg['size'])} device, "
              f"{format_size(cfg['slab_size'])} slabs, {cfg['daemons']} daemons, "
              f"{cfg['threads']} threads, {cfg['seconds']:g} s per phase, "
-             f"{cfg['host']['cpus']} CPUs",
+             f"{cfg['host']['cpus']} CPUs" +
+             (f"; daemons on emulated hosts, links {hosts['link']}" if hosts else ""),
              f"{'mode':<6} {'4K rand read':>22} {'4K rand write':>22} {'128K seq read':>16} "
              f"{'128K seq write':>16} {'remote reads':>12}",
              f"{'':<6} {'IOPS  p50/p99 us':>22} {'IOPS  p50/p99 us':>22} {'MiB/s':>16} "
@@ -375,21 +477,45 @@ def format_table(result: dict[str, Any]) -> str:
             f"(max {e['max']}), daemon EVICT->DONE "
             f"{r['evict']['daemon_evict_to_done_ms_mean_per_daemon']} ms; "
             f"data verified: {r['verified'] and r.get('verified_after_eviction', True)}")
+    for mode, r in result["runs"].items():
+        if "daemon_cpu_s_per_GB" in r:
+            lines.append(f"{mode}: daemons' CPU per GB moved (% of one core): " + ", ".join(
+                f"{k} {r[k]['daemon_cpu_s_per_GB']} s ({r[k]['daemon_core_percent']}%)"
+                for k in PHASES) + f"; whole run {r['daemon_cpu_s_per_GB']} s")
     for mode, ratio in result.get("ratios_vs_disk", {}).items():
         lines.append(f"{mode} / disk: " + ", ".join(f"{k} x{v}" for k, v in ratio.items()))
+    if hosts:
+        lines.append("bytes over each host's link (sent/received): " + ", ".join(
+            f"{h} {format_size(b['sent'])}/{format_size(b['received'])}"
+            for h, b in hosts["link_bytes"].items()))
     return "\n".join(lines)
 
 
 def _bench(args: argparse.Namespace) -> int:
     size, slab = parse_size(args.size), parse_size(args.slab_size)
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = [m for m in modes if m not in MODES]
+    allowed = HOST_MODES if args.emulate_hosts or args.attach else MODES
+    modes = [m.strip() for m in (args.modes or ",".join(allowed)).split(",") if m.strip()]
+    bad = [m for m in modes if m not in allowed]
     if bad or not modes:
-        raise cli.UsageError(f"unknown mode(s) {', '.join(bad) or '(none)'}: use shm, tcp, disk")
+        raise cli.UsageError(f"unknown mode(s) {', '.join(bad) or '(none)'}: use "
+                             f"{', '.join(allowed)}")
     if args.num_daemons < 1 or args.threads < 1 or not args.seconds > 0:
         raise cli.UsageError("--num-daemons, --threads and --seconds must be positive")
-    result = run(size, args.num_daemons, slab_size=slab, threads=args.threads, seconds=args.seconds,
-                 modes=modes, workdir=args.dir, log=lambda s: print(s, file=sys.stderr, flush=True))
+    if (args.link or args.delay) and not args.emulate_hosts:
+        raise cli.UsageError("--link and --delay need --emulate-hosts")
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    if args.emulate_hosts:
+        result = run_emulated(size, args.num_daemons, link=args.link or "10gbit", delay=args.delay,
+                              slab_size=slab, threads=args.threads, seconds=args.seconds,
+                              modes=modes, workdir=args.dir, log=log)
+    else:
+        daemons = None
+        if args.attach:
+            from dlrt_bench.infiniswap_hosts import AttachedDaemons
+            daemons = AttachedDaemons.load(args.attach)
+        result = run(size, args.num_daemons, slab_size=slab, threads=args.threads,
+                     seconds=args.seconds, modes=modes, workdir=args.dir, log=log,
+                     daemons=daemons, tcp_transport="auto" if args.attach else "tcp")
     cli.emit(args.json, result, format_table(result))
     return 0
 
@@ -401,8 +527,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--slab-size", default="256M")
     ap.add_argument("--threads", type=int, default=4, help="I/O threads")
     ap.add_argument("--seconds", type=float, default=5.0, help="seconds per phase")
-    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated: shm,tcp,disk")
+    ap.add_argument("--modes", default=None,
+                    help="comma-separated: shm,tcp,disk (default: all; tcp,disk across hosts)")
     ap.add_argument("--dir", help="where the backup files go (default: a temporary directory)")
+    ap.add_argument("--emulate-hosts", action="store_true",
+                    help="daemons and the device on emulated hosts (network namespaces, root)")
+    ap.add_argument("--link", default=None,
+                    help="with --emulate-hosts: link rate (default 10gbit; none: not shaped)")
+    ap.add_argument("--delay", default=None, help="with --emulate-hosts: one-way delay, e.g. 50us")
+    ap.add_argument("--attach", metavar="FILE", help=argparse.SUPPRESS)  # the device side
     cli.add_log_level(ap, "WARNING")
     cli.add_json(ap, "also write the result as JSON to FILE ('-' for stdout instead of the table)")
     args = ap.parse_args(argv)

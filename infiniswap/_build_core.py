@@ -36,6 +36,7 @@ _API_HEADERS = (
     "isw_store.h",
     "isw_dataserver.h",
     "isw_fuse.h",
+    "isw_rdma.h",
 )
 
 _FUSE_HELP = ("the Infiniswap C core needs libfuse3's development files (fuse3.pc, fuse_lowlevel.h) "
@@ -60,6 +61,18 @@ def _fuse3_flags() -> tuple[list[str], list[str], list[str]]:
     if not any(os.path.exists(os.path.join(d, "fuse_lowlevel.h")) for d in inc or ["/usr/include"]):
         raise SystemExit(f"fuse_lowlevel.h is missing: {_FUSE_HELP}")
     return inc, other, shlex.split(libs)
+
+
+def _verbs_flags() -> tuple[list[str], list[str]]:
+    """(compile args, link args) for the RDMA remote (isw_rdma.c) where libibverbs' development
+    files are installed (``pkg-config libibverbs``); without them it is built as stubs."""
+    if shutil.which("pkg-config") is None:
+        return [], []
+    found = subprocess.run(["pkg-config", "--cflags", "--libs", "libibverbs"], capture_output=True, text=True)
+    if found.returncode != 0:
+        return [], []
+    flags = shlex.split(found.stdout)
+    return ["-DISW_HAVE_VERBS", *(f for f in flags if not f.startswith("-l"))], [f for f in flags if f.startswith("-l")]
 
 
 def _public_section(name: str, text: str) -> str:
@@ -98,6 +111,7 @@ def build_cdef(headers: Sequence[str] = _API_HEADERS) -> str:
 
 
 _FUSE_INC, _FUSE_CFLAGS, _FUSE_LIBS = _fuse3_flags()
+_VERBS_CFLAGS, _VERBS_LIBS = _verbs_flags()
 
 ffibuilder = FFI()
 ffibuilder.cdef(build_cdef())
@@ -109,8 +123,8 @@ ffibuilder.set_source(
     depends=[os.path.join(_CSRC, n) for n in sorted(os.listdir(os.path.join(_ROOT, _CSRC)))
              if n.endswith(".h")],
     extra_compile_args=["-O2", "-std=c11", "-D_GNU_SOURCE", "-pthread", "-Wall", "-Wextra",
-                        *_FUSE_CFLAGS],
-    extra_link_args=["-pthread", *_FUSE_LIBS],
+                        *_FUSE_CFLAGS, *_VERBS_CFLAGS],
+    extra_link_args=["-pthread", *_FUSE_LIBS, *_VERBS_LIBS],
 )
 
 if __name__ == "__main__":

@@ -142,6 +142,9 @@ def _announce_reporters(reporters: Sequence[Any]) -> str:
 
 
 def _cmd_daemon(args: argparse.Namespace) -> int:
+    if args.transport == "rdma":
+        from infiniswap.rdma import check_transport
+        check_transport(args.transport)         # fails at once: no device, or not wired yet
     if args.exit_with_parent:
         if not die_with_parent(signal.SIGTERM):
             log.warning("--exit-with-parent: the kernel refused PR_SET_PDEATHSIG")
@@ -188,6 +191,9 @@ def _cmd_device(args: argparse.Namespace) -> int:
         raise UsageError("--loop, --swap and --swap-priority need --mount DIR")
     if args.swap_priority is not None and not -1 <= args.swap_priority <= 32767:
         raise UsageError(f"--swap-priority {args.swap_priority} must be in -1..32767")
+    if args.transport == "rdma":
+        from infiniswap.rdma import check_transport
+        check_transport(args.transport)         # fails at once: no device, or not wired yet
     if args.mount and not args.no_harden:
         # First thing, before threads start and before a daemon's memfd is mapped: this
         # process serves the pages the kernel swaps out.
@@ -433,6 +439,10 @@ def _daemon_args(d: argparse.ArgumentParser) -> None:
     d.add_argument("--data-port", type=int, default=0, help="TCP data server port (0 = any free port)")
     d.add_argument("--no-data-server", action="store_true",
                    help="no TCP data path (same-host devices only)")
+    d.add_argument("--transport", choices=["auto", "tcp", "rdma"], default="auto",
+                   help="auto and tcp: shared memory for devices on this host, the TCP data server "
+                        "for the others; rdma: also lend slabs over RDMA (needs an RDMA device; not "
+                        "wired yet, see docs/rdma.md)")
     d.add_argument("--emulate-usage", metavar="FILE",
                    help="testing: read the memory used by everything else from FILE "
                         "(bytes, e.g. 512M; re-read every period) and take --capacity as "
@@ -463,7 +473,8 @@ def _device_args(v: argparse.ArgumentParser) -> None:
     v.add_argument("--period", type=_positive(float), default=1.0, help="control loop period, seconds")
     v.add_argument("--timeout", type=_positive(float), default=2.0,
                    help="take a daemon as failed after this long (s) without an answer")
-    v.add_argument("--transport", choices=["auto", "shm", "tcp"], default="auto")
+    v.add_argument("--transport", choices=["auto", "shm", "tcp", "rdma"], default="auto",
+                   help="rdma needs an RDMA device (not wired yet, see docs/rdma.md)")
     v.add_argument("--status-bind", type=cli.bind_address, default=None, metavar="ADDR",
                    help="address where `infiniswap status --devices` can ask this device")
     v.add_argument("--device-id", default=None, help="name shown by daemons (default host:pid)")

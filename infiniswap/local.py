@@ -1,7 +1,8 @@
 """Daemons as child processes on this machine, for the benchmark, tests and demos.
 
 Owns starting ``infiniswap daemon`` subprocesses (``python -m infiniswap.cli daemon`` on a
-free loopback port, or again on the same one after a crash: ``restart``), reading the
+free loopback port, or on another ``bind`` address through another ``popen``, e.g. an
+emulated host's; or again on the same one after a crash: ``restart``), reading the
 address each one announces, and stopping exactly those
 processes by pid: SIGTERM and a bounded wait (a clean shutdown gives every slab back),
 SIGKILL when asked to emulate a crash or when a daemon does not stop
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 from dlrt.procs import stop_processes
 
@@ -34,7 +35,9 @@ class DaemonProcess:
 
     def __init__(self, *, slab_size: int, capacity: int, headroom: int = 0, period: float = 0.2,
                  timeout: float = 2.0, emulate_usage: bool = True, lock: bool = False,
-                 workdir: str | None = None, extra: Sequence[str] = ()) -> None:
+                 workdir: str | None = None, extra: Sequence[str] = (),
+                 bind: str = "tcp://127.0.0.1:0",
+                 popen: Callable[..., subprocess.Popen] = subprocess.Popen) -> None:
         self.slab_size, self.capacity, self.headroom = slab_size, capacity, headroom
         self.period, self.timeout = period, timeout
         self.lock = lock
@@ -43,7 +46,8 @@ class DaemonProcess:
         self.workdir = workdir or tempfile.mkdtemp(prefix="infiniswap-daemon-")
         self.usage_file = os.path.join(self.workdir, "usage") if emulate_usage else None
         self.proc: subprocess.Popen | None = None
-        self.bind = "tcp://127.0.0.1:0"
+        self.bind = bind                  # e.g. an emulated host's address, with its popen
+        self._popen = popen
         self.address = ""
         self.data_address = ""
         self.pid = 0
@@ -71,8 +75,8 @@ class DaemonProcess:
         self.starts += 1
         self.log_path = os.path.join(self.workdir, f"daemon.{self.starts}.log")
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=log,
-                                         stdin=subprocess.DEVNULL)
+            self.proc = self._popen(self.command(), stdout=subprocess.PIPE, stderr=log,
+                                    stdin=subprocess.DEVNULL)
         line = self._ready_line(wait)
         m = _READY.search(line)
         if m is None:

@@ -1,4 +1,4 @@
-"""Shared fixtures: an embedded pool (pMaster + aggregators as real processes on loopback)."""
+"""Shared fixtures: an embedded pool (pMaster + aggregators as real processes on loopback), a ZeroMQ context."""
 from __future__ import annotations
 
 import pytest
@@ -25,3 +25,12 @@ def pool1():
         yield pool
     finally:
         pool.stop()
+
+
+@pytest.fixture
+def ctx():
+    """A ZeroMQ context for the transports under test, terminated afterwards."""
+    from autops.transport import make_context
+    context = make_context()
+    yield context
+    context.term()

@@ -2,8 +2,8 @@
 
 ``Transport`` (``links``) gives a process its listeners, a ``Channel`` to each peer --
 ZeroMQ tcp or ipc (``zmq``), or same-host shared memory (``shm``, ``shm_channel``),
-chosen in one place -- and the ``Memory`` whose buffers a channel may lend by reference.
-An RDMA kind plugs in behind the same interface (see ``base``).
+chosen in one place -- and the ``Memory`` whose buffers a channel may lend by reference;
+RDMA (``rdma``, pyverbs) behind the same interface, asked for explicitly (see ``base``).
 """
 from __future__ import annotations
 

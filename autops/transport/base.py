@@ -9,11 +9,12 @@ copied on the way). The kinds behind it:
 * ``shm`` (``shm_channel.py`` over ``shm.py``): a same-host peer; a payload that lies in
   memory this process can lend (``Memory.allocate``) travels as a reference and the
   receiver reads it in place, every other payload as a frame.
-* ``rdma`` -- the place for it: a ``Channel``/``Listener`` pair over a verbs queue pair,
-  whose ``Memory`` registers its arrays as memory regions (``Shared.ref`` then names the
-  region and its rkey), so a lent payload becomes a one-sided READ by the receiver and
-  ``Memory.premap`` exchanges the peers' region keys ahead of time. ``links.Transport``
-  decides which kind reaches a peer; nothing else in AutoPS needs to change.
+* ``rdma`` (``rdma.py``, pyverbs; not run on hardware yet, see docs/rdma.md): a
+  ``Channel``/``Listener`` pair over RC queue pairs, whose ``Memory`` registers its arrays
+  as memory regions (``Shared.ref`` names the region and its rkey); every large payload
+  is a one-sided READ by the receiver, the rkey travelling in the message's descriptor
+  (nothing to premap). ``links.Transport`` decides which kind reaches a peer; nothing
+  else in AutoPS needs to change.
 
 Lent buffers (``Inbound.lent``) stay the sender's memory: the receiver may read them
 (and, by the protocol's rules, scribble on them) only until the exchange that hands them
@@ -96,6 +97,12 @@ class Channel(ABC):
     @abstractmethod
     def pollable(self) -> Any:
         """What ``zmq.Poller`` watches for incoming messages (a socket or a file descriptor)."""
+
+    @property
+    def pollables(self) -> list:
+        """Everything to watch for this channel's messages (``pollable``; one socket per
+        connection for a channel over several connections)."""
+        return [self.pollable]
 
     @abstractmethod
     def send(self, header: bytes, payloads: Sequence = ()) -> None:

@@ -11,6 +11,7 @@ mapped of its peers' (``Attachments``).
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import mmap
 import os
@@ -32,8 +33,42 @@ def available() -> bool:
     return hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
 
 
+def _madvise() -> "ctypes._CFuncPtr | None":
+    """libc's madvise when it can populate a mapping (MADV_POPULATE_WRITE, Linux 5.14)."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+        fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+        probe = mmap.mmap(-1, mmap.PAGESIZE)
+        try:
+            return fn if _populate_with(fn, probe) else None
+        finally:
+            probe.close()
+    except (OSError, AttributeError, ValueError):
+        return None
+
+
+def _populate_with(madvise: "ctypes._CFuncPtr", mm: mmap.mmap) -> bool:
+    anchor = ctypes.c_char.from_buffer(mm)
+    address = ctypes.addressof(anchor)
+    del anchor
+    return madvise(address, len(mm), MADV_POPULATE_WRITE) == 0
+
+
+MADV_POPULATE_WRITE = 23
+_MADVISE = _madvise()
+
+
 def _flags(populate: bool) -> int:
-    return mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
+    """With ``populate`` the pages are allocated and mapped at once: by madvise after the
+    mmap (``_populate``), which, as a ctypes call, releases the GIL -- MAP_POPULATE holds it
+    through the whole mmap call, so a helper thread populating gigabytes would stop every
+    other thread of the process -- or by MAP_POPULATE where madvise cannot."""
+    return mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate and _MADVISE is None else 0)
+
+
+def _populate(mm: mmap.mmap, populate: bool) -> None:
+    if populate and _MADVISE is not None:
+        _populate_with(_MADVISE, mm)        # best effort, as MAP_POPULATE: a failure only costs faults later
 
 
 class Segment:
@@ -55,6 +90,7 @@ class Segment:
         try:
             os.ftruncate(fd, size)
             mm = mmap.mmap(fd, size, _flags(populate), mmap.PROT_READ | mmap.PROT_WRITE)
+            _populate(mm, populate)
         except BaseException:
             os.close(fd)
             raise
@@ -69,6 +105,7 @@ class Segment:
             if actual < size:
                 raise ValueError(f"shared segment {seg_id} is {actual} bytes, expected {size}")
             mm = mmap.mmap(local, size, _flags(populate), mmap.PROT_READ | mmap.PROT_WRITE)
+            _populate(mm, populate)
         finally:
             os.close(local)
         return cls(scope, seg_id, pid, fd, size, mm, owner=False)

@@ -1,11 +1,12 @@
 """ZeroMQ channels and listeners: tcp across hosts, ipc (unix sockets) on one host.
 
-A connected ``ZmqChannel`` is a DEALER, a ``ZmqListener`` a ROUTER; a message is the
-header frame followed by one frame per payload, sent without copying (``copy=False``)
-and received without copying (``zmq.Frame``). A ``Framing`` turns a message into frames
-and back; ``PlainFraming`` is the one above, ``shm_channel.ShmFraming`` adds references to
-lent buffers. Also here: the process's ZeroMQ context, fresh ipc addresses, and the glibc
-tuning that lets received frames reuse heap pages.
+A connected ``ZmqChannel`` is one DEALER per connection (``lanes``: several TCP
+connections to one peer, messages spread over them), a ``ZmqListener`` a ROUTER; a message
+is the header frame followed by one frame per payload, sent without copying
+(``copy=False``) and received without copying (``zmq.Frame``). A ``Framing`` turns a
+message into frames and back; ``PlainFraming`` is the one above, ``shm_channel.ShmFraming``
+adds references to lent buffers. Also here: the process's ZeroMQ context, fresh ipc
+addresses, and the glibc tuning that lets received frames reuse heap pages.
 """
 from __future__ import annotations
 
@@ -21,7 +22,13 @@ from .base import Channel, Inbound, Listener, buffer_of
 _NO_LENT: frozenset = frozenset()
 
 
-def make_context() -> zmq.Context:
+def make_context(server: bool = False) -> zmq.Context:
+    """The process's ZeroMQ context. ``server``: a service process of this runtime (an
+    aggregator) that receives many large messages at once; its received buffers are kept in
+    one glibc heap (``keep_freed_buffers(one_arena=True)``), set before the context starts
+    the I/O thread that allocates them."""
+    if server:
+        keep_freed_buffers(one_arena=True)
     ctx = zmq.Context()
     ctx.setsockopt(zmq.LINGER, 0)
     return ctx
@@ -38,23 +45,35 @@ def bound_address(sock: zmq.Socket) -> str:
     return sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
 
-def keep_freed_buffers(mmap_threshold: int = 64 << 20, trim_threshold: int = 1 << 30) -> bool:
+def keep_freed_buffers(mmap_threshold: int = 64 << 20, trim_threshold: int = 1 << 30,
+                       one_arena: bool = False) -> bool:
     """Let glibc reuse freed message buffers instead of unmapping them.
 
     ZeroMQ allocates one buffer per received message; with glibc's defaults a multi-MiB
     buffer is mmap'ed and unmapped for every message, so every byte received is page-faulted
     in again (measured: a third of a 64 MiB push+pull over ipc). Raising the mmap and trim
-    thresholds keeps those pages in the heap for the next message. Returns False where
-    mallopt is not available (not glibc). ``AUTOPS_MALLOC_TUNING=0`` turns it off.
+    thresholds keeps those pages in the heap for the next message.
+
+    ``one_arena``: ZeroMQ's I/O thread allocates from its own glibc arena, whose heaps hold
+    64 MiB each; with more than that in flight (an aggregator receiving every worker's
+    pushes at once) glibc maps and unmaps the excess per message, and those bytes are
+    page-faulted in again (measured: ~1000 faults per 4 MiB message with 96 MiB in flight,
+    none with one arena). One arena -- the main heap, which has no such limit -- for every
+    thread of the process avoids that; it must be set before the I/O thread first allocates.
+    Meant for service processes (few threads allocate), not for a user's training process.
+
+    Returns False where mallopt is not available (not glibc). ``AUTOPS_MALLOC_TUNING=0``
+    turns it off.
     """
     if os.environ.get("AUTOPS_MALLOC_TUNING", "1") == "0":
         return False
     try:
         import ctypes
         libc = ctypes.CDLL("libc.so.6")
-        m_trim_threshold, m_mmap_threshold = -1, -3
+        m_trim_threshold, m_mmap_threshold, m_arena_max = -1, -3, -8
         ok = libc.mallopt(m_mmap_threshold, int(mmap_threshold)) == 1
-        return ok and libc.mallopt(m_trim_threshold, int(trim_threshold)) == 1
+        ok = ok and libc.mallopt(m_trim_threshold, int(trim_threshold)) == 1
+        return ok and (not one_arena or libc.mallopt(m_arena_max, 1) == 1)
     except (OSError, AttributeError):
         return False
 
@@ -72,35 +91,55 @@ class PlainFraming:
 
 
 class ZmqChannel(Channel):
-    """A DEALER connected to one peer's endpoint."""
+    """DEALERs connected to one peer's endpoint, one per connection (``lanes``).
 
-    def __init__(self, ctx: zmq.Context, address: str, kind: str, framing: Any = None) -> None:
+    Messages go round-robin over the connections, so several TCP streams carry the traffic
+    to one peer (a single stream may not fill a long or shaped link); each reply comes back
+    on its request's connection. Messages on different connections may overtake each other:
+    the data path never depends on their order (a pull waits for its push, pushes of an
+    iteration follow the pull of the one before)."""
+
+    def __init__(self, ctx: zmq.Context, address: str, kind: str, framing: Any = None, lanes: int = 1) -> None:
         self.kind, self.address = kind, address
         self.framing = framing or PlainFraming()
         self.lends = self.framing.lends
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.SNDHWM, 0)
-        self.sock.setsockopt(zmq.RCVHWM, 0)
-        self.sock.connect(address)
+        self.socks: list[zmq.Socket] = []
+        for _ in range(max(1, lanes)):
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.RCVHWM, 0)
+            sock.connect(address)
+            self.socks.append(sock)
+        self._next = 0
 
     @property
     def pollable(self) -> zmq.Socket:
-        return self.sock
+        return self.socks[0]
+
+    @property
+    def pollables(self) -> list:
+        return list(self.socks)
 
     def send(self, header: bytes, payloads: Sequence = ()) -> None:
-        self.sock.send_multipart(self.framing.pack(header, payloads), copy=False)
+        socks = self.socks
+        sock = socks[self._next]
+        if len(socks) > 1:
+            self._next = (self._next + 1) % len(socks)
+        sock.send_multipart(self.framing.pack(header, payloads), copy=False)
 
     def recv(self) -> Inbound | None:
-        try:
-            frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            return None
-        if not frames:
-            return None
-        return Inbound(*self.framing.unpack(frames), self)
+        for sock in self.socks:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                continue
+            if frames:
+                return Inbound(*self.framing.unpack(frames), self)
+        return None
 
     def close(self) -> None:
-        self.sock.close(0)
+        for sock in self.socks:
+            sock.close(0)
 
 
 class _Peer:

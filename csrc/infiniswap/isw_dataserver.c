@@ -1,18 +1,33 @@
 /*
  * isw_dataserver.c — TCP data server of the daemon (see isw_dataserver.h, isw_proto.h).
  *
- * Owns: the listening socket, the wake pipe, the accept and connection threads and the
- * request counters.  It uses the store's memory but not the store (isw_store_acquire keeps
- * it alive).
+ * Owns: the listening socket, the stop eventfd, the worker threads with their epoll sets
+ * and connections, and the request counters.  It uses the store's memory but not the store
+ * (isw_store_acquire keeps it alive).
  *
- * Threads: the accept thread polls the listening socket and a wake pipe; each connection
- * has a thread that reads a request, validates it against the store, and replies.  Payloads
- * pass through a buffer of the connection: a WRITE is received there and then copied into
- * the slab, a READ copied out of the slab and then sent, each copy inside the slab's fence
- * window (isw_store_access), so a revoke never waits for the network.  A
- * connection thread never closes its own socket (the fd number could be reused while
- * stop() shuts it down); finished connections are joined and closed by the accept thread
- * (woken through the pipe) or by stop().
+ * Threads: ISW_SERVER_WORKERS event loops.  Each has its own epoll set holding the
+ * listening socket (EPOLLEXCLUSIVE: one worker is woken per connection attempt), the stop
+ * eventfd and the nonblocking connections it accepted; it alone reads, writes and closes
+ * them.  One epoll_wait hands a worker every connection that is ready, so a busy server
+ * serves many requests per wake-up instead of one thread switch per request.
+ *
+ * Per connection, a turn (the connection was reported readable) is:
+ *  1. receive into the connection's buffer (ISW_RX_BUF bytes): as many requests as the
+ *     device pipelined, with WRITE payloads;
+ *  2. serve every complete request in the buffer: a WRITE payload is copied into the slab
+ *     (one that is not in the buffer yet, ISW_DIRECT_MIN bytes or more, is received
+ *     straight into the slab: recv with MSG_DONTWAIT), a READ's bytes are copied out of the
+ *     slab behind its reply header in the connection's reply buffer;
+ *  3. send every reply of the turn with one nonblocking send.  What the socket does not
+ *     take is sent when it is writable, and no further request is read meanwhile.
+ * So a batch of pipelined requests costs one receive and one send, and a single request
+ * one receive, one send and its share of an epoll_wait.  Only copies are inside a slab's
+ * fence window (isw_store_access, isw_store_access_with), never a wait for the network:
+ * a revoke waits at most for one memcpy or one nonblocking receive.
+ *
+ * READ replies leave from the reply buffer rather than straight from slab memory: that
+ * costs a memcpy, but the kernel's copy out of (cold) slab memory measured about twice the
+ * memcpy plus the send from a warm buffer (docs/infiniswap.md, "TCP data path").
  */
 #include "isw_dataserver.h"
 #include "isw_common.h"
@@ -25,57 +40,64 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#define ISW_SERVER_WORKERS 2
+#define ISW_RX_BUF (64u << 10)          /* a connection's receive buffer */
+#define ISW_DIRECT_MIN (16u << 10)      /* WRITE payloads this large go straight into the slab */
+#define ISW_TX_MIN (ISW_PROTO_REP_SIZE + ISW_PAGE_SIZE)   /* reply buffer to begin with */
+#define ISW_TX_FLUSH (256u << 10)       /* send the replies once this many bytes wait */
+#define ISW_EPOLL_EVENTS 64
+
+enum step { STEP_AGAIN, STEP_WAIT, STEP_CLOSE };
+
+struct worker;
+
 struct conn {
-    struct conn *next;
-    struct isw_server *srv;
+    struct conn *prev, *next;   /* in the worker's list */
+    struct worker *w;
     int fd;
-    int done;                   /* under srv->mu */
+    int in_payload;             /* receiving the payload of the WRITE in q */
+    int sending;                /* replies wait for the socket (EPOLLOUT, no reading) */
+    int close_after_send;       /* the stream cannot be trusted after these replies */
+    struct isw_req q;           /* the WRITE being received */
+    int status;                 /* its status so far: 0 or -errno */
+    uint64_t done;              /* its payload bytes handled */
+    ssize_t io_rc;              /* result of the receive made inside a fence window */
+    unsigned char *rx;          /* rx[head, tail): received, not yet consumed */
+    size_t head, tail;
+    unsigned char *tx;          /* tx[tx_off, tx_len): replies not sent yet */
+    size_t tx_cap, tx_len, tx_off;
+};
+
+struct worker {
+    struct isw_server *srv;
+    int ep;
     pthread_t th;
-    unsigned char *buf;         /* payload buffer of this connection's thread */
-    size_t buf_size;
+    struct conn *conns;
 };
 
 struct isw_server {
     struct isw_store *store;
     int lfd;
-    int wake[2];
+    int stop_fd;                /* eventfd: readable once stop() was called */
     int port;
-    pthread_t accept_th;
-    pthread_mutex_t mu;
-    struct conn *conns;         /* under mu */
-    int stopping;               /* under mu */
+    int nworkers;
+    struct worker workers[ISW_SERVER_WORKERS];
     atomic_int stopped;
     _Atomic uint64_t connections, active, requests, reads, writes, bytes_read, bytes_written,
         errors;
 };
 
-static void wake(struct isw_server *srv)
-{
-    char c = 'w';
-    ssize_t n = write(srv->wake[1], &c, 1);  /* pipe full is fine: a wake is pending */
-    (void)n;
-}
-
-/* The connection's payload buffer, at least `len` bytes; NULL if out of memory. */
-static unsigned char *conn_buffer(struct conn *c, size_t len)
-{
-    if (c->buf_size < len) {
-        unsigned char *b = realloc(c->buf, len);
-        if (b == NULL)
-            return NULL;
-        c->buf = b;
-        c->buf_size = len;
-    }
-    return c->buf;
-}
+/* epoll data of the two shared descriptors (connections carry their struct conn). */
+static char listen_tag, stop_tag;
 
 /* The status of a well-formed request: 0 or -errno; *fatal when the stream is not. */
 static int request_status(const struct isw_req *q, int *fatal)
@@ -93,144 +115,298 @@ static int request_status(const struct isw_req *q, int *fatal)
     return 0;
 }
 
-/* Serve one request.  Returns 0 to go on, < 0 to close the connection. */
-static int serve_one(struct conn *c)
-{
-    struct isw_server *srv = c->srv;
-    unsigned char hb[ISW_PROTO_REQ_SIZE], rb[ISW_PROTO_REP_SIZE];
-    struct isw_req q;
-    unsigned char *buf = NULL;
-    int status, fatal, rc;
+/* ---------- connections ---------- */
 
-    rc = isw_recv_all(c->fd, hb, sizeof hb);
-    if (rc < 0)
-        return rc;
-    isw_req_decode(hb, &q);
-    atomic_fetch_add(&srv->requests, 1);
-    status = request_status(&q, &fatal);
-    if (!fatal && (buf = conn_buffer(c, q.length)) == NULL)
-        status = -ENOMEM;
-    if (!fatal && q.op == ISW_OP_WRITE) {
-        atomic_fetch_add(&srv->writes, 1);
-        rc = buf != NULL ? isw_recv_all(c->fd, buf, q.length) : isw_recv_discard(c->fd, q.length);
-        if (rc < 0)
-            return rc;
-        if (status == 0)
-            status = isw_store_access(srv->store, q.region_offset, q.length, q.gen, buf, 1);
-        if (status == 0)
-            atomic_fetch_add(&srv->bytes_written, q.length);
-    } else if (!fatal) {
-        atomic_fetch_add(&srv->reads, 1);
-        if (status == 0)
-            status = isw_store_access(srv->store, q.region_offset, q.length, q.gen, buf, 0);
+static void conn_close(struct conn *c)
+{
+    struct worker *w = c->w;
+
+    if (c->prev != NULL)
+        c->prev->next = c->next;
+    else
+        w->conns = c->next;
+    if (c->next != NULL)
+        c->next->prev = c->prev;
+    close(c->fd);                       /* also removes it from the epoll set */
+    free(c->rx);
+    free(c->tx);
+    free(c);
+    atomic_fetch_sub(&w->srv->active, 1);
+}
+
+static int conn_watch(struct conn *c, uint32_t events)
+{
+    struct epoll_event ev = { .events = events, .data.ptr = c };
+    return epoll_ctl(c->w->ep, EPOLL_CTL_MOD, c->fd, &ev) < 0 ? -errno : 0;
+}
+
+/* Send what the reply buffer holds: STEP_AGAIN once it is all gone, STEP_WAIT while the
+ * socket is full (the connection then waits for EPOLLOUT and reads nothing). */
+static enum step flush_replies(struct conn *c)
+{
+    if (c->tx_off < c->tx_len) {
+        struct iovec iov = { c->tx + c->tx_off, c->tx_len - c->tx_off };
+        ssize_t n = isw_send_some(c->fd, &iov, 1);
+        if (n < 0)
+            return STEP_CLOSE;
+        c->tx_off += (size_t)n;
     }
+    if (c->tx_off < c->tx_len) {
+        if (!c->sending && conn_watch(c, EPOLLOUT) < 0)
+            return STEP_CLOSE;
+        c->sending = 1;
+        return STEP_WAIT;
+    }
+    c->tx_off = c->tx_len = 0;
+    if (c->sending && conn_watch(c, EPOLLIN) < 0)
+        return STEP_CLOSE;
+    c->sending = 0;
+    return c->close_after_send ? STEP_CLOSE : STEP_AGAIN;
+}
+
+/* Room for `len` more bytes of replies (the buffer is not being sent: tx_off == 0). */
+static int tx_reserve(struct conn *c, size_t len)
+{
+    if (c->tx_cap - c->tx_len >= len)
+        return 0;
+    size_t cap = c->tx_len + len > 2 * c->tx_cap ? c->tx_len + len : 2 * c->tx_cap;
+    unsigned char *b = realloc(c->tx, cap);
+    if (b == NULL)
+        return -ENOMEM;
+    c->tx = b;
+    c->tx_cap = cap;
+    return 0;
+}
+
+/* Append the reply to `q` with `status`; a successful READ copies the slab's bytes behind
+ * it (inside the slab's fence window).  Sends the replies once ISW_TX_FLUSH bytes wait. */
+static enum step add_reply(struct conn *c, const struct isw_req *q, int status)
+{
+    struct isw_server *srv = c->w->srv;
+    size_t plen = status == 0 && q->op == ISW_OP_READ ? q->length : 0;
+
+    if (plen > 0 && tx_reserve(c, ISW_PROTO_REP_SIZE + plen) < 0) {
+        status = -ENOMEM;
+        plen = 0;
+    }
+    if (plen == 0 && tx_reserve(c, ISW_PROTO_REP_SIZE) < 0)
+        return STEP_CLOSE;
+    if (plen > 0) {
+        status = isw_store_access(srv->store, q->region_offset, plen, q->gen,
+                                  c->tx + c->tx_len + ISW_PROTO_REP_SIZE, 0);
+        if (status < 0)
+            plen = 0;
+    }
+    struct isw_rep rep = { .magic = ISW_PROTO_REPLY_MAGIC, .status = status, .req_id = q->req_id };
+    isw_rep_encode(&rep, c->tx + c->tx_len);
+    c->tx_len += ISW_PROTO_REP_SIZE + plen;
     if (status != 0)
         atomic_fetch_add(&srv->errors, 1);
-    struct isw_rep rep = { .magic = ISW_PROTO_REPLY_MAGIC, .status = status, .req_id = q.req_id };
-    isw_rep_encode(&rep, rb);
-    struct iovec iov[2] = { { rb, sizeof rb }, { buf, q.length } };
-    int with_payload = status == 0 && q.op == ISW_OP_READ;
-    rc = isw_send_all(c->fd, iov, with_payload ? 2 : 1);
-    if (rc < 0)
-        return rc;
-    if (with_payload)
-        atomic_fetch_add(&srv->bytes_read, q.length);
-    return fatal ? -EPROTO : 0;
+    else if (plen > 0)
+        atomic_fetch_add(&srv->bytes_read, plen);
+    return c->tx_len >= ISW_TX_FLUSH ? flush_replies(c) : STEP_AGAIN;
 }
 
-static void *conn_main(void *arg)
+/* Receive more bytes into the buffer (moving what is left to its start first). */
+static enum step fill_rx(struct conn *c)
+{
+    if (c->head > 0) {
+        memmove(c->rx, c->rx + c->head, c->tail - c->head);
+        c->tail -= c->head;
+        c->head = 0;
+    }
+    ssize_t n = isw_recv_some(c->fd, c->rx + c->tail, ISW_RX_BUF - c->tail);
+    if (n == -EAGAIN)
+        return STEP_WAIT;
+    if (n < 0)
+        return STEP_CLOSE;
+    c->tail += (size_t)n;
+    return STEP_AGAIN;
+}
+
+/* Take the next request header from the buffer: a READ is answered at once, a WRITE
+ * goes on with its payload. */
+static enum step take_request(struct conn *c)
+{
+    struct isw_server *srv = c->w->srv;
+    struct isw_req q;
+    int fatal;
+
+    isw_req_decode(c->rx + c->head, &q);
+    c->head += ISW_PROTO_REQ_SIZE;
+    atomic_fetch_add(&srv->requests, 1);
+    int status = request_status(&q, &fatal);
+    if (fatal) {
+        c->close_after_send = 1;
+        enum step st = add_reply(c, &q, status);
+        return st == STEP_AGAIN ? flush_replies(c) : st;
+    }
+    if (q.op == ISW_OP_READ) {
+        atomic_fetch_add(&srv->reads, 1);
+        return add_reply(c, &q, 0);
+    }
+    atomic_fetch_add(&srv->writes, 1);
+    c->q = q;
+    c->status = isw_store_check_region(srv->store, q.region_offset, q.length);
+    c->done = 0;
+    c->in_payload = 1;
+    return STEP_AGAIN;
+}
+
+/* Inside the slab's fence window: receive WRITE payload straight into slab memory. */
+static int recv_into_slab(unsigned char *mem, uint64_t len, void *arg)
 {
     struct conn *c = arg;
-    struct isw_server *srv = c->srv;
-
-    while (serve_one(c) == 0)
-        ;
-    shutdown(c->fd, SHUT_RDWR);
-    pthread_mutex_lock(&srv->mu);
-    c->done = 1;
-    pthread_mutex_unlock(&srv->mu);
-    atomic_fetch_sub(&srv->active, 1);
-    wake(srv);
-    return NULL;
+    c->io_rc = isw_recv_some(c->fd, mem, len);
+    return 0;
 }
 
-/* Join and free finished connections (all of them when `all`).  Not under mu. */
-static void reap(struct isw_server *srv, int all)
+/* Take WRITE payload: from the buffer, or straight from the socket into the slab. */
+static enum step take_payload(struct conn *c)
 {
-    for (;;) {
-        struct conn *victim = NULL, **pp;
-        pthread_mutex_lock(&srv->mu);
-        for (pp = &srv->conns; *pp != NULL; pp = &(*pp)->next)
-            if (all || (*pp)->done) {
-                victim = *pp;
-                *pp = victim->next;
-                break;
-            }
-        pthread_mutex_unlock(&srv->mu);
-        if (victim == NULL)
-            return;
-        pthread_join(victim->th, NULL);
-        close(victim->fd);
-        free(victim->buf);
-        free(victim);
+    struct isw_server *srv = c->w->srv;
+    uint64_t off = c->q.region_offset + c->done;
+    size_t left = c->q.length - c->done;
+    size_t have = c->tail - c->head;
+
+    if (left == 0) {
+        c->in_payload = 0;
+        if (c->status == 0)
+            atomic_fetch_add(&srv->bytes_written, c->q.length);
+        return add_reply(c, &c->q, c->status);
     }
+    if (have > 0) {
+        size_t n = have < left ? have : left;
+        if (c->status == 0)
+            c->status = isw_store_access(srv->store, off, n, c->q.gen, c->rx + c->head, 1);
+        c->head += n;
+        c->done += n;
+        return STEP_AGAIN;
+    }
+    if (c->status != 0 || left < ISW_DIRECT_MIN)
+        return fill_rx(c);              /* small, or to be discarded: through the buffer */
+    int rc = isw_store_access_with(srv->store, off, left, c->q.gen, recv_into_slab, c);
+    if (rc < 0) {
+        c->status = rc;                 /* taken back meanwhile: discard the rest */
+        return STEP_AGAIN;
+    }
+    if (c->io_rc == -EAGAIN)
+        return STEP_WAIT;
+    if (c->io_rc < 0)
+        return STEP_CLOSE;
+    c->done += (uint64_t)c->io_rc;
+    return STEP_AGAIN;
 }
 
-static void *accept_main(void *arg)
+/* One turn of a connection the epoll set reported ready (see the top of the file).  A
+ * receive is made when the turn begins and whenever a request in progress needs more
+ * bytes; once a request was served, the turn ends when the buffer holds no complete
+ * header (a device that pipelines nothing would make that receive find nothing; the
+ * level-triggered epoll set reports the connection again when there is more).  So a turn
+ * serves at most one buffer of requests, plus the rest of the payload of the last one. */
+static void conn_ready(struct conn *c)
 {
-    struct isw_server *srv = arg;
-    struct pollfd pfd[2] = { { .fd = srv->lfd, .events = POLLIN }, { .fd = srv->wake[0], .events = POLLIN } };
+    enum step st = STEP_AGAIN;
+    int served = 0, received = 0;
+
+    if (c->sending) {
+        st = flush_replies(c);
+        if (st != STEP_AGAIN)
+            goto end;
+    }
+    for (;;) {
+        if (c->in_payload) {
+            st = take_payload(c);
+            served += !c->in_payload;
+        } else if (c->tail - c->head >= ISW_PROTO_REQ_SIZE) {
+            st = take_request(c);
+            served += !c->in_payload;
+        } else if (served > 0 && received) {
+            break;
+        } else {
+            st = fill_rx(c);
+            received = 1;
+        }
+        if (st != STEP_AGAIN)
+            break;
+    }
+    if (st != STEP_CLOSE && !c->sending)
+        st = flush_replies(c);
+end:
+    if (st == STEP_CLOSE)
+        conn_close(c);
+}
+
+/* ---------- workers ---------- */
+
+static void accept_some(struct worker *w)
+{
+    struct isw_server *srv = w->srv;
 
     for (;;) {
-        int pr = poll(pfd, 2, -1);
-        if (pr < 0) {
-            if (errno == EINTR)
-                continue;
-            isw_sleep_us(10000);
-            continue;
-        }
-        if (pfd[1].revents) {
-            char buf[64];
-            while (read(srv->wake[0], buf, sizeof buf) > 0)
-                ;
-            pthread_mutex_lock(&srv->mu);
-            int stopping = srv->stopping;
-            pthread_mutex_unlock(&srv->mu);
-            if (stopping)
-                break;
-            reap(srv, 0);
-        }
-        if (!(pfd[0].revents & POLLIN))
-            continue;
-        int fd = accept4(srv->lfd, NULL, NULL, SOCK_CLOEXEC);
+        int fd = accept4(srv->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) {
             if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
                 isw_sleep_us(10000);    /* out of resources: back off, keep serving */
-            continue;
+            return;                     /* EAGAIN: another worker took it, or none left */
         }
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         struct conn *c = calloc(1, sizeof *c);
-        if (c == NULL) {
-            close(fd);
-            continue;
-        }
-        c->srv = srv;
-        c->fd = fd;
-        pthread_mutex_lock(&srv->mu);
-        atomic_fetch_add(&srv->active, 1);
-        if (isw_thread_start(&c->th, conn_main, c) < 0) {
-            atomic_fetch_sub(&srv->active, 1);
-            pthread_mutex_unlock(&srv->mu);
-            close(fd);
+        unsigned char *rx = malloc(ISW_RX_BUF), *tx = malloc(ISW_TX_MIN);
+        struct epoll_event ev = { .events = EPOLLIN, .data.ptr = c };
+        if (c == NULL || rx == NULL || tx == NULL ||
+            epoll_ctl(w->ep, EPOLL_CTL_ADD, fd, &ev) < 0) {
             free(c);
+            free(rx);
+            free(tx);
+            close(fd);
             continue;
         }
-        c->next = srv->conns;
-        srv->conns = c;
+        c->w = w;
+        c->fd = fd;
+        c->rx = rx;
+        c->tx = tx;
+        c->tx_cap = ISW_TX_MIN;
+        c->next = w->conns;
+        if (w->conns != NULL)
+            w->conns->prev = c;
+        w->conns = c;
         atomic_fetch_add(&srv->connections, 1);
-        pthread_mutex_unlock(&srv->mu);
+        atomic_fetch_add(&srv->active, 1);
     }
+}
+
+static void *worker_main(void *arg)
+{
+    struct worker *w = arg;
+    struct epoll_event evs[ISW_EPOLL_EVENTS];
+
+    for (;;) {
+        int n = epoll_wait(w->ep, evs, ISW_EPOLL_EVENTS, -1);
+        if (n < 0) {
+            if (errno != EINTR)
+                isw_sleep_us(10000);
+            continue;
+        }
+        for (int i = 0; i < n; i++) {
+            void *tag = evs[i].data.ptr;
+            if (tag == &stop_tag)
+                goto out;
+            if (tag == &listen_tag)
+                accept_some(w);
+        }
+        /* Connections after the listener, so none is closed while a later event names it:
+         * only conn_ready() closes, and each connection appears once per epoll_wait. */
+        for (int i = 0; i < n; i++) {
+            void *tag = evs[i].data.ptr;
+            if (tag != &stop_tag && tag != &listen_tag)
+                conn_ready(tag);
+        }
+    }
+out:
+    while (w->conns != NULL)
+        conn_close(w->conns);
     return NULL;
 }
 
@@ -250,7 +426,8 @@ static int listen_on(const char *host, int port, int *out_fd, int *out_port)
         return isw_fail(EADDRNOTAVAIL, "cannot resolve listen address '%s': %s", host,
                         gai_strerror(gai));
     for (struct addrinfo *ai = res; ai != NULL; ai = ai->ai_next) {
-        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                        ai->ai_protocol);
         int one = 1;
         if (fd < 0) {
             rc = -errno;
@@ -281,10 +458,40 @@ static int listen_on(const char *host, int port, int *out_fd, int *out_port)
     return 0;
 }
 
+/* Stop the first `n` workers and free the server's descriptors (not the struct). */
+static void shut_down(struct isw_server *srv, int n)
+{
+    uint64_t one = 1;
+    ssize_t wr = write(srv->stop_fd, &one, sizeof one);
+    (void)wr;                           /* an eventfd write of 1 cannot fail here */
+    for (int i = 0; i < n; i++)
+        pthread_join(srv->workers[i].th, NULL);
+    for (int i = 0; i < srv->nworkers; i++)
+        if (srv->workers[i].ep >= 0)
+            close(srv->workers[i].ep);
+    close(srv->lfd);
+    close(srv->stop_fd);
+}
+
+static int worker_init(struct isw_server *srv, struct worker *w)
+{
+    struct epoll_event lev = { .events = EPOLLIN | EPOLLEXCLUSIVE, .data.ptr = &listen_tag };
+    struct epoll_event sev = { .events = EPOLLIN, .data.ptr = &stop_tag };
+
+    w->srv = srv;
+    w->ep = epoll_create1(EPOLL_CLOEXEC);
+    if (w->ep < 0)
+        return -errno;
+    if (epoll_ctl(w->ep, EPOLL_CTL_ADD, srv->lfd, &lev) < 0 ||
+        epoll_ctl(w->ep, EPOLL_CTL_ADD, srv->stop_fd, &sev) < 0)
+        return -errno;
+    return 0;
+}
+
 int isw_server_start(struct isw_store *store, const char *host, int port,
                      struct isw_server **out)
 {
-    int rc;
+    int rc, started = 0;
 
     if (port < 0 || port > 65535)
         return isw_fail(EINVAL, "port %d is not a TCP port (0..65535)", port);
@@ -294,29 +501,34 @@ int isw_server_start(struct isw_store *store, const char *host, int port,
     if (srv == NULL)
         return isw_fail(ENOMEM, "out of memory");
     srv->store = store;
-    srv->wake[0] = srv->wake[1] = -1;
     rc = listen_on(host, port, &srv->lfd, &srv->port);
     if (rc < 0) {
         free(srv);
         return rc;
     }
-    if (pipe2(srv->wake, O_CLOEXEC | O_NONBLOCK) < 0) {
+    srv->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (srv->stop_fd < 0) {
         rc = -errno;
         close(srv->lfd);
         free(srv);
-        return isw_fail(-rc, "cannot create a pipe: %s", isw_strerror(rc));
+        return isw_fail(-rc, "cannot create an eventfd: %s", isw_strerror(rc));
     }
-    pthread_mutex_init(&srv->mu, NULL);
+    srv->nworkers = ISW_SERVER_WORKERS;
+    for (int i = 0; i < srv->nworkers; i++)
+        srv->workers[i].ep = -1;
     isw_store_acquire(store);
-    rc = isw_thread_start(&srv->accept_th, accept_main, srv);
+    for (int i = 0; i < srv->nworkers && rc == 0; i++) {
+        rc = worker_init(srv, &srv->workers[i]);
+        if (rc == 0)
+            rc = isw_thread_start(&srv->workers[i].th, worker_main, &srv->workers[i]);
+        if (rc == 0)
+            started++;
+    }
     if (rc < 0) {
+        shut_down(srv, started);
         isw_store_release(store);
-        pthread_mutex_destroy(&srv->mu);
-        close(srv->lfd);
-        close(srv->wake[0]);
-        close(srv->wake[1]);
         free(srv);
-        return isw_fail(-rc, "cannot start the accept thread: %s", isw_strerror(rc));
+        return isw_fail(-rc, "cannot start the data server's workers: %s", isw_strerror(rc));
     }
     *out = srv;
     return 0;
@@ -331,19 +543,7 @@ int isw_server_stop(struct isw_server *srv)
 {
     if (atomic_exchange(&srv->stopped, 1))
         return 0;
-    pthread_mutex_lock(&srv->mu);
-    srv->stopping = 1;
-    pthread_mutex_unlock(&srv->mu);
-    wake(srv);
-    pthread_join(srv->accept_th, NULL);
-    close(srv->lfd);
-    pthread_mutex_lock(&srv->mu);
-    for (struct conn *c = srv->conns; c != NULL; c = c->next)
-        shutdown(c->fd, SHUT_RDWR);
-    pthread_mutex_unlock(&srv->mu);
-    reap(srv, 1);
-    close(srv->wake[0]);
-    close(srv->wake[1]);
+    shut_down(srv, srv->nworkers);      /* each worker closes its connections */
     isw_store_release(srv->store);      /* no thread touches the store any more */
     return 0;
 }
@@ -353,7 +553,6 @@ void isw_server_free(struct isw_server *srv)
     if (srv == NULL)
         return;
     isw_server_stop(srv);
-    pthread_mutex_destroy(&srv->mu);
     free(srv);
 }
 

@@ -1,7 +1,8 @@
 /*
  * isw_dataserver.h — the daemon's TCP data server: serves READ/WRITE of store regions to
- * devices on other hosts (wire format in isw_proto.h).  One accept thread plus one thread
- * per connection; a misbehaving client only loses its own connection.
+ * devices on other hosts (wire format in isw_proto.h).  Two event-loop threads (epoll) serve
+ * every connection, with pipelined requests answered in batches; a misbehaving client only
+ * loses its own connection, and a client that does not read its replies holds up no other.
  */
 #ifndef ISW_DATASERVER_H
 #define ISW_DATASERVER_H

@@ -1,5 +1,6 @@
 /*
- * isw_net.c — blocking TCP helpers: whole-buffer send/receive, timeouts, connect with a
+ * isw_net.c — TCP helpers: blocking whole-buffer send/receive (the device side), one
+ * nonblocking send/receive (the data server's event loop), timeouts, connect with a
  * deadline.  Used by isw_tcp_client.c and isw_dataserver.c.
  *
  * Owns: nothing; the caller owns every socket (isw_tcp_connect hands its new one over).
@@ -77,18 +78,35 @@ int isw_recv_all(int fd, void *buf, size_t len)
     return 0;
 }
 
-int isw_recv_discard(int fd, size_t len)
+ssize_t isw_send_some(int fd, const struct iovec *iov, int iovcnt)
 {
-    unsigned char sink[16384];
+    struct msghdr msg;
 
-    while (len > 0) {
-        size_t n = len < sizeof sink ? len : sizeof sink;
-        int rc = isw_recv_all(fd, sink, n);
-        if (rc < 0)
-            return rc;
-        len -= n;
+    memset(&msg, 0, sizeof msg);
+    msg.msg_iov = (struct iovec *)iov;
+    msg.msg_iovlen = (size_t)iovcnt;
+    for (;;) {
+        ssize_t n = sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n >= 0)
+            return n;
+        if (errno == EINTR)
+            continue;
+        return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -errno;
     }
-    return 0;
+}
+
+ssize_t isw_recv_some(int fd, void *buf, size_t len)
+{
+    for (;;) {
+        ssize_t n = recv(fd, buf, len, MSG_DONTWAIT);
+        if (n > 0)
+            return n;
+        if (n == 0)
+            return -ECONNRESET;
+        if (errno == EINTR)
+            continue;
+        return errno == EWOULDBLOCK ? -EAGAIN : -errno;
+    }
 }
 
 int isw_set_timeouts(int fd, int timeout_ms)

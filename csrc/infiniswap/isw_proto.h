@@ -10,6 +10,9 @@
  *   u32 magic (ISW_PROTO_REPLY_MAGIC) | i32 status (0 or -errno) | u64 request_id
  *   followed by `length` payload bytes for a successful READ.
  *
+ * A connection may carry any number of requests in flight (devices pipeline them); the
+ * server answers a connection's requests in the order they came.
+ *
  * A request must lie inside one allocated slab of the store and carry the generation of
  * the device's lease of that slab (isw_fence.h); a slab taken back since answers -ESTALE.
  * A bad magic, version, op or length gets an error reply and the connection is closed (the

@@ -545,8 +545,8 @@ int isw_store_write(struct isw_store *s, uint64_t off, const void *buf, uint64_t
     return rc;
 }
 
-int isw_store_access(struct isw_store *s, uint64_t off, uint64_t len, uint64_t gen, void *buf,
-                     int write)
+int isw_store_access_with(struct isw_store *s, uint64_t off, uint64_t len, uint64_t gen,
+                          int (*fn)(unsigned char *mem, uint64_t len, void *arg), void *arg)
 {
     int rc = isw_store_check_region(s, off, len);
     if (rc < 0)
@@ -556,10 +556,29 @@ int isw_store_access(struct isw_store *s, uint64_t off, uint64_t len, uint64_t g
     if (isw_fence_enter(l, gen) < 0)
         return isw_fail(ESTALE, "slab %" PRIu64 " was taken back: generation %" PRIu64
                         " is no longer valid (now %" PRIu64 ")", i, gen, atomic_load(&l->gen));
-    if (write)
-        memcpy(s->base + off, buf, len);
-    else
-        memcpy(buf, s->base + off, len);
+    rc = fn(s->base + off, len, arg);
     isw_fence_leave(l);
+    return rc;
+}
+
+struct copy_arg {
+    void *buf;
+    int write;
+};
+
+static int copy_region(unsigned char *mem, uint64_t len, void *arg)
+{
+    struct copy_arg *a = arg;
+    if (a->write)
+        memcpy(mem, a->buf, len);
+    else
+        memcpy(a->buf, mem, len);
     return 0;
+}
+
+int isw_store_access(struct isw_store *s, uint64_t off, uint64_t len, uint64_t gen, void *buf,
+                     int write)
+{
+    struct copy_arg a = { buf, write };
+    return isw_store_access_with(s, off, len, gen, copy_region, &a);
 }

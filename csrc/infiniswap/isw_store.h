@@ -71,6 +71,11 @@ int isw_store_check_region(struct isw_store *s, uint64_t off, uint64_t len);
  * allocated) / -ESTALE (taken back) with a message. */
 int isw_store_access(struct isw_store *s, uint64_t off, uint64_t len, uint64_t gen, void *buf,
                      int write);
+/* Run fn(slab memory at off, len, arg) inside the slab's fence window, as isw_store_access
+ * does its memcpy: fn must only copy (a socket call with MSG_DONTWAIT at most), never wait.
+ * Returns fn's result, or the errors of isw_store_access. */
+int isw_store_access_with(struct isw_store *s, uint64_t off, uint64_t len, uint64_t gen,
+                          int (*fn)(unsigned char *mem, uint64_t len, void *arg), void *arg);
 void isw_store_acquire(struct isw_store *s);
 void isw_store_release(struct isw_store *s);
 

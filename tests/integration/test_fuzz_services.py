@@ -45,8 +45,8 @@ AS_HEADROOM = 3 << 30           # address space each pool process may still add
 PROBE_TIMEOUT = 10.0            # seconds a live service may take to answer a probe
 
 # ops each service serves (anything else it must refuse)
-AGG_OPS = (wire.PUSH, wire.PULL, wire.INIT, wire.BCAST_PUT, wire.BCAST_GET, wire.TENSOR_COPY, wire.STATE_GET,
-           wire.RECOVER, wire.REPLICATE)
+AGG_OPS = (wire.PUSH, wire.PUSH_PULL, wire.PULL, wire.INIT, wire.BCAST_PUT, wire.BCAST_GET, wire.TENSOR_COPY,
+           wire.STATE_GET, wire.RECOVER, wire.REPLICATE)
 MASTER_OPS = (wire.REGISTER_JOB, wire.DECLARE, wire.GET_TABLE, wire.JOB_DONE, wire.PROFILE, wire.HEARTBEAT,
               wire.REGISTER_AGG, wire.MIGRATE, wire.TENSOR_COPY_DONE, wire.WORKER_DONE)
 HUGE = [2**31, 2**32 - 1, 2**40, 2**62, 2**63 - 1, 2**64 - 1]
@@ -274,7 +274,7 @@ def data_request(draw, ctx):
     key = draw(st.sampled_from(["f", "f", "w", "nope", ""]))
     iteration = draw(st.sampled_from([1, 0, -1, 2, 2**62, 2**63 - 1]))
     payload, offset, nbytes = draw(SLICES)
-    if op == wire.PUSH:
+    if op in (wire.PUSH, wire.PUSH_PULL):
         item = [key, iteration, payload, offset, nbytes, draw(st.one_of(st.none(), GARBAGE))]
         fields["items"] = [item[:draw(st.integers(0, 6))]] * draw(st.sampled_from([1, 1, 2]))
         in_frame = payload == 0 and offset == 0 and nbytes == 256 and payloads and len(payloads[0]) >= 256

@@ -39,8 +39,13 @@ def make_agents(master, job, world, **kw):
     return [Agent(master, job, r, world, timeout=kw.pop("timeout", 20), **kw) for r in range(world)]
 
 
-def test_sum_mode_exact_three_workers_two_aggregators(pool2):
-    agents = make_agents(pool2.master, "exact", 3, average=False, partition_bytes=256 << 10)
+@pytest.mark.parametrize("transport, lanes", [("auto", "1"), ("tcp", "3"), ("ipc", "1")])
+def test_sum_mode_exact_three_workers_two_aggregators(pool2, monkeypatch, transport, lanes):
+    """Over shared memory (auto, on one host), tcp with three connections per aggregator, and
+    ipc; push_pull (one PUSH_PULL per key or batch) and, at iteration 2, separate push and pull."""
+    monkeypatch.setenv("AUTOPS_TCP_LANES", lanes)
+    agents = make_agents(pool2.master, f"exact-{transport}", 3, average=False, partition_bytes=256 << 10,
+                         transport=transport)
     try:
         for a in agents:
             a.declare(TENSORS)
@@ -54,7 +59,11 @@ def test_sum_mode_exact_three_workers_two_aggregators(pool2):
             for it in (1, 2, 3):
                 ins = {n: rng.integers(-1000, 1000, size=s).astype(d) for n, s, d in TENSORS}
                 outs = {n: np.empty(s, d) for n, s, d in TENSORS}
-                handles = [agent.push_pull(n, ins[n], outs[n], it) for n, _, _ in TENSORS]
+                if it == 2:
+                    handles = [agent.push(n, ins[n], it) for n, _, _ in TENSORS]
+                    handles += [agent.pull(n, outs[n], it) for n, _, _ in TENSORS]
+                else:
+                    handles = [agent.push_pull(n, ins[n], outs[n], it) for n, _, _ in TENSORS]
                 for h in handles:
                     h.wait()
                 results[(r, it)] = (ins, outs)

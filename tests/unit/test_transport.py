@@ -9,19 +9,12 @@ import pytest
 import zmq
 
 from autops import wire
-from autops.transport import PayloadError, Shared, Transport, TransportError, make_context
+from autops.transport import PayloadError, Shared, Transport, TransportError
 from autops.transport.shm import available as shm_available
 from autops.transport.shm_channel import ShmFraming
 from dlrt.hostid import host_id
 
 needs_shm = pytest.mark.skipif(not shm_available(), reason="memfd_create or /proc/self/fd missing")
-
-
-@pytest.fixture
-def ctx():
-    context = make_context()
-    yield context
-    context.term()
 
 
 @pytest.fixture
@@ -85,8 +78,8 @@ def test_same_host_kinds_refuse_a_peer_elsewhere(ctx, preference, text):
 
 
 def test_unknown_preference_is_refused(ctx):
-    with pytest.raises(TransportError, match="unknown transport 'rdma'"):
-        Transport(ctx, "rdma")
+    with pytest.raises(TransportError, match="unknown transport 'carrier-pigeon'"):
+        Transport(ctx, "carrier-pigeon")
 
 
 @pytest.mark.parametrize("preference", ["tcp", "ipc"])
@@ -193,3 +186,24 @@ def test_a_malformed_descriptor_fails_the_payloads_not_the_receiver():
     header, payloads, lent = ShmFraming(memory=None).unpack([b"\x91\x05" + b"head", b"data"])
     assert header == b"head" and lent == frozenset()
     assert payloads and all(isinstance(p, PayloadError) for p in payloads)
+
+
+def test_tcp_lanes_spread_messages_over_connections_and_replies_come_back(ctx, server, monkeypatch):
+    monkeypatch.setenv("AUTOPS_TCP_LANES", "3")
+    agg, peer = server
+    client = Transport(ctx, "tcp")
+    try:
+        channel = client.connect(peer)
+        assert len(channel.pollables) == 3
+        for i in range(6):
+            channel.send(b"m%d" % i, [np.full(4, i, np.int32)])
+        senders = []
+        for _ in range(6):
+            inbound = wait_recv(listener_of(agg, "tcp"))
+            senders.append(inbound.reply.identity)
+            inbound.reply.send(b"re-" + as_bytes(inbound.header))
+        assert sorted(senders.count(s) for s in set(senders)) == [2, 2, 2]   # round-robin over 3 connections
+        answers = sorted(as_bytes(wait_recv(channel).header) for _ in range(6))
+        assert answers == sorted(b"re-m%d" % i for i in range(6))          # each back on its own connection
+    finally:
+        client.close()

@@ -1,0 +1,338 @@
+"""Live migration without processes: the state a server-mode key sends ahead of its switch,
+the old owner's bookkeeping of it, buffers kept for keys that come back, pMaster's phases,
+and memory populated without holding the GIL.
+
+The new owner's copy of a key must equal the old owner's bit for bit at the switch, whether
+it came ahead and followed the old owner's steps, or this aggregator was the key's replica;
+anything else is refused (the old owner then sends the whole state).
+"""
+from __future__ import annotations
+
+import mmap
+import resource
+
+import numpy as np
+import pytest
+
+from autops import migration, wire
+from autops.migration import LEAD_ITERATIONS, Migrations
+from autops.partition import KeySpec
+from autops.pool import AggInfo, JobInfo, PoolState
+from autops.precopy import Follower, Precopies
+from autops.spare import SpareBuffers
+from autops.store import Store, StoreError
+from autops.transport import shm
+from autops.transport.base import Shared
+from test_autops_elastic import FakeClock, RecordingOutbox, message
+
+SPEC = KeySpec("w", "w", 0, 6, "float32", False)
+ADAM = {"optimizer": "adam", "hp": {"lr": 0.1}}
+
+
+def owner(world: int = 2) -> tuple[Store, object, list]:
+    """A server-mode key (adam) with its master copy; ``steps`` collects each step's gradient."""
+    s = Store()
+    steps: list = []
+    s.on_step = lambda ks, grad: steps.append((ks.completed + 1, grad.copy(), dict(ks.optimizer.hp)))
+    s.assign("j", "secret", world, "server", [SPEC], average=True, **ADAM)
+    s.init(s.jobs["j"], "w", np.linspace(-1, 1, 6, dtype=np.float32))
+    return s, s.jobs["j"].keys["w"], steps
+
+
+def incoming() -> tuple[Store, object]:
+    s = Store()
+    s.assign("j", "secret", 2, "server", [SPEC], average=True, **ADAM)
+    ks = s.jobs["j"].keys["w"]
+    ks.incoming = 7
+    return s, ks
+
+
+def iterate(s: Store, ks, it: int) -> None:
+    for rank in (0, 1):
+        g = np.full(6, 0.1 * (rank + 1) * it, np.float32)
+        s.push(s.check_push(s.jobs["j"], rank, "w", it, g), rank, g)
+
+
+def hold(ks, it: int) -> None:
+    """Both ranks' pushes of ``it`` held by a key that is still incoming."""
+    for rank in (0, 1):
+        ks.held.append((rank, it, np.full(6, 0.1 * (rank + 1) * it, np.float32), False, False))
+
+
+def same_state(a, b) -> None:
+    np.testing.assert_array_equal(a.param, b.param)
+    for name, arr in a.optimizer.state_arrays().items():
+        np.testing.assert_array_equal(arr, b.optimizer.state_arrays()[name])
+    assert a.optimizer.step_count == b.optimizer.step_count and a.completed == b.completed
+
+
+# --- the new owner's store -----------------------------------------------------------------
+def test_a_key_sent_ahead_and_kept_current_is_taken_over_with_its_counter_only():
+    src, old, steps = owner()
+    iterate(src, old, 1)
+    dst, new = incoming()
+    dst.precopy(new, *Store.export_key(old))          # the state after iteration 1, sent ahead
+    for it in (2, 3):
+        iterate(src, old, it)
+        n, grad, hp = steps[-1]
+        assert dst.replica_accepts(new, n, grad)
+        dst.replica_step(new, n, grad, hp)              # the old owner's steps follow
+    hold(new, 4)                                        # the workers pushed the next iteration early
+    assert not dst.pull_ready(new, 4)
+    dst.take_ahead(new, 3, None)
+    assert new.incoming is None and dst.apply_held(new) == (1, [])
+    iterate(src, old, 4)
+    same_state(new, old)                                # bit-identical to staying put
+
+
+def test_a_state_behind_the_cutover_is_refused_and_the_key_stays_incoming():
+    src, old, steps = owner()
+    iterate(src, old, 1)
+    dst, new = incoming()
+    dst.precopy(new, *Store.export_key(old))
+    iterate(src, old, 2)                                # step 2 never reached the new owner
+    with pytest.raises(StoreError, match="no state of iteration 2"):
+        dst.take_ahead(new, 2, None)
+    assert new.incoming == 7 and new.completed == 1
+    dst.take_copy(new, *Store.export_key(old))          # the whole state, as the fallback sends it
+    same_state(new, old)
+
+
+def test_the_new_owner_that_was_the_replica_takes_the_state_from_its_replica():
+    src, old, steps = owner()
+    iterate(src, old, 1)
+    dst, new = incoming()
+    meta, arrays = Store.export_key(old)
+    replica = dst.install_replica(dst.jobs["j"], SPEC, "server", True, "adam", {"lr": 0.1}, meta,
+                                  [a.copy() for a in arrays])
+    iterate(src, old, 2)
+    dst.replica_step(replica, *steps[-1])
+    dst.take_ahead(new, 2, replica)
+    same_state(new, old)
+    assert new.param is not replica.param               # a copy: the replica can go
+
+
+def test_a_sum_key_is_taken_over_from_its_counter():
+    s = Store()
+    s.assign("j", "secret", 2, "sum", [SPEC])
+    ks = s.jobs["j"].keys["w"]
+    ks.incoming = 3
+    s.take_ahead(ks, 5, None)
+    assert ks.completed == 5 and ks.incoming is None
+
+
+def test_only_a_server_key_migrating_here_takes_state_ahead():
+    s = Store()
+    s.assign("j", "secret", 2, "sum", [SPEC])
+    ks = s.jobs["j"].keys["w"]
+    ks.incoming = 3
+    with pytest.raises(StoreError, match="not a server-mode key migrating here"):
+        s.precopy(ks, {"completed": 1}, [])
+    _, new = incoming()
+    new.incoming = None
+    with pytest.raises(StoreError, match="not a server-mode key migrating here"):
+        Store().precopy(new, {"completed": 1}, [])
+
+
+# --- the old owner's bookkeeping -------------------------------------------------------------
+class Key:
+    def __init__(self, key: str, job: str = "j") -> None:
+        self.job, self.spec = job, KeySpec(key, key, 0, 1, "float32", False)
+
+
+def follower(agg: str) -> Follower:
+    return Follower({"agg": agg}, incoming=True)
+
+
+def test_states_go_out_within_the_window_and_a_key_can_switch_once_all_its_followers_hold_it():
+    p = Precopies(window_bytes=100)
+    a, b = Key("a"), Key("b")
+    p.start(a, [follower("x")], 60)
+    p.start(b, [follower("x"), follower("y")], 30)
+    assert [(k.spec.key, f.agg) for k, f in p.due()] == [("a", "x"), ("b", "x")]    # 90 bytes
+    p.start(Key("c"), [follower("x")], 60)
+    assert p.due() == []                                  # b to y would make 120
+    assert p.holds("j", "a", "x")                         # a's only follower: a can switch
+    assert [(k.spec.key, f.agg) for k, f in p.due()] == [("b", "y")]                # c: 120 again
+    assert not p.holds("j", "b", "x")                     # b still waits for y
+    assert p.holds("j", "b", "y")
+    assert [(k.spec.key, f.agg) for k, f in p.due()] == [("c", "x")]
+    assert p.holds("j", "c", "x") and not p.holds("j", "c", "x")                     # told once
+    assert p.in_flight == {} and p.waiting == {}
+
+
+def test_one_state_larger_than_the_window_still_goes_out_alone():
+    p = Precopies(window_bytes=10)
+    p.start(Key("a"), [follower("x")], 50)
+    p.start(Key("b"), [follower("x")], 5)
+    assert [k.spec.key for k, _ in p.due()] == ["a"]
+    p.holds("j", "a", "x")
+    assert [k.spec.key for k, _ in p.due()] == ["b"]
+
+
+def test_forgetting_a_job_frees_its_window_and_a_requeued_state_goes_out_again():
+    p = Precopies(window_bytes=100)
+    a, x = Key("a"), follower("x")
+    p.start(a, [x], 10)
+    p.start(Key("c", job="k"), [follower("x")], 10)
+    p.due()
+    p.requeue(a, x, 10)
+    assert [k.spec.key for k, _ in p.due()] == ["a"]
+    p.forget("k")
+    p.forget("j", {"a"})
+    assert p.in_flight == {} and not p.queue and p.waiting == {}
+
+
+# --- buffers of keys that moved away ------------------------------------------------------------
+def buffers(*sizes: int) -> list[Shared]:
+    return [Shared(np.zeros(n, np.float32), ["s", f"seg-{n}", 1, 2, 4 * n, 0]) for n in sizes]
+
+
+def test_spare_buffers_serve_only_a_complete_request_of_the_same_job():
+    spare = SpareBuffers()
+    kept = buffers(8, 8, 4)
+    spare.keep("j", kept)
+    assert spare.take("other", [(8, "float32")]) is None
+    assert spare.take("j", [(8, "float32")] * 3) is None and spare.held("j") == 80    # nothing taken
+    got = spare.take("j", [(4, "float32"), (8, "float32")])
+    assert [b.array.size for b in got] == [4, 8] and all(any(b is k for k in kept) for b in got)
+    assert spare.held("j") == 32
+    spare.release("j")
+    assert spare.take("j", [(8, "float32")]) is None
+
+
+# --- pMaster's phases ------------------------------------------------------------------------------
+def pool(*aggs: str) -> tuple[PoolState, RecordingOutbox, Migrations]:
+    state = PoolState(heartbeat_timeout=5.0, clock=FakeClock())
+    for name in aggs:
+        state.add_aggregator(AggInfo(name, name.encode(), {"tcp": f"tcp://{name}"}, name, 1, state.clock()))
+    outbox = RecordingOutbox()
+    return state, outbox, Migrations(state, outbox)
+
+
+def server_job(state: PoolState, owner: str, replica: str | None) -> JobInfo:
+    job = JobInfo("J", "s", 2, 1, "server", False, "adam", {"lr": 0.1}, 4 << 20, 64 << 10, [])
+    job.tensors["w"] = ((6,), "float32", {"mode": "server", "average": True, "optimizer": "adam",
+                                          "hp": {"lr": 0.1}})
+    job.keys["w"] = SPEC
+    job.table["w"] = owner
+    if replica is not None:
+        job.replicas["w"] = replica
+    state.jobs["J"] = job
+    return job
+
+
+def answer(outbox: RecordingOutbox, op: str, **fields) -> dict:
+    agg, sent, reply, request = outbox.waiting.pop(0)
+    assert sent == op, (sent, op)
+    reply(message(wire.OK, **fields))
+    return {"agg": agg, **request}
+
+
+def test_a_server_key_switches_once_its_state_went_ahead():
+    state, outbox, migrations = pool("a", "b", "c")
+    job = server_job(state, "a", replica="c")
+    [mid] = migrations.start(job, {"w": "b"})
+    answer(outbox, wire.MIGRATE_PREPARE, segments=[])
+    init = answer(outbox, wire.MIGRATE_INIT, cutovers={})    # the state goes ahead first
+    assert init["agg"] == "a" and init["to"] == "b" and init["lead"] == LEAD_ITERATIONS
+    assert [f["agg"] for f in init["followers"]["w"]] == ["b"]   # the replica c stays: only b follows
+    assert "w" not in job.moves
+    report = message(wire.MIGRATE_CUTOVER, mid=mid, job="J", cutovers={"w": 9})
+    migrations.cutover(report, "c")                         # only the old owner decides
+    assert "w" not in job.moves
+    migrations.cutover(report, "a")
+    assert job.moves["w"] == ("b", 10)
+    migrations.copy_done(message(wire.TENSOR_COPY_DONE, mid=mid, job="J", keys=["w"]), "a")
+    migrations.worker_done(message(wire.WORKER_DONE, mid=mid, job="J", keys=["w"]), "b")
+    assert job.table["w"] == "b" and job.replicas["w"] == "c" and "w" not in job.moves
+    recent = migrations.status()["recent"]
+    assert recent[-1]["first_iterations"] == [10, 10] and recent[-1]["precopied_keys"] == 1
+
+
+def test_moving_to_the_replica_sends_the_state_ahead_only_to_the_new_replica():
+    state, outbox, migrations = pool("a", "b", "c")
+    job = server_job(state, "a", replica="b")
+    migrations.start(job, {"w": "b"})
+    answer(outbox, wire.MIGRATE_PREPARE, segments=[])
+    init = answer(outbox, wire.MIGRATE_INIT, cutovers={})
+    assert [f["agg"] for f in init["followers"]["w"]] == ["c"]      # b holds the state already
+
+
+def test_without_a_third_aggregator_nothing_goes_ahead_and_a_sum_key_never_does():
+    state, outbox, migrations = pool("a", "b")
+    job = server_job(state, "a", replica="b")
+    migrations.start(job, {"w": "b"})                 # the new replica would be a, the old owner
+    answer(outbox, wire.MIGRATE_PREPARE, segments=[])
+    assert answer(outbox, wire.MIGRATE_INIT, cutovers={"w": 3})["followers"] == {}
+    assert job.moves["w"] == ("b", 4)
+    job.tensors["w"][2]["mode"] = "sum"
+    job.table["w"], job.moves = "b", {}
+    migrations.moving.clear()
+    migrations.start(job, {"w": "a"})
+    answer(outbox, wire.MIGRATE_PREPARE, segments=[])
+    assert answer(outbox, wire.MIGRATE_INIT, cutovers={"w": 5})["followers"] == {}
+
+
+def test_recent_batches_are_bounded():
+    assert migration.RECENT >= 1
+    _, _, migrations = pool("a")
+    migrations.recent = [{"mid": i} for i in range(migration.RECENT)]
+    assert len(migrations.status()["recent"]) == migration.RECENT
+
+
+# --- memory populated without the GIL ------------------------------------------------------------
+def test_populated_shared_memory_takes_no_page_fault_on_first_use():
+    if shm._MADVISE is None:
+        pytest.skip("this kernel cannot populate through madvise (MAP_POPULATE is used instead)")
+    assert not shm._flags(True) & getattr(mmap, "MAP_POPULATE", 0)      # mmap would hold the GIL
+    pages = 2048
+    seg = shm.Segment.create(pages * 4096, "test", populate=True)
+    try:
+        view = np.frombuffer(seg.buf, np.uint8)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        view[::4096] = 1
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        del view
+    finally:
+        seg.close()
+    assert faults < pages // 8, f"{faults} page faults touching {pages} populated pages"
+
+
+# --- the benchmark's figures ---------------------------------------------------------------------
+def records(comm: dict[int, float], period: float = 1.0) -> list[tuple[int, float, float, float]]:
+    """(iteration, begin, communication start, end): iteration i begins at i * period."""
+    return [(it, it * period, it * period + 0.5, it * period + 0.5 + c) for it, c in sorted(comm.items())]
+
+
+def test_the_pause_is_the_excess_of_the_switch_iterations_and_the_window_keeps_the_rest():
+    from dlrt_bench.autops_migrate import pauses
+    comm = {it: 0.2 for it in range(1, 21)}
+    comm[8] = 0.5          # background work while the state moves (inside the window)
+    comm[10] = 0.23        # the switch
+    per_rank = {0: records(comm), 1: records({**comm, 10: 0.25})}
+    repeats = [{"switch_iterations": [10, 10]}]
+    got = pauses(per_rank, repeats, [(7.6, 10.6)], skip=2, gap=3)
+    assert got["baseline_comm_ms"] == pytest.approx(200.0) and repeats[0]["baseline_comm_ms"] == pytest.approx(200.0)
+    assert got["max_pause_ms"] == pytest.approx(50.0) and got["median_pause_ms"] == pytest.approx(50.0)
+    assert got["max_window_excess_ms"] == pytest.approx(300.0)
+    assert repeats[0]["pause_ms"] == pytest.approx(50.0)
+
+
+def test_the_neighbour_cost_compares_its_iterations_during_and_outside_migrations():
+    from dlrt_bench.autops_migrate import neighbour_cost
+    comm = {it: (0.1 if 5 <= it <= 6 else 0.05) for it in range(1, 13)}
+    got = neighbour_cost([records(comm)], [(5.2, 6.4)], skip=1)
+    assert got["iterations_during"] == 2 and got["iterations_outside"] == 9
+    assert got["comm_ratio"] == pytest.approx(2.0)
+    assert got["iteration_ratio"] == pytest.approx(0.6 / 0.55, rel=1e-3)
+
+
+def test_each_repeat_is_measured_against_the_iterations_around_it():
+    from dlrt_bench.autops_migrate import pauses
+    comm = {it: (0.2 if it < 12 else 0.6) for it in range(1, 31)}     # the machine got busier
+    comm[20] = 0.65                                                     # a switch under that load
+    repeats = [{"switch_iterations": [20, 20]}]
+    pauses({0: records(comm)}, repeats, [(18.6, 20.6)], skip=2, gap=4)
+    assert repeats[0]["baseline_comm_ms"] == pytest.approx(600.0)
+    assert repeats[0]["pause_ms"] == pytest.approx(50.0)
