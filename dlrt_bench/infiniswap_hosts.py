@@ -30,7 +30,7 @@ from typing import Any, Sequence
 
 from dlrt.procs import stop_processes
 from dlrt.testbed import Testbed
-from infiniswap.local import DaemonProcess
+from infiniswap.local import DaemonProcess, LocalDaemons
 
 __all__ = ["HostCluster", "DeviceProcess", "AttachedDaemon", "AttachedDaemons", "link_delta"]
 
@@ -48,7 +48,7 @@ def link_delta(before: dict[str, dict[str, int]], after: dict[str, dict[str, int
     return {h: {k: after[h][k] - before[h][k] for k in after[h]} for h in after}
 
 
-class HostCluster:
+class HostCluster(LocalDaemons):
     """``len(testbed.hosts) - 1`` daemons, one per host but host 0 (the device host).
 
     ``daemon_options``: keywords of :class:`infiniswap.local.DaemonProcess` (slab size,
@@ -66,28 +66,6 @@ class HostCluster:
                           extra=["--data-host", h.addr, "--report-host", h.name],
                           **daemon_options)
             for h in self.daemon_hosts]
-
-    def start(self) -> "HostCluster":
-        try:
-            for d in self.daemons:
-                d.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def stop(self) -> list[int | None]:
-        return [d.stop() for d in self.daemons]
-
-    def __enter__(self) -> "HostCluster":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    @property
-    def addresses(self) -> list[str]:
-        return [d.address for d in self.daemons]
 
     def links(self) -> dict[str, dict[str, int]]:
         """Bytes each host has sent and received over its shaped link so far."""
