@@ -1,4 +1,5 @@
-"""The ``dlrt`` command: the runtime's shared tools (today: ``dlrt testbed``, emulated hosts).
+"""The ``dlrt`` command: the runtime's shared tools: ``dlrt testbed`` (emulated hosts) and
+``dlrt keys`` (the cluster's keys, ``dlrt.keys_cli``).
 
 ``dlrt testbed up --hosts N --link 1gbit [--delay 50us] [--prefix P]`` builds a testbed and
 leaves it up (prints its hosts and addresses), ``dlrt testbed status`` shows it with each
@@ -14,6 +15,7 @@ import sys
 from typing import Any, Sequence
 
 from . import cli
+from .keys_cli import add_keys_commands
 from .testbed import DEFAULT_PREFIX, Testbed, TestbedError, available, check_prefix, cleanup
 
 PROG = "dlrt"
@@ -103,7 +105,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = cli.parser(PROG, "The runtime's shared tools: emulated multi-host testbeds.")
+    ap = cli.parser(PROG, "The runtime's shared tools: emulated multi-host testbeds, the cluster's keys.")
     cli.add_log_level(ap)
     groups = cli.add_commands(ap)
     testbed = groups.add_parser("testbed", help="emulated hosts: namespaces on a bridge, shaped links",
@@ -136,6 +138,7 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--mount-visible", action="store_true",
                     help="enter only the network namespace (nsenter), so mounts stay visible outside")
     ex.add_argument("host", help="host index (0), short name (h0) or name (PREFIX-h0)")
+    add_keys_commands(groups)
     return ap
 
 

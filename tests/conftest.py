@@ -1,7 +1,18 @@
 """Shared fixtures: an embedded pool (pMaster + aggregators as real processes on loopback), a ZeroMQ context."""
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
+
 import pytest
+
+# The key directory of every service and client the tests start: a fresh one per session, never
+# the user's ~/.dlrt/keys (which would turn CURVE on, or be written to by a first start). Tests
+# that want CURVE make their own with dlrt.keys.init_keys and point DLRT_KEYS at it.
+os.environ["DLRT_KEYS"] = tempfile.mkdtemp(prefix="dlrt-test-keys-")
+atexit.register(shutil.rmtree, os.environ["DLRT_KEYS"], True)
 
 
 @pytest.fixture
