@@ -1,32 +1,33 @@
 """The master's HTTP JSON API (aiohttp), its dashboard and its Prometheus metrics.
 
-Routes (JSON in and out; every one but ``/metrics`` needs ``Authorization: Bearer TOKEN``,
-the token the master wrote to ``STATE/token`` at its first start)::
+Routes (JSON in and out; every one but ``/metrics`` needs ``Authorization: Bearer TOKEN``:
+the operator's token in ``STATE/token``, or a user's from ``tiresias master users add``;
+who may do what is ``tiresias.service.users``' roles, checked through ``auth``)::
 
-    POST /api/v1/jobs                   submit {"gpus", "command", "name"?, "memory"?, ...} -> job
-    GET  /api/v1/jobs[?status=a,b]      list of jobs
-    GET  /api/v1/jobs/{id}              one job, with its runs (placement history)
-    POST /api/v1/jobs/{id}/cancel       cancel (a running job is stopped first)
-    GET  /api/v1/jobs/{id}/logs?offset  {"data", "offset", "status"}: the job's output from offset
-    GET  /api/v1/nodes                  nodes: GPUs, jobs, memory from Infiniswap reports
-    POST /api/v1/nodes/{name}/drain     take a node out of service (its jobs resume elsewhere)
-    POST /api/v1/nodes/{name}/undrain
-    GET  /api/v1/events?since=&job=     recent events
-    GET  /api/v1/summary                queues, GPU use, JCTs, report sources
+    POST /api/v1/jobs                   submit {"gpus", "command", ...} -> job   operator, user
+    GET  /api/v1/jobs[?status=a,b]      list of jobs                            all (a user: its own)
+    GET  /api/v1/jobs/{id}              one job, with its runs                  all (a user: its own)
+    POST /api/v1/jobs/{id}/cancel       cancel (a running job is stopped first) operator, user (its own)
+    GET  /api/v1/jobs/{id}/logs?offset  {"data", "offset", "status"}            operator, user (its own)
+    GET  /api/v1/nodes                  nodes: GPUs, jobs, memory               all (a user: its jobs)
+    POST /api/v1/nodes/{name}/drain     take a node out of service              operator
+    POST /api/v1/nodes/{name}/undrain                                           operator
+    GET  /api/v1/events?since=&job=     recent events                           all (a user: its jobs')
+    GET  /api/v1/summary                queues, GPU use, JCTs, report sources   all
     GET  /metrics                       Prometheus text format, no token
     GET  /                              the dashboard (read-only)
 
-The dashboard and its data (``/api/v1/dashboard``) need no token from a loopback client;
-from elsewhere the token is entered once on a login form and kept in an HttpOnly cookie.
-A refused request gets 400 (bad input, with the reason), 401 (no or wrong token) or 404,
-and nothing is stored. Master calls run in a thread pool: a pass never blocks the server.
+A user asking for another user's job gets the 404 of a job that does not exist. The
+dashboard and its data (``/api/v1/dashboard``) need no token from a loopback client of a
+master bound to loopback; otherwise the token is entered once on a login form and kept in
+an HttpOnly cookie. A refused request gets 400 (bad input, with the reason), 401 (no or
+wrong token), 403 (a role that may not) or 404, and nothing is stored. Master calls run in
+a thread pool: a pass never blocks the server.
 """
 from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
-import ipaddress
 import pathlib
 from typing import Any, Callable
 
@@ -34,44 +35,14 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from .auth import COOKIE, Authenticator, Refusals, login_handler, middleware, owner_scope, require
 from .master import Master, NotFound, Refused
+from .users import OPERATOR, USER
 
-COOKIE = "tiresias_token"
+__all__ = ["build_app", "COOKIE"]
+
 STATIC = pathlib.Path(__file__).with_name("static")
-OPEN_PATHS = {"/metrics"}
-LOOPBACK_PATHS = {"/", "/api/v1/dashboard", "/login"}
-
-
-def _loopback(request: web.Request) -> bool:
-    peer = request.remote or ""
-    try:
-        return ipaddress.ip_address(peer.split("%")[0]).is_loopback
-    except ValueError:
-        return False
-
-
-def _token_ok(request: web.Request, token: str) -> bool:
-    header = request.headers.get("Authorization", "")
-    given = header[7:].strip() if header.lower().startswith("bearer ") else request.cookies.get(COOKIE, "")
-    return bool(given) and hmac.compare_digest(given.encode(), token.encode())
-
-
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
-
-
-def _auth(token: str):
-    @web.middleware
-    async def middleware(request: web.Request, handler):
-        path = request.path
-        if path in OPEN_PATHS or _token_ok(request, token):
-            return await handler(request)
-        if path in LOOPBACK_PATHS and (_loopback(request) or path == "/login"):
-            return await handler(request)
-        if path == "/":
-            return web.Response(text=_login_page(), content_type="text/html", status=401)
-        return _error(401, "missing or wrong bearer token (see STATE/token, or tiresias ... --state DIR)")
-    return middleware
+SUBMITTERS = (OPERATOR, USER)
 
 
 @web.middleware
@@ -84,39 +55,54 @@ async def _errors(request: web.Request, handler):
         return _error(404, str(exc.args[0]) if exc.args else "not found")
 
 
-def build_app(master: Master, token: str) -> web.Application:
-    app = web.Application(middlewares=[_auth(token), _errors], client_max_size=1 << 20)
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
 
-    async def call(fn: Callable, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args))
+
+def build_app(master: Master, auth: Authenticator | str, public: bool = False,
+              refusals: Refusals | None = None) -> web.Application:
+    """The API of ``master``. ``auth``: an ``Authenticator`` (a bare token: the operator's only);
+    ``public``: the master listens beyond loopback (the dashboard then needs a token everywhere)."""
+    if isinstance(auth, str):
+        auth = Authenticator(auth)
+    refusals = refusals or Refusals()
+    app = web.Application(middlewares=[middleware(auth, refusals, public), _errors], client_max_size=1 << 20)
+
+    async def call(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args, **kwargs))
 
     async def submit(request: web.Request) -> web.Response:
+        owner = require(request, *SUBMITTERS).name
         try:
             spec = await request.json()
         except (ValueError, UnicodeDecodeError) as exc:
             raise Refused(f"malformed JSON: {exc}") from None
-        return web.json_response(await call(master.submit, spec), status=201)
+        return web.json_response(await call(master.submit, spec, owner=owner), status=201)
 
     async def jobs(request: web.Request) -> web.Response:
         status = request.query.get("status")
-        return web.json_response(await call(master.jobs, status.split(",") if status else None))
+        return web.json_response(await call(master.jobs, status.split(",") if status else None,
+                                            owner=owner_scope(request)))
 
     async def job(request: web.Request) -> web.Response:
-        return web.json_response(await call(master.job, _job_id(request)))
+        return web.json_response(await call(master.job, _job_id(request), owner=owner_scope(request)))
 
     async def cancel(request: web.Request) -> web.Response:
-        return web.json_response(await call(master.cancel, _job_id(request)))
+        require(request, *SUBMITTERS)
+        return web.json_response(await call(master.cancel, _job_id(request), owner=owner_scope(request)))
 
     async def logs(request: web.Request) -> web.Response:
+        require(request, *SUBMITTERS)
         job_id = _job_id(request)
         offset = _int_query(request, "offset", 0)
-        data, new, status = await call(master.read_log, job_id, offset)
+        data, new, status = await call(master.read_log, job_id, offset, owner=owner_scope(request))
         return web.json_response({"data": data, "offset": new, "status": status})
 
     async def nodes(request: web.Request) -> web.Response:
-        return web.json_response(await call(master.nodes))
+        return web.json_response(await call(master.nodes, owner=owner_scope(request)))
 
     async def drain(request: web.Request) -> web.Response:
+        require(request, OPERATOR)
         online = request.path.endswith("/undrain")
         return web.json_response(await call(master.drain, request.match_info["name"], online))
 
@@ -124,28 +110,20 @@ def build_app(master: Master, token: str) -> web.Application:
         job_id = request.query.get("job")
         return web.json_response(await call(master.events, _int_query(request, "since", 0),
                                             int(job_id) if job_id and job_id.isdigit() else None,
-                                            min(1000, _int_query(request, "limit", 200))))
+                                            min(1000, _int_query(request, "limit", 200)),
+                                            owner=owner_scope(request)))
 
     async def summary(request: web.Request) -> web.Response:
         return web.json_response(await call(master.summary))
 
     async def dashboard_data(request: web.Request) -> web.Response:
-        return web.json_response(await call(master.dashboard))
+        return web.json_response(await call(master.dashboard, owner=owner_scope(request)))
 
     async def dashboard(request: web.Request) -> web.Response:
         return web.FileResponse(STATIC / "dashboard.html")
 
-    async def login(request: web.Request) -> web.Response:
-        form = await request.post()
-        given = str(form.get("token", ""))
-        if not hmac.compare_digest(given.encode(), token.encode()):
-            return web.Response(text=_login_page("wrong token"), content_type="text/html", status=401)
-        resp = web.Response(status=303, headers={"Location": "/"})
-        resp.set_cookie(COOKIE, given, httponly=True, samesite="Strict")
-        return resp
-
     registry = CollectorRegistry()
-    registry.register(_Collector(master))
+    registry.register(_Collector(master, refusals))
 
     async def metrics(request: web.Request) -> web.Response:
         body = await call(generate_latest, registry)
@@ -157,7 +135,7 @@ def build_app(master: Master, token: str) -> web.Application:
         web.get("/api/v1/nodes", nodes), web.post("/api/v1/nodes/{name}/drain", drain),
         web.post("/api/v1/nodes/{name}/undrain", drain), web.get("/api/v1/events", events),
         web.get("/api/v1/summary", summary), web.get("/api/v1/dashboard", dashboard_data),
-        web.get("/metrics", metrics), web.get("/", dashboard), web.post("/login", login),
+        web.get("/metrics", metrics), web.get("/", dashboard), web.post("/login", login_handler(auth, refusals)),
     ])
     return app
 
@@ -179,19 +157,12 @@ def _int_query(request: web.Request, name: str, default: int) -> int:
         raise Refused(f"{name} must be an integer, got {raw!r}") from None
 
 
-def _login_page(error: str = "") -> str:
-    note = f"<p style='color:#b00'>{error}</p>" if error else ""
-    return ("<!doctype html><title>Tiresias</title><h1>Tiresias master</h1>"
-            "<p>Beyond loopback the dashboard needs the master's token (STATE/token).</p>" + note +
-            "<form method=post action=/login><input name=token type=password size=50 autofocus> "
-            "<button>Open</button></form>")
-
-
 class _Collector:
     """Prometheus view of the master, read at scrape time."""
 
-    def __init__(self, master: Master) -> None:
+    def __init__(self, master: Master, refusals: Refusals) -> None:
         self.master = master
+        self.refusals = refusals
 
     def collect(self):
         s = self.master.summary()
@@ -224,4 +195,9 @@ class _Collector:
             if node["memory_free_bytes"] is not None:
                 free.add_metric([node["name"]], node["memory_free_bytes"])
         yield free
+        refused = CounterMetricFamily("tiresias_auth_refusals", "API requests refused, by reason "
+                                      "(no_token, bad_token, role)", labels=["reason"])
+        for reason, n in sorted(self.refusals.snapshot().items()):
+            refused.add_metric([reason], n)
+        yield refused
 

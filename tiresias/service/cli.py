@@ -3,7 +3,10 @@
 ``tiresias master --state DIR --bind HOST:PORT --executor local|ray --nodes NxG --policy ...``
 runs a master; ``submit``, ``jobs``, ``job``, ``cancel``, ``nodes``, ``drain``, ``undrain``,
 ``logs`` and ``events`` talk to one, found through ``--state DIR`` (its address and token
-files) or ``--master URL --token-file FILE``. The command-line convention is ``dlrt.cli``'s;
+files) or ``--master URL --token-file FILE`` (defaults: ``$TIRESIAS_MASTER``,
+``$TIRESIAS_TOKEN_FILE``; a token file with ``--state`` replaces ``STATE/token``: a user's
+token). ``tiresias master users add|list|revoke`` manages the users (``user_commands``).
+The command-line convention is ``dlrt.cli``'s;
 exit status: 0 done, 1 the master refused (the reason is printed) or could not be reached,
 2 a usage error. ``tiresias.cli.main`` parses and runs these commands.
 """
@@ -22,6 +25,7 @@ from dlrt.endpoints import host_port
 
 from .. import progress
 from .client import Client, read_token
+from .user_commands import add_user_commands
 
 DEFAULT_STATE = os.environ.get("TIRESIAS_STATE") or os.path.expanduser("~/.tiresias")
 SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
@@ -52,6 +56,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = cli.add_command(sub, "master", "run a live master (scheduler + HTTP API)")
     _master_args(p)
     p.set_defaults(func=cmd_master)
+    add_user_commands(p)
 
     p = _client(sub, "submit", "submit a job: tiresias submit --gpus N [options] -- CMD ...")
     p.add_argument("--gpus", type=int, required=True)
@@ -98,8 +103,10 @@ def _client(sub: argparse._SubParsersAction, name: str, help_text: str) -> argpa
     p = cli.add_command(sub, name, help_text, log_level="WARNING",
                         json_help="write the answer as JSON to FILE ('-' for stdout instead of the text)")
     p.add_argument("--state", default=DEFAULT_STATE, help="the master's state dir (address and token)")
-    p.add_argument("--master", default=None, help="the master's URL (instead of --state)")
-    p.add_argument("--token-file", default=None, help="with --master: the token file")
+    p.add_argument("--master", default=os.environ.get("TIRESIAS_MASTER") or None,
+                   help="the master's URL (instead of --state's address; default: $TIRESIAS_MASTER)")
+    p.add_argument("--token-file", default=os.environ.get("TIRESIAS_TOKEN_FILE") or None,
+                   help="the token file (needed with --master; default: $TIRESIAS_TOKEN_FILE, else STATE/token)")
     return p
 
 
@@ -132,6 +139,12 @@ def _master_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node-host", action="append", default=[], metavar="NODE=HOST",
                    help="the host name a node's Infiniswap reports carry (default: the node's name)")
     p.add_argument("--report-max-age", type=float, default=10.0, help="older reports are ignored and flagged")
+    p.add_argument("--run-as-owner", action="store_true",
+                   help="local executor, master as root: run each job as the OS user named like its owner "
+                        "(it must exist), its checkpoint dir and log that user's, mode 0700/0600")
+    p.add_argument("--user-map", action="append", default=[], metavar="OWNER=OSUSER",
+                   help="with --run-as-owner: the OS user an owner's jobs run as (default: the owner's name; "
+                        "the operator's jobs: the master's user unless mapped)")
     progress.add_arguments(p, live=True)
 
 
@@ -152,7 +165,8 @@ def cmd_master(args) -> int:
         node_hosts[node] = hostname
     config = MasterConfig(args.state, args.policy, thresholds, args.promote_knob, args.distribution,
                           args.packlimit, args.interval, args.stop_grace, args.checkpoint_root,
-                          args.autops_master, node_hosts, args.min_run_factor, args.min_run)
+                          args.autops_master, node_hosts, args.min_run_factor, args.min_run,
+                          args.run_as_owner, _user_map(args))
     if args.executor == "local":
         from .local import LocalExecutor
         shape = parse_cluster(args.nodes) if re.match(r"^\s*\d+\s*[xX]\s*\d+\s*$", args.nodes) else None
@@ -168,12 +182,29 @@ def cmd_master(args) -> int:
     return serve(master, host, port)
 
 
+def _user_map(args) -> dict[str, str]:
+    """``--user-map OWNER=OSUSER`` items; checks ``--run-as-owner``'s conditions."""
+    mapping = {}
+    for item in args.user_map:
+        owner, sep, os_user = item.partition("=")
+        if not sep or not owner or not os_user:
+            raise UsageError(f"--user-map {item!r}: expected OWNER=OSUSER")
+        mapping[owner] = os_user
+    if mapping and not args.run_as_owner:
+        raise UsageError("--user-map needs --run-as-owner")
+    if args.run_as_owner and args.executor != "local":
+        raise UsageError("--run-as-owner works with the local executor only")
+    if args.run_as_owner and os.geteuid() != 0:
+        raise UsageError("--run-as-owner needs the master to run as root (it switches each job to its owner)")
+    return mapping
+
+
 def _connect(args) -> Client:
     if args.master:
         if not args.token_file:
-            raise UsageError("--master needs --token-file")
+            raise UsageError("--master needs --token-file (or $TIRESIAS_TOKEN_FILE)")
         return Client(args.master, read_token(args.token_file))
-    return Client.from_state(args.state)
+    return Client.from_state(args.state, args.token_file)
 
 
 def _emit(args, data: Any, text: str) -> None:
@@ -235,6 +266,7 @@ def cmd_job(args) -> int:
                      f"to {_ts(r['ended'])} ({r['outcome'] or 'running'})" for r in job.get("runs", []))
     text = jobs_table([job]) + f"\ncommand: {' '.join(job['command'])}\ncheckpoints: {job['checkpoint_dir']}\n"
     text += f"skew: {job['skew']:.3f} ({'measured by AutoPS' if job['skew_measured'] else 'declared'})\n"
+    text += f"owner: {job.get('owner', 'operator')}\n"
     if job.get("detail"):
         text += f"detail: {job['detail']}\n"
     _emit(args, job, text + (f"runs:\n{runs}" if runs else "runs: none yet"))

@@ -1,7 +1,8 @@
 """A small client of the master's HTTP API, used by the ``tiresias`` client commands.
 
 It finds the master through a state dir (``STATE/master.json`` has the URL, ``STATE/token``
-the bearer token) or through an explicit URL and token file.
+the operator's bearer token, or a user's token file instead) or through an explicit URL
+and token file.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 
 
 class ClientError(RuntimeError):
-    """The master refused the request (``status`` 400/401/404) or could not be reached (0)."""
+    """The master refused the request (``status`` 400/401/403/404) or could not be reached (0)."""
 
     def __init__(self, message: str, status: int = 0) -> None:
         super().__init__(message)
@@ -36,14 +37,15 @@ class Client:
         self.timeout = timeout
 
     @classmethod
-    def from_state(cls, state_dir: str) -> "Client":
+    def from_state(cls, state_dir: str, token_file: str | None = None) -> "Client":
+        """The master of ``state_dir``, with the token of ``token_file`` (default: STATE/token)."""
         try:
             with open(os.path.join(state_dir, "master.json")) as f:
                 url = json.load(f)["url"]
         except (OSError, ValueError, KeyError):
             raise ClientError(f"no master address in {state_dir}/master.json (is a master running with "
                               f"--state {state_dir}?)") from None
-        return cls(url, read_token(os.path.join(state_dir, "token")))
+        return cls(url, read_token(token_file or os.path.join(state_dir, "token")))
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode()

@@ -44,6 +44,7 @@ class LaunchSpec:
     log_path: str = "job.log"                      # output of every node, appended
     run_dir: str = "."                             # per-run files: supervisor status, exit record
     memory_bytes: int | None = None                # per-node memory limit (cgroup) when declared
+    run_as: str | None = None                      # OS user the node commands run as (local executor, as root)
 
     @property
     def nodes(self) -> list[str]:

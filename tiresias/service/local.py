@@ -46,7 +46,7 @@ class LocalExecutor:
         return list(self._nodes)
 
     def launch(self, spec: LaunchSpec) -> dict[str, Any]:
-        os.makedirs(spec.run_dir, exist_ok=True)
+        os.makedirs(spec.run_dir, mode=0o700, exist_ok=True)
         for stale in ("exit.json", "groups.json"):
             try:
                 os.unlink(os.path.join(spec.run_dir, stale))

@@ -16,14 +16,23 @@ replaces the declared one from the job's next (re)start on; a job that declares 
 runs only on a node whose free memory plus the memory the cluster's Infiniswap daemons can
 lend covers it (and in a memory cgroup of that size).
 
+Owners and secrets: every job records its owner (the API user who submitted it; the
+operator's jobs: ``operator``); the views, cancel and logs take an ``owner`` and answer a job
+of another owner as they answer a missing one. Every job gets a fresh AutoPS secret at
+submission (``AUTOPS_JOB_SECRET`` in its processes' environment), kept in SQLite so every
+run of the job presents the same one; no view shows it. With ``run_as_owner`` (local
+executor, master as root) a job's processes run as the OS user named like its owner
+(``user_map`` renames), with its checkpoint dir and log handed to that user
+(``tiresias.service.runas``).
+
 Every public method takes the master's lock; the HTTP API and the scheduling thread share it.
 """
 from __future__ import annotations
 
 import logging
 import os
-import pathlib
 import re
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,6 +45,7 @@ from ..policies import POLICIES, SIMULATOR_ONLY, make_policy
 from ..progress import DEFAULT_MIN_RUN, DEFAULT_MIN_RUN_FACTOR
 from ..policies.base import JobState
 from .executor import Executor, LaunchSpec, RunEnd, default_launcher
+from . import runas
 from .reports import ReportFeed
 from .store import ACTIVE, TERMINAL, Store
 
@@ -46,6 +56,8 @@ KILL_AFTER_S = 5.0           # SIGTERM -> SIGKILL
 MAX_LAUNCH_FAILURES = 3      # consecutive failed launches before a job is failed
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 LOG_TAIL_BYTES = 2000
+OPERATOR_OWNER = "operator"
+SECRET_ENV = "AUTOPS_JOB_SECRET"
 
 
 class Refused(ValueError):
@@ -71,6 +83,8 @@ class MasterConfig:
     node_hosts: dict[str, str] = field(default_factory=dict)   # node -> host in Infiniswap reports
     min_run_factor: float = DEFAULT_MIN_RUN_FACTOR   # progress guarantee (tiresias.progress)
     min_run: float = DEFAULT_MIN_RUN
+    run_as_owner: bool = False               # jobs run as their owner's OS user (root, local executor)
+    user_map: dict[str, str] = field(default_factory=dict)     # owner -> OS user (default: the same name)
 
     def __post_init__(self) -> None:
         if self.policy not in LIVE_POLICIES:
@@ -95,6 +109,8 @@ class _Run:
     term_sent: float | None = None
     skew_measured: float | None = None
     launch_failures: int = 0
+    owner: str = OPERATOR_OWNER
+    secret: str | None = None                # the job's AutoPS secret (every run presents it)
 
 
 class Master:
@@ -149,7 +165,7 @@ class Master:
             job = self._job_state(row)
             run = _Run(row["name"], row["spec"], row["status"], row["submitted"], row["run"], row["started"],
                        [(n, list(g)) for n, g in row["placement"]] if row["placement"] else None, row["handle"],
-                       row["stop_requested"], skew_measured=row["skew"])
+                       row["stop_requested"], skew_measured=row["skew"], owner=row["owner"], secret=row["secret"])
             self.runs[job.job_id] = run
             self.states[job.job_id] = job
             alloc = self._alloc_of(run.placement) if run.placement else None
@@ -182,20 +198,35 @@ class Master:
                         preemptions=row["preemptions"], skew=skew, model=spec.get("model"))
 
     # --- requests ----------------------------------------------------------------------------
-    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
-        """Validate and store a job; it is scheduled at the next pass (woken now)."""
+    def submit(self, spec: dict[str, Any], owner: str = OPERATOR_OWNER) -> dict[str, Any]:
+        """Validate and store ``owner``'s job; it is scheduled at the next pass (woken now)."""
         clean = self._validate(spec)
+        if self.config.run_as_owner:
+            try:
+                self.os_account(owner)
+            except runas.NoAccount as exc:
+                raise Refused(f"jobs run as their owner's OS user here: {exc}") from None
         with self.lock:
             now = self.clock()
             self.driver.advance(now)
-            job_id = self.store.add_job(clean["name"], clean, clean["gpus"], now)
+            secret = secrets.token_hex(32)
+            job_id = self.store.add_job(clean["name"], clean, clean["gpus"], now, owner=owner, secret=secret)
             job = JobState(job_id, clean["gpus"], now, duration=clean.get("duration"), wait_since=now,
                            skew=skew_of(clean.get("model"), clean.get("skew")), model=clean.get("model"))
             self.states[job_id] = job
-            self.runs[job_id] = _Run(clean["name"], clean, "waiting", now)
+            self.runs[job_id] = _Run(clean["name"], clean, "waiting", now, owner=owner, secret=secret)
             self.driver.submit(job)
         self.wake.set()
         return self.job(job_id)
+
+    def os_account(self, owner: str) -> runas.Account | None:
+        """The OS user ``owner``'s jobs run as (None: the master's own user)."""
+        if not self.config.run_as_owner:
+            return None
+        name = self.config.user_map.get(owner)
+        if name is None and owner == OPERATOR_OWNER:
+            return None                          # the operator's jobs: the master's user, unless mapped
+        return runas.account(name or owner)
 
     def _validate(self, spec: Any) -> dict[str, Any]:
         if not isinstance(spec, dict):
@@ -263,9 +294,10 @@ class Master:
         clean["skew"] = skew
         return clean
 
-    def cancel(self, job_id: int) -> dict[str, Any]:
+    def cancel(self, job_id: int, owner: str | None = None) -> dict[str, Any]:
+        """Cancel a job (``owner``: only one of theirs; another's is "no job")."""
         with self.lock:
-            run, job = self._active(job_id)
+            run, job = self._active(job_id, owner)
             now = self.clock()
             self.driver.advance(now)
             if run.status in ("running", "stopping"):
@@ -278,7 +310,7 @@ class Master:
                 self.driver.withdraw(job)
                 self._close(job_id, "cancelled", now, detail="cancelled while waiting")
         self.wake.set()
-        return self.job(job_id)
+        return self.job(job_id, owner)
 
     def drain(self, node: str, online: bool = False) -> dict[str, Any]:
         """Take ``node`` out of service (its jobs are preempted and resume elsewhere) or back."""
@@ -296,13 +328,18 @@ class Master:
         self.wake.set()
         return {"node": node, "online": online, "preempted": [j.job_id for j in hit]}
 
-    def _active(self, job_id: int) -> tuple[_Run, JobState]:
+    def _active(self, job_id: int, owner: str | None = None) -> tuple[_Run, JobState]:
+        row = self._row(job_id, owner)
         if job_id not in self.runs:
-            row = self.store.job(job_id)
-            if row is None:
-                raise NotFound(f"no job {job_id}")
             raise Refused(f"job {job_id} is already {row['status']}")
         return self.runs[job_id], self.states[job_id]
+
+    def _row(self, job_id: int, owner: str | None) -> dict[str, Any]:
+        """The job's row; ``NotFound`` when there is none, or it is not ``owner``'s (the same answer)."""
+        row = self.store.job(job_id)
+        if row is None or (owner is not None and row["owner"] != owner):
+            raise NotFound(f"no job {job_id}")
+        return row
 
     # --- the loop ------------------------------------------------------------------------------
     def tick(self) -> None:
@@ -361,10 +398,9 @@ class Master:
         run.placement = placement
         run.stop_requested = run.term_sent = None
         run.stop_reason = ""
-        spec = self._launch_spec(job.job_id, run)
         first = run.started is None
         try:
-            run.handle = self.executor.launch(spec)
+            run.handle = self.executor.launch(self._launch_spec(job.job_id, run))
         except Exception as exc:                      # the executor could not start it (yet)
             log.warning("job %d: launch failed: %s", job.job_id, exc)
             self._release_gpus(placement)
@@ -388,19 +424,26 @@ class Master:
     def _launch_spec(self, job_id: int, run: _Run) -> LaunchSpec:
         spec = run.spec
         job_dir = os.path.join(self.jobs_dir, str(job_id))
-        control = os.path.join(self.ckpt_root, str(job_id), "control")
+        job_ckpt = os.path.join(self.ckpt_root, str(job_id))
+        control = os.path.join(job_ckpt, "control")
         for d in (job_dir, control):
             os.makedirs(d, exist_ok=True)
-        stop_file, stopped_file = os.path.join(control, "stop"), os.path.join(control, "stopped")
-        for f in (stop_file, stopped_file):
-            try:
-                os.unlink(f)
-            except FileNotFoundError:
-                pass
+        acct = self.os_account(run.owner)
+        if self.config.run_as_owner:                 # the owner's, or the master's own (the operator's jobs)
+            uid, gid = (acct.uid, acct.gid) if acct is not None else (os.geteuid(), os.getegid())
+            runas.hand_over(uid, gid, job_ckpt, control, job_dir, self.log_path(job_id))
+        for name in ("stop", "stopped"):
+            runas.remove_control(job_ckpt, name)
+        if run.secret is None:                        # a job from before per-job secrets
+            run.secret = secrets.token_hex(32)
+            self.store.update_job(job_id, secret=run.secret)
         env = dict(spec.get("env") or {})
         env.update({"TIRESIAS_JOB_ID": str(job_id), "TIRESIAS_JOB_NAME": run.name,
                     "TIRESIAS_CHECKPOINT_DIR": self.checkpoint_dir(job_id),
-                    "TIRESIAS_STOP_FILE": stop_file, "TIRESIAS_STOPPED_FILE": stopped_file})
+                    "TIRESIAS_STOP_FILE": os.path.join(control, "stop"),
+                    "TIRESIAS_STOPPED_FILE": os.path.join(control, "stopped"), SECRET_ENV: run.secret})
+        if acct is not None:
+            env.update(runas.account_env(acct))
         if spec.get("autops_aggregators"):
             env.update({"AUTOPS_MASTER": self.config.autops_master, "AUTOPS_JOB": autops_job_name(job_id, run.run),
                         "AUTOPS_AGGREGATORS": str(spec["autops_aggregators"])})
@@ -408,7 +451,8 @@ class Master:
         launcher = spec.get("launcher") or default_launcher(spec["command"])     # older specs lack it
         return LaunchSpec(job_id, run.run, run.name, list(spec["command"]), launcher, run.placement,
                           env=env, workdir=spec.get("workdir") or "/", log_path=self.log_path(job_id),
-                          run_dir=os.path.join(job_dir, f"run{run.run}"), memory_bytes=memory)
+                          run_dir=os.path.join(job_dir, f"run{run.run}"), memory_bytes=memory,
+                          run_as=acct.name if acct is not None else None)
 
     def _request_stop(self, job_id: int, run: _Run, now: float, why: str) -> None:
         """Ask the job to checkpoint and exit (the stop file); escalation follows the grace."""
@@ -416,9 +460,12 @@ class Master:
         run.stop_requested = now
         run.term_sent = None
         run.stop_reason = run.stop_reason or why
-        stop_file = os.path.join(self.ckpt_root, str(job_id), "control", "stop")
-        os.makedirs(os.path.dirname(stop_file), exist_ok=True)
-        pathlib.Path(stop_file).touch()
+        job_ckpt = os.path.join(self.ckpt_root, str(job_id))
+        try:
+            os.makedirs(os.path.join(job_ckpt, "control"), exist_ok=True)
+            runas.touch_control(job_ckpt, "stop")
+        except OSError as exc:                         # its control dir tampered with: the grace still runs
+            log.warning("job %d: cannot write its stop request: %s", job_id, exc)
         self._persist_job(job_id, events=[(now, job_id, "stopping", why)])
 
     def _escalate(self, now: float) -> None:
@@ -598,12 +645,11 @@ class Master:
         except OSError:
             return ""
 
-    def read_log(self, job_id: int, offset: int = 0, limit: int = 1 << 20) -> tuple[str, int, str]:
+    def read_log(self, job_id: int, offset: int = 0, limit: int = 1 << 20,
+                 owner: str | None = None) -> tuple[str, int, str]:
         """The job's output from ``offset``: ``(text, next offset, job status)``."""
         with self.lock:
-            row = self.store.job(job_id)
-            if row is None:
-                raise NotFound(f"no job {job_id}")
+            row = self._row(job_id, owner)
             status = self.runs[job_id].status if job_id in self.runs else row["status"]
         try:
             with open(self.log_path(job_id), "rb") as f:
@@ -613,23 +659,23 @@ class Master:
             return "", offset, status
         return data.decode("utf-8", "replace"), offset + len(data), status
 
-    def job(self, job_id: int) -> dict[str, Any]:
+    def job(self, job_id: int, owner: str | None = None) -> dict[str, Any]:
+        """One job with its runs (``owner``: only one of theirs; another's is "no job")."""
         with self.lock:
-            row = self.store.job(job_id)
-            if row is None:
-                raise NotFound(f"no job {job_id}")
+            row = self._row(job_id, owner)
             view = self._view(row)
             view["runs"] = self.store.placements(job_id)
             return view
 
-    def jobs(self, statuses: list[str] | None = None) -> list[dict[str, Any]]:
+    def jobs(self, statuses: list[str] | None = None, owner: str | None = None) -> list[dict[str, Any]]:
         with self.lock:
-            return [self._view(r) for r in self.store.jobs(statuses)]
+            return [self._view(r) for r in self.store.jobs(statuses, owner=owner)]
 
     def _view(self, row: dict[str, Any]) -> dict[str, Any]:
         job_id = row["id"]
         spec = row["spec"]
-        view = {"id": job_id, "name": row["name"], "status": row["status"], "gpus": row["gpus"],
+        view = {"id": job_id, "name": row["name"], "owner": row["owner"], "status": row["status"],
+                "gpus": row["gpus"],
                 "submitted": row["submitted"], "started": row["started"], "ended": row["ended"],
                 "preemptions": row["preemptions"], "attained_service": row["attained_service"],
                 "executed": row["executed"], "queue": row["queue"], "run": row["run"],
@@ -652,7 +698,8 @@ class Master:
             view["placement"] = {}
         return view
 
-    def nodes(self) -> list[dict[str, Any]]:
+    def nodes(self, owner: str | None = None) -> list[dict[str, Any]]:
+        """Nodes with their GPUs, jobs (``owner``: only theirs are named) and memory."""
         with self.lock:
             hosts = self.reports.memory()
             out = []
@@ -661,7 +708,7 @@ class Master:
                 mem = hosts.get(host)
                 jobs = {jid: [g for n, g in r.placement if n == info.name][0] for jid, r in self.runs.items()
                         if r.placement and r.status in ("running", "stopping") and
-                        any(n == info.name for n, _ in r.placement)}
+                        any(n == info.name for n, _ in r.placement) and owner in (None, r.owner)}
                 out.append({"name": info.name, "gpus": info.gpus, "online": i not in self.driver.nodes.offline,
                             "drained": info.name in self.drained, "free_gpus": info.gpus - len(self.gpus_busy[info.name]),
                             "jobs": {str(k): v for k, v in jobs.items()}, "host": host,
@@ -696,15 +743,19 @@ class Master:
                     "reports": self.reports.sources(), "lendable_bytes": self.reports.lendable_bytes(),
                     "pass_ms_p50": passes[len(passes) // 2] * 1e3 if passes else None}
 
-    def dashboard(self) -> dict[str, Any]:
-        """What the dashboard shows, from one read of the jobs."""
+    def dashboard(self, owner: str | None = None) -> dict[str, Any]:
+        """What the dashboard shows, from one read of the jobs (``owner``: their jobs only; the
+        summary stays the cluster's)."""
         with self.lock:
             rows = self.store.jobs()
-            return {"summary": self.summary(rows), "nodes": self.nodes(), "jobs": [self._view(r) for r in rows],
-                    "events": self.events(limit=40)}
+            mine = rows if owner is None else [r for r in rows if r["owner"] == owner]
+            return {"summary": self.summary(rows), "nodes": self.nodes(owner),
+                    "jobs": [self._view(r) for r in mine], "events": self.events(limit=40, owner=owner)}
 
-    def events(self, since: int = 0, job_id: int | None = None, limit: int = 200) -> list[dict[str, Any]]:
-        return self.store.events(since, job_id, limit)
+    def events(self, since: int = 0, job_id: int | None = None, limit: int = 200,
+               owner: str | None = None) -> list[dict[str, Any]]:
+        """Recent events (``owner``: only those of their jobs)."""
+        return self.store.events(since, job_id, limit, owner=owner)
 
     def close(self) -> None:
         with self.lock:

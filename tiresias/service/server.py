@@ -1,8 +1,12 @@
 """Running a master: the state dir's token and address files, the scheduling thread, HTTP.
 
-``STATE/token`` (mode 0600) is generated at the first start and kept; ``STATE/master.json``
-holds the URL the master listens on and its pid, so client commands given ``--state DIR``
-find it. SIGTERM or SIGINT stops the master cleanly: the HTTP server closes, the scheduling
+``STATE/token`` (mode 0600) is the operator's token, generated at the first start and kept;
+users' tokens live (hashed) in the state database (``tiresias master users``).
+``STATE/master.json`` holds the URL the master listens on and its pid, so client commands
+given ``--state DIR`` find it. The state dir is made 0711: others cannot list it or read
+its database, token or run records, but a job running as its owner's OS user still reaches
+its checkpoint dir under it. A master bound beyond loopback asks for a token on the
+dashboard too. SIGTERM or SIGINT stops the master cleanly: the HTTP server closes, the scheduling
 thread finishes its pass, state is written. Jobs keep running — a restarted master
 re-attaches them.
 """
@@ -18,8 +22,12 @@ import threading
 
 from aiohttp import web
 
+from dlrt.endpoints import is_loopback
+
 from .api import build_app
+from .auth import Authenticator
 from .master import Master
+from .users import UserDirectory
 
 log = logging.getLogger("tiresias.server")
 
@@ -51,14 +59,15 @@ def write_address(state_dir: str, url: str) -> None:
 
 def serve(master: Master, host: str, port: int, ready=None) -> int:
     """Serve ``master`` on ``host:port`` until SIGTERM/SIGINT; returns an exit status."""
-    token = ensure_token(master.config.state_dir)
+    os.chmod(master.config.state_dir, 0o711)
+    auth = Authenticator(ensure_token(master.config.state_dir), UserDirectory(master.store))
     master.reports.on_report = lambda topic: master.wake.set()
     master.reports.start()
     stop = threading.Event()
     loop_thread = threading.Thread(target=master.serve, args=(stop,), name="tiresias-scheduler", daemon=True)
     loop_thread.start()
     try:
-        return asyncio.run(_http(master, token, host, port, ready))
+        return asyncio.run(_http(master, auth, host, port, ready))
     finally:
         stop.set()
         master.wake.set()
@@ -66,8 +75,8 @@ def serve(master: Master, host: str, port: int, ready=None) -> int:
         master.close()
 
 
-async def _http(master: Master, token: str, host: str, port: int, ready) -> int:
-    runner = web.AppRunner(build_app(master, token), access_log=None)
+async def _http(master: Master, auth: Authenticator, host: str, port: int, ready) -> int:
+    runner = web.AppRunner(build_app(master, auth, public=not is_loopback(host)), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:

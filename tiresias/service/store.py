@@ -2,8 +2,14 @@
 
 Tables: ``meta`` (schema version, master address), ``jobs`` (spec, status, attained service,
 queue, current run and its placement and executor handle, checkpoint location, outcome),
-``placements`` (one row per run: where it ran, when, how it ended) and ``events`` (starts,
-preemptions, resumes, finishes, refusals, report staleness; what the dashboard shows).
+``placements`` (one row per run: where it ran, when, how it ended), ``events`` (starts,
+preemptions, resumes, finishes, refusals, report staleness; what the dashboard shows) and
+``users`` (API users: name, role and a salted hash of their token, ``tiresias.service.users``).
+A job row carries its ``owner`` (the user who submitted it, ``operator`` for the operator's
+token) and its AutoPS ``secret``, which no view of a job ever shows.
+
+The database file is created mode 0600 (it holds the jobs' secrets and the users' token
+hashes; SQLite gives its WAL files the same mode).
 
 The schema carries a version (``meta.schema_version``); ``MIGRATIONS[i]`` upgrades version
 ``i`` to ``i + 1``, so a master started on an older state dir upgrades it in place. Writes
@@ -13,12 +19,13 @@ happen in short transactions; WAL with ``synchronous=NORMAL`` survives a killed 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
 from typing import Any, Iterable
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 MIGRATIONS: list[list[str]] = [
     # 0 -> 1: the first schema
@@ -64,6 +71,17 @@ MIGRATIONS: list[list[str]] = [
     ["""ALTER TABLE jobs ADD COLUMN queue INTEGER NOT NULL DEFAULT 0""",
      """ALTER TABLE jobs ADD COLUMN skew REAL""",
      """CREATE INDEX events_job ON events(job_id)"""],
+    # 2 -> 3: per-user tokens, job owners, per-job AutoPS secrets
+    ["""ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT 'operator'""",
+     """ALTER TABLE jobs ADD COLUMN secret TEXT""",
+     """CREATE INDEX jobs_owner ON jobs(owner)""",
+     """CREATE TABLE users (
+            name TEXT PRIMARY KEY,
+            role TEXT NOT NULL,
+            salt TEXT NOT NULL,
+            hash TEXT NOT NULL,
+            created REAL NOT NULL,
+            revoked REAL)"""],
 ]
 
 ACTIVE = ("waiting", "running", "stopping", "preempted")
@@ -84,6 +102,7 @@ class Store:
         self.path = path
         self._lock = threading.RLock()
         try:
+            _private_file(path)
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10.0)
             self._db.row_factory = sqlite3.Row
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -116,10 +135,12 @@ class Store:
         self._write([("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, value))])
 
     # --- jobs ------------------------------------------------------------------------------
-    def add_job(self, name: str, spec: dict[str, Any], gpus: int, submitted: float) -> int:
+    def add_job(self, name: str, spec: dict[str, Any], gpus: int, submitted: float, owner: str = "operator",
+                secret: str | None = None) -> int:
         with self._lock, self._tx() as db:
-            cur = db.execute("INSERT INTO jobs(name, spec, gpus, status, submitted, wait_since) "
-                             "VALUES (?, ?, ?, 'waiting', ?, ?)", (name, json.dumps(spec), gpus, submitted, submitted))
+            cur = db.execute("INSERT INTO jobs(name, spec, gpus, status, submitted, wait_since, owner, secret) "
+                             "VALUES (?, ?, ?, 'waiting', ?, ?, ?, ?)",
+                             (name, json.dumps(spec), gpus, submitted, submitted, owner, secret))
             job_id = int(cur.lastrowid)
             db.execute("INSERT INTO events(time, job_id, kind, detail) VALUES (?, ?, 'submitted', ?)",
                        (submitted, job_id, f"{gpus} GPU(s)"))
@@ -144,12 +165,19 @@ class Store:
         rows = self._query("SELECT * FROM jobs WHERE id = ?", (job_id,))
         return _row(rows[0]) if rows else None
 
-    def jobs(self, statuses: Iterable[str] | None = None, limit: int | None = None) -> list[dict[str, Any]]:
-        sql, args = "SELECT * FROM jobs", []
+    def jobs(self, statuses: Iterable[str] | None = None, limit: int | None = None,
+             owner: str | None = None) -> list[dict[str, Any]]:
+        """Jobs in id order (``owner``: only that user's)."""
+        sql, args, where = "SELECT * FROM jobs", [], []
         if statuses is not None:
             statuses = list(statuses)
-            sql += f" WHERE status IN ({', '.join('?' * len(statuses))})"
+            where.append(f"status IN ({', '.join('?' * len(statuses))})")
             args += statuses
+        if owner is not None:
+            where.append("owner = ?")
+            args.append(owner)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY id"
         if limit is not None:
             sql += " LIMIT ?"
@@ -173,14 +201,40 @@ class Store:
         self._write([("INSERT INTO events(time, job_id, kind, detail) VALUES (?, ?, ?, ?)",
                       (time.time() if when is None else when, job_id, kind, detail))])
 
-    def events(self, since: int = 0, job_id: int | None = None, limit: int = 200) -> list[dict[str, Any]]:
+    def events(self, since: int = 0, job_id: int | None = None, limit: int = 200,
+               owner: str | None = None) -> list[dict[str, Any]]:
+        """Recent events, oldest first (``owner``: only events of that user's jobs)."""
         sql, args = "SELECT * FROM events WHERE id > ?", [since]
         if job_id is not None:
             sql += " AND job_id = ?"
             args.append(job_id)
+        if owner is not None:
+            sql += " AND job_id IN (SELECT id FROM jobs WHERE owner = ?)"
+            args.append(owner)
         sql += " ORDER BY id DESC LIMIT ?"
         args.append(limit)
         return [dict(r) for r in reversed(self._query(sql, args))]
+
+    # --- users ------------------------------------------------------------------------------
+    def add_user(self, name: str, role: str, salt: str, digest: str, created: float) -> bool:
+        """Store a user (replacing a revoked one of that name); False when an active one exists."""
+        with self._lock, self._tx() as db:
+            row = db.execute("SELECT revoked FROM users WHERE name = ?", (name,)).fetchone()
+            if row is not None and row["revoked"] is None:
+                return False
+            db.execute("INSERT OR REPLACE INTO users(name, role, salt, hash, created, revoked) "
+                       "VALUES (?, ?, ?, ?, ?, NULL)", (name, role, salt, digest, created))
+            return True
+
+    def revoke_user(self, name: str, when: float) -> bool:
+        """Revoke an active user's token; False when there is none of that name."""
+        with self._lock, self._tx() as db:
+            cur = db.execute("UPDATE users SET revoked = ? WHERE name = ? AND revoked IS NULL", (when, name))
+            return cur.rowcount > 0
+
+    def users(self, active_only: bool = False) -> list[dict[str, Any]]:
+        sql = "SELECT * FROM users" + (" WHERE revoked IS NULL" if active_only else "") + " ORDER BY name"
+        return [dict(r) for r in self._query(sql)]
 
     def close(self) -> None:
         with self._lock:
@@ -221,6 +275,17 @@ def migrate_to(db: sqlite3.Connection, target: int, start: int = 0) -> None:
             for sql in MIGRATIONS[version]:
                 db.execute(sql)
         db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)", (str(target),))
+
+
+def _private_file(path: str) -> None:
+    """Create ``path`` mode 0600 if missing; make an existing one 0600."""
+    if path == ":memory:":
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
 
 
 def _row(row: sqlite3.Row) -> dict[str, Any]:

@@ -4,7 +4,8 @@ Started by the master in a session of its own, so a run outlives a master crash.
 ``RUN_DIR/spec.json`` (a ``LaunchSpec``), starts every node's command in a process group of
 its own (``CUDA_VISIBLE_DEVICES`` from the placement, a rendezvous port on 127.0.0.1 for a
 job spanning nodes, output appended to the job's log, a memory cgroup when the job declared
-its memory), records the process groups in ``RUN_DIR/groups.json``, waits, and records how
+its memory, as the OS user ``run_as`` when the spec names one: the supervisor stays root, the
+node commands drop to that user before they exec), records the process groups in ``RUN_DIR/groups.json``, waits, and records how
 the run ended in ``RUN_DIR/exit.json`` — which is how a restarted master learns it.
 
 When one node's command fails, the others are stopped (SIGTERM, then SIGKILL). SIGTERM or
@@ -32,7 +33,7 @@ import psutil
 
 from dlrt.procs import kill_tree, signal_group
 
-from . import cgroup
+from . import cgroup, runas
 from .executor import LaunchSpec, node_command, node_env
 
 KILL_AFTER_S = 10.0
@@ -47,9 +48,10 @@ def become_subreaper() -> None:
 
 
 def write_json(path: str, data: Any) -> None:
-    """Write ``data`` to ``path`` atomically (temp file, fsync, rename)."""
+    """Write ``data`` to ``path`` atomically (temp file, fsync, rename), mode 0600 (a run's spec
+    holds the job's secret)."""
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
         json.dump(data, f)
         f.flush()
         os.fsync(f.fileno())
@@ -100,17 +102,19 @@ class Supervisor:
         self._log(f"=== tiresias: run {spec.run} of job {spec.job_id} on {nodes} at "
                   f"{time.strftime('%Y-%m-%d %H:%M:%S')} ===")
         log = open(spec.log_path, "ab", buffering=0)
+        acct = runas.account(spec.run_as) if spec.run_as else None
         for rank in range(len(spec.placement)):
             limit = None
             if spec.memory_bytes:
                 limit = cgroup.MemoryLimit.create(cgroup.run_cgroup_name(self.run_dir, spec.job_id, spec.run, rank),
                                                   spec.memory_bytes)
                 self.cgroups.append(limit)
+            first = limit.join_self if limit is not None else None
             proc = subprocess.Popen(node_command(spec, rank, "127.0.0.1", port),
                                     env=node_env(spec, rank, "127.0.0.1", port), cwd=spec.workdir,
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True,
-                                    preexec_fn=limit.join_self if limit is not None else None)
+                                    preexec_fn=runas.dropper(acct, first) if acct is not None else first)
             self.procs.append(proc)
         log.close()
         write_json(os.path.join(self.run_dir, "groups.json"),

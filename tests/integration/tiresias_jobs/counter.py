@@ -1,11 +1,14 @@
 """A preemptible test job: counts to N, one step per SLEEP seconds, checkpointing on request.
 
-``counter.py N SLEEP [--ignore-stop] [--fail-at K]``. Holds an exclusive lock in its
+``counter.py N SLEEP [--ignore-stop] [--fail-at K] [--record-env]``. Holds an exclusive lock in its
 checkpoint dir while it runs: a second copy of the same job running at once exits 9 and
 writes DOUBLE there, so a test can tell that no job ever ran twice. Launched on several
 nodes (plain launcher), node rank 0 counts and the others wait for it or for a stop request.
+With ``--record-env`` each run appends what it was started with to ``env.jsonl`` there: its
+run, uid, HOME and the sha256 of its ``AUTOPS_JOB_SECRET`` (never the secret itself).
 """
 import fcntl
+import hashlib
 import json
 import os
 import sys
@@ -29,6 +32,11 @@ try:
 except BlockingIOError:
     (ckdir / "DOUBLE").write_text(f"pid {os.getpid()}\n")
     sys.exit(9)
+if "--record-env" in sys.argv:
+    secret = os.environ.get("AUTOPS_JOB_SECRET", "")
+    with open(ckdir / "env.jsonl", "a") as f:
+        f.write(json.dumps({"run": os.environ.get("TIRESIAS_RUN"), "uid": os.getuid(), "home": os.environ.get("HOME"),
+                            "secret_sha256": hashlib.sha256(secret.encode()).hexdigest() if secret else None}) + "\n")
 state = ckdir / "state.json"
 step = json.loads(state.read_text())["step"] if state.exists() else 0
 print(f"start at step {step} on {os.environ.get('TIRESIAS_NODE')} gpus {os.environ.get('CUDA_VISIBLE_DEVICES')}",

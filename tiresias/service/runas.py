@@ -1,0 +1,116 @@
+"""Jobs as their owners' OS users (``tiresias master --run-as-owner``, local executor, as root).
+
+* ``account(name)``: the OS user a job runs as (it must exist: ``useradd`` is the
+  operator's business, not the master's).
+* ``hand_over(...)``: the job's checkpoint dir (and its control dir) become the user's, mode
+  0700; its log file the user's, 0600, in a job dir the master keeps (0711: the user reaches
+  its log, never the run dirs where the supervisor keeps its records). The operator's jobs,
+  which run as the master's own user, get the same modes.
+* ``dropper(account, first)``: a ``preexec_fn`` for the job's processes that runs ``first``
+  (joining a memory cgroup needs root) and then gives up root for good: supplementary groups,
+  gid, uid.
+* ``touch_control`` / ``remove_control``: the master's stop-request files live in a dir the
+  job's user owns, so they are created and removed relative to directory descriptors opened
+  with ``O_NOFOLLOW``: a symlink the job plants there cannot make root touch or remove a file
+  elsewhere.
+"""
+from __future__ import annotations
+
+import os
+import pwd
+from dataclasses import dataclass
+from typing import Callable
+
+
+class NoAccount(LookupError):
+    """The OS user a job should run as does not exist."""
+
+
+@dataclass(frozen=True)
+class Account:
+    name: str
+    uid: int
+    gid: int
+    home: str
+
+
+def account(name: str) -> Account:
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        raise NoAccount(f"no OS user {name!r} on this machine (create it, or map the owner with "
+                        f"--user-map OWNER=OSUSER)") from None
+    return Account(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
+
+
+def account_env(acct: Account) -> dict[str, str]:
+    """What a login of ``acct`` would set: HOME, USER, LOGNAME."""
+    return {"HOME": acct.home, "USER": acct.name, "LOGNAME": acct.name}
+
+
+def hand_over(uid: int, gid: int, checkpoint_job_dir: str, control_dir: str, job_dir: str, log_path: str) -> None:
+    """Give the job's checkpoint and control dirs and its log to ``uid:gid`` (the dirs exist)."""
+    for d in (checkpoint_job_dir, control_dir):
+        os.chown(d, uid, gid, follow_symlinks=False)
+        _chmod_dir(d, 0o700)
+    os.chmod(job_dir, 0o711)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchown(fd, uid, gid)
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
+def _chmod_dir(path: str, mode: int) -> None:
+    """chmod a directory, refusing a symlink in its place."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
+def dropper(acct: Account, first: Callable[[], None] | None = None) -> Callable[[], None]:
+    """A ``preexec_fn``: ``first()`` (as root), then become ``acct`` (groups, gid, uid)."""
+    def drop() -> None:
+        if first is not None:
+            first()
+        os.initgroups(acct.name, acct.gid)
+        os.setgid(acct.gid)
+        os.setuid(acct.uid)
+    return drop
+
+
+def _open_dir(parent: str, name: str) -> int:
+    return os.open(os.path.join(parent, name), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+
+
+def _in_control(checkpoint_job_dir: str, action: Callable[[int], None]) -> None:
+    """``action(fd of CHECKPOINT_JOB_DIR/control)``, neither dir reached through a symlink."""
+    top = _open_dir(os.path.dirname(checkpoint_job_dir), os.path.basename(checkpoint_job_dir))
+    try:
+        control = os.open("control", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=top)
+        try:
+            action(control)
+        finally:
+            os.close(control)
+    finally:
+        os.close(top)
+
+
+def touch_control(checkpoint_job_dir: str, name: str) -> None:
+    """Create ``CHECKPOINT_JOB_DIR/control/NAME`` (never through a symlink)."""
+    def touch(control: int) -> None:
+        os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644, dir_fd=control))
+    _in_control(checkpoint_job_dir, touch)
+
+
+def remove_control(checkpoint_job_dir: str, name: str) -> None:
+    """Remove ``CHECKPOINT_JOB_DIR/control/NAME`` if it is there (a symlink is removed, not followed)."""
+    def remove(control: int) -> None:
+        try:
+            os.unlink(name, dir_fd=control)
+        except FileNotFoundError:
+            pass
+    _in_control(checkpoint_job_dir, remove)
