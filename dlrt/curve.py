@@ -200,6 +200,7 @@ class Security:
     def server(self, sock: zmq.Socket, address: str) -> None:
         """Before ``sock.bind(address)``: serve CURVE on a tcp address when CURVE is on."""
         if not (self.curve and _is_tcp(address)):
+            _plain(sock)
             return
         self.keys.require_server()
         sock.curve_secretkey = self.keys.server_secret
@@ -211,10 +212,18 @@ class Security:
     def client(self, sock: zmq.Socket, address: str) -> None:
         """Before ``sock.connect(address)``: a CURVE client on a tcp address when CURVE is on."""
         if not (self.curve and _is_tcp(address)):
+            _plain(sock)
             return
         sock.curve_serverkey = self.keys.server_public
         sock.curve_publickey = self.keys.client_public
         sock.curve_secretkey = self.keys.client_secret
+
+
+def _plain(sock: zmq.Socket) -> None:
+    """No CURVE for the next bind or connect of ``sock`` (options apply per endpoint, so a
+    socket may reach a tcp peer with CURVE and an ipc one without)."""
+    if sock.mechanism != zmq.NULL:
+        sock.curve_server = False         # ZMQ_CURVE_SERVER 0 resets the mechanism to NULL
 
 
 _default: Security | None = None

@@ -183,12 +183,14 @@ def test_ipc_stays_plaintext_and_curve_off_changes_nothing(tmp_path):
     security = Security(keys.Keys.load(keys.init_keys(tmp_path / "c")))
     off = Security(keys.Keys.load(tmp_path / "none"))
     ctx = zmq.Context()
-    sockets = [ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)]
+    sockets = [ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)]
     try:
         security.server(sockets[0], f"ipc://{tmp_path}/s.sock")
         off.client(sockets[1], "tcp://127.0.0.1:1")
         security.client(sockets[2], "tcp://127.0.0.1:1")
-        assert [s.mechanism for s in sockets] == [zmq.NULL, zmq.NULL, zmq.CURVE]
+        security.client(sockets[3], "tcp://127.0.0.1:1")
+        security.client(sockets[3], f"ipc://{tmp_path}/s.sock")       # the next connect is plain again
+        assert [s.mechanism for s in sockets] == [zmq.NULL, zmq.NULL, zmq.CURVE, zmq.NULL]
     finally:
         for sock in sockets:
             sock.close(0)

@@ -6,7 +6,8 @@ which the skew) or ``infiniswap.utilization`` (a daemon: its host's total and fr
 HeadRoom, slabs lent and free, what it can still lend). ``ReportFeed`` keeps the latest
 report per source with its arrival time; a report older than ``max_age`` is ignored by every
 reader and flagged (``stale``) so the operator sees it. Unknown fields are ignored, a
-malformed frame is counted and dropped.
+malformed frame is counted and dropped. Over tcp the subscription runs CURVE when the
+cluster's key directory has its keys (``dlrt.curve``), as the publishers do.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import time
 from typing import Any, Callable, Iterable
 
 import zmq
+
+from dlrt.curve import Security, default_security
 
 AUTOPS_TOPIC = "autops.utilization"
 INFINISWAP_TOPIC = "infiniswap.utilization"
@@ -42,7 +45,9 @@ class ReportFeed:
     """Subscribes to report endpoints in a thread; keeps the freshest report of each source."""
 
     def __init__(self, autops: Iterable[str] = (), infiniswap: Iterable[str] = (), max_age: float = 10.0,
-                 clock: Callable[[], float] = time.time, on_report: Callable[[str], None] | None = None) -> None:
+                 clock: Callable[[], float] = time.time, on_report: Callable[[str], None] | None = None,
+                 security: Security | None = None) -> None:
+        self.security = security if security is not None else default_security()
         self.autops_endpoints = [normalize_endpoint(a) for a in autops]
         self.infiniswap_endpoints = [normalize_endpoint(a) for a in infiniswap]
         self.max_age = max_age
@@ -75,9 +80,11 @@ class ReportFeed:
         sock.setsockopt(zmq.LINGER, 0)
         for ep in self.autops_endpoints:
             sock.setsockopt(zmq.SUBSCRIBE, AUTOPS_TOPIC.encode())
+            self.security.client(sock, ep)
             sock.connect(ep)
         for ep in self.infiniswap_endpoints:
             sock.setsockopt(zmq.SUBSCRIBE, INFINISWAP_TOPIC.encode())
+            self.security.client(sock, ep)
             sock.connect(ep)
         try:
             while not self._stop.is_set():
