@@ -15,6 +15,11 @@ caller's buffers, and fails requests that get no reply within the timeout with a
 that says what it waited for.
 In server mode ``fetch_state`` brings a tensor's master copy, optimizer state and step back
 from its aggregators (for checkpoints), reassembled from its partitions.
+
+Every rank presents its job's secret (from its launcher: ``secret=`` or
+``$AUTOPS_JOB_SECRET``, ``jobauth``) to pMaster and with every data request; pMaster never
+sends it. A refusal raises ``AuthRefused`` naming it. Sockets run CURVE beyond loopback when
+the key directory holds the cluster's CURVE keys (``dlrt.curve``).
 """
 from __future__ import annotations
 
@@ -30,9 +35,11 @@ from typing import Any, Iterable
 import numpy as np
 import zmq
 
+from dlrt.curve import Security, default_security
 from dlrt.waker import Waker
 
 from . import wire
+from .jobauth import ENV as SECRET_ENV, secret_from_env
 from .partition import KeySpec
 from .transport import TRANSPORTS, Channel, Inbound, Shared, Transport, TransportError, make_context
 from .transport.rdma_verbs import require_device
@@ -51,6 +58,10 @@ class AutoPSError(RuntimeError):
 
 class MasterUnreachable(AutoPSError):
     """pMaster did not answer (it may be restarting)."""
+
+
+class AuthRefused(AutoPSError):
+    """pMaster refused a request for want of the right secret or token (the text says which)."""
 
 
 class Handle:
@@ -183,10 +194,11 @@ class Request:
 class MasterClient:
     """Request/reply to pMaster over a DEALER with a timeout; one per thread."""
 
-    def __init__(self, ctx: zmq.Context, address: str, timeout: float) -> None:
+    def __init__(self, ctx: zmq.Context, address: str, timeout: float, security: Security | None = None) -> None:
         self.address = address
         self.timeout = timeout
         self.sock = ctx.socket(zmq.DEALER)
+        (security if security is not None else default_security()).client(self.sock, address)
         self.sock.connect(address)
         self._reqs = itertools.count(1)
 
@@ -210,6 +222,8 @@ class MasterClient:
             if reply.get("req") != req:
                 continue      # a late reply to an earlier, timed-out request
             if reply.op == wire.ERROR:
+                if reply.get("refused"):
+                    raise AuthRefused(f"pMaster refused {op}: {reply['message']}")
                 raise AutoPSError(f"master: {reply['message']}")
             return reply
 
@@ -277,11 +291,19 @@ class Agent:
                  num_aggregators: int = 0, average: bool = True, optimizer: str | None = None,
                  hp: dict | None = None, timeout: float = DEFAULT_TIMEOUT, transport: str = "auto",
                  partition_bytes: int | None = None, small_bytes: int | None = None,
-                 secret: str | None = None, fault_tolerant: bool = True) -> None:
-        """``fault_tolerant``: the job survives the loss of an aggregator -- each worker keeps
+                 secret: str | None = None, fault_tolerant: bool = True, security: Security | None = None) -> None:
+        """``secret``: the job's secret, the same for every rank (default ``$AUTOPS_JOB_SECRET``;
+        the launcher makes it: ``autops local``, the Tiresias master, ``autops secret``).
+        ``fault_tolerant``: the job survives the loss of an aggregator -- each worker keeps
         a copy of its pushes until they cannot be needed again (sum mode replays them to the
         new owner) and server-mode keys are replicated to a second aggregator. Off: less
-        memory and no replication traffic, and the loss of an aggregator fails the job."""
+        memory and no replication traffic, and the loss of an aggregator fails the job.
+        ``security``: CURVE for the sockets (default: the key directory's)."""
+        secret = secret_from_env(secret)
+        if not secret:
+            raise AutoPSError(f"no secret for job {job}: pass secret= or set ${SECRET_ENV} the same for every "
+                              f"rank (`autops local` and the Tiresias master do; for torchrun: "
+                              f"`export {SECRET_ENV}=$(autops secret)`)")
         self.master = master
         self.job = job
         self.rank = rank
@@ -294,16 +316,22 @@ class Agent:
         if transport == "rdma":
             require_device()       # no device: fail here at once, not later in the I/O thread
         self.transport = transport
+        self.security = security if security is not None else default_security()
         self.ctx = make_context()
-        self._master = MasterClient(self.ctx, master, timeout)
+        self._master = MasterClient(self.ctx, master, timeout, self.security)
         self._master_lock = threading.Lock()
         # what this rank told pMaster, to tell a restarted pMaster again (``_IOLoop.rejoin``)
         self._registration = dict(job=job, world_size=world_size, rank=rank, num_aggregators=num_aggregators,
                                   mode=mode, average=average, optimizer=optimizer, hp=hp or {},
                                   partition_bytes=partition_bytes, small_bytes=small_bytes, replicate=fault_tolerant)
         self._declared: list = []
-        reply = self._master.call(wire.REGISTER_JOB, secret=secret, **self._registration)
-        self.secret: str = reply["secret"]
+        try:
+            reply = self._master.call(wire.REGISTER_JOB, secret=secret, **self._registration)
+        except BaseException:
+            self._master.close()
+            self.ctx.term()
+            raise
+        self.secret: str = secret
         self.aggregators: list[str] = list(reply["aggregators"])
         self.table = Table()
         self.table.aggs = dict(reply.get("endpoints") or {})
@@ -480,7 +508,8 @@ class _IOLoop:
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
         self.table = Table()
-        self.transport = Transport(agent.ctx, agent.transport, label=f"autops-agent-{agent.rank}")
+        self.transport = Transport(agent.ctx, agent.transport, label=f"autops-agent-{agent.rank}",
+                                   security=agent.security)
         self.channel_agg: dict[Channel, str] = {}
         self.inflight: dict[int, Request] = {}
         self.reqs = itertools.count(1)
@@ -495,7 +524,7 @@ class _IOLoop:
         self.staged_busy: dict[str, int] = {}                      # key -> iteration not yet pulled
         self.premap_queue: list[dict] = []                         # aggregators whose buffers to map ahead
         self.running = True
-        self.master = MasterClient(agent.ctx, agent.master, agent.timeout)
+        self.master = MasterClient(agent.ctx, agent.master, agent.timeout, agent.security)
         # profiling: (iteration, time) of the first push of each new iteration this period
         self.last_iteration = 0
         self.marks: list[tuple[int, float]] = []

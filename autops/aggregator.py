@@ -18,6 +18,18 @@ replies (and REDIRECTs anything later), then sends TENSOR_COPY to the new owner 
 TENSOR_COPY_DONE to pMaster; as the new owner it holds pushes until the copy arrived and
 sends WORKER_DONE once the workers pushed to it. A worker taking a checkpoint in server mode
 gets the same serialisation (master copy, optimizer state, step) with STATE_GET.
+
+Security (docs/autops.md, "Security"): registration proves the cluster key both ways and
+seals the control channel (``clusterauth``): commands (ASSIGN, RELEASE_JOB, MIGRATE_*,
+FAILOVER, REPLICA_SET, CYCLE) are obeyed only when sealed by the pMaster this aggregator
+authenticated, anything else on that socket is dropped and counted (``ctrl_refusals``).
+Every data request -- the workers' pushes, pulls, broadcasts and recoveries, and what other
+aggregators send on the same listeners -- must present its job's secret, which pMaster gave
+this aggregator in ASSIGN over the sealed channel; a wrong one is answered with an error and
+counted (``auth_refusals``). State from another aggregator (TENSOR_COPY, REPLICATE) arrives
+on the data listeners, not on an authenticated connection, so it also carries a proof of
+the cluster key bound to the job and its secret (``clusterauth.peer_ticket``): a rank of the
+job cannot pose as an aggregator, and nobody without the job's secret can touch the job.
 """
 from __future__ import annotations
 
@@ -35,15 +47,17 @@ import numpy as np
 import psutil
 import zmq
 
+from dlrt.curve import Security, default_security, warn_if_exposed
 from dlrt.hostid import host_id
+from dlrt.keys import ensure_cluster_secret
 from dlrt.waker import Waker
 
-from . import wire
+from . import clusterauth, wire
 from .cycle import CyclicSchedule
 from .partition import KeySpec
 from .precopy import Follower, Precopies
 from .spare import SpareBuffers
-from .store import JobState, KeyState, Store, StoreError
+from .store import JobState, KeyState, SecretMismatch, Store, StoreError
 from .transport import Channel, Inbound, Sender, Shared, Transport, background_priority, make_context
 
 log = logging.getLogger("autops.aggregator")
@@ -74,8 +88,14 @@ class Aggregator:
     def __init__(self, master: str, bind_host: str = "127.0.0.1", port: int = 0,
                  advertise_host: str | None = None, ipc: bool = True,
                  heartbeat_interval: float = 1.0, register_timeout: float = 30.0,
-                 name: str | None = None, transport: str = "auto") -> None:
+                 name: str | None = None, transport: str = "auto", security: Security | None = None,
+                 cluster_secret: bytes | None = None) -> None:
+        """``security``: CURVE for every tcp socket (default: the key directory's);
+        ``cluster_secret``: what it proves to pMaster (default: the key directory's)."""
         self.master = master
+        self.security = security if security is not None else default_security()
+        self.cluster_secret = cluster_secret if cluster_secret is not None else ensure_cluster_secret()
+        self.session: clusterauth.ControlSession | None = None   # the control channel, once registered
         self.heartbeat_interval = heartbeat_interval
         self.register_timeout = register_timeout
         self.name = name
@@ -84,23 +104,25 @@ class Aggregator:
         self.ctx = make_context(server=True)
         # the data path: listeners for agents and peers (tcp; ipc and shm for this host),
         # channels to peer aggregators, and the memory published values live in
-        self.transport = Transport(self.ctx, transport, local=ipc)
+        self.transport = Transport(self.ctx, transport, local=ipc, security=self.security)
         self.memory = self.transport.memory
         self.store = Store(self._allocate)
         self.waiters: dict = {}     # id(KeyState) -> [PendingPull]; ("bcast", job, name, seq) -> [(reply, req)]
         self._stop = threading.Event()
         self.endpoints = self.transport.listen(bind_host, port, advertise_host or default_advertise_host(bind_host))
+        warn_if_exposed("aggregator", bind_host, self.security)
         self._sources: dict = {listener.pollable: listener for listener in self.transport.listeners}
         self._data_ops = {wire.PUSH: self._push, wire.PUSH_PULL: self._push, wire.PULL: self._pull,
                           wire.INIT: self._init, wire.BCAST_PUT: self._bcast_put, wire.BCAST_GET: self._bcast_get,
                           wire.TENSOR_COPY: self._tensor_copy, wire.STATE_GET: self._state_get,
                           wire.RECOVER: self._recover, wire.REPLICATE: self._replicate_in}
         self.ctrl = self.ctx.socket(zmq.DEALER)
+        self.security.client(self.ctrl, master)
         self.ctrl.connect(master)
         self.proc = psutil.Process()
         self.stats = {"pushes": 0, "pulls": 0, "errors": 0, "bytes_in": 0, "bytes_out": 0,
                       "late": 0, "postponed": 0, "migrated_in": 0, "migrated_out": 0,
-                      "states_sent_ahead": 0, "taken_over_ahead": 0}
+                      "states_sent_ahead": 0, "taken_over_ahead": 0, "auth_refusals": 0, "ctrl_refusals": 0}
         # live migration: copies sent to other aggregators, waiting for their ack (those that
         # sent no state because it went ahead: ``ahead_copies``); server-mode state sent ahead
         # to followers, and their acks
@@ -148,31 +170,71 @@ class Aggregator:
             signal.signal(sig, lambda *_: self.stop())
 
     def register(self) -> str:
-        """Register with pMaster; raises TimeoutError naming the address if it never answers."""
+        """Register with pMaster (``clusterauth``: each side proves the cluster key); raises
+        TimeoutError naming the address if it never answers, RuntimeError when it refuses or
+        does not prove the cluster key."""
         deadline = time.monotonic() + self.register_timeout
-        req = next(self._copy_reqs)
-        msg = wire.encode(wire.REGISTER_AGG, req=req, endpoints=self.endpoints, host=host_id(),
-                          pid=os.getpid(), name=self.name or self.agg_name, cpus=os.cpu_count(),
-                          holding=self._holding())
+        self.session = None
         while time.monotonic() < deadline and not self._stop.is_set():
-            self.ctrl.send_multipart(msg)
-            if self.ctrl.poll(1000):
-                frames = self.ctrl.recv_multipart()
-                reply = wire.decode(frames)
-                if reply.get("req") != req:
-                    if reply.op not in (wire.OK, wire.ERROR):
-                        self._on_master(frames)       # a control message, not our answer
-                    continue
-                if reply.op == wire.ERROR:
-                    raise RuntimeError(f"master {self.master} refused registration: {reply['message']}")
-                self.agg_id = reply["agg"]
-                if reply.get("reset"):
-                    for job in list(self.store.jobs):
-                        self._release(job)
-                    log.warning("pMaster had declared this aggregator lost: its jobs' keys live elsewhere now")
-                log.info("registered as %s at %s (endpoints %s)", self.agg_id, self.master, self.endpoints)
-                return self.agg_id
+            nonce = clusterauth.new_nonce()
+            hello = self._ask_master(wire.encode(wire.REGISTER_AGG, req=next(self._copy_reqs), nonce=nonce,
+                                                 endpoints=self.endpoints, host=host_id(), pid=os.getpid()))
+            if hello is None:
+                continue
+            if not clusterauth.verify_master(self.cluster_secret, nonce, hello.get("challenge"), hello.get("proof")):
+                self.stats["ctrl_refusals"] += 1
+                raise RuntimeError(f"the peer at {self.master} did not prove the cluster key: it is not this "
+                                   "cluster's pMaster (or the key directories differ, $DLRT_KEYS)")
+            challenge = hello["challenge"]
+            session = clusterauth.ControlSession.for_aggregator(
+                clusterauth.session_key(self.cluster_secret, nonce, challenge))
+            reply = self._ask_master(wire.encode(
+                wire.REGISTER_AGG, req=next(self._copy_reqs), nonce=nonce,
+                answer=clusterauth.answer(self.cluster_secret, challenge, nonce), endpoints=self.endpoints,
+                host=host_id(), pid=os.getpid(), name=self.name or self.agg_name, cpus=os.cpu_count(),
+                holding=self._holding()), session)
+            if reply is None:
+                continue
+            self.session = session
+            self.agg_id = reply["agg"]
+            if reply.get("reset"):
+                for job in list(self.store.jobs):
+                    self._release(job)
+                log.warning("pMaster had declared this aggregator lost: its jobs' keys live elsewhere now")
+            log.info("registered as %s at %s (endpoints %s)", self.agg_id, self.master, self.endpoints)
+            return self.agg_id
         raise TimeoutError(f"AutoPS master at {self.master} did not answer within {self.register_timeout:.0f}s")
+
+    def _ask_master(self, msg: list, session: clusterauth.ControlSession | None = None) -> wire.Message | None:
+        """One registration step: ``msg`` to pMaster and its answer (opened with ``session``
+        when given), None when none came within a second. Control messages arriving
+        meanwhile are handled; an error answer raises RuntimeError."""
+        req = wire.decode(msg)["req"]
+        self.ctrl.send_multipart(msg)
+        wait_until = time.monotonic() + 1.0
+        while (left := wait_until - time.monotonic()) > 0 and self.ctrl.poll(int(left * 1000) + 1):
+            frames = self.ctrl.recv_multipart()
+            opened = session.open(frames) if session is not None else frames[:1]
+            try:
+                reply = wire.decode(opened or frames[:1])
+            except wire.ProtocolError as exc:
+                log.warning("bad message from master: %s", exc)
+                continue
+            if reply.get("req") != req:
+                if reply.op not in (wire.OK, wire.ERROR):
+                    self._on_master(frames)       # a control message, not our answer
+                continue
+            if reply.op == wire.ERROR:
+                raise RuntimeError(f"master {self.master} refused registration: {reply['message']}")
+            if opened is None:                    # an answer without pMaster's seal: not pMaster's
+                self.stats["ctrl_refusals"] += 1
+                continue
+            return reply
+        return None
+
+    def _to_master(self, frames: list) -> None:
+        """A control message to pMaster, sealed with this registration's session."""
+        self.ctrl.send_multipart(self.session.seal(frames) if self.session is not None else frames)
 
     def run(self) -> None:
         try:
@@ -236,7 +298,7 @@ class Aggregator:
             cpu = self.proc.cpu_percent(None)
         except psutil.Error:
             cpu = 0.0
-        self.ctrl.send_multipart(wire.encode(
+        self._to_master(wire.encode(
             wire.HEARTBEAT, agg=self.agg_id or "", cpu_percent=cpu,
             bytes_held=self.store.bytes_held(), jobs=sorted(self.store.jobs),
             profile=self.store.take_profile(), cycle_s=self.schedule.cycle if self.schedule else None,
@@ -244,10 +306,17 @@ class Aggregator:
 
     # --- control from pMaster -------------------------------------------------------
     def _on_master(self, frames: list) -> None:
+        opened = self.session.open(frames) if self.session is not None else None
         try:
-            msg = wire.decode(frames)
+            msg = wire.decode(opened or frames[:1])
         except wire.ProtocolError as exc:
             log.warning("bad message from master: %s", exc)
+            return
+        if opened is None and not (msg.op == wire.ERROR and msg.get("reregister")):
+            # not sealed by the pMaster this aggregator authenticated: not obeyed (only a
+            # request to register again is, which runs the whole handshake again)
+            self.stats["ctrl_refusals"] += 1
+            log.warning("refused an unsealed %s on the control channel", msg.op)
             return
         req = msg.get("req")
         if msg.op == wire.ASSIGN:
@@ -260,9 +329,9 @@ class Aggregator:
                 for key, info in (msg.get("replicas") or {}).items():
                     if key in state.keys:
                         self._set_replica(state.keys[key], info)
-                self.ctrl.send_multipart(wire.encode(wire.OK, req=req, agg=self.agg_id))
+                self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id))
             except (StoreError, ValueError, TypeError) as exc:
-                self.ctrl.send_multipart(wire.error(str(exc), req=req, agg=self.agg_id))
+                self._to_master(wire.error(str(exc), req=req, agg=self.agg_id))
         elif msg.op == wire.RELEASE_JOB:
             self._release(msg["job"])
         elif msg.op == wire.CYCLE:
@@ -346,7 +415,15 @@ class Aggregator:
             serve = self._data_ops.get(msg.op)
             if serve is None:
                 raise wire.ProtocolError(f"operation {msg.op!r} is not served by an aggregator")
+            if msg.op in clusterauth.PEER_OPS and not clusterauth.check_peer_ticket(
+                    self.cluster_secret, msg["job"], msg["secret"], msg.get("peer")):
+                raise SecretMismatch(f"{msg.op} of job {msg['job']} without an aggregator's proof of the "
+                                     "cluster key: only aggregators send it")
             serve(reply, msg)
+        except SecretMismatch as exc:
+            self.stats["auth_refusals"] += 1
+            log.warning("refused a data request: %s", exc)
+            self._send_error(reply, req, str(exc))
         except (wire.ProtocolError, StoreError) as exc:
             self._send_error(reply, req, str(exc))
         except Exception as exc:  # a bug must not take the shared service down
@@ -543,7 +620,7 @@ class Aggregator:
             self._send_copies(keys)
         reports, self.due_workers = self.due_workers, {}
         for (mid, job), keys in reports.items():
-            self.ctrl.send_multipart(wire.encode(wire.WORKER_DONE, mid=mid, job=job, keys=keys, agg=self.agg_id))
+            self._to_master(wire.encode(wire.WORKER_DONE, mid=mid, job=job, keys=keys, agg=self.agg_id))
 
     def _reply_pull(self, pending: PendingPull) -> None:
         items, payloads = [], []
@@ -569,7 +646,7 @@ class Aggregator:
             sizes = Store.buffer_sizes(msg["mode"], keys)
             nbytes = sum(numel * np.dtype(dtype).itemsize for numel, dtype in sizes)
         except (ValueError, TypeError, IndexError) as exc:
-            self.ctrl.send_multipart(wire.error(str(exc), req=msg.get("req"), agg=self.agg_id))
+            self._to_master(wire.error(str(exc), req=msg.get("req"), agg=self.agg_id))
             return
         reused = self.spare.take(msg["job"], sizes)
         if reused is not None:
@@ -624,9 +701,9 @@ class Aggregator:
                     ks.replica = dict(replicas[spec.key])
             # the new buffers are mapped and populated by now; agents can map them early
             segments = self.memory.handles_of(buffers)
-            self.ctrl.send_multipart(wire.encode(wire.OK, req=req, agg=self.agg_id, segments=segments))
+            self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id, segments=segments))
         except (StoreError, ValueError, TypeError) as exc:
-            self.ctrl.send_multipart(wire.error(str(exc), req=req, agg=self.agg_id))
+            self._to_master(wire.error(str(exc), req=req, agg=self.agg_id))
 
     def _migrate_init(self, msg: wire.Message) -> None:
         """Old side: hand the keys over after their open iteration plus ``lead`` (the
@@ -655,7 +732,7 @@ class Aggregator:
                     raise StoreError(f"bad followers of key {key!r}: {infos!r}")
                 found.append((ks, infos))
         except (StoreError, ValueError, TypeError, AttributeError) as exc:
-            self.ctrl.send_multipart(wire.error(str(exc), req=req, agg=self.agg_id))
+            self._to_master(wire.error(str(exc), req=req, agg=self.agg_id))
             return
         cutovers = {}
         for ks, infos in found:
@@ -665,12 +742,13 @@ class Aggregator:
                 continue
             ks.followers = {i["agg"]: Follower(dict(i), incoming=i["agg"] == msg["to"]) for i in infos}
             self.precopies.start(ks, list(ks.followers.values()), self._state_bytes(ks))
-        self.ctrl.send_multipart(wire.encode(wire.OK, req=req, agg=self.agg_id, cutovers=cutovers))
+        self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id, cutovers=cutovers))
         segments = self.transport.handles_for(msg["info"], state.job)
         if segments:
             # a copy without keys: the workers' buffers, mapped there before their first push
             self._peer(msg["info"]).send(wire.header(wire.TENSOR_COPY, mid=msg["mid"], job=state.job,
-                                                     secret=state.secret, items=[], segments=segments))
+                                                     secret=state.secret, items=[], segments=segments,
+                                                     peer=self._ticket(state)))
         self._pump_precopy()
 
     @staticmethod
@@ -687,7 +765,7 @@ class Aggregator:
             return
         mid = ks.handover["mid"]
         cutover = self._start_handover(ks)
-        self.ctrl.send_multipart(wire.encode(wire.MIGRATE_CUTOVER, mid=mid, job=ks.job,
+        self._to_master(wire.encode(wire.MIGRATE_CUTOVER, mid=mid, job=ks.job,
                                              cutovers={ks.spec.key: cutover}, agg=self.agg_id))
 
     @staticmethod
@@ -739,6 +817,10 @@ class Aggregator:
             self.precopies.requeue(ks, follower, self._state_bytes(ks))
         self._pump_precopy()
 
+    def _ticket(self, state: JobState) -> bytes:
+        """What proves to another aggregator that this one holds the cluster key (``clusterauth``)."""
+        return clusterauth.peer_ticket(self.cluster_secret, state.job, state.secret)
+
     def _peer(self, info: dict) -> Channel:
         channel = self.transport.connect(info)
         for pollable in channel.pollables:
@@ -777,7 +859,8 @@ class Aggregator:
         if ahead:
             self.ahead_copies[req] = ahead
         self._peer(mv["info"]).send(wire.header(wire.TENSOR_COPY, req=req, mid=mv["mid"], job=state.job,
-                                                secret=state.secret, items=items), arrays)
+                                                secret=state.secret, items=items, peer=self._ticket(state)),
+                                    arrays)
 
     def _on_peer(self, inbound: Inbound) -> None:
         try:
@@ -806,11 +889,11 @@ class Aggregator:
         done = [k for k in keys if k not in refused]
         if done:
             self.stats["migrated_out"] += len(done)
-            self.ctrl.send_multipart(wire.encode(wire.TENSOR_COPY_DONE, mid=mid, job=job, keys=done,
+            self._to_master(wire.encode(wire.TENSOR_COPY_DONE, mid=mid, job=job, keys=done,
                                                  agg=self.agg_id))
         if failed:
             log.error("copy of %s of job %s was refused: %s", sorted(failed), job, next(iter(failed.values())))
-            self.ctrl.send_multipart(wire.encode(wire.TENSOR_COPY_DONE, mid=mid, job=job, keys=sorted(failed),
+            self._to_master(wire.encode(wire.TENSOR_COPY_DONE, mid=mid, job=job, keys=sorted(failed),
                                                  agg=self.agg_id, error=next(iter(failed.values()))))
 
     def _copy_again(self, job: str, keys: list[str], why: dict[str, str]) -> set[str]:
@@ -930,9 +1013,9 @@ class Aggregator:
                 self._set_replica(ks, replicas.get(spec.key))
             if missing:
                 raise StoreError(f"no replica of {missing[:4]} here")
-            self.ctrl.send_multipart(wire.encode(wire.OK, req=req, agg=self.agg_id))
+            self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id))
         except (StoreError, ValueError, TypeError) as exc:
-            self.ctrl.send_multipart(wire.error(str(exc), req=req, agg=self.agg_id))
+            self._to_master(wire.error(str(exc), req=req, agg=self.agg_id))
 
     def _forget_waiters(self, ks: KeyState) -> None:
         """Parked pulls of a key taken over: their workers resend them (no answer)."""
@@ -953,7 +1036,7 @@ class Aggregator:
                 ks.moving = None
                 log.info("migration of %s of job %s aborted: the new owner was lost", key, msg["job"])
         self.precopies.forget(msg["job"], set(msg["keys"]))
-        self.ctrl.send_multipart(wire.encode(wire.OK, req=msg.get("req"), agg=self.agg_id))
+        self._to_master(wire.encode(wire.OK, req=msg.get("req"), agg=self.agg_id))
 
     def _replica_set(self, msg: wire.Message) -> None:
         """Replicate these keys to ``replica`` (or stop: None) from now on."""
@@ -962,7 +1045,7 @@ class Aggregator:
             ks = state.keys.get(key) if state is not None else None
             if ks is not None:
                 self._set_replica(ks, msg.get("replica"))
-        self.ctrl.send_multipart(wire.encode(wire.OK, req=msg.get("req"), agg=self.agg_id))
+        self._to_master(wire.encode(wire.OK, req=msg.get("req"), agg=self.agg_id))
 
     def _set_replica(self, ks: KeyState, info: dict | None) -> None:
         if ks.mode != "server":
@@ -1017,8 +1100,8 @@ class Aggregator:
         state = self.store.jobs[ks.job]
         req = next(self._copy_reqs)
         try:
-            self._peer(info).send(wire.header(wire.REPLICATE, req=req, kind=kind, job=ks.job,
-                                              secret=state.secret, items=items, **fields), arrays)
+            self._peer(info).send(wire.header(wire.REPLICATE, req=req, kind=kind, job=ks.job, secret=state.secret,
+                                              peer=self._ticket(state), items=items, **fields), arrays)
         except Exception as exc:  # an unreachable replica must not stop the data path
             log.error("cannot replicate %s of job %s to %s: %s", ks.spec.key, ks.job, info.get("agg"), exc)
             return None

@@ -1,10 +1,12 @@
-"""The ``autops`` command: master, aggregator, local pool, status, migrate, simulate, bench.
+"""The ``autops`` command: master, aggregator, local pool, status, migrate, secret, simulate, bench.
 
 Follows the runtime's command-line convention (``dlrt.cli``): addresses as ``HOST:PORT`` or
 ``tcp://HOST:PORT``, services bind 127.0.0.1 unless ``--bind`` says otherwise, ``--json
 FILE`` (``-`` for stdout), ``--log-level`` before or after the subcommand, exit status 2 for
 usage errors and 1 for runtime errors. ``bench`` lists the benchmarks; ``bench NAME ...``
-runs one from the ``dlrt_bench`` package, imported only then.
+runs one from the ``dlrt_bench`` package, imported only then. ``secret`` prints a fresh job
+secret (``export AUTOPS_JOB_SECRET=$(autops secret)`` before a torchrun launch); ``local``
+makes one per job itself. ``migrate`` presents the operator token (``--token-file``).
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ import uuid
 
 from dlrt import cli
 from dlrt.endpoints import DEFAULT_BIND_HOST, host_port
+
+from .jobauth import ENV as SECRET_ENV, default_state_dir, new_job_secret
 
 # name -> (module, help); the module's ``main(argv)`` parses the benchmark's own options
 BENCHMARKS = {
@@ -39,7 +43,7 @@ def _cmd_master(args: argparse.Namespace) -> int:
                            job_timeout=args.job_timeout)
     serve(args.bind, provider=args.provider, max_aggregators=args.max_aggregators, log_level=args.log_level,
           heartbeat_timeout=args.heartbeat_timeout, elastic=config, report_bind=args.report_bind,
-          metrics_port=args.metrics_port, report_period=args.report_period)
+          metrics_port=args.metrics_port, report_period=args.report_period, state_dir=args.state_dir)
     return 0
 
 
@@ -64,6 +68,7 @@ def _cmd_local(args: argparse.Namespace) -> int:
     with LocalPool(0, log_level=args.log_level, master_args=master_args) as pool:
         env = dict(os.environ, AUTOPS_MASTER=pool.master)
         env.setdefault("AUTOPS_JOB", f"job-{uuid.uuid4().hex[:8]}")
+        env.setdefault(SECRET_ENV, new_job_secret())       # every rank of the job presents it
         env.setdefault("AUTOPS_AGGREGATORS", str(args.aggregators))   # the job's standalone PS count
         print(f"autops local: master {pool.master}, up to {args.aggregators} aggregator(s) started on demand, "
               f"job {env['AUTOPS_JOB']}", file=sys.stderr)
@@ -87,10 +92,15 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
     from .admin import AdminClient
-    with AdminClient(args.master, args.timeout) as admin:
+    with AdminClient(args.master, args.timeout, token_file=args.token_file) as admin:
         reply = admin.migrate(args.job, keys=args.keys, to=args.to)
     cli.emit(args.json, reply, f"migrating {reply['keys']} key(s) of {args.job} in {reply['batches']} "
                                "batch(es); follow with `autops status`")
+    return 0
+
+
+def _cmd_secret(args: argparse.Namespace) -> int:
+    print(new_job_secret())
     return 0
 
 
@@ -160,6 +170,9 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     p.add_argument("--metrics-port", type=cli.port, default=None,
                    help="serve Prometheus metrics on this HTTP port (127.0.0.1)")
     p.add_argument("--report-period", type=cli.positive(float), default=1.0, help="seconds between reports")
+    p.add_argument("--state-dir", default=str(default_state_dir()), metavar="DIR",
+                   help="where pMaster keeps the hashes of its live jobs' secrets across restarts "
+                        "($AUTOPS_STATE_DIR when set)")
     p.set_defaults(func=_cmd_master)
 
     p = cli.add_command(sub, "aggregator", "run one aggregator (one per machine)", log_level=None)
@@ -202,7 +215,13 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     p.add_argument("--keys", nargs="*", default=None, help="keys to move (default: every key of the job)")
     p.add_argument("--to", nargs="*", default=None, help="aggregators to move to (default: all others)")
     p.add_argument("--timeout", type=cli.positive(float), default=5.0)
+    p.add_argument("--token-file", default=None, metavar="FILE",
+                   help="the operator token (default: operator.token in the key directory, $DLRT_KEYS)")
     p.set_defaults(func=_cmd_migrate)
+
+    p = cli.add_command(sub, "secret", "print a fresh job secret: export AUTOPS_JOB_SECRET=$(autops secret)",
+                        log_level=None)
+    p.set_defaults(func=_cmd_secret)
 
     from .simulate import JSON_HELP, add_arguments
     p = cli.add_command(sub, "simulate", "trace-driven simulation of the aggregator pool (CPU saving)",

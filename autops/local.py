@@ -2,7 +2,10 @@
 
 Used by ``autops local``, ``make demo``, the benchmarks and the integration tests.
 Children are started as separate processes and stopped by pid (SIGTERM, then SIGKILL,
-``dlrt.procs.stop_processes``), also when the caller fails.
+``dlrt.procs.stop_processes``), also when the caller fails. pMaster keeps its state (the
+live jobs' secret hashes) in the pool's runtime directory, so it survives ``kill_master`` and
+``start_master`` and goes with the pool. The processes share this process's key directory
+(``$DLRT_KEYS``): the cluster key and operator token are made there on the first start.
 """
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ import sys
 import tempfile
 import time
 
+from dlrt.curve import Security, default_security
+from dlrt.keys import Keys
 from dlrt.procs import die_with_parent, stop_processes
 
 from .admin import query_status
@@ -26,7 +31,9 @@ def free_port() -> int:
 
 
 class LocalPool:
-    """Context manager: ``with LocalPool(2) as pool: pool.master`` is the address to use."""
+    """Context manager: ``with LocalPool(2) as pool: pool.master`` is the address to use.
+    ``pool.security`` is what a client of this pool applies to its sockets (the key directory
+    ``env`` names in ``DLRT_KEYS``, else this process's)."""
 
     def __init__(self, aggregators: int = 2, start_timeout: float = 30.0, log_level: str = "WARNING",
                  env: dict | None = None, master_args: list[str] | None = None,
@@ -39,6 +46,8 @@ class LocalPool:
         # unix sockets of this pool live in a directory removed on stop, also after a SIGKILL
         self.runtime_dir = tempfile.mkdtemp(prefix="autops-pool-")
         self.env = {**os.environ, "AUTOPS_RUNTIME_DIR": self.runtime_dir, **(env or {})}
+        keys = (env or {}).get("DLRT_KEYS")
+        self.security: Security = Security(Keys.load(keys)) if keys else default_security()
         self.master_args = list(master_args or [])
         self.aggregator_args = list(aggregator_args or [])
         self.aggregators: dict[str, subprocess.Popen] = {}
@@ -62,7 +71,8 @@ class LocalPool:
 
     def start_master(self) -> subprocess.Popen:
         """Start pMaster at ``self.master`` (again, after ``kill_master``)."""
-        proc = self._spawn("master", "--bind", self.master, *self.master_args)
+        state = [] if "--state-dir" in self.master_args else ["--state-dir", os.path.join(self.runtime_dir, "state")]
+        proc = self._spawn("master", "--bind", self.master, *state, *self.master_args)
         self.procs.insert(0, self.procs.pop())       # stopped last
         return proc
 
@@ -94,7 +104,7 @@ class LocalPool:
                 if proc.poll() is not None:
                     raise RuntimeError(f"pool process {proc.args[3:-2]} exited with {proc.returncode}")
             try:
-                status = query_status(self.master, timeout=1.0)
+                status = query_status(self.master, timeout=1.0, security=self.security)
                 alive = [a for a in status["aggregators"] if a["alive"]]
                 if len(alive) >= self.n:
                     return status
@@ -110,7 +120,7 @@ class LocalPool:
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
 
     def status(self) -> dict:
-        return query_status(self.master)
+        return query_status(self.master, security=self.security)
 
     def __enter__(self) -> "LocalPool":
         return self.start()

@@ -1,8 +1,9 @@
 """pMaster: the pool of aggregators, the jobs, and the assignment table it owns.
 
 Aggregators register and heartbeat (with their per-key CPU profile); jobs register
-``(job, W, aggregators requested, mode, optimizer)`` and receive a per-job secret once
-admission control let them in and their temporary aggregators are up; ranks declare
+``(job, W, aggregators requested, mode, optimizer)`` with the secret their launcher gave them
+and are answered once admission control let them in and their temporary aggregators are up;
+ranks declare
 tensors; pMaster plans keys (partitioning and batching), assigns them byte-balanced over
 the job's aggregators, tells the aggregators (``ASSIGN``), and only then hands agents the
 table. Replies wait, without blocking the loop, until every aggregator concerned answered.
@@ -11,25 +12,41 @@ aggregators and their replies in ``outbox``; elasticity (profiling, packing, rev
 recycling, clusters) in ``elastic`` and live migration in ``migration`` get that state, the
 outbox and their collaborators from here and never see pMaster itself; the aggregator supply
 is ``providers``. pMaster publishes a utilization report and Prometheus metrics (``report``).
+
+Security (docs/autops.md, "Security"): the first registration of a job id sets the job's
+secret, every later request of the job must present it, and pMaster never sends it
+(``jobauth.JobSecrets`` keeps a salted hash per live job in the state directory, so a
+restarted pMaster still knows whose a job id is); aggregators prove the cluster key and
+their control messages are sealed (``clusterauth``); operator commands (``MIGRATE``) need
+the operator token; every refusal is logged and counted (``status()["security"]``, the
+``autops_auth_refusals_total`` metric). The socket runs CURVE beyond loopback when the key
+directory holds the cluster's CURVE keys (``dlrt.curve``).
 """
 from __future__ import annotations
 
+import hmac
 import itertools
 import json
 import logging
-import secrets
+import os
 import signal
 import threading
 import time
+from collections import Counter
 from typing import Callable
 
 import numpy as np
 import zmq
 
+from dlrt.curve import Security, default_security, refusal_counts, warn_if_exposed
+from dlrt.keys import ensure_cluster_secret, ensure_operator_token
+
 from . import wire
+from .clusterauth import ControlSession, MasterHandshake
 from .assignment import spread_by_bytes
 from .elastic import Elastic, ElasticConfig
 from .failover import Failover
+from .jobauth import JobSecrets, SecretRefused, check_secret_shape
 from .migration import Migrations
 from .outbox import AggregatorOutbox
 from .pool import AggInfo, JobInfo, PoolState
@@ -48,6 +65,15 @@ def _optim():
 
 log = logging.getLogger("autops.master")
 
+# what only an aggregator sends pMaster: accepted only sealed by its session (``clusterauth``)
+AGGREGATOR_OPS = frozenset({wire.HEARTBEAT, wire.OK, wire.ERROR, wire.TENSOR_COPY_DONE, wire.WORKER_DONE,
+                            wire.MIGRATE_CUTOVER})
+
+
+def same_secret(given: object, secret: str) -> bool:
+    """Whether ``given`` is ``secret`` (constant time)."""
+    return isinstance(given, str) and hmac.compare_digest(given.encode(), secret.encode())
+
 
 class Master:
     """pMaster's state and message loop; ``run()`` blocks until ``stop()`` or a signal."""
@@ -56,14 +82,27 @@ class Master:
                  assign_timeout: float = 60.0, provider: Provider | None = None,
                  elastic: ElasticConfig | None = None, report_bind: str | None = None,
                  metrics_port: int | None = None, report_period: float = 1.0,
-                 make_provider: Callable[[str], Provider] | None = None) -> None:
+                 make_provider: Callable[[str], Provider] | None = None, security: Security | None = None,
+                 state_dir: str | os.PathLike | None = None, cluster_secret: bytes | None = None,
+                 operator_token: str | None = None) -> None:
         """``make_provider(address)``: builds the provider once the master's address is known
-        (a local provider tells the aggregators it starts where pMaster is)."""
+        (a local provider tells the aggregators it starts where pMaster is). ``security``:
+        CURVE for the socket (default: the key directory's); ``state_dir``: where the live
+        jobs' secret hashes persist (None: in memory only); ``cluster_secret`` and
+        ``operator_token``: default the key directory's (made there when missing)."""
         self.assign_timeout = assign_timeout
+        self.security = security if security is not None else default_security()
         self.ctx = make_context()
         self.sock = self.ctx.socket(zmq.ROUTER)
+        self.security.server(self.sock, bind)
         self.sock.bind(bind)
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        warn_if_exposed("pMaster", self.address, self.security)
+        self.secrets = JobSecrets(state_dir)
+        self.handshake = MasterHandshake(cluster_secret if cluster_secret is not None else ensure_cluster_secret())
+        self.operator_token = operator_token if operator_token is not None else ensure_operator_token()
+        self.sessions: dict[bytes, ControlSession] = {}     # aggregator identity -> sealed control channel
+        self.refusals: Counter = Counter()                  # refused requests by reason
         self.state = PoolState(heartbeat_timeout, clock=time.monotonic)
         self.clock = self.state.clock
         self.started = self.clock()
@@ -80,11 +119,14 @@ class Master:
         self.failover = Failover(self.state, self.outbox, self.migrations, self._flush_parked, self.provider)
         self.report_period = report_period
         self._next_report = self.clock()
+        # after a restart, ids of jobs that did not come back within this long are free again
+        self.claim_grace = self.state.heartbeat_timeout + self.config.job_timeout
+        self._claims_pruned = False
         self.publisher = None
         self.exporter = None
         if report_bind:
             from .report import ReportPublisher
-            self.publisher = ReportPublisher(report_bind, context=self.ctx)
+            self.publisher = ReportPublisher(report_bind, context=self.ctx, security=self.security)
         if metrics_port is not None:
             from .report import PrometheusExporter
             self.exporter = PrometheusExporter()
@@ -116,6 +158,7 @@ class Master:
                     for job_id in self.elastic.expired_jobs(now):
                         self.release_job(job_id)
                     self.elastic.tick(now)
+                    self._prune_claims(now)
                 except Exception:  # keep the shared service alive
                     log.exception("internal error in a periodic pass")
                 if now >= self._next_report:
@@ -127,8 +170,20 @@ class Master:
             if self.exporter is not None:
                 self.exporter.stop()
             self.provider.close()
+            self.secrets.close()
             self.sock.close(0)
             self.ctx.term()
+
+    def _prune_claims(self, now: float) -> None:
+        """Once, ``claim_grace`` after the start: forget the recorded secrets of jobs that
+        did not come back after a restart (their workers would have timed out by now)."""
+        if self._claims_pruned or now - self.started < self.claim_grace:
+            return
+        self._claims_pruned = True
+        for job_id in self.secrets.jobs():
+            if job_id not in self.state.jobs:
+                log.info("job %s did not come back after the restart; its id is free again", job_id)
+                self.secrets.forget(job_id)
 
     def _publish(self) -> None:
         if self.publisher is None and self.exporter is None:
@@ -141,14 +196,43 @@ class Master:
 
     # --- helpers --------------------------------------------------------------------
     def _reply(self, identity: bytes, frames: list) -> None:
+        session = self.sessions.get(identity)
+        if session is not None:
+            frames = session.seal(frames)
         self.sock.send_multipart([identity, *frames])
+
+    def _refused(self, identity: bytes, reason: str, what: str, job: object = None, rank: object = None) -> None:
+        """Log and count one refused request (never with the secret it presented)."""
+        self.refusals[reason] += 1
+        log.warning("refused %s%s%s from peer %s: %s", what, f" of job {job!r}" if job is not None else "",
+                    f" rank {rank}" if rank is not None else "", identity.hex(), reason)
+
+    def _open(self, identity: bytes, body: list) -> tuple[list, bool] | None:
+        """The message without its seal and whether it was sealed by ``identity``'s session;
+        None when a sealed-looking message from a registered aggregator fails its seal."""
+        session = self.sessions.get(identity)
+        if session is None or len(body) != 2:
+            return body, False
+        opened = session.open(body)
+        return None if opened is None else (opened, True)
 
     def _dispatch(self, frames: list) -> None:
         identity, body = frames[0], frames[1:]
         req = None
         try:
+            opened = self._open(identity, body)
+            if opened is None:
+                self._refused(identity, "unsealed_control", "a control message with a bad seal")
+                return
+            body, sealed = opened
             msg = wire.decode(body)
             req = msg.get("req")
+            if msg.op in AGGREGATOR_OPS and not sealed:
+                if msg.op == wire.HEARTBEAT:     # pMaster restarted (or an unknown peer): register first
+                    self._reply(identity, wire.error("unknown aggregator; register again", reregister=True))
+                else:
+                    self._refused(identity, "unsealed_control", f"an unsealed {msg.op}")
+                return
             handler = {
                 wire.REGISTER_AGG: self._register_agg,
                 wire.HEARTBEAT: self._heartbeat,
@@ -168,6 +252,9 @@ class Master:
             if handler is None:
                 raise wire.ProtocolError(f"operation {msg.op!r} is not served by pMaster")
             handler(identity, msg)
+        except SecretRefused as exc:
+            self._refused(identity, exc.reason, msg.op, msg.get("job"), msg.get("rank"))
+            self._reply(identity, wire.error(str(exc), req=req, refused=exc.reason))
         except (wire.ProtocolError, ValueError) as exc:
             self._reply(identity, wire.error(str(exc), req=req))
         except Exception as exc:  # keep the shared service alive
@@ -176,11 +263,24 @@ class Master:
 
     # --- aggregators ----------------------------------------------------------------
     def _register_agg(self, identity: bytes, msg: wire.Message) -> None:
+        """The cluster-key handshake (``clusterauth``): a hello is answered with pMaster's
+        proof and a challenge; the registration proper must answer that challenge."""
+        if msg.get("answer") is None:
+            self.sessions.pop(identity, None)      # registering again: the old session ends
+            self._reply(identity, wire.encode(wire.OK, req=msg.get("req"),
+                                              **self.handshake.challenge(identity, msg.get("nonce"))))
+            return
+        session = self.handshake.finish(identity, msg.get("nonce"), msg.get("answer"))
+        if session is None:
+            raise SecretRefused("aggregator registration refused: it did not prove the cluster key "
+                                "(give it the cluster's key directory, $DLRT_KEYS)", "cluster_key")
         agg_id = msg.get("name") or f"agg-{next(self._agg_ids)}"
         known = self.state.aggs.get(agg_id)
         if known is not None and known.identity != identity and self.state.alive(known):
             raise ValueError(f"an aggregator named {agg_id!r} is already registered and alive")
         info = AggInfo(agg_id, identity, dict(msg["endpoints"]), msg["host"], msg["pid"], self.clock())
+        if known is not None and known.identity != identity:
+            self.sessions.pop(known.identity, None)
         self.state.add_aggregator(info)
         # one declared lost comes back empty: its keys have other owners now
         reset = self.failover.lost.pop(agg_id, None) is not None
@@ -188,6 +288,7 @@ class Master:
                  " after it was lost: it drops what it held" if reset else "")
         if not reset:
             self._adopt(info, msg.get("holding") or {})
+        self.sessions[identity] = session         # from here on its control messages are sealed
         self._reply(identity, wire.encode(wire.OK, req=msg.get("req"), agg=agg_id, reset=reset))
         if self.failover.aggregator_registered(info):
             return
@@ -203,13 +304,25 @@ class Master:
             raise ValueError("register_agg: 'holding' must be a map")
         for job_id, held in holding.items():
             job = self.state.jobs.get(job_id)
+            if job is None and self.secrets.matches(str(job_id), held["secret"]) is False:
+                # the recorded hash says otherwise: not the secret the job registered with
+                self.refusals["wrong_secret"] += 1
+                log.error("aggregator %s holds job %s with another secret than the job registered with; "
+                          "ignored", info.agg_id, job_id)
+                continue
             if job is None:
+                try:
+                    self.secrets.claim(str(job_id), held["secret"])
+                except SecretRefused as exc:
+                    log.error("aggregator %s holds job %s: %s; ignored", info.agg_id, job_id, exc)
+                    continue
                 job = JobInfo(str(job_id), str(held["secret"]), int(held["world_size"]), 0, "sum", True, None, {},
                               DEFAULT_PARTITION_BYTES, DEFAULT_SMALL_BYTES, [])
                 job.state = "dedicated"          # elasticity leaves an adopted job where it is
                 self.state.jobs[job.job] = job
                 log.info("job %s adopted from aggregator %s (pMaster restarted)", job.job, info.agg_id)
-            elif job.secret != held["secret"]:
+            elif not same_secret(held["secret"], job.secret):
+                self.refusals["wrong_secret"] += 1
                 log.error("aggregator %s holds job %s with another secret; ignored", info.agg_id, job_id)
                 continue
             for entry in held["keys"]:
@@ -249,6 +362,12 @@ class Master:
             raise ValueError(f"job {job_id}: mode must be one of {MODES}, got {mode!r}")
         optimizer, hp = msg.get("optimizer"), msg.get("hp") or {}
         job = self.state.jobs.get(job_id)
+        if job is None and mode == "server":
+            _optim().make_optimizer(optimizer or "", hp)  # raises ValueError with a clear message
+        secret = check_secret_shape(job_id, msg.get("secret"))
+        if (job is not None and not same_secret(secret, job.secret)) or \
+                (job is None and self.secrets.matches(job_id, secret) is False):
+            raise SecretRefused(f"wrong secret for job {job_id}", "wrong_secret")
         if msg.get("rejoin") and self.clock() - self.started < self.state.heartbeat_timeout:
             # every live aggregator registers again within a heartbeat timeout: until then the
             # job's table may lack the keys of one that has not
@@ -258,8 +377,6 @@ class Master:
             raise ValueError(f"job {job_id} is not registered: pMaster restarted and no aggregator holds "
                              "the job (its state is lost)")
         if job is None:
-            if mode == "server":
-                _optim().make_optimizer(optimizer or "", hp)  # raises ValueError with a clear message
             requested = max(0, int(msg["num_aggregators"] or 0))
             if not self.state.live_aggregators() and not self.provider.can_start(0):
                 raise ValueError("no aggregator is registered with this master; start one with "
@@ -267,7 +384,8 @@ class Master:
             refused = self.elastic.refuse_reason(requested)
             if refused:
                 raise ValueError(f"job {job_id}: {refused}")
-            job = JobInfo(job_id, msg.get("secret") or secrets.token_hex(16), world, requested, mode,
+            self.secrets.claim(job_id, secret)
+            job = JobInfo(job_id, secret, world, requested, mode,
                           bool(msg.get("average", True)), optimizer, hp,
                           int(msg.get("partition_bytes") or DEFAULT_PARTITION_BYTES),
                           int(msg.get("small_bytes") or DEFAULT_SMALL_BYTES), [], requested=requested)
@@ -278,8 +396,6 @@ class Master:
             log.info("job %s registered: W=%d mode=%s asked for %d aggregator(s), got %s%s", job_id, world,
                      mode, requested, job.aggregators, f" (+{len(job.pending)} starting)" if job.pending else "")
         else:
-            if (msg.get("secret") or msg.get("rejoin")) and msg.get("secret") != job.secret:
-                raise ValueError(f"job {job_id}: wrong secret")
             if msg.get("rejoin") and not job.tensors:
                 # adopted from its aggregators after a restart: the workers bring the job's settings
                 job.mode, job.average, job.optimizer, job.hp = mode, bool(msg.get("average", True)), \
@@ -304,8 +420,8 @@ class Master:
         if job.home is None and job.aggregators:
             job.home = job.aggregators[0]
         job.touched.update(job.aggregators)
-        return wire.encode(
-            wire.OK, req=req, secret=job.secret, aggregators=job.aggregators, home=job.home,
+        return wire.encode(      # never the secret: the ranks brought it
+            wire.OK, req=req, aggregators=job.aggregators, home=job.home,
             endpoints={a: {"endpoints": self.state.aggs[a].endpoints, "host": self.state.aggs[a].host}
                        for a in job.aggregators if a in self.state.aggs})
 
@@ -321,8 +437,8 @@ class Master:
         job = self.state.jobs.get(msg["job"])
         if job is None:
             raise ValueError(f"job {msg['job']!r} is not registered")
-        if msg["secret"] != job.secret:
-            raise ValueError(f"job {msg['job']!r}: wrong secret")
+        if not same_secret(msg["secret"], job.secret):
+            raise SecretRefused(f"wrong secret for job {msg['job']}", "wrong_secret")
         return job
 
     def _declare(self, identity: bytes, msg: wire.Message) -> None:
@@ -475,16 +591,28 @@ class Master:
 
     def release_job(self, job_id: str) -> None:
         if self.elastic.release_job(job_id):
+            self.secrets.forget(job_id)
             log.info("job %s finished and was released", job_id)
 
     def _profile(self, identity: bytes, msg: wire.Message) -> None:
-        """One record per period from an agent (no reply)."""
+        """One record per period from an agent (no reply; a wrong secret is only counted)."""
         job = self.state.jobs.get(msg["job"])
-        if job is not None and msg["secret"] == job.secret:
-            self.elastic.on_profile(job, msg)
+        if job is None:
+            return
+        if not same_secret(msg["secret"], job.secret):
+            self._refused(identity, "wrong_secret", wire.PROFILE, msg["job"], msg["rank"])
+            return
+        self.elastic.on_profile(job, msg)
+
+    def _operator(self, msg: wire.Message) -> None:
+        """An operator command must present the operator token (``SecretRefused`` otherwise)."""
+        if not same_secret(msg.get("token"), self.operator_token):
+            raise SecretRefused(f"{msg.op}: operator token missing or wrong (the key directory's "
+                                "operator.token; --token-file)", "operator_token")
 
     def _migrate(self, identity: bytes, msg: wire.Message) -> None:
         """Operator request: move keys of a job (all by default) to the given aggregators."""
+        self._operator(msg)
         job = self.state.jobs.get(msg["job"])
         if job is None:
             raise ValueError(f"job {msg['job']!r} is not registered")
@@ -563,9 +691,23 @@ class Master:
                              "free_cpu": round(cluster_free_cpu(self.state.loads(aggs),
                                                                 self.config.cluster_size), 4)})
         return {"time": time.time(), "master": self.address, "provider": self.provider.kind,
+                "security": self.security_status(),
                 "capacity": self.elastic.capacity(), "elastic": self.config.enabled,
                 "aggregators": aggregators, "clusters": clusters, "jobs": jobs,
                 "migrations": self.migrations.status(), "failover": self.failover.status()}
+
+    def security_status(self) -> dict:
+        """Whether CURVE is on, and the requests and connections refused so far, by reason
+        (CURVE handshakes as ``curve_*``, counted by ``dlrt.curve``; the aggregators' refusals
+        of data requests as ``aggregator_wrong_secret``, from their heartbeats)."""
+        refusals = Counter(self.refusals)
+        refusals.update(refusal_counts())
+        for stat, reason in (("auth_refusals", "aggregator_wrong_secret"),
+                             ("ctrl_refusals", "aggregator_unsealed_control")):
+            n = sum(int(a.stats.get(stat) or 0) for a in self.state.aggs.values())
+            if n:
+                refusals[reason] += n
+        return {"curve": self.security.curve, "refusals": dict(sorted(refusals.items()))}
 
     def _status(self, identity: bytes, msg: wire.Message) -> None:
         self._reply(identity, wire.encode(wire.OK, req=msg.get("req"), status=self.status()))

@@ -63,7 +63,10 @@ Prometheus metrics (``PrometheusExporter``; gauges unless noted)
 ``autops_job_speed_vs_standalone{job}``, ``autops_job_tensors{job}``,
 ``autops_job_bytes{job}``, ``autops_job_skew{job}``, ``autops_job_aggregators{job}``,
 ``autops_aggregators_requested``, ``autops_aggregators_allocated``,
-``autops_migrations_completed_total`` (counter), ``autops_migrations_active``.
+``autops_migrations_completed_total`` (counter), ``autops_migrations_active``,
+``autops_auth_refusals_total{reason}`` (counter: requests and connections refused for a
+wrong or missing job secret, cluster key, operator token, seal or CURVE key; from
+``status["security"]["refusals"]``).
 Samples whose value is unknown (None) are left out.
 """
 from __future__ import annotations
@@ -75,6 +78,8 @@ import time
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import zmq
+
+from dlrt.curve import Security, default_security, warn_if_exposed
 
 REPORT_VERSION = 1
 REPORT_TYPE = "autops.utilization"
@@ -205,17 +210,20 @@ class ReportPublisher:
     """
 
     def __init__(self, address: str = "tcp://127.0.0.1:5557",
-                 context: zmq.Context | None = None) -> None:
+                 context: zmq.Context | None = None, security: Security | None = None) -> None:
+        security = security if security is not None else default_security()
         self._ctx = context or zmq.Context.instance()
         self._lock = threading.Lock()
         self._sock = self._ctx.socket(zmq.PUB)
         self._sock.setsockopt(zmq.LINGER, 0)
         try:
+            security.server(self._sock, address)
             self._sock.bind(address)
         except Exception:
             self._sock.close()
             raise
         self.address: str = self._sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        warn_if_exposed("pMaster's utilization reports", self.address, security)
         self.published = 0
 
     def publish(self, status: Mapping[str, Any]) -> dict:
@@ -245,11 +253,12 @@ class ReportPublisher:
 class ReportSubscriber:
     """SUB socket connected to a ``ReportPublisher``, subscribed to the report topic."""
 
-    def __init__(self, address: str, context: zmq.Context | None = None) -> None:
+    def __init__(self, address: str, context: zmq.Context | None = None, security: Security | None = None) -> None:
         self._ctx = context or zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.SUB)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SUBSCRIBE, TOPIC)
+        (security if security is not None else default_security()).client(self._sock, address)
         self._sock.connect(address)
 
     def recv(self, timeout: float | None = None) -> dict | None:
@@ -308,6 +317,8 @@ _METRICS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("autops_aggregators_allocated", "gauge", "Alive aggregators that are not idle.", ()),
     ("autops_migrations_completed_total", "counter", "Completed key migrations.", ()),
     ("autops_migrations_active", "gauge", "Key migrations in progress.", ()),
+    ("autops_auth_refusals_total", "counter",
+     "Requests and connections refused (wrong secret, cluster key, operator token, CURVE).", ("reason",)),
 )
 
 Sample = tuple[tuple[str, ...], float]
@@ -351,6 +362,8 @@ def metric_samples(status: Mapping[str, Any]) -> dict[str, list[Sample]]:
     migrations = status.get("migrations") or {}
     put("autops_migrations_completed_total", (), migrations.get("completed"))
     put("autops_migrations_active", (), migrations.get("active"))
+    for reason, n in sorted(((status.get("security") or {}).get("refusals") or {}).items()):
+        put("autops_auth_refusals_total", (str(reason),), n)
     return out
 
 

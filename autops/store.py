@@ -27,6 +27,7 @@ Every violation (unknown job or key, wrong secret, shape, dtype or iteration) ra
 """
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,10 @@ def _optim():
 
 class StoreError(Exception):
     """A request that cannot be applied; the text goes back to that client only."""
+
+
+class SecretMismatch(StoreError):
+    """A request that did not present its job's secret (refused and counted)."""
 
 
 @dataclass
@@ -205,8 +210,8 @@ class Store:
         state = self.jobs.get(job)
         if state is None:
             raise StoreError(f"job {job!r} is not served by this aggregator")
-        if secret != state.secret:
-            raise StoreError(f"job {job!r}: wrong secret; a job can only use its own tensors")
+        if not isinstance(secret, str) or not hmac.compare_digest(secret.encode(), state.secret.encode()):
+            raise SecretMismatch(f"wrong secret for job {job}; a job can only use its own tensors")
         return state
 
     def key(self, state: JobState, key: str) -> KeyState:

@@ -7,7 +7,9 @@ opt = aps.DistributedOptimizer(opt, named_parameters=model.named_parameters())
 aps.broadcast_parameters(model.state_dict(), root_rank=0)
 ```
 
-``init`` reads ``AUTOPS_MASTER``, ``AUTOPS_JOB`` and torchrun's ``RANK``/``WORLD_SIZE``; no
+``init`` reads ``AUTOPS_MASTER``, ``AUTOPS_JOB``, ``AUTOPS_JOB_SECRET`` (the job's secret, set
+by the launcher: ``autops local``, the Tiresias master, or ``export
+AUTOPS_JOB_SECRET=$(autops secret)`` before torchrun) and torchrun's ``RANK``/``WORLD_SIZE``; no
 ``torch.distributed`` process group is used. Gradients are pushed from per-parameter
 post-accumulate-grad hooks, so communication overlaps the rest of backward. In ``sum`` mode
 the aggregators return the mean gradient and the wrapped optimizer steps locally; in
@@ -49,7 +51,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
-from .agent import DEFAULT_TIMEOUT, Agent, AutoPSError, Handle
+from .agent import DEFAULT_TIMEOUT, Agent, AuthRefused, AutoPSError, Handle
 from .optim import hp_from_torch_group, optimizer_name_of
 from .torch_device import DeviceStager, StagedHandle, host_array
 
@@ -57,7 +59,7 @@ log = logging.getLogger("autops.torch")
 
 __all__ = ["init", "shutdown", "rank", "size", "DistributedOptimizer", "broadcast_parameters",
            "broadcast_optimizer_state", "push_pull", "push_pull_async", "synchronize", "placement",
-           "any_rank", "any_rank_async", "allgather"]
+           "any_rank", "any_rank_async", "allgather", "AutoPSError", "AuthRefused"]
 
 
 class _Context:
@@ -88,8 +90,11 @@ _ctx: _Context | None = None
 
 def init(master: str | None = None, job: str | None = None, rank: int | None = None,
          world_size: int | None = None, num_aggregators: int | None = None, timeout: float | None = None,
-         transport: str | None = None) -> None:
+         transport: str | None = None, secret: str | None = None) -> None:
     """Connect this worker to the parameter service (idempotent).
+
+    ``secret``: the job's secret (default ``$AUTOPS_JOB_SECRET``); without one it raises
+    ``AutoPSError`` naming the variable, and ``AuthRefused`` when pMaster refuses it.
 
     Fails within ``timeout`` seconds (``AUTOPS_TIMEOUT``, default 60) with the master's address
     in the message when it cannot be reached.
@@ -117,7 +122,7 @@ def init(master: str | None = None, job: str | None = None, rank: int | None = N
     n_aggs = int(os.environ.get("AUTOPS_AGGREGATORS", 0)) if num_aggregators is None else num_aggregators
     agent = Agent(master, job, rank, world_size, mode="sum", num_aggregators=n_aggs, timeout=timeout,
                   transport=transport or os.environ.get("AUTOPS_TRANSPORT", "auto"),
-                  secret=os.environ.get("AUTOPS_JOB_SECRET"),
+                  secret=secret,
                   fault_tolerant=os.environ.get("AUTOPS_FAULT_TOLERANT", "1").lower() not in ("0", "false", "no"))
     _ctx = _Context(agent, rank, world_size)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import weakref
 from collections import Counter
@@ -30,7 +31,7 @@ import zmq.auth
 from zmq.utils.monitor import recv_monitor_message
 
 from .endpoints import is_loopback
-from .keys import Keys
+from .keys import Keys, key_dir
 
 __all__ = ["Security", "Guard", "default_security", "refusal_counts", "warn_if_exposed"]
 
@@ -226,17 +227,19 @@ def _plain(sock: zmq.Socket) -> None:
         sock.curve_server = False         # ZMQ_CURVE_SERVER 0 resets the mechanism to NULL
 
 
-_default: Security | None = None
+_defaults: dict[tuple, Security] = {}
 _default_lock = threading.Lock()
 
 
 def default_security() -> Security:
-    """This process's ``Security`` from the key directory (``$DLRT_KEYS``), loaded once."""
-    global _default
+    """This process's ``Security`` from the key directory (``$DLRT_KEYS``), loaded once per
+    directory (a test that points ``DLRT_KEYS`` elsewhere gets that directory's keys)."""
+    which = (str(key_dir()), os.environ.get("DLRT_CURVE", "1"))
     with _default_lock:
-        if _default is None:
-            _default = Security()
-        return _default
+        security = _defaults.get(which)
+        if security is None:
+            security = _defaults[which] = Security(Keys.load(which[0]))
+        return security
 
 
 _warned: set[str] = set()

@@ -38,6 +38,7 @@ from typing import Any, Sequence, TextIO
 
 import numpy as np
 
+from autops.jobauth import new_job_secret
 from autops.models import model_tensors
 from dlrt import cli
 from dlrt.procs import join_or_kill
@@ -66,7 +67,8 @@ def tensor_bytes(tensors: Sequence[Tensor]) -> int:
 # --- worker process (both benchmarks) ------------------------------------------------------
 def _worker(master: str, job: str, tag: int, rank: int, world: int, tensors: list[Tensor], mode: str,
             optimizer: str, compute_s: float, target_s: float | None, calib_iters: int,
-            progress: Any, stop_at: Any, gate: Any, results: Any, timeout: float, transport: str) -> None:
+            progress: Any, stop_at: Any, gate: Any, results: Any, timeout: float, transport: str,
+            secret: str) -> None:
     """One training worker: sleep (compute), push_pull all tensors, wait; until ``stop_at``.
 
     ``progress`` is -1 while starting, 0 once imports and buffers are ready (it then waits for
@@ -89,7 +91,8 @@ def _worker(master: str, job: str, tag: int, rank: int, world: int, tensors: lis
                 return
         agent = Agent(master, job, rank, world, mode=mode, num_aggregators=2,
                       optimizer=optimizer if mode == "server" else None,
-                      hp={"lr": 1e-3} if mode == "server" else None, timeout=timeout, transport=transport)
+                      hp={"lr": 1e-3} if mode == "server" else None, timeout=timeout, transport=transport,
+                      secret=secret)
         agent.declare([(n, s, d, opts) for n, s, d in tensors])
         if mode == "server":
             seed_parameters(agent, rank, tensors, outs)
@@ -144,6 +147,7 @@ class Workers:
                   go: bool = True, transport: str = "auto") -> None:
         """Spawn the job's workers; they register when ``go`` (or ``open(tag)``)."""
         self.jobs[tag], self.world[tag] = job, world
+        secret = new_job_secret()          # the launcher's: the same for every rank of the job
         self.stop[tag] = self.ctx.Value("q", BIG)
         self.gates[tag] = self.ctx.Event()
         if go:
@@ -154,7 +158,7 @@ class Workers:
             p = self.ctx.Process(target=_worker, name=f"{job}-r{rank}", daemon=True,
                                  args=(self.master, job, tag, rank, world, tensors, mode, optimizer, c, target_s,
                                        calib_iters, self.progress[(tag, rank)], self.stop[tag], self.gates[tag],
-                                       self.results, timeout, transport))
+                                       self.results, timeout, transport, secret))
             p.start()
             self.procs.append(p)
 

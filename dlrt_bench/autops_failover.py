@@ -27,6 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from autops.agent import Agent
+from autops.jobauth import new_job_secret
 from autops.local import LocalPool
 from dlrt import cli
 
@@ -37,7 +38,8 @@ def _job(pool: LocalPool, mode: str, tensors: list, fault_tolerant: bool, iters:
          on_iteration=None) -> list[float]:
     """Train one W=2 job for ``iters`` iterations; returns rank 0's iteration times."""
     job = f"ft-{mode}-{uuid.uuid4().hex[:6]}"
-    kw = dict(mode=mode, average=True, num_aggregators=2, timeout=60, fault_tolerant=fault_tolerant)
+    kw = dict(mode=mode, average=True, num_aggregators=2, timeout=60, fault_tolerant=fault_tolerant,
+              secret=new_job_secret())
     if mode == "server":
         kw.update(optimizer="adam", hp={"lr": 1e-3})
     agents = [Agent(pool.master, job, r, 2, **kw) for r in range(2)]

@@ -13,6 +13,7 @@ the testbed. The processes are the testbed's too: its ``down()`` stops whatever 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -58,7 +59,8 @@ class HostPool:
         # unix sockets the aggregators offer (unused across hosts) live in a directory of ours
         self.runtime_dir = tempfile.mkdtemp(prefix="autops-hosts-")
         try:
-            self._spawn(self.master_host, "master", "--bind", self.master, *self.master_args)
+            self._spawn(self.master_host, "master", "--bind", self.master, "--state-dir",
+                        os.path.join(self.runtime_dir, "state"), *self.master_args)
             for i, host in enumerate(self.aggregator_hosts):
                 name = f"agg-{i}"
                 self.aggregators[name] = self._spawn(host, "aggregator", "--master", self.master,

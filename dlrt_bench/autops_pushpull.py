@@ -32,6 +32,7 @@ from typing import Any
 
 import psutil
 
+from autops.jobauth import ENV as SECRET_ENV, new_job_secret
 from autops.models import model_tensors
 from dlrt import cli
 from dlrt.procs import stop_processes
@@ -227,6 +228,7 @@ def run_config(site: Any, args: Any, model: str, world: int, aggregators: int, t
     extra = {"autops": ["--master", site.master, "--job", job, "--aggregators", str(aggregators),
                         "--transport", transport, "--mode", mode, "--optimizer", args.optimizer],
              "gloo": ["--init", site.gloo_init()]}
+    job_env = {"autops": {SECRET_ENV: new_job_secret()}, "gloo": {}}      # as a launcher gives every rank
     services = site.service_pids()
     idle_rss = sum(_peak_rss(pid) for pid in services)
     idle_owned = sum(owned_rss(pid) for pid in services)
@@ -237,8 +239,8 @@ def run_config(site: Any, args: Any, model: str, world: int, aggregators: int, t
         with RssSampler(services) as sampler:
             for i, system in enumerate(schedule):
                 if system not in groups:
-                    procs = [site.start_worker(r, worker_argv(system, r, world, model, args.shapes, extra[system]))
-                             for r in range(world)]
+                    procs = [site.start_worker(r, worker_argv(system, r, world, model, args.shapes, extra[system]),
+                                               job_env[system]) for r in range(world)]
                     groups[system] = WorkerGroup("AutoPS" if system == "autops" else "gloo", procs)
                     if args.warmup:
                         groups[system].run(args.warmup)

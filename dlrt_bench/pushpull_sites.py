@@ -60,8 +60,8 @@ class LocalSite:
         """The aggregators' processes."""
         return [proc.pid for proc in self.pool.aggregators.values()]
 
-    def start_worker(self, rank: int, argv: Sequence[str]) -> subprocess.Popen:
-        return subprocess.Popen(list(argv), env=self.pool.env, **PIPES)
+    def start_worker(self, rank: int, argv: Sequence[str], env: dict | None = None) -> subprocess.Popen:
+        return subprocess.Popen(list(argv), env={**self.pool.env, **(env or {})}, **PIPES)
 
     def traffic(self) -> None:
         return None
@@ -106,10 +106,10 @@ class EmulatedSite:
     def service_pids(self) -> list[int]:
         return [proc.pid for proc in self.pool.aggregators.values()]
 
-    def start_worker(self, rank: int, argv: Sequence[str]) -> subprocess.Popen:
+    def start_worker(self, rank: int, argv: Sequence[str], env: dict | None = None) -> subprocess.Popen:
         host = self.worker_hosts[rank]
         # gloo would take the address the hostname resolves to (loopback): use the host's link
-        return host.popen(list(argv), env=host.env({"GLOO_SOCKET_IFNAME": HOST_IFNAME}), **PIPES)
+        return host.popen(list(argv), env=host.env({"GLOO_SOCKET_IFNAME": HOST_IFNAME, **(env or {})}), **PIPES)
 
     def traffic(self) -> dict[str, int]:
         """Bytes sent and received so far over the links of the worker and aggregator hosts."""

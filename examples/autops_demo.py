@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 
+from autops.jobauth import new_job_secret
 from autops.local import LocalPool
 from autops.report import format_status
 
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         for job, extra in JOBS:
             env = dict(os.environ, AUTOPS_MASTER=pool.master, AUTOPS_JOB=job, OMP_NUM_THREADS="1",
-                       AUTOPS_AGGREGATORS="2")
+                       AUTOPS_AGGREGATORS="2", AUTOPS_JOB_SECRET=new_job_secret())   # one per job, every rank
             cmd = [*_torchrun(), "--standalone", "--nproc-per-node", "2", str(EXAMPLE), *extra,
                    "--json", str(out_dir / f"{job}.json")]
             log = open(out_dir / f"{job}.log", "w")

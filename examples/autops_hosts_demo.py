@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 
+from autops.jobauth import new_job_secret
 from dlrt.testbed import Testbed, available
 from dlrt_bench.autops_hosts import HostPool
 
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
                 procs = []
                 for (job, extra), host in zip(JOBS, worker_hosts):
                     env = host.env({"AUTOPS_MASTER": pool.master, "AUTOPS_JOB": job, "OMP_NUM_THREADS": "1",
-                                    "AUTOPS_AGGREGATORS": "1"})
+                                    "AUTOPS_AGGREGATORS": "1", "AUTOPS_JOB_SECRET": new_job_secret()})
                     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            str(EXAMPLE), *extra, "--epochs", str(args.epochs),
                            "--json", str(out_dir / f"{job}.json")]

@@ -15,19 +15,28 @@ leftovers of a SIGKILLed run are found and removed by the next one.
 
 ``emulated_hosts(hosts, link, delay, prefix=...)`` is the same as a context manager, for
 fixtures of a wider scope (one testbed for a module's tests).
+
+Emulated hosts talk over addresses beyond loopback, so the tests run them the way a cluster
+should run: with CURVE. Each testbed gets a fresh cluster key directory (``dlrt.keys.init_keys``)
+that ``$DLRT_KEYS`` points at while it is up, for the test process and every process started
+on its hosts; ``secure=False`` keeps the session's plaintext directory.
 """
 from __future__ import annotations
 
 import contextlib
 import itertools
+import os
+import shutil
+import tempfile
 import zlib
 from typing import Callable, Iterator
 
 import pytest
 
+from dlrt.keys import init_keys
 from dlrt.testbed import Testbed, available, cleanup
 
-__all__ = ["testbed", "emulated_hosts", "prefix_for"]
+__all__ = ["testbed", "emulated_hosts", "cluster_keys", "prefix_for"]
 
 
 def prefix_for(name: str, index: int = 0) -> str:
@@ -37,18 +46,38 @@ def prefix_for(name: str, index: int = 0) -> str:
 
 
 @contextlib.contextmanager
+def cluster_keys() -> Iterator[str]:
+    """A fresh cluster key directory (CURVE on) that ``$DLRT_KEYS`` points at until exit."""
+    directory = tempfile.mkdtemp(prefix="dlrt-testbed-keys-")
+    before = os.environ.get("DLRT_KEYS")
+    init_keys(directory)
+    os.environ["DLRT_KEYS"] = directory
+    try:
+        yield directory
+    finally:
+        if before is None:
+            os.environ.pop("DLRT_KEYS", None)
+        else:
+            os.environ["DLRT_KEYS"] = before
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
 def emulated_hosts(hosts: int = 2, link: str | None = "1gbit", delay: str | None = None, *,
-                   prefix: str) -> Iterator[Testbed]:
+                   prefix: str, secure: bool = True) -> Iterator[Testbed]:
     """An up testbed, removed on exit; skips the calling test when none can be built here."""
     reason = available(delay=delay is not None)
     if reason:
         pytest.skip(f"emulated hosts unavailable: {reason}")
     cleanup(prefix)
     tb = Testbed(hosts, link=link, delay=delay, prefix=prefix)
-    try:
-        yield tb.up()
-    finally:
-        tb.down()
+    with contextlib.ExitStack() as stack:
+        if secure:
+            stack.enter_context(cluster_keys())
+        try:
+            yield tb.up()
+        finally:
+            tb.down()
 
 
 @pytest.fixture
@@ -59,8 +88,8 @@ def testbed(request: pytest.FixtureRequest) -> Iterator[Callable[..., Testbed]]:
 
     with contextlib.ExitStack() as stack:
         def make(hosts: int = 2, link: str | None = "1gbit", delay: str | None = None,
-                 prefix: str | None = None) -> Testbed:
+                 prefix: str | None = None, secure: bool = True) -> Testbed:
             name = prefix or prefix_for(request.module.__name__, next(counter))
-            return stack.enter_context(emulated_hosts(hosts, link, delay, prefix=name))
+            return stack.enter_context(emulated_hosts(hosts, link, delay, prefix=name, secure=secure))
 
         yield make

@@ -15,6 +15,7 @@ import os
 
 import zmq
 
+from dlrt.curve import Security, default_security
 from dlrt.hostid import host_id
 
 from .base import Channel, Listener, Memory, PlainMemory, TransportError
@@ -49,13 +50,15 @@ class Transport:
     ``local``: same-host kinds may be offered (``listen``) and memory lent to them; without
     it this process's memory is plain and it listens on tcp only. ``label`` names the
     shared-memory segments (visible in ``/proc/<pid>/fd``). ``verbs``: the RDMA device
-    for ``rdma`` (default: pyverbs' first device, opened here)."""
+    for ``rdma`` (default: pyverbs' first device, opened here). ``security``: CURVE on the
+    ZeroMQ tcp channels and listeners (default: the key directory's, ``dlrt.curve``)."""
 
     def __init__(self, ctx: zmq.Context, preference: str = "auto", local: bool = True,
-                 label: str | None = None, verbs: Verbs | None = None) -> None:
+                 label: str | None = None, verbs: Verbs | None = None, security: Security | None = None) -> None:
         if preference not in TRANSPORTS:
             raise TransportError(f"unknown transport {preference!r} (one of {', '.join(TRANSPORTS)})")
         self.ctx = ctx
+        self.security = security if security is not None else default_security()
         self.preference = preference
         self.local = local
         self.verbs = (verbs or PyverbsNic()) if preference == "rdma" else None
@@ -106,12 +109,13 @@ class Transport:
         channel = self.channels.get(address)
         if channel is None:
             if kind == "shm":
-                channel = ZmqChannel(self.ctx, address, kind, ShmFraming(self.memory))
+                channel = ZmqChannel(self.ctx, address, kind, ShmFraming(self.memory), security=self.security)
             elif kind == "rdma":
                 channel = RdmaChannel(self.verbs, self.memory, address)
             else:
                 self._tune()
-                channel = ZmqChannel(self.ctx, address, kind, lanes=tcp_lanes() if kind == "tcp" else 1)
+                channel = ZmqChannel(self.ctx, address, kind, lanes=tcp_lanes() if kind == "tcp" else 1,
+                                     security=self.security)
             self.channels[address] = channel
         return channel
 
@@ -120,14 +124,15 @@ class Transport:
         transport is ``rdma``, and, when ``local``, ipc and shm endpoints; returns the
         endpoints (kind -> address) peers connect to. The listeners are in ``self.listeners``."""
         self._tune()
-        self.listeners.append(ZmqListener(self.ctx, f"tcp://{bind_host}:{port}", "tcp", advertise_host))
+        self.listeners.append(ZmqListener(self.ctx, f"tcp://{bind_host}:{port}", "tcp", advertise_host,
+                                          security=self.security))
         if self.verbs is not None:
             self.listeners.append(RdmaListener(self.verbs, self.memory, bind_host.strip("[]"), 0, advertise_host))
         if self.local:
-            self.listeners.append(ZmqListener(self.ctx, ipc_address("agg"), "ipc"))
+            self.listeners.append(ZmqListener(self.ctx, ipc_address("agg"), "ipc", security=self.security))
             if isinstance(self.memory, SharedMemory):
                 self.listeners.append(ZmqListener(self.ctx, ipc_address("agg-shm"), "shm",
-                                                  framing=ShmFraming(self.memory)))
+                                                  framing=ShmFraming(self.memory), security=self.security))
         return {listener.kind: listener.address for listener in self.listeners}
 
     # --- memory shared with peers -------------------------------------------------------

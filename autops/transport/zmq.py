@@ -6,7 +6,9 @@ is the header frame followed by one frame per payload, sent without copying
 (``copy=False``) and received without copying (``zmq.Frame``). A ``Framing`` turns a
 message into frames and back; ``PlainFraming`` is the one above, ``shm_channel.ShmFraming``
 adds references to lent buffers. Also here: the process's ZeroMQ context, fresh ipc
-addresses, and the glibc tuning that lets received frames reuse heap pages.
+addresses, and the glibc tuning that lets received frames reuse heap pages. Channels and
+listeners apply a ``dlrt.curve.Security`` (CURVE on tcp when the key directory holds the
+cluster's CURVE keys; ipc stays plaintext: it never leaves the host).
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import uuid
 from typing import Any, Sequence
 
 import zmq
+
+from dlrt.curve import Security, default_security
 
 from .base import Channel, Inbound, Listener, buffer_of
 
@@ -99,8 +103,10 @@ class ZmqChannel(Channel):
     the data path never depends on their order (a pull waits for its push, pushes of an
     iteration follow the pull of the one before)."""
 
-    def __init__(self, ctx: zmq.Context, address: str, kind: str, framing: Any = None, lanes: int = 1) -> None:
+    def __init__(self, ctx: zmq.Context, address: str, kind: str, framing: Any = None, lanes: int = 1,
+                 security: Security | None = None) -> None:
         self.kind, self.address = kind, address
+        security = security if security is not None else default_security()
         self.framing = framing or PlainFraming()
         self.lends = self.framing.lends
         self.socks: list[zmq.Socket] = []
@@ -108,6 +114,7 @@ class ZmqChannel(Channel):
             sock = ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.RCVHWM, 0)
+            security.client(sock, address)
             sock.connect(address)
             self.socks.append(sock)
         self._next = 0
@@ -160,10 +167,11 @@ class ZmqListener(Listener):
     connect to (port 0 resolved; for tcp, ``advertise_host`` replaces the bind host)."""
 
     def __init__(self, ctx: zmq.Context, bind: str, kind: str, advertise_host: str | None = None,
-                 framing: Any = None) -> None:
+                 framing: Any = None, security: Security | None = None) -> None:
         self.kind = kind
         self.framing = framing or PlainFraming()
         self.sock = ctx.socket(zmq.ROUTER)
+        (security if security is not None else default_security()).server(self.sock, bind)
         self.sock.bind(bind)
         bound = bound_address(self.sock)
         if kind == "tcp" and advertise_host:

@@ -21,7 +21,8 @@ PARTITION_BYTES = 256 << 10
 
 
 def main(master: str, job: str, rank: int, world: int, out_path: str) -> None:
-    agent = Agent(master, job, rank, world, num_aggregators=2, timeout=60, partition_bytes=PARTITION_BYTES)
+    agent = Agent(master, job, rank, world, num_aggregators=2, timeout=60, partition_bytes=PARTITION_BYTES,
+                  secret=f"test-secret-of-{job}-0123456789abcdef")     # the same for both ranks
     try:
         agent.declare(TENSORS)
         rng = np.random.default_rng(1000 + rank)

@@ -55,6 +55,8 @@ def test_a_job_across_hosts_matches_loopback_and_crosses_the_links(testbed, tmp_
         answers = run_workers(lambda rank, argv: tb.hosts[2 + rank].popen(argv, **pipes), pool.master, "hosts",
                               tmp_path)
         after = [tb.counters(host) for host in tb.hosts]
+        security = pool.status()["security"]
+    assert security["curve"], security                # beyond loopback the testbed runs with CURVE
     assert set(answers[0]["placement"]) == {"agg-0", "agg-1"}       # both aggregator hosts serve keys
 
     for rank in range(2):

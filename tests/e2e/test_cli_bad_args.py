@@ -258,6 +258,8 @@ def busy_port():
     (["status", "--master", "127.0.0.1:{dead}", "--timeout", "0.2"], "did not answer"),
     (["status", "--master", "localhost:{dead}", "--timeout", "0.2"], "did not answer"),    # no tcp://
     (["migrate", "--master", "127.0.0.1:{dead}", "--job", "j", "--timeout", "0.2"], "did not answer"),
+    (["migrate", "--master", "127.0.0.1:{dead}", "--job", "j", "--token-file", "/nonexistent/operator.token"],
+     "cannot read /nonexistent/operator.token"),
     (["aggregator", "--master", "127.0.0.1:{dead}", "--register-timeout", "0.2"], "did not answer"),
     (["aggregator", "--master", "127.0.0.1:{dead}", "--bind", "127.0.0.1:{busy}"], "Address already in use"),
 ])

@@ -32,7 +32,7 @@ def test_two_gpu_workers_equal_single_process_training(pool2, tmp_path, mode, op
 
 def test_push_pull_of_a_cuda_tensor_in_place_and_broadcast(pool1):
     import autops.torch as aps
-    aps.init(master=pool1.master, job="cuda-one", rank=0, world_size=1, timeout=30)
+    aps.init(master=pool1.master, job="cuda-one", rank=0, world_size=1, timeout=30, secret="cuda-one-secret-0123456789")
     try:
         t = torch.arange(10, dtype=torch.float32, device="cuda")
         out = aps.push_pull(t, "t", average=False)

@@ -1,7 +1,9 @@
 """What the AutoPS property tests share: a small model of tensors (a partitioned key, a whole
 key, small keys batched per aggregator), deterministic gradients, and the bit-identical
-comparison of two training runs' results."""
+comparison of two training runs' results, and the secret a test's launcher gives a job."""
 from __future__ import annotations
+
+import hashlib
 
 import numpy as np
 
@@ -10,6 +12,12 @@ TENSORS = [("big", (120_000,), "float32"),     # 2 partitions at 256 KiB
            ("s1", (100,), "float32"),           # small keys, batched per aggregator
            ("s2", (37,), "float32")]
 W = 2
+
+
+def secret_for(job: str) -> str:
+    """The secret this suite's "launcher" gives every rank of ``job``: one per job id, the same
+    in every test process (a real launcher makes a random one, ``autops.jobauth.new_job_secret``)."""
+    return hashlib.sha256(f"autops-test-secret/{job}".encode()).hexdigest()
 
 
 def grad(rank: int, it: int, name: str, shape) -> np.ndarray:

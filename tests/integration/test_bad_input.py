@@ -18,8 +18,9 @@ from autops.agent import Agent
 
 @pytest.fixture
 def setup(pool1):
-    good = [Agent(pool1.master, "good", r, 2, timeout=20, average=False) for r in range(2)]
-    victim = Agent(pool1.master, "victim", 0, 2, timeout=20)
+    good = [Agent(pool1.master, "good", r, 2, timeout=20, average=False, secret="good-secret-0123456789")
+            for r in range(2)]
+    victim = Agent(pool1.master, "victim", 0, 2, timeout=20, secret="victim-secret-0123456789")
     for a in good:
         a.declare([("w", (1000,), "float32")])
     victim.declare([("w", (1000,), "float32")])

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from autops.agent import Agent, AutoPSError
+from autops_testlib import secret_for
 from autops.local import LocalPool
 
 TENSORS = [("w", (4000,), "float32"), ("b", (100,), "float32")]
@@ -44,8 +45,8 @@ class Job:
 
     def __init__(self, master: str, name: str, sleep, iters: int, num_aggregators: int = 1) -> None:
         self.name, self.sleep, self.iters = name, sleep, iters
-        self.agents = [Agent(master, name, r, 2, num_aggregators=num_aggregators, average=False, timeout=30)
-                       for r in range(2)]
+        self.agents = [Agent(master, name, r, 2, num_aggregators=num_aggregators, average=False, timeout=30,
+                             secret=secret_for(name)) for r in range(2)]
         for a in self.agents:
             a.declare(TENSORS)
         self.errors: list = []
@@ -86,18 +87,18 @@ class Job:
 def test_standby_aggregators_started_separately_and_admission_control():
     with LocalPool(0, master_args=FAST) as pool:
         with pytest.raises(AutoPSError, match="no aggregator is registered"):
-            Agent(pool.master, "early", 0, 1, num_aggregators=1, timeout=5)
+            Agent(pool.master, "early", 0, 1, num_aggregators=1, timeout=5, secret=secret_for("early"))
         # an operator starts one aggregator on "another machine"
         pool._spawn("aggregator", "--master", pool.master, "--name", "cpu-7", "--bind-host", "127.0.0.1")
         wait_for(pool, lambda s: any(a["id"] == "cpu-7" and a["state"] == "idle" for a in s["aggregators"]),
                  20, "standby registration")
         with pytest.raises(AutoPSError, match="admission refused.*asks for 2"):
-            Agent(pool.master, "big", 0, 1, num_aggregators=2, timeout=5)
+            Agent(pool.master, "big", 0, 1, num_aggregators=2, timeout=5, secret=secret_for("big"))
         job = Job(pool.master, "small", lambda it: 0.01, iters=30)
         try:
             assert job.agents[0].aggregators == ["cpu-7"]
             with pytest.raises(AutoPSError, match="admission refused.*can give 0"):
-                Agent(pool.master, "second", 0, 1, num_aggregators=1, timeout=5)
+                Agent(pool.master, "second", 0, 1, num_aggregators=1, timeout=5, secret=secret_for("second"))
         finally:
             job.finish()
         # the job left: the aggregator is idle again and the next job is admitted
@@ -109,7 +110,7 @@ def test_standby_aggregators_started_separately_and_admission_control():
 def test_local_provider_starts_aggregators_on_demand_and_stops_them_after():
     with LocalPool(0, master_args=[*FAST, "--provider", "local", "--max-aggregators", "2"]) as pool:
         with pytest.raises(AutoPSError, match="admission refused.*asks for 3"):
-            Agent(pool.master, "huge", 0, 1, num_aggregators=3, timeout=10)
+            Agent(pool.master, "huge", 0, 1, num_aggregators=3, timeout=10, secret=secret_for("huge"))
         job = Job(pool.master, "spawned", lambda it: 0.01, iters=20, num_aggregators=2)
         try:
             started = {a["id"] for a in pool.status()["aggregators"]}

@@ -23,7 +23,7 @@ from autops import agent as agent_mod
 from autops.admin import AdminClient
 from autops.agent import Agent, AutoPSError
 from autops.local import LocalPool
-from autops_testlib import TENSORS, W, check_same, grad
+from autops_testlib import TENSORS, W, check_same, grad, secret_for
 
 ITERS = 12
 _jobs = itertools.count()
@@ -85,7 +85,7 @@ def train(pool: LocalPool, mode: str, kills: dict[int, tuple], migrate_at: int |
         settled(pool)
     job = f"fail-{mode}-{next(_jobs)}"
     kw = dict(mode=mode, average=mode == "server", num_aggregators=num_aggregators, timeout=timeout,
-              partition_bytes=256 << 10)
+              partition_bytes=256 << 10, secret=secret_for(job))
     if mode == "server":
         kw.update(optimizer="adam", hp={"lr": 0.05})
     agents = [Agent(pool.master, job, r, W, **kw) for r in range(W)]
@@ -215,7 +215,7 @@ def test_server_mode_without_replication_fails_clearly(pool):
     settled(pool)
     job = f"norep-{next(_jobs)}"
     agents = [Agent(pool.master, job, r, 1, mode="server", optimizer="sgd", hp={"lr": 0.1}, timeout=10,
-                    fault_tolerant=False, num_aggregators=1) for r in range(1)]
+                    fault_tolerant=False, num_aggregators=1, secret=secret_for(job)) for r in range(1)]
     try:
         a = agents[0]
         a.declare([("w", (1000,), "float32")])
@@ -237,7 +237,8 @@ VANISHING_WORKER = """
 import sys, time
 import numpy as np
 from autops.agent import Agent
-a = Agent(sys.argv[1], sys.argv[2], 0, 1, mode="server", optimizer="adam", hp={"lr": 0.1}, timeout=10)
+a = Agent(sys.argv[1], sys.argv[2], 0, 1, mode="server", optimizer="adam", hp={"lr": 0.1}, timeout=10,
+          secret=sys.argv[3])
 a.declare([("w", (50_000,), "float32")])
 a.init("w", np.zeros(50_000, np.float32)).wait()
 out = np.empty(50_000, np.float32)
@@ -253,7 +254,7 @@ def test_a_job_whose_workers_vanish_is_released_with_its_replicas():
     import sys
     with LocalPool(2, master_args=["--static", "--job-timeout", "1.0"]) as small:
         job = f"vanish-{next(_jobs)}"
-        worker = subprocess.Popen([sys.executable, "-c", VANISHING_WORKER, small.master, job],
+        worker = subprocess.Popen([sys.executable, "-c", VANISHING_WORKER, small.master, job, secret_for(job)],
                                   stdout=subprocess.PIPE, text=True)
         try:
             assert worker.stdout.readline().strip() == "trained"

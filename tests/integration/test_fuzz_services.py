@@ -33,6 +33,7 @@ from autops import wire
 from autops.admin import query_status
 from autops.agent import Agent, AutoPSError
 from autops.local import LocalPool
+from autops_testlib import secret_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -81,7 +82,8 @@ def grad(rank: int, it: int, name: str, shape) -> np.ndarray:
 
 def train(master: str, job: str, before_iteration=lambda it: None) -> dict[str, bytes]:
     """A W=2 sum-mode job; returns rank 0's final parameters (as bytes: compared bit for bit)."""
-    agents = [Agent(master, job, r, W, average=False, num_aggregators=0, timeout=30) for r in range(W)]
+    agents = [Agent(master, job, r, W, average=False, num_aggregators=0, timeout=30, secret=secret_for(job))
+              for r in range(W)]
     params = [{n: np.linspace(-1, 1, int(np.prod(s)), dtype=np.float32).reshape(s) for n, s, _ in TENSORS}
               for _ in range(W)]
     errors: list[BaseException] = []
@@ -157,7 +159,7 @@ class Target:
 def fuzz_job(pool):
     """A job of the fuzzer's own (W=1, one small key), so that messages carrying its secret
     reach past the secret check."""
-    agent = Agent(pool.master, "fuzz", 0, 1, average=False, num_aggregators=0, timeout=30)
+    agent = Agent(pool.master, "fuzz", 0, 1, average=False, num_aggregators=0, timeout=30, secret=secret_for("fuzz"))
     try:
         agent.declare([("f", (64,), "float32")])
         yield agent
@@ -480,7 +482,7 @@ def test_a_job_larger_than_the_machine_is_refused_and_the_pool_stays_up(pool):
     """512 GiB is under the declaration limit, but no aggregator here can hold it: the
     aggregator says so instead of allocating."""
     agent = Agent(pool.master, "too-big", 0, 1, average=False, num_aggregators=0, timeout=30,
-                  partition_bytes=1 << 40)
+                  partition_bytes=1 << 40, secret=secret_for("too-big"))
     try:
         refused = r"refused the assignment: job 'too-big': .* bytes, this machine has \d+ available"
         with pytest.raises(AutoPSError, match=refused):

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from autops.admin import AdminClient
 from autops.agent import Agent
 from autops.local import LocalPool
-from autops_testlib import TENSORS, W, check_same, grad
+from autops_testlib import TENSORS, W, check_same, grad, secret_for
 
 ITERS = 24
 _jobs = itertools.count()
@@ -57,7 +57,7 @@ def train(master: str, mode: str, schedule: dict[int, list], transport: str = "a
     (after those under way finished, when i is in ``settle_at``)."""
     job = f"mig-{mode}-{next(_jobs)}"
     kw = dict(mode=mode, average=mode == "server", num_aggregators=1, timeout=20, transport=transport,
-              partition_bytes=256 << 10)
+              partition_bytes=256 << 10, secret=secret_for(job))
     if mode == "server":
         kw.update(optimizer="adam", hp={"lr": 0.05})
     agents = [Agent(master, job, r, W, **kw) for r in range(W)]

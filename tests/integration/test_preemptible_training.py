@@ -158,7 +158,8 @@ def aps_session():
 
     def connect(master: str) -> None:
         aps.shutdown()
-        aps.init(master=master, job=f"roundtrip-{uuid.uuid4().hex[:8]}", rank=0, world_size=1, timeout=30)
+        aps.init(master=master, job=f"roundtrip-{uuid.uuid4().hex[:8]}", rank=0, world_size=1, timeout=30,
+                 secret=uuid.uuid4().hex)
     yield connect
     aps.shutdown()
 
@@ -206,7 +207,7 @@ def test_state_of_partitioned_keys_is_reassembled(pool):
     from autops.optim import make_optimizer
     hp = {"lr": 0.01}
     agent = Agent(pool.master, f"parts-{uuid.uuid4().hex[:8]}", 0, 1, mode="server", optimizer="adam", hp=hp,
-                  timeout=30, partition_bytes=1024)
+                  timeout=30, partition_bytes=1024, secret=uuid.uuid4().hex)
     try:
         agent.declare([("w", (1000,), "float32")])
         assert len(agent.keys_of("w")) == 4

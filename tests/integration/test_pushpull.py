@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from autops.agent import Agent, AutoPSError
+from autops_testlib import secret_for
 
 TENSORS = [
     ("big", (300_000,), "float32"),      # 1.2 MB: 5 partitions at 256 KiB
@@ -36,6 +37,7 @@ def run_workers(agents, fn):
 
 
 def make_agents(master, job, world, **kw):
+    kw.setdefault("secret", secret_for(job))
     return [Agent(master, job, r, world, timeout=kw.pop("timeout", 20), **kw) for r in range(world)]
 
 
@@ -131,7 +133,7 @@ def test_two_jobs_same_tensor_names_stay_isolated(pool2):
             intruder.secret = real_secret
         # and a third process cannot join job-a once its ranks are in
         with pytest.raises(AutoPSError, match="already joined"):
-            Agent(pool2.master, "job-a", 0, 2, timeout=5)
+            Agent(pool2.master, "job-a", 0, 2, timeout=5, secret=secret_for("job-a"))
     finally:
         for a in job_a + job_b:
             a.close()
@@ -155,7 +157,7 @@ def test_unreachable_master_fails_within_timeout():
     import time
     start = time.monotonic()
     with pytest.raises(AutoPSError, match=r"tcp://127\.0\.0\.1:9 did not answer"):
-        Agent("tcp://127.0.0.1:9", "nobody", 0, 1, timeout=1.0)
+        Agent("tcp://127.0.0.1:9", "nobody", 0, 1, timeout=1.0, secret=secret_for("nobody"))
     assert time.monotonic() - start < 5
 
 

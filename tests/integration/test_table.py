@@ -18,7 +18,8 @@ from autops.local import LocalPool
 
 
 def test_redirect_reply_refreshes_the_table_and_resends(pool1):
-    agent = Agent(pool1.master, "redir", 0, 1, timeout=10, transport="tcp", average=False)
+    agent = Agent(pool1.master, "redir", 0, 1, timeout=10, transport="tcp", average=False,
+                  secret="redir-secret-0123456789")
     ctx = zmq.Context()
     fake = ctx.socket(zmq.ROUTER)
     fake.setsockopt(zmq.LINGER, 0)
@@ -66,8 +67,8 @@ def test_dead_aggregator_is_noticed_and_not_given_new_jobs():
         assert alive == {"agg-0": True, "agg-1": False}
         # admission control: the worst case (2 aggregators of its own) cannot be met any more
         with pytest.raises(AutoPSError, match="admission refused.*asks for 2 aggregator"):
-            Agent(pool.master, "after", 0, 1, num_aggregators=2, timeout=10)
-        agent = Agent(pool.master, "after", 0, 1, num_aggregators=1, timeout=10)
+            Agent(pool.master, "after", 0, 1, num_aggregators=2, timeout=10, secret="after-secret-0123456789")
+        agent = Agent(pool.master, "after", 0, 1, num_aggregators=1, timeout=10, secret="after-secret-0123456789")
         try:
             assert agent.aggregators == ["agg-0"]
         finally:

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 
+from autops.jobauth import new_job_secret
+
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from torch_reference import batches, make_model, make_optimizer  # noqa: E402
 
@@ -21,6 +23,7 @@ HERE = pathlib.Path(__file__).parent
 def run_two_workers(script: str, master: str, tmp_path, args: list[str], env=None) -> None:
     """Ranks 0 and 1 of a fresh job run ``script MASTER JOB RANK 2 *args OUT.npz``; both must exit 0."""
     job = f"{script.split('_')[0]}-{uuid.uuid4().hex[:6]}"
+    env = dict(env or os.environ, AUTOPS_JOB_SECRET=new_job_secret())     # as a launcher does, for every rank
     procs = [subprocess.Popen([sys.executable, str(HERE / script), master, job, str(r), "2", *args,
                                str(tmp_path / f"r{r}.npz")], env=env, cwd=HERE) for r in range(2)]
     try:
@@ -84,8 +87,17 @@ def test_init_without_master_and_several_workers_is_a_clear_error(monkeypatch):
 
 def test_init_with_unreachable_master_names_the_address(monkeypatch):
     import autops.torch as aps
+    monkeypatch.setenv("AUTOPS_JOB_SECRET", new_job_secret())
     aps.shutdown()
     with pytest.raises(aps.AutoPSError, match=r"tcp://127\.0\.0\.1:9 did not answer"):
+        aps.init(master="tcp://127.0.0.1:9", job="j", rank=0, world_size=2, timeout=1)
+
+
+def test_init_without_a_job_secret_names_the_variable_and_the_launchers(monkeypatch):
+    import autops.torch as aps
+    monkeypatch.delenv("AUTOPS_JOB_SECRET", raising=False)
+    aps.shutdown()
+    with pytest.raises(aps.AutoPSError, match=r"AUTOPS_JOB_SECRET.*autops local.*autops secret"):
         aps.init(master="tcp://127.0.0.1:9", job="j", rank=0, world_size=2, timeout=1)
 
 

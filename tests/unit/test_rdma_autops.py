@@ -77,7 +77,7 @@ def test_push_pull_over_rdma_is_exact(rdma_pool):
     try:
         for rank in range(2):                       # appended one by one: all closed if one fails
             agents.append(Agent(master.address, "rdma-job", rank, 2, average=False, partition_bytes=256 << 10,
-                                num_aggregators=2, transport="rdma", timeout=20))
+                                num_aggregators=2, transport="rdma", timeout=20, secret="rdma-job-secret-0123456789"))
         for agent in agents:
             agent.declare(TENSORS)
         threads = [threading.Thread(target=work, args=(r, a)) for r, a in enumerate(agents)]
@@ -108,7 +108,8 @@ def test_agents_reach_rdma_aggregators_over_rdma_channels(rdma_pool, monkeypatch
         real_init(self, *args, **kwargs)
 
     monkeypatch.setattr(RdmaChannel, "__init__", spy)
-    agent = Agent(master.address, "rdma-one", 0, 1, num_aggregators=1, transport="rdma", timeout=20)
+    agent = Agent(master.address, "rdma-one", 0, 1, num_aggregators=1, transport="rdma", timeout=20,
+                  secret="rdma-one-secret-0123456789")
     try:
         agent.declare([("w", (50_000,), "float32")])
         out = np.empty(50_000, np.float32)
