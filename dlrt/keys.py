@@ -28,17 +28,21 @@ where the directory holds the server's public key (``Keys.curve``), unless
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import zmq
 import zmq.auth
 
 __all__ = ["KeysError", "Keys", "key_dir", "init_keys", "add_tenant", "revoke", "authorized_names",
-           "ensure_cluster_secret", "ensure_operator_token", "read_secret_file"]
+           "ensure_cluster_secret", "ensure_operator_token", "read_secret_file", "temporary_cluster"]
 
 CLUSTER_SECRET = "cluster.secret"
 OPERATOR_TOKEN = "operator.token"
@@ -248,3 +252,28 @@ def authorized_names(path: str | os.PathLike | None = None) -> list[str]:
     """The names of the authorized public keys."""
     authorized = key_dir(path) / CURVE_DIR / AUTHORIZED_DIR
     return sorted(p.stem for p in authorized.glob("*.key")) if authorized.is_dir() else []
+
+
+@contextlib.contextmanager
+def temporary_cluster(curve: bool = True) -> Iterator[Path]:
+    """A fresh cluster key directory that ``$DLRT_KEYS`` points at until exit, for this
+    process and every process it starts (tests, benchmarks, demos on emulated hosts). With
+    ``curve`` it holds CURVE keys (``init_keys``); without, only what a first start makes, and
+    ``$DLRT_CURVE=0`` keeps every channel plaintext. Removed on exit."""
+    directory = Path(tempfile.mkdtemp(prefix="dlrt-keys-"))
+    saved = {name: os.environ.get(name) for name in ("DLRT_KEYS", "DLRT_CURVE")}
+    if curve:
+        init_keys(directory)
+        os.environ.pop("DLRT_CURVE", None)
+    else:
+        os.environ["DLRT_CURVE"] = "0"
+    os.environ["DLRT_KEYS"] = str(directory)
+    try:
+        yield directory
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        shutil.rmtree(directory, ignore_errors=True)

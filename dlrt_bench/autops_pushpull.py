@@ -14,8 +14,10 @@ gloo's median, their ratio, the CPU seconds both spend per iteration (workers, a
 the aggregators), the aggregators' peak memory relative to the model's size, and on emulated
 hosts the bytes that crossed the worker and aggregator hosts' links per iteration. When both
 systems' processes would not fit in memory together, each runs alone (``interleaved``:
-false). ``--json FILE`` writes one object per configuration (``-``: stdout). Model shapes
-come from ``autops.models``.
+false). ``--curve off on`` runs each configuration twice, plaintext and with CURVE on every
+tcp channel (a fresh cluster key directory, ``dlrt.keys.temporary_cluster``), and reports
+``curve_cost``: AutoPS's time with CURVE over its time without. ``--json FILE`` writes one
+object per configuration (``-``: stdout). Model shapes come from ``autops.models``.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from typing import Any
 import psutil
 
 from autops.jobauth import ENV as SECRET_ENV, new_job_secret
+from dlrt.keys import temporary_cluster
 from autops.models import model_tensors
 from dlrt import cli
 from dlrt.procs import stop_processes
@@ -288,11 +291,13 @@ def results(measured: dict[str, Measurement], world: int, model_bytes: int) -> d
 def summary(row: dict) -> str:
     ratio = f"{row['ratio']:.2f}x" if row["ratio"] is not None else "-"
     gloo_ms = f"{row['gloo_s'] * 1e3:8.1f}" if row["gloo_s"] else "       -"
-    where = f"{row['site']} {row['link'] or ''}".strip()
+    where = f"{row['site']} {row['link'] or ''}{' curve' if row.get('curve') else ''}".strip()
     text = (f"{row['model']:>9} W={row['workers']} A={row['aggregators']} {row['transport']:<4} {row['mode']:<6} "
             f"[{where}] autops {row['autops_s'] * 1e3:8.1f} ms  gloo {gloo_ms} ms  ratio {ratio}  "
             f"cpu/iter {row['autops_cpu_s'] * 1e3:.0f}"
             + (f" vs {row['gloo_cpu_s'] * 1e3:.0f} ms" if row["gloo_cpu_s"] is not None else " ms"))
+    if "curve_cost" in row:
+        text += f"  CURVE costs {row['curve_cost']:.2f}x time, {row['curve_cpu_cost']:.2f}x CPU"
     if "autops_workers_sent_over_model" in row:
         text += f"  workers sent {row['autops_workers_sent_over_model']:.2f}x model over their links"
     else:
@@ -332,6 +337,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefix", default="apsb", help="emulated hosts: name prefix of the testbed")
     parser.add_argument("--shapes", default=None,
                         help="tensor shapes JSON (default: $AUTOPS_TENSOR_SHAPES, else shared/data/models)")
+    parser.add_argument("--curve", nargs="+", default=["off"], choices=["off", "on"],
+                        help="CURVE on the ZeroMQ tcp channels (a fresh cluster key directory per "
+                             "configuration); 'off on' measures both, one after the other, and reports "
+                             "curve_cost = AutoPS time with / without")
     cli.add_log_level(parser, "WARNING")
     cli.add_json(parser, "write JSON lines, one per configuration, to FILE ('-' for stdout; the "
                          "progress lines then go to stderr)")
@@ -362,17 +371,27 @@ def main(argv: list[str] | None = None) -> int:
             for link in links:
                 for transport in transports:
                     for mode in args.mode:
-                        if args.emulate_hosts:
-                            site = EmulatedSite(world, aggregators, link, args.delay, args.prefix, args.log_level)
-                        else:
-                            # with rdma, the aggregators offer it too
-                            site = LocalSite(aggregators, args.log_level,
-                                             ["--transport", "rdma"] if transport == "rdma" else None)
-                        with site:
-                            row = run_config(site, args, model, world, aggregators, transport, mode, model_bytes,
-                                             len(shapes[model]))
-                        rows.append(row)
-                        print(summary(row), file=out, flush=True)
+                        plain = None
+                        for curve in args.curve:
+                            with temporary_cluster(curve=curve == "on"):     # before the site: its env
+                                if args.emulate_hosts:
+                                    site = EmulatedSite(world, aggregators, link, args.delay, args.prefix,
+                                                        args.log_level)
+                                else:
+                                    # with rdma, the aggregators offer it too
+                                    site = LocalSite(aggregators, args.log_level,
+                                                     ["--transport", "rdma"] if transport == "rdma" else None)
+                                with site:
+                                    row = run_config(site, args, model, world, aggregators, transport, mode,
+                                                     model_bytes, len(shapes[model]))
+                            row["curve"] = curve == "on"
+                            if curve == "off":
+                                plain = row
+                            elif plain is not None:
+                                row["curve_cost"] = row["autops_s"] / plain["autops_s"]
+                                row["curve_cpu_cost"] = row["autops_cpu_s"] / plain["autops_cpu_s"]
+                            rows.append(row)
+                            print(summary(row), file=out, flush=True)
                         if args.json and args.json != "-":
                             cli.write_json(args.json, rows, lines=True)   # kept if a later one fails
     if args.json == "-":

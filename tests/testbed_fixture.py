@@ -17,49 +17,30 @@ leftovers of a SIGKILLed run are found and removed by the next one.
 fixtures of a wider scope (one testbed for a module's tests).
 
 Emulated hosts talk over addresses beyond loopback, so the tests run them the way a cluster
-should run: with CURVE. Each testbed gets a fresh cluster key directory (``dlrt.keys.init_keys``)
-that ``$DLRT_KEYS`` points at while it is up, for the test process and every process started
-on its hosts; ``secure=False`` keeps the session's plaintext directory.
+should run: with CURVE. Each testbed gets a fresh cluster key directory
+(``dlrt.keys.temporary_cluster``) that ``$DLRT_KEYS`` points at while it is up, for the test
+process and every process started on its hosts; ``secure=False`` keeps the session's
+plaintext directory.
 """
 from __future__ import annotations
 
 import contextlib
 import itertools
-import os
-import shutil
-import tempfile
 import zlib
 from typing import Callable, Iterator
 
 import pytest
 
-from dlrt.keys import init_keys
+from dlrt.keys import temporary_cluster
 from dlrt.testbed import Testbed, available, cleanup
 
-__all__ = ["testbed", "emulated_hosts", "cluster_keys", "prefix_for"]
+__all__ = ["testbed", "emulated_hosts", "prefix_for"]
 
 
 def prefix_for(name: str, index: int = 0) -> str:
     """A testbed prefix for test module ``name``: stable across runs, short enough for
     interface names (``t`` + 6 hex digits + the index)."""
     return f"t{zlib.crc32(name.encode()) & 0xFFFFFF:06x}{index}"
-
-
-@contextlib.contextmanager
-def cluster_keys() -> Iterator[str]:
-    """A fresh cluster key directory (CURVE on) that ``$DLRT_KEYS`` points at until exit."""
-    directory = tempfile.mkdtemp(prefix="dlrt-testbed-keys-")
-    before = os.environ.get("DLRT_KEYS")
-    init_keys(directory)
-    os.environ["DLRT_KEYS"] = directory
-    try:
-        yield directory
-    finally:
-        if before is None:
-            os.environ.pop("DLRT_KEYS", None)
-        else:
-            os.environ["DLRT_KEYS"] = before
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -73,7 +54,7 @@ def emulated_hosts(hosts: int = 2, link: str | None = "1gbit", delay: str | None
     tb = Testbed(hosts, link=link, delay=delay, prefix=prefix)
     with contextlib.ExitStack() as stack:
         if secure:
-            stack.enter_context(cluster_keys())
+            stack.enter_context(temporary_cluster())
         try:
             yield tb.up()
         finally:
