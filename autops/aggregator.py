@@ -55,6 +55,7 @@ from dlrt.waker import Waker
 from . import clusterauth, wire
 from .cycle import CyclicSchedule
 from .partition import KeySpec
+from .held import HeldMessages
 from .precopy import Follower, Precopies
 from .spare import SpareBuffers
 from .store import JobState, KeyState, SecretMismatch, Store, StoreError
@@ -146,6 +147,7 @@ class Aggregator:
         self.timers: list[tuple[float, str]] = []
         # work finished by helper threads (memory populated for an incoming migration)
         self._ready: list = []
+        self.held = HeldMessages()      # pMaster's messages after an ASSIGN still allocating
         self._waker = Waker()
 
     def _allocate(self, job: str, sizes: list) -> list[tuple[np.ndarray, Shared]]:
@@ -306,6 +308,8 @@ class Aggregator:
 
     # --- control from pMaster -------------------------------------------------------
     def _on_master(self, frames: list) -> None:
+        if self.held.offer(frames):          # an ASSIGN is being allocated: in order, after it
+            return
         opened = self.session.open(frames) if self.session is not None else None
         try:
             msg = wire.decode(opened or frames[:1])
@@ -320,18 +324,7 @@ class Aggregator:
             return
         req = msg.get("req")
         if msg.op == wire.ASSIGN:
-            try:
-                keys = [KeySpec.from_wire(k) for k in msg["keys"]]
-                self.store.assign(msg["job"], msg["secret"], msg["world_size"], msg["mode"], keys,
-                                  average=bool(msg.get("average", True)),
-                                  optimizer=msg.get("optimizer"), hp=msg.get("hp") or {})
-                state = self.store.jobs[msg["job"]]
-                for key, info in (msg.get("replicas") or {}).items():
-                    if key in state.keys:
-                        self._set_replica(state.keys[key], info)
-                self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id))
-            except (StoreError, ValueError, TypeError) as exc:
-                self._to_master(wire.error(str(exc), req=req, agg=self.agg_id))
+            self._assign(msg)
         elif msg.op == wire.RELEASE_JOB:
             self._release(msg["job"])
         elif msg.op == wire.CYCLE:
@@ -633,6 +626,59 @@ class Aggregator:
             self.stats["bytes_out"] += value.nbytes
         self.stats["pulls"] += len(items)
         pending.reply.send(wire.header(wire.PULL_REPLY, req=pending.req, items=items), payloads)
+
+    def _assign(self, msg: wire.Message) -> None:
+        """Create a job's keys; large new buffers are allocated and populated by a helper
+        thread while pMaster's later messages wait (``held``), so this loop keeps serving
+        and sending heartbeats (an allocation of a GiB holds it for a second)."""
+        try:
+            keys = [KeySpec.from_wire(k) for k in msg["keys"]]
+            state = self.store.jobs.get(msg["job"])
+            fresh = [k for k in keys if state is None or k.key not in state.keys]
+            sizes = Store.buffer_sizes(msg["mode"], fresh)
+            nbytes = sum(numel * np.dtype(dtype).itemsize for numel, dtype in sizes)
+        except (KeyError, ValueError, TypeError, IndexError) as exc:
+            self._to_master(wire.error(str(exc), req=msg.get("req"), agg=self.agg_id))
+            return
+        if not fresh or not self.memory.slow_to_allocate(nbytes):
+            self._finish_assign(msg, keys)
+            return
+        self.held.hold()
+
+        def populate() -> None:
+            try:
+                made = (self._allocate(msg["job"], sizes), None)
+            except StoreError as exc:
+                made = (None, exc)
+            self._ready.append((self._finish_assign, (msg, keys, made)))
+            self._waker.wake()
+
+        log.info("job %s: allocating %d bytes for %d keys off the loop", msg["job"], nbytes, len(fresh))
+        threading.Thread(target=populate, name="autops-assign", daemon=True).start()
+
+    def _finish_assign(self, msg: wire.Message, keys: list, made: tuple | None = None) -> None:
+        """Create ``keys`` (in ``made`` -- ``(buffers, allocation error)`` from a helper thread
+        -- or in buffers allocated now), answer pMaster, then handle what it sent meanwhile."""
+        req = msg.get("req")
+        try:
+            buffers = None
+            if made is not None:
+                buffers, error = made
+                if error is not None:
+                    raise error
+            self.store.assign(msg["job"], msg["secret"], msg["world_size"], msg["mode"], keys,
+                              average=bool(msg.get("average", True)),
+                              optimizer=msg.get("optimizer"), hp=msg.get("hp") or {}, buffers=buffers)
+            state = self.store.jobs[msg["job"]]
+            for key, info in (msg.get("replicas") or {}).items():
+                if key in state.keys:
+                    self._set_replica(state.keys[key], info)
+            self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id))
+        except (StoreError, ValueError, TypeError) as exc:
+            self._to_master(wire.error(str(exc), req=req, agg=self.agg_id))
+        finally:
+            if made is not None:
+                self.held.resume(self._on_master)
 
     # --- live migration ---------------------------------------------------------------
     def _migrate_prepare(self, msg: wire.Message) -> None:
