@@ -39,7 +39,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 from .hostid import HOST_ID_ENV
 from .procs import signal_group
 
-__all__ = ["Testbed", "Host", "Counters", "TestbedError", "available", "cleanup", "leftovers",
+__all__ = ["Testbed", "Host", "Counters", "TestbedError", "available", "cleanup", "enter_netns", "leftovers",
            "parse_rate", "parse_delay", "check_prefix", "subnet_of", "shaping_commands",
            "DEFAULT_PREFIX"]
 
@@ -312,6 +312,26 @@ class ProcessTracker:
 
 
 
+_CLONE_NEWNET = 0x40000000
+
+
+def enter_netns(netns: str) -> None:
+    """Move the calling thread into network namespace ``netns`` (a name under ``/run/netns``).
+
+    Threads it starts afterwards (ZeroMQ's I/O threads among them) are there too, so a
+    process can reach an emulated host's addresses from one thread while its others stay
+    where they were (``setns(2)``; root)."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(os.path.join(NETNS_DIR, netns), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if libc.setns(fd, _CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns into network namespace {netns}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
 class Host:
     """One emulated host: its namespace, its address on the bridge, its identity and link."""
 
@@ -330,6 +350,13 @@ class Host:
     def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         """This process's environment plus ``extra``, with ``DLRT_HOST_ID`` set to this host."""
         return {**os.environ, **(extra or {}), HOST_ID_ENV: self.host_id}
+
+    def enter(self) -> None:
+        """Make the calling thread (and the threads it starts) part of this host: its network
+        namespace (``enter_netns``) and, for the whole process, its ``DLRT_HOST_ID``. For a
+        process started outside that runs as this host from its first line on."""
+        enter_netns(self.netns)
+        os.environ[HOST_ID_ENV] = self.host_id
 
     def command(self, argv: Sequence[str] | str, mount_visible: bool = False) -> list[str]:
         """``argv`` wrapped to run in this host's network namespace."""

@@ -68,7 +68,7 @@ def tensor_bytes(tensors: Sequence[Tensor]) -> int:
 def _worker(master: str, job: str, tag: int, rank: int, world: int, tensors: list[Tensor], mode: str,
             optimizer: str, compute_s: float, target_s: float | None, calib_iters: int,
             progress: Any, stop_at: Any, gate: Any, results: Any, timeout: float, transport: str,
-            secret: str) -> None:
+            secret: str, place: tuple[str, str] | None = None) -> None:
     """One training worker: sleep (compute), push_pull all tensors, wait; until ``stop_at``.
 
     ``progress`` is -1 while starting, 0 once imports and buffers are ready (it then waits for
@@ -79,6 +79,10 @@ def _worker(master: str, job: str, tag: int, rank: int, world: int, tensors: lis
     """
     agent = None
     try:
+        if place is not None:             # an emulated host's (network namespace, host id)
+            from dlrt.testbed import enter_netns
+            enter_netns(place[0])
+            os.environ["DLRT_HOST_ID"] = place[1]
         from autops.agent import Agent
         opts: dict = {"mode": mode, "average": True}
         if mode == "server":
@@ -144,8 +148,9 @@ class Workers:
     def start_job(self, tag: int, job: str, tensors: list[Tensor], world: int = 2, mode: str = "sum",
                   optimizer: str = "adam", compute_s: Sequence[float] | float = 0.0,
                   target_s: float | None = None, calib_iters: int = 4, timeout: float = 30.0,
-                  go: bool = True, transport: str = "auto") -> None:
-        """Spawn the job's workers; they register when ``go`` (or ``open(tag)``)."""
+                  go: bool = True, transport: str = "auto", hosts: Sequence[Any] | None = None) -> None:
+        """Spawn the job's workers; they register when ``go`` (or ``open(tag)``). ``hosts``:
+        rank ``r`` runs as emulated host ``hosts[r]`` (``dlrt.testbed.Host``)."""
         self.jobs[tag], self.world[tag] = job, world
         secret = new_job_secret()          # the launcher's: the same for every rank of the job
         self.stop[tag] = self.ctx.Value("q", BIG)
@@ -158,7 +163,8 @@ class Workers:
             p = self.ctx.Process(target=_worker, name=f"{job}-r{rank}", daemon=True,
                                  args=(self.master, job, tag, rank, world, tensors, mode, optimizer, c, target_s,
                                        calib_iters, self.progress[(tag, rank)], self.stop[tag], self.gates[tag],
-                                       self.results, timeout, transport, secret))
+                                       self.results, timeout, transport, secret,
+                                       (hosts[rank].netns, hosts[rank].host_id) if hosts else None))
             p.start()
             self.procs.append(p)
 

@@ -31,23 +31,32 @@ Figures, per repeat; over repeats their maximum (``max_*``) and median (``median
   aggregator and worker process CPU seconds and minor page faults during the migration and
   per iteration before and after it.
 
+``--emulate-hosts`` runs every aggregator and every worker on an emulated host of its own
+(``dlrt.testbed``, ``--link``, default 10 Gbit/s): the state then crosses shaped links.
+
 ``--json FILE`` writes one JSON object per (model, mode) (``-``: stdout; ``--append`` adds
 to FILE).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
+import threading
 import time
 import uuid
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from autops.admin import AdminClient
 from autops.local import LocalPool
 from dlrt import cli
+from dlrt.testbed import Testbed, available, cleanup, enter_netns
+
+from .autops_hosts import HostPool
 
 from .autops_elastic import (ITERATION_S, Workers, add_common_args, all_cpu, background_cpu, counter_delta,
                              parse_args, proc_counters, scaled_tensors, tensor_bytes, warn_background,
@@ -56,6 +65,53 @@ from .autops_elastic import (ITERATION_S, Workers, add_common_args, all_cpu, bac
 MAIN, OTHER = 0, 1          # worker tags of the migrating job and of its neighbour
 
 Record = tuple[int, float, float, float]      # iteration, begin, communication start, end
+
+
+@contextlib.contextmanager
+def site(args: argparse.Namespace, master_args: list[str]) -> Iterator[tuple[str, AdminClient, dict]]:
+    """A pool of 4 aggregators: ``(pMaster's address, an admin client, {tag: worker hosts})``.
+    On this machine the workers run here (no hosts); with ``--emulate-hosts`` every aggregator
+    and every worker is an emulated host of its own (8 hosts, ``--link``), pMaster beside the
+    first aggregator, and the admin client's connection is made from inside pMaster's host."""
+    if not args.emulate_hosts:
+        with LocalPool(4, log_level=args.log_level, master_args=master_args) as pool, \
+                AdminClient(pool.master, 10.0) as admin:
+            yield pool.master, admin, {}
+        return
+    tb = Testbed(8, link=args.link, prefix=args.prefix)
+    cleanup(tb.prefix)                      # what a killed earlier run left behind
+    tb.up()
+    try:
+        with HostPool(tb, tb.hosts[:4], log_level=args.log_level, master_args=master_args) as pool:
+            admin = in_netns(pool.master_host.netns, lambda: AdminClient(pool.master, 10.0))
+            try:
+                yield pool.master, admin, {MAIN: tb.hosts[4:6], OTHER: tb.hosts[6:8]}
+            finally:
+                admin.close()
+    finally:
+        tb.down()
+
+
+def in_netns(netns: str, make: Callable[[], Any]) -> Any:
+    """``make()`` called on a thread inside network namespace ``netns``: the ZeroMQ context
+    it creates starts its I/O thread there, so the object's connections are made from there
+    while this thread stays where it is."""
+    box: list = []
+
+    def run() -> None:
+        try:
+            enter_netns(netns)
+            box.append((True, make()))
+        except BaseException as exc:      # handed to the caller
+            box.append((False, exc))
+
+    thread = threading.Thread(target=run, name=f"in-{netns}")
+    thread.start()
+    thread.join()
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
 
 
 def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
@@ -69,17 +125,17 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
     repeats: list[dict] = []
     seen_batches: set[int] = set()
     master_args = ["--static", "--heartbeat-timeout", str(args.heartbeat_timeout)]
-    with LocalPool(4, log_level=args.log_level, master_args=master_args) as pool, AdminClient(pool.master, 10.0) as admin:
-        workers = Workers(pool.master)
+    with site(args, master_args) as (master, admin, hosts):
+        workers = Workers(master)
         try:
             workers.start_job(MAIN, job, tensors, mode=mode, optimizer=args.optimizer, compute_s=compute_s,
-                              timeout=args.agent_timeout, transport=args.transport)
+                              timeout=args.agent_timeout, transport=args.transport, hosts=hosts.get(MAIN))
             wait_iterations(workers, MAIN, args.warmup, args.start_timeout)
             if other is not None:
                 # after the first job has its aggregators: the neighbour gets the two others
                 workers.start_job(OTHER, other, scaled_tensors(args.other, args.scale, args.shapes),
                                   compute_s=ITERATION_S[args.other] * args.time_scale, timeout=args.agent_timeout,
-                                  transport=args.transport)
+                                  transport=args.transport, hosts=hosts.get(OTHER))
                 wait_iterations(workers, OTHER, args.skip + 1, args.start_timeout)
             status = admin.status()
             pids = {a["id"]: a["pid"] for a in status["aggregators"]}
@@ -159,6 +215,7 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
     row = {
         "benchmark": "migrate", "model": model, "mode": mode, "optimizer": args.optimizer if mode == "server" else None,
         "scale": args.scale, "transport": args.transport, "workers": 2, "aggregators": 4, "compute_s": compute_s,
+        "site": "emulated" if args.emulate_hosts else "local", "link": args.link if args.emulate_hosts else None,
         "tensors": len(tensors), "model_bytes": tensor_bytes(tensors), "keys_moved": repeats[0]["keys"] if repeats else 0,
         "aggregators_before": placement.get(job),
         "repeats": len(repeats), "all_completed": all(r["done"] and not r["failed_keys"] for r in repeats),
@@ -295,8 +352,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heartbeat-timeout", type=float, default=30.0,
                    help="pMaster's --heartbeat-timeout: on a loaded machine an aggregator allocating a "
                         "model's memory can miss heartbeats for seconds without being lost")
+    p.add_argument("--emulate-hosts", action="store_true",
+                   help="every aggregator and worker on an emulated host of its own (root; dlrt.testbed)")
+    p.add_argument("--link", default="10gbit", help="emulated hosts: link rate (none: unshaped)")
+    p.add_argument("--prefix", default="apsm", help="emulated hosts: name prefix of the testbed")
     add_common_args(p)
     args = parse_args(p, argv)
+    if args.link.strip().lower() == "none":
+        args.link = None
+    if args.emulate_hosts:
+        if args.transport in ("shm", "ipc"):
+            p.error("--emulate-hosts: shm and ipc cannot reach another host; use auto or tcp")
+        reason = available()
+        if reason:
+            raise RuntimeError(f"--emulate-hosts: emulated hosts unavailable here: {reason}")
     out = cli.text_out(args.json)
 
     rows = []

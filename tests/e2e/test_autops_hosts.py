@@ -94,3 +94,22 @@ def test_the_benchmark_across_emulated_hosts_writes_the_contracted_fields(tmp_pa
     # each worker's push left its host over its link, and gloo ran over the same worker links
     assert row["autops_link_bytes"]["workers_sent"] >= 2 * model and row["autops_workers_sent_over_model"] >= 1
     assert row["gloo_link_bytes"]["workers_sent"] >= 2 * model        # a ring moves (W-1)/W x 2 x model each
+
+
+def test_the_migration_benchmark_across_emulated_hosts_moves_the_job_and_reports_its_pauses(tmp_path):
+    reason = available()
+    if reason:
+        pytest.skip(f"emulated hosts unavailable: {reason}")
+    from dlrt_bench.autops_migrate import main as migrate_main
+    out = tmp_path / "migrate.json"
+    prefix = prefix_for(__name__, 8)
+    cleanup(prefix)
+    assert migrate_main(["--emulate-hosts", "--link", "10gbit", "--model", "alexnet", "--scale", "0.02",
+                         "--other", "none", "--repeats", "1", "--warmup", "2", "--gap", "3", "--skip", "1",
+                         "--time-scale", "0.1", "--prefix", prefix, "--json", str(out)]) == 0
+    assert not leftovers(prefix)
+    [row] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert (row["site"], row["link"], row["all_completed"]) == ("emulated", "10gbit", True)
+    assert row["keys_moved"] > 0 and row["per_repeat"][0]["switch_iterations"]
+    assert set(row["per_repeat"][0]["to"]).isdisjoint(row["per_repeat"][0]["from"])
+    assert row["max_pause_ms"] is not None and row["median_pause_ms"] is not None
