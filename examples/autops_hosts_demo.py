@@ -6,7 +6,8 @@ host (``examples/train_digits.py`` under ``torchrun --nproc-per-node 2``: h2 run
 SGD job, h3 a server-side Adam job; each asks for one aggregator). Every process has its host's identity, so workers reach
 the aggregators over TCP across the shaped links. Prints per job its throughput, accuracy and
 aggregators, and the bytes each host sent and received over its link; then removes the
-testbed.
+testbed. The cluster runs with a fresh key directory of its own, so every channel between
+the hosts runs CURVE (docs/security.md).
 
     sudo python examples/autops_hosts_demo.py [--link 1gbit] [--epochs 2]
 """
@@ -22,6 +23,7 @@ import tempfile
 import time
 
 from autops.jobauth import new_job_secret
+from dlrt.keys import temporary_cluster
 from dlrt.testbed import Testbed, available
 from dlrt_bench.autops_hosts import HostPool
 
@@ -41,9 +43,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     out_dir = pathlib.Path(tempfile.mkdtemp(prefix="autops-hosts-demo-"))
     try:
-        with Testbed(2 + len(JOBS), link=args.link, prefix="apsdemo") as tb:
+        # beyond loopback the cluster runs with its keys: a fresh key directory for this demo
+        # (dlrt keys init makes the real one), so every channel runs CURVE
+        with temporary_cluster() as keys, Testbed(2 + len(JOBS), link=args.link, prefix="apsdemo") as tb:
             agg_hosts, worker_hosts = tb.hosts[:2], tb.hosts[2:]
-            print(f"testbed up: {len(tb.hosts)} hosts on {tb.subnet}, {args.link} links", flush=True)
+            print(f"testbed up: {len(tb.hosts)} hosts on {tb.subnet}, {args.link} links; "
+                  f"CURVE keys in {keys}", flush=True)
             with HostPool(tb, agg_hosts) as pool:
                 print(f"pool up: pMaster {pool.master} on {agg_hosts[0].name}; aggregators on "
                       f"{', '.join(h.name for h in agg_hosts)}", flush=True)
