@@ -13,10 +13,11 @@ $(PY):
 
 # System packages: libfuse3 (+ pkg-config) to build the C core's FUSE front end, fuse3 (fusermount3),
 # fio and stress-ng for the benchmarks and memory-pressure tests, chromium (headless) for the
-# Tiresias dashboard test, libibverbs-dev and python3-pyverbs for the RDMA transport (docs/rdma.md).
+# Tiresias dashboard test, libibverbs-dev and python3-pyverbs for the RDMA transport (docs/rdma.md),
+# libssl-dev (libcrypto) for the data server's cluster-key handshake (csrc/infiniswap/isw_auth.c).
 # Installed when missing and we are
 # root with apt-get; otherwise skipped quietly (the C build then says that libfuse3-dev is missing).
-SYSPKGS := fuse3 libfuse3-dev pkg-config fio stress-ng chromium libibverbs-dev python3-pyverbs
+SYSPKGS := fuse3 libfuse3-dev pkg-config fio stress-ng chromium libibverbs-dev python3-pyverbs libssl-dev
 
 # torch first, pinned: the machine carries a CPU build of 2.13.0; an unpinned torch would pull CUDA wheels.
 # The C core is built by `pip install -e`: a change to its sources re-runs this step.
@@ -72,6 +73,9 @@ bench: setup
 	$(PY) bench/autops_packing.py --jobs 2 3 --model vgg19 --json bench/results/autops_packing.json --append
 	$(PY) bench/autops_migrate.py --model vgg19 bert-base --repeats 3 --json bench/results/autops_migrate.json
 	$(PY) bench/autops_migrate.py --model vgg19 --mode server --repeats 3 --json bench/results/autops_migrate.json --append
+	$(PY) bench/autops_migrate.py --model vgg19 --mode sum server --repeats 3 --emulate-hosts --link 10gbit --json bench/results/autops_migrate_hosts.json
+	$(PY) bench/autops_pushpull.py --workers 2 --model flat64m resnet50 --transport tcp shm --curve off on --json bench/results/autops_pushpull_curve.json
+	$(PY) bench/autops_pushpull.py --emulate-hosts --workers 2 --aggregators same --model flat64m resnet50 --link 1gbit 10gbit --curve off on --json bench/results/autops_pushpull_curve_hosts.json
 	$(PY) bench/autops_failover.py --repeats 4 --json bench/results/autops_failover.json
 	$(PY) -m autops.simulate --trace ../shared/data/traces/philly.csv --json bench/results/autops_simulate.json --plot bench/results/autops_simulate.png
 	$(PY) bench/tiresias_scale.py --json bench/results/tiresias_scale.json
@@ -100,7 +104,7 @@ SAN_SRCS    = csrc/tests/isw_stress.c $(wildcard csrc/infiniswap/*.c)
 SAN_DEPS    = $(SAN_SRCS) $(wildcard csrc/infiniswap/*.h)
 SAN_CFLAGS  = -std=c11 -D_GNU_SOURCE -pthread -Wall -Wextra -O1 -g -fno-omit-frame-pointer \
               -Icsrc/infiniswap $(shell pkg-config --cflags fuse3)
-SAN_LIBS    = -pthread $(shell pkg-config --libs fuse3)
+SAN_LIBS    = -pthread $(shell pkg-config --libs fuse3) -lcrypto
 
 sanitize: setup $(SAN_DIR)/isw_stress_asan $(SAN_DIR)/isw_stress_tsan
 	$(SAN_DIR)/isw_stress_asan

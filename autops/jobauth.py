@@ -70,18 +70,19 @@ def check_secret_shape(job: str, secret: object) -> str:
 
 class JobSecrets:
     """Salted hashes of the live jobs' secrets, by job id, persisted in ``state_dir`` (or in
-    memory when None). Only pMaster's thread uses it."""
+    memory when None). Used by one thread at a time: pMaster's loop, which may run on
+    another thread than the one that built it (``check_same_thread=False``)."""
 
     def __init__(self, state_dir: str | os.PathLike | None = None) -> None:
         if state_dir is None:
             self.path = None
-            self._db = sqlite3.connect(":memory:")
+            self._db = sqlite3.connect(":memory:", check_same_thread=False)
         else:
             directory = Path(state_dir)
             directory.mkdir(parents=True, exist_ok=True, mode=0o700)
             os.chmod(directory, 0o700)
             self.path = directory / DB_NAME
-            self._db = sqlite3.connect(self.path)
+            self._db = sqlite3.connect(self.path, check_same_thread=False)
             os.chmod(self.path, 0o600)
         self._db.execute("CREATE TABLE IF NOT EXISTS jobs (job TEXT PRIMARY KEY, salt BLOB NOT NULL, "
                          "digest BLOB NOT NULL, since REAL NOT NULL)")

@@ -92,6 +92,7 @@ class Master:
         ``operator_token``: default the key directory's (made there when missing)."""
         self.assign_timeout = assign_timeout
         self.security = security if security is not None else default_security()
+        self._curve_refusals_before = refusal_counts()      # this pMaster counts its own from here
         self.ctx = make_context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.security.server(self.sock, bind)
@@ -701,7 +702,7 @@ class Master:
         (CURVE handshakes as ``curve_*``, counted by ``dlrt.curve``; the aggregators' refusals
         of data requests as ``aggregator_wrong_secret``, from their heartbeats)."""
         refusals = Counter(self.refusals)
-        refusals.update(refusal_counts())
+        refusals.update(refusal_counts(since=self._curve_refusals_before))
         for stat, reason in (("auth_refusals", "aggregator_wrong_secret"),
                              ("ctrl_refusals", "aggregator_unsealed_control")):
             n = sum(int(a.stats.get(stat) or 0) for a in self.state.aggs.values())

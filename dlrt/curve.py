@@ -55,10 +55,15 @@ def _refused(reason: str) -> None:
         _refusals[reason] += 1
 
 
-def refusal_counts() -> dict[str, int]:
-    """Connections this process's guards refused, by reason."""
+def refusal_counts(since: dict[str, int] | None = None) -> dict[str, int]:
+    """Connections this process's guards refused, by reason; with ``since`` (an earlier
+    result), only those refused after it (a service counts its own, not those of an earlier
+    one in the same process)."""
     with _refusals_lock:
-        return dict(_refusals)
+        now = dict(_refusals)
+    if since:
+        now = {reason: n - since.get(reason, 0) for reason, n in now.items() if n > since.get(reason, 0)}
+    return now
 
 
 def _is_tcp(address: str) -> bool:

@@ -35,6 +35,7 @@ _API_HEADERS = (
     "isw_device.h",
     "isw_store.h",
     "isw_dataserver.h",
+    "isw_auth.h",
     "isw_fuse.h",
     "isw_rdma.h",
 )
@@ -124,7 +125,8 @@ ffibuilder.set_source(
              if n.endswith(".h")],
     extra_compile_args=["-O2", "-std=c11", "-D_GNU_SOURCE", "-pthread", "-Wall", "-Wextra",
                         *_FUSE_CFLAGS, *_VERBS_CFLAGS],
-    extra_link_args=["-pthread", *_FUSE_LIBS, *_VERBS_LIBS],
+    # libcrypto (OpenSSL): HMAC-SHA256, nonces and constant-time compares of isw_auth.c
+    extra_link_args=["-pthread", *_FUSE_LIBS, *_VERBS_LIBS, "-lcrypto"],
 )
 
 if __name__ == "__main__":

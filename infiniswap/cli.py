@@ -144,7 +144,7 @@ def _announce_reporters(reporters: Sequence[Any]) -> str:
 def _cmd_daemon(args: argparse.Namespace) -> int:
     if args.transport == "rdma":
         from infiniswap.rdma import check_transport
-        check_transport(args.transport)         # fails at once: no device, or not wired yet
+        check_transport(args.transport)         # fails at once without an RDMA device
     if args.exit_with_parent:
         if not die_with_parent(signal.SIGTERM):
             log.warning("--exit-with-parent: the kernel refused PR_SET_PDEATHSIG")
@@ -167,12 +167,16 @@ def _cmd_daemon(args: argparse.Namespace) -> int:
         raise UsageError(f"--metrics-port {args.metrics_port} must be in 0..65535 (0 = off)")
     with contextlib.ExitStack() as stack, _Signals() as signals:
         reporters = _open_reporters(args, stack)
+        rdma = None
+        if args.transport == "rdma":
+            from infiniswap.rdma import RdmaDevice
+            rdma = stack.enter_context(RdmaDevice())        # closed after daemon.stop()
         daemon = Daemon(args.bind, headroom=args.headroom, slab_size=args.slab_size,
                         capacity=args.capacity, total_memory=total, memory_reader=reader,
                         period=args.period, timeout=args.timeout, lock=not args.no_lock,
                         data_host=None if args.no_data_server else args.data_host,
                         data_port=args.data_port, host_name=args.report_host,
-                        reporters=reporters, report_interval=args.report_interval)
+                        reporters=reporters, report_interval=args.report_interval, rdma=rdma)
         daemon.start()
         try:
             print(f"infiniswap daemon: control {daemon.address} data "
@@ -193,7 +197,7 @@ def _cmd_device(args: argparse.Namespace) -> int:
         raise UsageError(f"--swap-priority {args.swap_priority} must be in -1..32767")
     if args.transport == "rdma":
         from infiniswap.rdma import check_transport
-        check_transport(args.transport)         # fails at once: no device, or not wired yet
+        check_transport(args.transport)         # fails at once, before the backup file is made
     if args.mount and not args.no_harden:
         # First thing, before threads start and before a daemon's memfd is mapped: this
         # process serves the pages the kernel swaps out.
@@ -441,8 +445,9 @@ def _daemon_args(d: argparse.ArgumentParser) -> None:
                    help="no TCP data path (same-host devices only)")
     d.add_argument("--transport", choices=["auto", "tcp", "rdma"], default="auto",
                    help="auto and tcp: shared memory for devices on this host, the TCP data server "
-                        "for the others; rdma: also lend slabs over RDMA (needs an RDMA device; not "
-                        "wired yet, see docs/rdma.md)")
+                        "for the others; rdma: also lend every slab over RDMA (registered as a memory "
+                        "region while lent; needs an RDMA device, fails at once without one; not run "
+                        "on hardware yet, see docs/rdma.md)")
     d.add_argument("--emulate-usage", metavar="FILE",
                    help="testing: read the memory used by everything else from FILE "
                         "(bytes, e.g. 512M; re-read every period) and take --capacity as "
@@ -474,7 +479,10 @@ def _device_args(v: argparse.ArgumentParser) -> None:
     v.add_argument("--timeout", type=_positive(float), default=2.0,
                    help="take a daemon as failed after this long (s) without an answer")
     v.add_argument("--transport", choices=["auto", "shm", "tcp", "rdma"], default="auto",
-                   help="rdma needs an RDMA device (not wired yet, see docs/rdma.md)")
+                   help="auto: shared memory with daemons on this host, TCP otherwise; shm or tcp: "
+                        "only that; rdma: one-sided RDMA READ/WRITE of the daemons' slabs (daemons "
+                        "started with --transport rdma; needs an RDMA device, fails at once without "
+                        "one; not run on hardware yet, see docs/rdma.md)")
     v.add_argument("--status-bind", type=cli.bind_address, default=None, metavar="ADDR",
                    help="address where `infiniswap status --devices` can ask this device")
     v.add_argument("--device-id", default=None, help="name shown by daemons (default host:pid)")

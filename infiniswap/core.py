@@ -9,7 +9,10 @@ Three objects, no policy and no threads of their own:
   mlocked, freed by hole punching) and its fence: a generation per slab that every device
   access must name, so a slab taken back from a device is never touched by it again
   (thesis §2.5; docs/infiniswap.md, "Fencing").
-* :class:`DataServer` — the daemon's TCP data server for devices on other hosts.
+* :class:`DataServer` — the daemon's TCP data server for devices on other hosts; it serves
+  only connections that prove the cluster key (``csrc/infiniswap/isw_auth.h``), and a device
+  opening a TCP remote proves it and checks the server's proof the same way.  Both take the
+  key through their constructor / call (default: ``dlrt.keys.ensure_cluster_secret()``).
 * :class:`FuseServer` — the device as the file ``disk`` of a FUSE mount (libfuse3, C
   threads; no Python on its I/O path), for ``losetup`` / ``mkswap`` / ``swapon``.
 
@@ -25,6 +28,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from dlrt.keys import ensure_cluster_secret
 from infiniswap._core import ffi, lib
 
 __all__ = [
@@ -38,6 +42,7 @@ __all__ = [
     "DataServer",
     "FuseServer",
     "FuseStats",
+    "auth_proof",
 ]
 
 PAGE_SIZE: int = int(lib.ISW_PAGE_SIZE)
@@ -102,6 +107,9 @@ class ServerStats:
     bytes_read: int
     bytes_written: int
     errors: int
+    auth_successes: int         # connections that proved the cluster key
+    auth_refusals: int          # connections closed before proving it (every reason)
+    auth_timeouts: int          # of which: silent past the handshake deadline
 
 
 @dataclass(frozen=True)
@@ -139,6 +147,27 @@ def _uint(value: Any, name: str, limit: int = _U64_MAX) -> int:
     if value < 0 or value > limit:
         raise ValueError(f"{name} must be in 0..{limit}, got {value}")
     return value
+
+
+def _cluster_key(key: bytes | None) -> bytes:
+    """``key``, else the cluster key of the key directory; checked for its length."""
+    key = ensure_cluster_secret() if key is None else key
+    if not isinstance(key, (bytes, bytearray)):
+        raise TypeError(f"the cluster key must be bytes, got {type(key).__name__}")
+    if not int(lib.ISW_AUTH_KEY_MIN) <= len(key) <= int(lib.ISW_AUTH_KEY_MAX):
+        raise ValueError(f"the cluster key must be {int(lib.ISW_AUTH_KEY_MIN)}.."
+                         f"{int(lib.ISW_AUTH_KEY_MAX)} bytes, got {len(key)}")
+    return bytes(key)
+
+
+def auth_proof(key: bytes, nonce: bytes, role: str, context: bytes | None = None) -> bytes:
+    """The C core's proof (``isw_auth_proof``): ``dlrt.proof.proof(key, nonce, role[,
+    context])`` computed by OpenSSL; tests compare the two."""
+    out = ffi.new("unsigned char[]", int(lib.ISW_AUTH_PROOF_SIZE))
+    ctx = ffi.NULL if context is None else ffi.from_buffer(context)
+    _check(lib.isw_auth_proof(key, len(key), nonce, len(nonce), role.encode(), ctx,
+                              0 if context is None else len(context), out), "auth_proof")
+    return bytes(ffi.buffer(out))
 
 
 def _fields(cdata: Any, names: tuple[str, ...]) -> dict[str, int]:
@@ -239,17 +268,37 @@ class CoreDevice(_Handle):
                       "add_remote_shm")
 
     def add_remote_tcp(self, host: str, port: int, connections: int = 4,
-                       timeout: float = 2.0) -> int:
+                       timeout: float = 2.0, key: bytes | None = None) -> int:
         """Connect ``connections`` TCP connections to a daemon's data server; ``timeout``
-        (seconds) bounds every connect/send/receive.  Returns the remote id."""
+        (seconds) bounds every connect/send/receive.  Each connection proves the cluster
+        ``key`` (default: the key directory's) and checks the server's proof of it:
+        OSError(EACCES) when either side does not hold it.  Returns the remote id."""
+        key = _cluster_key(key)
         _uint(port, "port", 65535)
         _uint(connections, "connections", 256)
         timeout_ms = int(round(timeout * 1000))
         if timeout_ms < 1 or timeout_ms > 3_600_000:
             raise ValueError(f"timeout must be in 0.001..3600 s, got {timeout}")
         return _check(lib.isw_device_add_remote_tcp(self._p(), host.encode(), port,
-                                                    connections, timeout_ms),
+                                                    connections, timeout_ms, key, len(key)),
                       "add_remote_tcp")
+
+    def add_remote_rdma(self, queue_pair: Any, nslots: int) -> int:
+        """An RDMA remote of ``nslots`` slabs over a connected ``infiniswap.rdma.QueuePair``,
+        which it takes over (destroyed with the remote, or at once on failure).  Each slab
+        is reached once :meth:`set_rdma_slab` said where.  Returns the remote id."""
+        _uint(nslots, "nslots")
+        return _check(lib.isw_device_add_remote_rdma(self._p(), queue_pair.release(), nslots),
+                      "add_remote_rdma")
+
+    def set_rdma_slab(self, remote_id: int, region_offset: int, generation: int, addr: int,
+                      rkey: int) -> None:
+        """Before :meth:`map_slab` on an RDMA remote: the daemon's MR_INFO for the slab at
+        ``region_offset`` (lease ``generation``, registered at ``addr`` with ``rkey``)."""
+        _check(lib.isw_device_set_rdma_slab(self._p(), remote_id,
+                                            _uint(region_offset, "region_offset"),
+                                            _uint(generation, "generation"), _uint(addr, "addr"),
+                                            _uint(rkey, "rkey", _U32_MAX)), "set_rdma_slab")
 
     def remove_remote(self, remote_id: int) -> None:
         """Unmap every slab on the remote (draining in-flight I/O) and drop it."""
@@ -398,6 +447,14 @@ class SlabStore(_Handle):
         _check(lib.isw_store_free_slab(self._p(), _uint(region_offset, "region_offset")),
                "free_slab")
 
+    def slab_address(self, region_offset: int) -> int:
+        """Where this allocated slab lies in this process (what the daemon registers with
+        an RDMA device when it lends the slab)."""
+        out = ffi.new("uint64_t *")
+        _check(lib.isw_store_slab_address(self._p(), _uint(region_offset, "region_offset"),
+                                          out), "slab_address")
+        return int(out[0])
+
     def generation(self, region_offset: int) -> int:
         """The generation a lease of this allocated slab gets (the device's ``map_slab``)."""
         out = ffi.new("uint64_t *")
@@ -473,16 +530,24 @@ class SlabStore(_Handle):
 
 
 class DataServer(_Handle):
-    """TCP data server of a daemon: serves READ/WRITE of ``store``'s allocated slabs.
+    """TCP data server of a daemon: serves READ/WRITE of ``store``'s allocated slabs to
+    connections that proved the cluster ``key`` (default: the key directory's) within
+    ``handshake_timeout`` seconds; the others are closed and counted (``stats()``).
     ``port=0`` lets the OS pick; see :meth:`port`."""
 
     _kind = "data server"
 
-    def __init__(self, store: SlabStore, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, store: SlabStore, host: str = "127.0.0.1", port: int = 0, *,
+                 key: bytes | None = None, handshake_timeout: float = 2.0) -> None:
         self._ptr = None
         _uint(port, "port", 65535)
+        key = _cluster_key(key)
+        handshake_ms = int(round(handshake_timeout * 1000))
+        if handshake_ms < 1 or handshake_ms > 3_600_000:
+            raise ValueError(f"handshake_timeout must be in 0.001..3600 s, got {handshake_timeout}")
         out = ffi.new("struct isw_server **")
-        _check(lib.isw_server_start(store._p(), host.encode(), port, out), "DataServer")
+        _check(lib.isw_server_start(store._p(), host.encode(), port, key, len(key), handshake_ms,
+                                    out), "DataServer")
         self._ptr = ffi.gc(out[0], lib.isw_server_free)
         self._store = store         # the C server uses the store: keep it alive
         self.host: str = host
@@ -494,6 +559,12 @@ class DataServer(_Handle):
         st = ffi.new("struct isw_server_stats *")
         _check(lib.isw_server_get_stats(self._p(), st), "stats")
         return ServerStats(**_fields(st, tuple(ServerStats.__dataclass_fields__)))
+
+    def last_refusal(self) -> str:
+        """Why the last refused connection was refused ('' if none; never the key)."""
+        out = ffi.new("char[]", 256)
+        _check(lib.isw_server_last_refusal(self._p(), out, 256), "last_refusal")
+        return ffi.string(out).decode("utf-8", "replace")
 
     def stop(self) -> None:
         """Close the listener and every connection and join the server's threads.

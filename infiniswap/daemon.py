@@ -32,7 +32,11 @@ Every ``report_interval`` the control thread also hands ``stats()`` to its repor
 ``report.ReportPublisher``, a ``report.PrometheusExporter``: objects with ``publish(stats)``,
 none of which blocks), so a cluster manager sees free and lent memory per host.
 A device is known by its ZeroMQ routing id (the DEALER it sent MAP from), so the daemon can
-send EVICT / CHECK_ACTIVITY to it at any time.  A malformed or unexpected message gets an
+send EVICT / CHECK_ACTIVITY to it at any time.  It lends only to devices that proved the
+cluster key (``ctlauth.DaemonAuth``: a MAP must answer the challenge of FREE_MEM / PONG; an
+UNMAP or DONE acts only on the sender's own leases, which only a proven device has), proves
+the key itself in every MR_INFO, and its data server serves only connections that proved it
+(``core.DataServer``); every refusal is counted in ``stats()["auth_refusals"]``.  A malformed or unexpected message gets an
 ERROR reply and a log line; nothing a peer sends stops the daemon.
 """
 from __future__ import annotations
@@ -58,9 +62,14 @@ from dlrt.hostid import host_id
 from dlrt.periodic import Periodic
 from dlrt.control import ControlThread
 
+from dlrt.curve import Security, default_security, refusal_counts
+from dlrt.keys import ensure_cluster_secret
 from infiniswap.channel import bind_router
 from infiniswap.core import DataServer, SlabStore
+from infiniswap.ctlauth import DaemonAuth, offer_proof
 from infiniswap.fencing import RELEASE, REUSE, RegionFence
+from infiniswap.rdma import RdmaDevice, RdmaUnavailable
+from infiniswap.rdmalend import RdmaLending
 from infiniswap.timings import Timings
 
 __all__ = ["Daemon", "GiB", "MiB", "Reporter"]
@@ -126,7 +135,14 @@ class Daemon:
     ``host_name``: the host this daemon reports itself on (default ``socket.gethostname()``;
     several daemons on one machine can stand for emulated hosts).  ``reporters``: given
     ``stats()`` every ``report_interval`` seconds from the control thread, the first time at
-    start; the caller closes them after ``stop()``.
+    start; the caller closes them after ``stop()``.  ``rdma``: an opened RDMA device
+    (``infiniswap.rdma.RdmaDevice``, closed by the caller after ``stop()``) to lend slabs
+    over as well: each lent slab is registered as a memory region (its address and rkey go
+    in MR_INFO, the region is deregistered before the slab is taken back) and devices
+    connect a queue pair with RDMA_CONNECT (``infiniswap.rdmalend``).
+    ``cluster_key``: the key devices and the data server's clients must prove (default: the
+    key directory's, ``dlrt.keys.ensure_cluster_secret``); ``security``: CURVE keys of the
+    control socket (default ``dlrt.curve.default_security()``).
     """
 
     def __init__(self, bind: str = "tcp://127.0.0.1:0", *, headroom: int = 8 * GiB,
@@ -137,7 +153,8 @@ class Daemon:
                  timeout: float = 5.0, lock: bool = True, data_host: str | None = "127.0.0.1",
                  data_port: int = 0, rng: random.Random | None = None,
                  host_name: str | None = None, reporters: Sequence[Reporter] = (),
-                 report_interval: float = 1.0) -> None:
+                 report_interval: float = 1.0, rdma: RdmaDevice | None = None,
+                 cluster_key: bytes | None = None, security: Security | None = None) -> None:
         if not isinstance(slab_size, int) or not _pow2(slab_size) or slab_size < MiB:
             raise ValueError(f"slab size {slab_size!r} must be a power of two of at least 1 MiB")
         if not isinstance(headroom, int) or headroom < 0:
@@ -214,6 +231,13 @@ class Daemon:
         self.maps = 0
         self._evict_times = Timings()
         self._failure: BaseException | None = None
+        self._rdma = rdma
+        self._key = cluster_key if cluster_key is not None else ensure_cluster_secret()
+        self._security = security or default_security()
+        self._curve_refusals_before = refusal_counts()      # this daemon counts its own from here
+        self._auth = DaemonAuth(self._key)
+        self._data_refusals_logged = 0
+        self._lending: RdmaLending | None = None         # with the store, when rdma is given
 
     # ---- lifecycle ----
 
@@ -223,12 +247,16 @@ class Daemon:
             raise RuntimeError("daemon already started")
         self._store = SlabStore(self.capacity, self.slab_size, lock=self._lock_slabs)
         self._fence = RegionFence(self._store)
+        if self._rdma is not None:
+            self._lending = RdmaLending(self._rdma, self._store, self.slab_size)
         try:
             if self._data_host is not None:
-                self._server = DataServer(self._store, self._data_host, self._data_port)
+                self._server = DataServer(self._store, self._data_host, self._data_port,
+                                          key=self._key)
             # ROUTER_MANDATORY: a send to a gone device raises; HANDOVER: a device that
             # reconnects keeps its identity
             self._sock, self._address = bind_router(self._bind, "the daemon's control socket",
+                                                    security=self._security,
                                                     ROUTER_MANDATORY=1, ROUTER_HANDOVER=1)
             self._monitor(time.monotonic())
         except BaseException:
@@ -260,6 +288,9 @@ class Daemon:
         self._control.close()
 
     def _release_data_plane(self) -> None:
+        if self._lending is not None:           # no NIC may touch the slabs once unmapped
+            self._lending.close()
+            self._lending = None
         if self._server is not None:
             self._server.stop()
             self._server = None
@@ -344,9 +375,12 @@ class Daemon:
         self._mem_wake.set()
 
     def _take_back(self, region: int, then: str) -> None:
-        """A lease of ``region`` ended: fence it, then reuse or release it once no access
-        of that lease is in progress (now, or from ``_monitor`` later)."""
+        """A lease of ``region`` ended: deregister its RDMA region (the rkey is the lease),
+        fence it, then reuse or release it once no access of that lease is in progress (now,
+        or from ``_monitor`` later)."""
         assert self._fence is not None
+        if self._lending is not None:
+            self._lending.take_back(region)
         if self._fence.take_back(region, then):
             self._use_taken_back(region, then)
 
@@ -526,17 +560,28 @@ class Daemon:
             log.warning("daemon: %s reported an error: %s", self._name(peer), msg["reason"])
             return
         self.requests += 1
-        if op == p.QUERY_MEM:
-            reply = p.reply_to(msg, p.FREE_MEM, **self._free_mem())
+        gated = op == p.MAP or (op == p.RDMA_CONNECT and self._lending is not None)
+        if gated and not self._auth.admit(peer, msg.get("proof")):
+            log.warning("daemon: refused %s from %s: it did not prove the cluster key", op,
+                        self._name(peer))
+            reply = p.reply_to(msg, p.ERROR, code="unauthenticated",
+                               reason="this daemon lends memory only to devices that prove the "
+                                      "cluster key (answer the challenge of FREE_MEM or PONG)",
+                               **self._challenge(peer))
+        elif op == p.QUERY_MEM:
+            reply = p.reply_to(msg, p.FREE_MEM, **self._free_mem(), **self._challenge(peer))
         elif op == p.MAP:
             reply = self._on_map(envelope, msg)
             if reply is None:                   # waits for the memory worker
                 return
         elif op == p.UNMAP:
             reply = self._on_unmap(peer, msg)
+        elif op == p.RDMA_CONNECT:
+            reply = self._on_rdma_connect(peer, msg)
         elif op == p.PING:
             mine = sorted(lease.slab for lease in self._leases.values() if lease.peer == peer)
-            reply = p.reply_to(msg, p.PONG, instance=self.instance, slabs=mine)
+            reply = p.reply_to(msg, p.PONG, instance=self.instance, slabs=mine,
+                               **self._challenge(peer))
         elif op == p.STATUS:
             reply = p.reply_to(msg, p.REPORT, report=self.stats())
         else:
@@ -545,6 +590,11 @@ class Daemon:
             reply = p.reply_to(msg, p.ERROR, reason=f"a daemon does not accept {op}",
                                code="unexpected")
         self._send(envelope, reply)
+
+    def _challenge(self, peer: bytes) -> dict[str, str]:
+        """The ``challenge`` field for ``peer`` while it has not proved the key."""
+        challenge = self._auth.challenge(peer)
+        return {} if challenge is None else {"challenge": challenge}
 
     def _free_mem(self) -> dict[str, Any]:
         giveable = self._giveable()
@@ -577,17 +627,39 @@ class Daemon:
         slab = msg["slab"]
         lease = self._leases.get((peer, slab))
         assert self._store is not None and self._fence is not None
+        region = lease.region if lease is not None else self._free_list[-1]
+        try:
+            rdma = self._lending.lend(region) if self._lending is not None else {}
+        except RdmaUnavailable as exc:
+            return p.reply_to(msg, p.ERROR, code="rdma",
+                              reason=f"cannot lend the slab over RDMA: {exc}")
         if lease is None:
             region = self._free_list.pop()
             lease = _Lease(peer, slab, region, self._store.generation(region), time.monotonic())
             self._leases[(peer, slab)] = lease
             self._fence.lent(region, peer)
             self.maps += 1
-        return p.reply_to(msg, p.MR_INFO, slab=slab, region=lease.region, size=self.slab_size,
-                          generation=lease.generation, host_id=self.host_id,
-                          host=self._advertised_host(),
-                          data_port=self._server.port() if self._server is not None else None,
-                          shm_path=self._store.path(), instance=self.instance)
+        offer = dict(slab=slab, region=lease.region, size=self.slab_size,
+                     generation=lease.generation, host_id=self.host_id,
+                     host=self._advertised_host(),
+                     data_port=self._server.port() if self._server is not None else None,
+                     shm_path=self._store.path(), instance=self.instance, **rdma)
+        vouch = offer_proof(self._key, msg.get("nonce"), offer)   # the device checks it
+        return p.reply_to(msg, p.MR_INFO, **offer, **({} if vouch is None else {"proof": vouch}))
+
+    def _on_rdma_connect(self, peer: bytes, msg: p.Message) -> bytes:
+        """RDMA_CONNECT: a queue pair for this device, connected to its one (RDMA_ACCEPT)."""
+        if self._lending is None:
+            return p.reply_to(msg, p.ERROR, code="no_rdma",
+                              reason="this daemon does not lend over RDMA: start it with "
+                                     "--transport rdma")
+        self._names[peer] = msg["device_id"]
+        try:
+            qp = self._lending.accept(peer, msg["qp"])
+        except (OSError, ValueError) as exc:
+            return p.reply_to(msg, p.ERROR, code="rdma",
+                              reason=f"cannot connect a queue pair: {exc}")
+        return p.reply_to(msg, p.RDMA_ACCEPT, qp=qp, capacity=self.capacity, instance=self.instance)
 
     def _serve_pending_maps(self, now: float) -> None:
         """Answer MAPs that waited for the memory worker: MR_INFO, or ERROR once hopeless."""
@@ -633,6 +705,9 @@ class Daemon:
         slabs = [key for key in self._leases if key[0] == peer]
         if not slow:
             self._fence.gone(peer)
+            self._auth.forget(peer)
+            if self._lending is not None:
+                self._lending.peer_gone(peer)
             for key in [k for k in self._revoked if k[0] == peer]:
                 del self._revoked[key]
         for key in slabs:
@@ -648,6 +723,7 @@ class Daemon:
     # ---- memory monitor (§2.5.1) ----
 
     def _monitor(self, now: float) -> None:
+        self._log_data_refusals()
         try:
             measured = self._measure()
         except Exception as exc:
@@ -813,13 +889,39 @@ class Daemon:
                 "maps": self.maps, "evictions": self.evictions, "evict_rounds": self.evict_rounds,
                 "devices_lost": self.devices_lost, "requests": self.requests,
                 "bad_messages": self.bad_messages,
+                **self._auth_stats(served),
                 "evict_time_s": self._evict_times.summary(),
                 "served": None if served is None else {
                     "requests": served.requests, "bytes_read": served.bytes_read,
                     "bytes_written": served.bytes_written, "connections": served.connections,
                     "errors": served.errors},
                 "eviction_in_progress": self._round is not None,
+                "rdma": None if self._lending is None else {
+                    "slabs_registered": self._lending.registered,
+                    "devices_connected": self._lending.connected},
             }
+
+
+    def _auth_stats(self, served: Any) -> dict[str, Any]:
+        """Peers refused for not proving the cluster key: in total and per path."""
+        data = 0 if served is None else served.auth_refusals
+        curve = sum(refusal_counts(since=self._curve_refusals_before).values())
+        return {"auth_refusals": data + self._auth.refusals + curve,
+                "auth": {"data_refusals": data,
+                         "data_timeouts": 0 if served is None else served.auth_timeouts,
+                         "data_proven": 0 if served is None else served.auth_successes,
+                         "control_refusals": self._auth.refusals, "curve_refusals": curve}}
+
+    def _log_data_refusals(self) -> None:
+        """Say in the log when the data server refused connections since the last time."""
+        if self._server is None:
+            return
+        refused = self._server.stats().auth_refusals
+        if refused > self._data_refusals_logged:
+            log.warning("daemon: the data server refused %d connection(s) that did not prove the "
+                        "cluster key (last: %s)", refused - self._data_refusals_logged,
+                        self._server.last_refusal())
+            self._data_refusals_logged = refused
 
 
 def _memlock_limit() -> str:

@@ -46,10 +46,15 @@ class Device:
     ``slab_size``: power of two >= 1 MiB, the same as the daemons'.  ``hot_slab``: page I/Os
     per second above which a slab is mapped (thesis: 20).  ``alpha``/``period``: EWMA factor
     and control period (s).  ``transport``: ``"auto"`` (shared memory with daemons on this
-    host, TCP otherwise), ``"shm"`` or ``"tcp"``.  ``timeout``: how long to wait for a daemon's
-    answer before taking it as failed.  ``status_bind``: an endpoint where ``infiniswap
+    host, TCP otherwise), ``"shm"``, ``"tcp"`` or ``"rdma"`` (one-sided READ/WRITE of the
+    daemons' slabs through ``rdma``, an ``infiniswap.rdma.RdmaDevice``; by default the first
+    RDMA device, opened here: none fails at once; docs/rdma.md).  ``timeout``: how long to
+    wait for a daemon's answer before taking it as failed.  ``status_bind``: an endpoint where ``infiniswap
     status`` can ask this device for its state.  The constructor waits for the first contact
     with the daemons (at most ``timeout``); unreachable ones are logged and retried.
+    ``cluster_key``: the key this device proves to daemons and requires them to prove
+    (default: the key directory's, ``dlrt.keys.ensure_cluster_secret``); ``security``: the
+    ``dlrt.curve.Security`` of its control sockets (default ``default_security()``).
     """
 
     def __init__(self, size: int, backup: str | os.PathLike[str], daemons: Iterable[str] = (),
@@ -57,7 +62,8 @@ class Device:
                  period: float = 1.0, transport: str = "auto", timeout: float = 2.0,
                  rng: random.Random | None = None, writer_threads: int = 4,
                  device_id: str | None = None, status_bind: str | None = None,
-                 tcp_connections: int = 4, pending_cap: int = 0) -> None:
+                 tcp_connections: int = 4, pending_cap: int = 0, rdma: Any = None,
+                 cluster_key: bytes | None = None, security: Any = None) -> None:
         if isinstance(daemons, (str, bytes)):
             raise TypeError("daemons must be a list of addresses, e.g. ['tcp://127.0.0.1:7300']")
         daemons = list(daemons)
@@ -85,7 +91,8 @@ class Device:
             self._ctl = Controller(self._core, daemons, device_id=device_id or _default_device_id(),
                                    hot_slab=hot_slab, alpha=alpha, period=period, timeout=timeout,
                                    transport=transport, rng=rng or random.Random(),
-                                   status_bind=status_bind, tcp_connections=tcp_connections)
+                                   status_bind=status_bind, tcp_connections=tcp_connections,
+                                   rdma=rdma, cluster_key=cluster_key, security=security)
             self._ctl.start()
         except BaseException:
             self._core.close()

@@ -16,7 +16,11 @@ Every ``period`` the thread
 3. maps every unmapped slab with ``A(s) >= HotSlab`` (§2.4.2): QUERY_MEM to two daemons of
    M_new, else M_old (``placement.place_with``), MAP to the freer, MR_INFO -> open that
    daemon's memory once per daemon incarnation (shared memory when it runs on this host,
-   else TCP) -> ``CoreDevice.map_slab``.
+   else TCP) -> ``CoreDevice.map_slab``.  With ``transport="rdma"`` that memory is an RDMA
+   remote (one-sided READ/WRITE of the daemon's registered slabs, ``docs/rdma.md``): the
+   first MR_INFO of a daemon incarnation is followed by RDMA_CONNECT / RDMA_ACCEPT (each
+   side's queue-pair address), and each slab's address and rkey from its MR_INFO are given
+   to the remote before the slab is mapped.
 
 Between ticks it answers daemons: EVICT -> ``begin_evict`` (stop remote I/O, clear the
 slab's bits, drain in-flight I/O) for each slab, DONE, and remap at once if the slab is still
@@ -24,6 +28,14 @@ hot (§2.4.4); CHECK_ACTIVITY -> ACTIVITY; PING -> PONG.  A daemon's PONG lists 
 holds for this device, which reconciles both sides after timeouts and restarts.
 
 Page I/O never passes through here: it runs in the C core from the caller's threads.
+
+Security (``ctlauth``; docs/infiniswap.md, "Security"): every MAP answers the daemon's
+challenge (from its FREE_MEM / PONG) for this device's routing id, which holds 128 random
+bits, and carries a fresh nonce; the daemon's MR_INFO must answer that nonce with a proof of
+the cluster key over the memory it offers, else the slab is given back unused.  So the
+same-host path maps the shared memory of a daemon only after this control-channel proof
+exchange, and the TCP data path proves the key again per connection (C handshake).  The
+sockets run CURVE when the key directory says so (``security``).
 """
 from __future__ import annotations
 
@@ -46,16 +58,20 @@ from dlrt.hostid import host_id
 from dlrt.periodic import Periodic
 from dlrt.control import ControlThread
 
+from dlrt.curve import Security, default_security
+from dlrt.keys import ensure_cluster_secret
 from infiniswap.channel import bind_router, context
+from infiniswap.ctlauth import device_proof, new_nonce_hex, offer_proven
 from infiniswap.core import CoreDevice, SlabState
+from infiniswap.rdma import RdmaDevice
 from infiniswap.timings import Timings
 
 __all__ = ["Controller", "TRANSPORTS", "next_retry"]
 
 log = logging.getLogger("infiniswap.device")
 
-TRANSPORTS = ("auto", "shm", "tcp")
-_REPLIES = {p.FREE_MEM, p.MR_INFO, p.DONE, p.PONG, p.ERROR, p.REPORT}
+TRANSPORTS = ("auto", "shm", "tcp", "rdma")
+_REPLIES = {p.FREE_MEM, p.MR_INFO, p.DONE, p.PONG, p.ERROR, p.REPORT, p.RDMA_ACCEPT}
 _MAX_BATCH = 256
 
 
@@ -80,6 +96,7 @@ class _Daemon:
         self.last_ping = -math.inf
         self.retry = 0.0                    # PING interval while unreachable (0: reachable)
         self.free_bytes: int | None = None
+        self.challenge: str | None = None   # the daemon's, for this device's proof
         self.failures = 0
 
 
@@ -90,16 +107,25 @@ def next_retry(previous: float, period: float, cap: float) -> float:
 
 
 class Controller:
-    """The control thread of one device.  Created and started by ``infiniswap.Device``."""
+    """The control thread of one device.  Created and started by ``infiniswap.Device``.
+    ``rdma``: the RDMA device whose queue pairs reach the daemons with ``transport="rdma"``
+    (``None``: the first one, opened here -- ``RdmaUnavailable`` at once without one -- and
+    closed by ``stop()``)."""
 
     def __init__(self, core: CoreDevice, daemons: Iterable[str], *, device_id: str,
                  hot_slab: float, alpha: float, period: float, timeout: float, transport: str,
-                 rng: random.Random, status_bind: str | None, tcp_connections: int) -> None:
+                 rng: random.Random, status_bind: str | None, tcp_connections: int,
+                 rdma: RdmaDevice | None = None, cluster_key: bytes | None = None,
+                 security: Security | None = None) -> None:
         self._core = core
+        self._key = cluster_key if cluster_key is not None else ensure_cluster_secret()
+        self._security = security or default_security()
+        self.auth_refusals = 0              # daemons that could not prove the cluster key
         self._n = core.num_slabs
         self._slab_size = core.slab_size
         self.device_id = device_id
-        self._identity = f"{device_id}#{uuid.uuid4().hex[:8]}".encode()[-255:]
+        # 128 random bits: the daemon's proof of this device is bound to this routing id
+        self._identity = f"{device_id}#{uuid.uuid4().hex}".encode()[-255:]
         self.hot_slab = float(hot_slab)
         self.alpha = float(alpha)
         self.period = float(period)
@@ -138,6 +164,8 @@ class Controller:
         self._control = ControlThread("infiniswap-device", self._run)
         self._waker = self._control.waker
         self._ready = threading.Event()
+        self._own_rdma = rdma is None and transport == "rdma"
+        self._rdma = RdmaDevice() if self._own_rdma else rdma      # last: nothing fails after it
 
     # ---- lifecycle ----
 
@@ -145,11 +173,13 @@ class Controller:
         """Open the sockets, start the thread, wait for the first PING round (<= timeout)."""
         try:
             if self._status_bind is not None:
-                self._status, self.status_address = bind_router(self._status_bind, "the device's status endpoint")
+                self._status, self.status_address = bind_router(self._status_bind, "the device's status endpoint",
+                                                                security=self._security)
             for d in self._daemons:
                 self._open_socket(d)
         except BaseException:
             self._close_sockets()
+            self._close_rdma()
             raise
         self._control.start()
         self._ready.wait()
@@ -159,6 +189,12 @@ class Controller:
         self._control.stop()
         self._close_sockets()
         self._control.close()
+        self._close_rdma()
+
+    def _close_rdma(self) -> None:
+        if self._own_rdma and self._rdma is not None:
+            self._rdma.close()                  # remotes still in the core keep their part
+            self._rdma = None
 
     def call(self, fn: Callable[[], Any], timeout: float | None = None) -> Any:
         """Run ``fn`` on the control thread (which owns the sockets) and return its result."""
@@ -173,6 +209,7 @@ class Controller:
         sock = context().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IDENTITY, self._identity)
+        self._security.client(sock, d.endpoint)
         sock.connect(d.endpoint)
         d.sock = sock
 
@@ -321,6 +358,8 @@ class Controller:
             log.warning("device: malformed message from daemon %s: %s", d.addr, exc)
             return None
         op = msg.op
+        if msg.get("challenge"):                # FREE_MEM, PONG, ERROR unauthenticated
+            d.challenge = msg["challenge"]
         if op in _REPLIES:
             rid = msg.id
             if waiting is not None and rid is not None and waiting.get(rid) is d:
@@ -612,8 +651,11 @@ class Controller:
         self._core.begin_map(s)
         self._mapping = (d, s)
         try:
+            nonce = new_nonce_hex()
+            proof = {} if d.challenge is None else {
+                "proof": device_proof(self._key, d.challenge, self._identity)}
             msg = self._request(d, p.MAP, device_id=self.device_id, slab=s,
-                                slab_size=self._slab_size)
+                                slab_size=self._slab_size, nonce=nonce, **proof)
             if msg is None:
                 self._core.abort_map(s)
                 self._mark_unreachable(d, f"no answer to MAP within {self.timeout:g} s")
@@ -630,7 +672,11 @@ class Controller:
                 self._send(d, p.encode(p.UNMAP, device_id=self.device_id, slabs=[s]))
                 return self._map_failed()
             try:
+                self._check_offer(d, nonce, msg)
                 rid = self._remote_for(d, msg)
+                if d.transport == "rdma":
+                    self._core.set_rdma_slab(rid, msg["region"], msg["generation"],
+                                             *self._rdma_lease(d, msg))
                 self._core.map_slab(s, rid, msg["region"], msg["generation"])
             except (OSError, ValueError) as exc:
                 if self._core.slab_info(s).state == SlabState.MAPPING:
@@ -647,6 +693,16 @@ class Controller:
         finally:
             self._mapping = None
 
+    def _check_offer(self, d: _Daemon, nonce: str, info: p.Message) -> None:
+        """OSError unless ``info`` (MR_INFO) proves the cluster key for our ``nonce``: its
+        memory (shared memory, data server, RDMA region) is never opened otherwise."""
+        if offer_proven(self._key, nonce, info.fields):
+            return
+        with self._mu:
+            self.auth_refusals += 1
+        raise OSError(f"daemon {d.addr} could not prove the cluster key: not using its memory "
+                      "(another cluster's daemon, or one with another key)")
+
     def _map_failed(self) -> bool:
         with self._mu:
             self.map_failures += 1
@@ -661,6 +717,8 @@ class Controller:
             self._mark_reachable(d)
         if d.remote_id is not None:
             return d.remote_id
+        if self.transport == "rdma":
+            return self._use_remote(d, self._open_rdma_remote(d, info), inst, "rdma")
         shm_path = info.get("shm_path")
         same_host = bool(shm_path) and info["host_id"] == self._host_id
         if self.transport == "shm" and not same_host:
@@ -681,11 +739,41 @@ class Controller:
                               "mapped here")
             rid = self._core.add_remote_tcp(info["host"], info["data_port"],
                                             connections=self._tcp_connections,
-                                            timeout=self.timeout)
+                                            timeout=self.timeout, key=self._key)
+        return self._use_remote(d, rid, inst, kind)
+
+    def _use_remote(self, d: _Daemon, rid: int, inst: str | None, kind: str) -> int:
         with self._mu:
             d.remote_id, d.remote_instance, d.transport = rid, inst, kind
         log.info("device: using daemon %s's memory over %s", d.addr, kind)
         return rid
+
+    @staticmethod
+    def _rdma_lease(d: _Daemon, info: p.Message) -> tuple[int, int]:
+        """``(addr, rkey)`` of the slab in ``info`` (MR_INFO); OSError when it has none."""
+        addr, rkey = info.get("rdma_addr"), info.get("rdma_rkey")
+        if addr is None or rkey is None:
+            raise OSError(f"daemon {d.addr} does not lend its memory over RDMA (start it with "
+                          "--transport rdma)")
+        return addr, rkey
+
+    def _open_rdma_remote(self, d: _Daemon, info: p.Message) -> int:
+        """A queue pair connected to ``d``'s (RDMA_CONNECT / RDMA_ACCEPT), made the core's
+        RDMA remote of the daemon's slab memory; the remote id.  OSError on failure."""
+        self._rdma_lease(d, info)
+        assert self._rdma is not None
+        qp = self._rdma.queue_pair()
+        try:
+            reply = self._request(d, p.RDMA_CONNECT, device_id=self.device_id, qp=qp.info)
+            if reply is None:
+                raise OSError(f"no answer to RDMA_CONNECT within {self.timeout:g} s")
+            if reply.op != p.RDMA_ACCEPT:
+                why = reply["reason"] if reply.op == p.ERROR else f"a {reply.op}"
+                raise OSError(f"daemon {d.addr} refused a queue pair: {why}")
+            qp.connect(reply["qp"])
+            return self._core.add_remote_rdma(qp, reply["capacity"] // self._slab_size)
+        finally:
+            qp.close()                          # nothing when the remote took it over
 
     # ---- commands (run on the control thread through ``call``) ----
 
@@ -749,6 +837,7 @@ class Controller:
             counters = {"maps": self.maps, "map_failures": self.map_failures,
                         "evictions": self.evictions, "unmaps": self.unmaps,
                         "daemon_failures": self.daemon_failures,
+                        "auth_refusals": self.auth_refusals,
                         "map_time_s": self._map_times.summary(),
                         "evict_time_s": self._evict_times.summary()}
         core = self._core

@@ -30,6 +30,8 @@ The eight messages of the paper, then the few extras this control plane needs::
   STATUS          tool -> either       (none)                                          REPORT
   REPORT          either -> tool       report {str: any}                               --
   ERROR           either -> either     reason, [code]                                  --
+  RDMA_CONNECT    device -> daemon     device_id, qp                                   RDMA_ACCEPT | ERROR
+  RDMA_ACCEPT     daemon -> device     qp, capacity, [instance]                        --
 
 Field meanings:
 
@@ -56,10 +58,30 @@ Field meanings:
 * ``report``: a status snapshot (``Daemon.stats()`` / ``Device.stats()``) for
   ``infiniswap status``; a msgpack map with string keys holding plain values (finite
   numbers only).
+* Cluster-key proofs (``infiniswap/ctlauth.py``; docs/infiniswap.md, "Security"), all hex
+  strings: ``challenge`` (optional on FREE_MEM, PONG and ERROR): the daemon's nonce for this
+  device, until it answered it; ``proof`` on MAP: the device's answer to it (a daemon
+  refuses MAP and RDMA_CONNECT -- which may carry the same ``proof`` -- with ERROR
+  ``unauthenticated`` from a device that never answered);
+  ``nonce`` on MAP: the device's own challenge, which the daemon answers with ``proof`` on
+  MR_INFO over the lease and the memory it offers -- the device uses that memory only when
+  the proof holds.
 * ``reason``: human-readable text; ``code``: a short machine-readable tag
   (e.g. ``"no_memory"`` when MAP finds the memory already gone, ``"bad_request"``).
+* RDMA (``docs/rdma.md``): ``rdma_addr`` / ``rdma_rkey`` (optional on MR_INFO, both or
+  neither; a daemon started with ``--transport rdma`` sends them): where the slab lies in
+  the daemon's memory and the rkey of the memory region it registered for this lease --
+  the rkey is the lease, deregistered before the daemon takes the slab back.  ``qp``: one
+  side's RC queue-pair address, a map of exactly ``QP_FIELDS`` (qpn and psn < 2**24,
+  lid < 2**16, mtu an ``enum ibv_mtu`` 1..5, global 0/1, gid 16 bytes).  ``capacity``: the
+  bytes of the daemon's slab memory (its RDMA remote's slots are ``capacity / slab_size``).
+  The queue pair is per device and daemon, not per slab, so it gets its own exchange,
+  once, before the device's first one-sided access (the first MR_INFO with an rkey) rather
+  than riding on every MAP: a retried or concurrent MAP never makes a second queue pair,
+  and each side brings its own queue pair to RTR only once it holds the peer's address.
 
-Flows: placement = QUERY_MEM/FREE_MEM to two daemons, MAP/MR_INFO to the chosen one;
+Flows: placement = QUERY_MEM/FREE_MEM to two daemons, MAP/MR_INFO to the chosen one
+(over RDMA, the first MR_INFO of a daemon incarnation is followed by RDMA_CONNECT/RDMA_ACCEPT);
 eviction = CHECK_ACTIVITY/ACTIVITY to the devices of E+E' slabs, EVICT/DONE for the E
 chosen (the daemon frees the memory only after DONE); a device giving a slab back on its
 own (cold slab, shutdown) sends UNMAP and gets DONE.
@@ -74,7 +96,8 @@ from dlrt.messages import Protocol, ProtocolError
 
 __all__ = [
     "VERSION", "QUERY_MEM", "FREE_MEM", "MAP", "MR_INFO", "CHECK_ACTIVITY", "ACTIVITY", "EVICT",
-    "DONE", "UNMAP", "PING", "PONG", "STATUS", "REPORT", "ERROR", "Field", "SCHEMA", "COMMON",
+    "DONE", "UNMAP", "PING", "PONG", "STATUS", "REPORT", "ERROR", "RDMA_CONNECT", "RDMA_ACCEPT",
+    "QP_FIELDS", "TOGETHER", "Field", "SCHEMA", "COMMON",
     "ProtocolError",
     "Message", "encode", "decode", "reply_to", "error", "PROTOCOL",
 ]
@@ -95,6 +118,8 @@ PONG = "PONG"
 STATUS = "STATUS"
 REPORT = "REPORT"
 ERROR = "ERROR"
+RDMA_CONNECT = "RDMA_CONNECT"
+RDMA_ACCEPT = "RDMA_ACCEPT"
 
 PROTOCOL = Protocol("infiniswap", VERSION, error_op=ERROR)
 
@@ -105,6 +130,14 @@ NUM = "num"              # finite int or float
 SLABS = "[uint]"         # list of uint
 ACTIVITY_MAP = "{uint:num}"
 OBJ = "{str:any}"        # a map with string keys (status reports)
+U32 = "u32"              # int in [0, 2**32)
+U64 = "u64"              # int in [0, 2**64)
+QP = "qp"                # an RC queue pair's address (QP_FIELDS)
+
+# A queue pair's address (struct isw_rdma_qp_info), field -> exclusive upper bound; gid: bytes.
+_QP_LIMITS = {"qpn": 1 << 24, "psn": 1 << 24, "lid": 1 << 16, "mtu": 6, "global": 2}
+QP_FIELDS = (*_QP_LIMITS, "gid")
+_GID_LEN = 16
 
 
 @dataclass(frozen=True)
@@ -129,23 +162,31 @@ COMMON: dict[str, Field] = {"id": _opt(UINT)}
 SCHEMA: dict[str, dict[str, Field]] = {
     QUERY_MEM: {},
     FREE_MEM: {"free_bytes": Field(UINT), "slab_size": Field(UINT), "slabs_free": Field(UINT),
-               "slabs_mapped": Field(UINT), "host_id": Field(STR), "instance": _opt(STR)},
-    MAP: {"device_id": Field(STR), "slab": Field(UINT), "slab_size": _opt(UINT)},
+               "slabs_mapped": Field(UINT), "host_id": Field(STR), "instance": _opt(STR),
+               "challenge": _opt(STR)},
+    MAP: {"device_id": Field(STR), "slab": Field(UINT), "slab_size": _opt(UINT),
+          "proof": _opt(STR), "nonce": _opt(STR)},
     MR_INFO: {"slab": Field(UINT), "region": Field(UINT), "size": Field(UINT),
               "generation": Field(UINT), "host_id": Field(STR),
               "host": Field(STR), "data_port": _nullable(UINT), "shm_path": _nullable(STR),
-              "instance": _opt(STR)},
+              "instance": _opt(STR), "rdma_addr": _opt(U64), "rdma_rkey": _opt(U32),
+              "proof": _opt(STR)},
     CHECK_ACTIVITY: {"slabs": Field(SLABS)},
     ACTIVITY: {"activity": Field(ACTIVITY_MAP)},
     EVICT: {"slabs": Field(SLABS)},
     DONE: {"slabs": Field(SLABS)},
     UNMAP: {"device_id": Field(STR), "slabs": Field(SLABS)},
     PING: {},
-    PONG: {"instance": _opt(STR), "slabs": _opt(SLABS)},
+    PONG: {"instance": _opt(STR), "slabs": _opt(SLABS), "challenge": _opt(STR)},
     STATUS: {},
     REPORT: {"report": Field(OBJ)},
-    ERROR: {"reason": Field(STR), "code": _opt(STR)},
+    ERROR: {"reason": Field(STR), "code": _opt(STR), "challenge": _opt(STR)},
+    RDMA_CONNECT: {"device_id": Field(STR), "qp": Field(QP), "proof": _opt(STR)},
+    RDMA_ACCEPT: {"qp": Field(QP), "capacity": Field(UINT), "instance": _opt(STR)},
 }
+
+# Optional fields that come together or not at all.
+TOGETHER: dict[str, tuple[str, ...]] = {MR_INFO: ("rdma_addr", "rdma_rkey")}
 
 
 @dataclass(frozen=True)
@@ -205,11 +246,29 @@ def _check_kind(kind: str, value: Any) -> str | None:
         if isinstance(value, dict) and all(_is_uint(k) and _is_num(a) for k, a in value.items()):
             return None
         return "a map of non-negative integer slab -> finite number"
+    if kind in (U32, U64):
+        ok = _is_uint(value) and value < (1 << (32 if kind == U32 else 64))
+        return None if ok else f"a non-negative integer below 2**{kind[1:]}"
+    if kind == QP:
+        return _qp_problem(value)
     if kind == OBJ:
         if not (isinstance(value, dict) and all(isinstance(k, str) for k in value)):
             return "a map with string keys"
         return None if _is_plain(value) else "a map of plain values (no NaN or infinity)"
     raise AssertionError(f"unknown field kind {kind!r}")
+
+
+def _qp_problem(value: Any) -> str | None:
+    """``None`` if ``value`` is a queue pair's address, else what one is."""
+    expected = ("a queue pair address: a map of exactly qpn, psn (< 2**24), lid (< 2**16), "
+                f"mtu (1..5), global (0 or 1), gid ({_GID_LEN} bytes)")
+    if not isinstance(value, dict) or set(value) != set(QP_FIELDS):
+        return expected
+    if not all(_is_uint(value[k]) and value[k] < limit for k, limit in _QP_LIMITS.items()):
+        return expected
+    gid = value["gid"]
+    ok = value["mtu"] >= 1 and isinstance(gid, bytes) and len(gid) == _GID_LEN
+    return None if ok else expected
 
 
 def _type_name(value: Any) -> str:
@@ -236,6 +295,11 @@ def _validate(op: Any, fields: Mapping[Any, Any]) -> None:
         if wrong is not None:
             raise ProtocolError(f"{op}: field {name!r} has the wrong type: expected {wrong}, "
                                 f"got {_type_name(value)}")
+    together = TOGETHER.get(op, ())
+    present = [name for name in together if name in fields]
+    if present and len(present) != len(together):
+        raise ProtocolError(f"{op}: fields {', '.join(together)} come together; got only "
+                            f"{', '.join(present)}")
 
 
 def encode(op: str, **fields: Any) -> bytes:

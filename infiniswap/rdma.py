@@ -1,29 +1,29 @@
 """Infiniswap over RDMA: the C core's verbs device (``csrc/infiniswap/isw_rdma.c``) from Python.
 
-What exists: opening a device (``RdmaDevice``; ``require_device`` answers at once whether
-this machine has one), the registration table of the memory the daemon lends (register a
-slab when it is lent, look it up by address range, deregister before it is taken back --
-the rkey is the lease, see ``isw_rdma.h``), RC queue pairs, and the device's remote
-backend that READs and WRITEs a slab one-sidedly. What does not exist yet: the control
-loops using them -- the daemon registering slabs on MAP and sending ``addr``/``rkey`` and
-its queue pair's address in MR_INFO, the device connecting a queue pair per daemon and
-adding the remote (``docs/rdma.md`` says exactly what is missing). So ``--transport rdma``
-fails at once: with the core's "no RDMA device found ..." where there is no device, and
-saying it is not wired where there is one.
+Owns the Python face of the core's RDMA pieces: opening a device (``RdmaDevice``;
+``require_device`` answers at once whether this machine has one), the registration table
+of the memory a daemon lends (register a slab when it is lent, look it up by address range,
+deregister before it is taken back -- the rkey is the lease, see ``isw_rdma.h``), and RC
+queue pairs (``QueuePair``: this side's address as a map, connected to the peer's), which a
+device hands over to its RDMA remote (``CoreDevice.add_remote_rdma``).  The control loops
+using them are ``infiniswap.rdmalend`` (the daemon's side) and ``infiniswap.devicectl``
+(the device's); queue-pair addresses travel in RDMA_CONNECT / RDMA_ACCEPT
+(``infiniswap.protocol``).
 
-Not run on hardware: this project's machines have no RDMA device.
+``RdmaDevice(fake=True)`` is a device on the core's fake fabric: keys from a counter,
+nothing pinned, and a READ/WRITE is a memcpy within this process, checked as a NIC checks
+it (a deregistered region's rkey fails with a remote access error) -- how the wiring is
+tested without hardware.  Not run on hardware: this project's machines have no RDMA device.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from infiniswap._core import ffi, lib
+from infiniswap.protocol import QP_FIELDS
 
-__all__ = ["RdmaUnavailable", "RdmaDevice", "built", "device_count", "require_device", "check_transport",
-           "NOT_WIRED"]
-
-NOT_WIRED = ("an RDMA device is present, but Infiniswap's daemon and device do not use the RDMA remote "
-             "yet (docs/rdma.md): use --transport tcp")
+__all__ = ["RdmaUnavailable", "RdmaDevice", "QueuePair", "built", "device_count", "require_device",
+           "check_transport"]
 
 
 class RdmaUnavailable(RuntimeError):
@@ -35,8 +35,12 @@ class RdmaUnavailable(RuntimeError):
         self.errno = errno
 
 
+def _message() -> str:
+    return ffi.string(lib.isw_last_error()).decode("utf-8", "replace")
+
+
 def _failure(rc: int) -> RdmaUnavailable:
-    return RdmaUnavailable(-rc, ffi.string(lib.isw_last_error()).decode("utf-8", "replace"))
+    return RdmaUnavailable(-rc, _message())
 
 
 def built() -> bool:
@@ -50,8 +54,8 @@ def device_count() -> int:
 
 
 class RdmaDevice:
-    """One opened device and the memory registered through it (``fake``: a device that
-    only keeps the books, for tests). ``register`` / ``lookup`` / ``deregister`` take an
+    """One opened device and the memory registered through it (``fake``: a device on the
+    core's fake fabric, for tests). ``register`` / ``lookup`` / ``deregister`` take an
     address (an int) and a length."""
 
     def __init__(self, name: str | None = None, port: int = 1, gid_index: int = 0, fake: bool = False) -> None:
@@ -96,8 +100,12 @@ class RdmaDevice:
     def regions(self) -> int:
         return int(lib.isw_rdma_region_count(self._live()))
 
+    def queue_pair(self) -> "QueuePair":
+        """A new RC queue pair of this device (``OSError`` when it cannot be made)."""
+        return QueuePair(self._live())
+
     def selftest(self, slab_size: int = 1 << 20) -> None:
-        """On a real device: a slab lent over a queue pair looped back to this device --
+        """A slab lent over a queue pair looped back to this device (on the fake fabric too):
         WRITE, READ, a stale generation refused, and the fence (an access after the slab's
         region was deregistered fails and kills the remote). ``RdmaUnavailable`` naming the
         step that failed."""
@@ -106,11 +114,69 @@ class RdmaDevice:
             raise _failure(rc)
 
     def close(self) -> None:
+        """Close the device; queue pairs still open keep what they need until destroyed."""
         if self._ptr is not None:
             lib.isw_rdma_close(self._ptr)
             self._ptr = None
 
     def __enter__(self) -> "RdmaDevice":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class QueuePair:
+    """One RC queue pair of an opened device (``RdmaDevice.queue_pair``).  ``info``: this
+    side's address (the ``QP_FIELDS`` map the peer connects to); ``connect(peer_info)``
+    brings it to RTS towards the peer.  Destroyed by ``close()``, or handed over with
+    ``release()`` (an RDMA remote then owns it)."""
+
+    def __init__(self, device_ptr: Any) -> None:
+        out = ffi.new("struct isw_rdma_qp **")
+        info = ffi.new("struct isw_rdma_qp_info *")
+        rc = lib.isw_rdma_qp_create(device_ptr, out, info)
+        if rc < 0:
+            raise OSError(-rc, _message())
+        self._ptr: Any = ffi.gc(out[0], lib.isw_rdma_qp_destroy)
+        self.info: dict[str, Any] = {name: int(getattr(info, name)) for name in QP_FIELDS if name != "gid"}
+        self.info["gid"] = bytes(ffi.buffer(info.gid, lib.ISW_RDMA_GID_LEN))
+
+    def _live(self) -> Any:
+        if self._ptr is None:
+            raise ValueError("the queue pair was closed or handed over")
+        return self._ptr
+
+    def connect(self, peer: Mapping[str, Any]) -> None:
+        """RESET -> INIT -> RTR -> RTS towards ``peer`` (a ``QP_FIELDS`` map, as
+        ``infiniswap.protocol`` validates it); ``OSError`` when refused."""
+        gid = bytes(peer["gid"])
+        if len(gid) != lib.ISW_RDMA_GID_LEN:
+            raise ValueError(f"a GID has {lib.ISW_RDMA_GID_LEN} bytes, not {len(gid)}")
+        info = ffi.new("struct isw_rdma_qp_info *")
+        for name in QP_FIELDS:
+            if name != "gid":
+                setattr(info, name, int(peer[name]))
+        ffi.memmove(info.gid, gid, len(gid))
+        rc = lib.isw_rdma_qp_connect(self._live(), info)
+        if rc < 0:
+            raise OSError(-rc, _message())
+
+    def release(self) -> Any:
+        """The C queue pair, handed over (to ``CoreDevice.add_remote_rdma``, which destroys
+        it with the remote); this object is closed afterwards."""
+        ptr, self._ptr = self._live(), None
+        ffi.gc(ptr, None)                       # no destructor any more: the remote owns it
+        return ptr
+
+    def close(self) -> None:
+        """Destroy the queue pair (nothing when it was handed over).  Idempotent."""
+        if self._ptr is not None:
+            ptr, self._ptr = self._ptr, None
+            ffi.gc(ptr, None)
+            lib.isw_rdma_qp_destroy(ptr)
+
+    def __enter__(self) -> "QueuePair":
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -125,8 +191,7 @@ def require_device(name: str | None = None) -> str:
 
 
 def check_transport(transport: str) -> None:
-    """Fail at once for ``--transport rdma``: no device (the core's message), or a device
-    that the control loops cannot use yet."""
+    """Fail at once for ``--transport rdma`` where this process cannot use RDMA: no device,
+    or a core built without libibverbs (``RdmaUnavailable`` with the core's message)."""
     if transport == "rdma":
         require_device()
-        raise RdmaUnavailable(0, NOT_WIRED)

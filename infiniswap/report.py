@@ -32,7 +32,9 @@ everything after the first space as JSON (``parse_message`` does both).  The JSO
       "lendable_bytes": 5368709120,        # could lend now: free slabs + what it could
                                            # allocate above HeadRoom (0 below HeadRoom)
       "evictions_total": 7,                # slabs evicted so far
-      "devices": 2                         # devices holding slabs of this daemon
+      "devices": 2,                        # devices holding slabs of this daemon
+      "auth_refusals_total": 0             # peers refused for not proving the cluster key
+                                           # (data server, control channel, CURVE)
     }
 
 Figures the daemon does not know are ``null``; so are non-finite numbers, so the JSON stays
@@ -43,7 +45,11 @@ Prometheus metrics (``PrometheusExporter``; gauges unless noted, all labelled ``
 ``infiniswap_memory_total_bytes``, ``infiniswap_memory_free_bytes``,
 ``infiniswap_headroom_bytes``, ``infiniswap_slabs_lent``, ``infiniswap_slabs_free``,
 ``infiniswap_lendable_bytes``, ``infiniswap_evictions_total`` (counter),
-``infiniswap_devices``.  A figure that is ``null`` in the report is left out.
+``infiniswap_devices``, ``infiniswap_auth_refusals_total`` (counter).  A figure that is
+``null`` in the report is left out.
+
+The PUB socket runs CURVE on tcp when the key directory says so (``dlrt.curve``), and warns
+when it binds beyond loopback without it.
 """
 from __future__ import annotations
 
@@ -54,6 +60,7 @@ from typing import Any, Iterator, Mapping
 
 import zmq
 
+from dlrt.curve import Security, default_security, warn_if_exposed
 from dlrt.endpoints import endpoint
 
 from infiniswap.channel import context
@@ -75,6 +82,7 @@ _FROM_STATS = (
     ("slabs_free", "slabs_free"),
     ("lendable_bytes", "giveable_bytes"),
     ("evictions_total", "evictions"),
+    ("auth_refusals_total", "auth_refusals"),
 )
 
 # metric name, report field, counter?, help
@@ -90,6 +98,8 @@ _METRICS = (
      "Bytes the daemon could lend now (free slabs + what it could allocate above HeadRoom)."),
     ("infiniswap_evictions_total", "evictions_total", True, "Slabs evicted so far."),
     ("infiniswap_devices", "devices", False, "Devices holding slabs of this daemon."),
+    ("infiniswap_auth_refusals_total", "auth_refusals_total", True,
+     "Peers refused for not proving the cluster key (data server, control channel, CURVE)."),
 )
 
 
@@ -158,12 +168,15 @@ class ReportPublisher:
     the next report, so publish periodically.
     """
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, security: Security | None = None) -> None:
         where = endpoint(address, bind=True)    # ValueError names a malformed address
+        security = security or default_security()
         sock = context().socket(zmq.PUB)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 16)          # old reports are worthless: keep few queued
         try:
+            security.server(sock, where)
+            warn_if_exposed("the Infiniswap utilization reports", where, security)
             sock.bind(where)
             self.address: str = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         except zmq.ZMQError as exc:

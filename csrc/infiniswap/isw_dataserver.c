@@ -25,11 +25,19 @@
  * fence window (isw_store_access, isw_store_access_with), never a wait for the network:
  * a revoke waits at most for one memcpy or one nonblocking receive.
  *
+ * Before its first request a connection proves the cluster key (isw_auth.h): accepting it
+ * queues the HELLO with a fresh nonce, and until the ANSWER arrived and was checked, bytes
+ * it sends are only buffered, never parsed as requests.  A wrong or garbled answer gets a
+ * refusing VERDICT and the connection is closed; one that closes, or stays silent past the
+ * handshake deadline (the worker's epoll_wait wakes for the earliest one), is closed too.
+ * Each is counted in auth_refusals, and its reason kept for the daemon's log.
+ *
  * READ replies leave from the reply buffer rather than straight from slab memory: that
  * costs a memcpy, but the kernel's copy out of (cold) slab memory measured about twice the
  * memcpy plus the send from a warm buffer (docs/infiniswap.md, "TCP data path").
  */
 #include "isw_dataserver.h"
+#include "isw_auth.h"
 #include "isw_common.h"
 #include "isw_net.h"
 #include "isw_proto.h"
@@ -47,7 +55,10 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
+
+#include <openssl/crypto.h>
 
 #define ISW_SERVER_WORKERS 2
 #define ISW_RX_BUF (64u << 10)          /* a connection's receive buffer */
@@ -67,6 +78,10 @@ struct conn {
     int in_payload;             /* receiving the payload of the WRITE in q */
     int sending;                /* replies wait for the socket (EPOLLOUT, no reading) */
     int close_after_send;       /* the stream cannot be trusted after these replies */
+    int authed;                 /* proved the cluster key: requests are served */
+    int refused;                /* counted as refused already */
+    uint64_t deadline_ms;       /* of the handshake (monotonic) while not authed */
+    unsigned char nonce[ISW_AUTH_NONCE_SIZE];   /* the HELLO's */
     struct isw_req q;           /* the WRITE being received */
     int status;                 /* its status so far: 0 or -errno */
     uint64_t done;              /* its payload bytes handled */
@@ -82,6 +97,7 @@ struct worker {
     int ep;
     pthread_t th;
     struct conn *conns;
+    int handshakes;             /* connections of conns not authed yet */
 };
 
 struct isw_server {
@@ -93,7 +109,12 @@ struct isw_server {
     struct worker workers[ISW_SERVER_WORKERS];
     atomic_int stopped;
     _Atomic uint64_t connections, active, requests, reads, writes, bytes_read, bytes_written,
-        errors;
+        errors, auth_ok, auth_refused, auth_timeouts;
+    unsigned char key[ISW_AUTH_KEY_MAX];
+    size_t key_len;
+    int handshake_ms;
+    pthread_mutex_t why_mu;
+    char last_refusal[200];     /* under why_mu */
 };
 
 /* epoll data of the two shared descriptors (connections carry their struct conn). */
@@ -127,6 +148,8 @@ static void conn_close(struct conn *c)
         w->conns = c->next;
     if (c->next != NULL)
         c->next->prev = c->prev;
+    if (!c->authed)
+        w->handshakes--;
     close(c->fd);                       /* also removes it from the epoll set */
     free(c->rx);
     free(c->tx);
@@ -298,6 +321,79 @@ static enum step take_payload(struct conn *c)
     return STEP_AGAIN;
 }
 
+/* ---------- the handshake (isw_auth.h) ---------- */
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* Count connection c as refused (once) and keep why for the daemon's log. */
+static void refuse(struct conn *c, const char *why, int timed_out)
+{
+    struct isw_server *srv = c->w->srv;
+
+    if (c->refused)
+        return;
+    c->refused = 1;
+    atomic_fetch_add(&srv->auth_refused, 1);
+    if (timed_out)
+        atomic_fetch_add(&srv->auth_timeouts, 1);
+    pthread_mutex_lock(&srv->why_mu);
+    snprintf(srv->last_refusal, sizeof srv->last_refusal, "%s", why);
+    pthread_mutex_unlock(&srv->why_mu);
+}
+
+/* The client's ANSWER is in the buffer: check it and queue the VERDICT.  A refused
+ * connection is closed once the verdict is sent. */
+static enum step take_answer(struct conn *c)
+{
+    struct isw_server *srv = c->w->srv;
+    char why[160];
+
+    if (tx_reserve(c, ISW_AUTH_VERDICT_SIZE) < 0)
+        return STEP_CLOSE;
+    int rc = isw_auth_server_check(srv->key, srv->key_len, c->nonce, c->rx + c->head,
+                                   c->tx + c->tx_len, why, sizeof why);
+    c->head += ISW_AUTH_ANSWER_SIZE;
+    c->tx_len += ISW_AUTH_VERDICT_SIZE;
+    if (rc < 0) {
+        refuse(c, why, 0);
+        c->close_after_send = 1;
+        return flush_replies(c);
+    }
+    c->authed = 1;
+    c->w->handshakes--;
+    atomic_fetch_add(&srv->auth_ok, 1);
+    return STEP_AGAIN;
+}
+
+/* Close every connection of w whose handshake is past its deadline; the milliseconds to
+ * the next deadline (-1: none). */
+static int expire_handshakes(struct worker *w)
+{
+    uint64_t now = now_ms(), next = UINT64_MAX;
+    struct conn *c = w->conns;
+
+    if (w->handshakes == 0)
+        return -1;
+    while (c != NULL) {
+        struct conn *nx = c->next;
+        if (!c->authed) {
+            if (now >= c->deadline_ms) {
+                refuse(c, "no handshake answer before the deadline", 1);
+                conn_close(c);
+            } else if (c->deadline_ms < next) {
+                next = c->deadline_ms;
+            }
+        }
+        c = nx;
+    }
+    return next == UINT64_MAX ? -1 : (int)(next - now);
+}
+
 /* One turn of a connection the epoll set reported ready (see the top of the file).  A
  * receive is made when the turn begins and whenever a request in progress needs more
  * bytes; once a request was served, the turn ends when the buffer holds no complete
@@ -315,7 +411,14 @@ static void conn_ready(struct conn *c)
             goto end;
     }
     for (;;) {
-        if (c->in_payload) {
+        if (!c->authed) {               /* nothing is served before the proof */
+            if (c->tail - c->head >= ISW_AUTH_ANSWER_SIZE) {
+                st = take_answer(c);
+            } else {
+                st = fill_rx(c);
+                received = 1;
+            }
+        } else if (c->in_payload) {
             st = take_payload(c);
             served += !c->in_payload;
         } else if (c->tail - c->head >= ISW_PROTO_REQ_SIZE) {
@@ -333,8 +436,12 @@ static void conn_ready(struct conn *c)
     if (st != STEP_CLOSE && !c->sending)
         st = flush_replies(c);
 end:
-    if (st == STEP_CLOSE)
+    if (st == STEP_CLOSE) {
+        if (!c->authed)
+            refuse(c, "the peer closed the connection (or broke it) before the handshake "
+                   "ended", 0);
         conn_close(c);
+    }
 }
 
 /* ---------- workers ---------- */
@@ -372,8 +479,21 @@ static void accept_some(struct worker *w)
         if (w->conns != NULL)
             w->conns->prev = c;
         w->conns = c;
+        w->handshakes++;
+        c->deadline_ms = now_ms() + (uint64_t)srv->handshake_ms;
         atomic_fetch_add(&srv->connections, 1);
         atomic_fetch_add(&srv->active, 1);
+        if (isw_auth_nonce(c->nonce) < 0) {
+            refuse(c, "no nonce could be made for the handshake", 0);
+            conn_close(c);
+            continue;
+        }
+        isw_auth_hello(c->nonce, c->tx);
+        c->tx_len = ISW_AUTH_HELLO_SIZE;
+        if (flush_replies(c) == STEP_CLOSE) {
+            refuse(c, "the peer broke the connection before the handshake", 0);
+            conn_close(c);
+        }
     }
 }
 
@@ -383,7 +503,7 @@ static void *worker_main(void *arg)
     struct epoll_event evs[ISW_EPOLL_EVENTS];
 
     for (;;) {
-        int n = epoll_wait(w->ep, evs, ISW_EPOLL_EVENTS, -1);
+        int n = epoll_wait(w->ep, evs, ISW_EPOLL_EVENTS, expire_handshakes(w));
         if (n < 0) {
             if (errno != EINTR)
                 isw_sleep_us(10000);
@@ -473,6 +593,14 @@ static void shut_down(struct isw_server *srv, int n)
     close(srv->stop_fd);
 }
 
+/* Wipe the key and free the struct. */
+static void server_forget(struct isw_server *srv)
+{
+    OPENSSL_cleanse(srv->key, sizeof srv->key);
+    pthread_mutex_destroy(&srv->why_mu);
+    free(srv);
+}
+
 static int worker_init(struct isw_server *srv, struct worker *w)
 {
     struct epoll_event lev = { .events = EPOLLIN | EPOLLEXCLUSIVE, .data.ptr = &listen_tag };
@@ -489,28 +617,38 @@ static int worker_init(struct isw_server *srv, struct worker *w)
 }
 
 int isw_server_start(struct isw_store *store, const char *host, int port,
+                     const unsigned char *key, size_t key_len, int handshake_timeout_ms,
                      struct isw_server **out)
 {
     int rc, started = 0;
 
     if (port < 0 || port > 65535)
         return isw_fail(EINVAL, "port %d is not a TCP port (0..65535)", port);
+    if (isw_auth_check_key(key, key_len) < 0)
+        return -EINVAL;
+    if (handshake_timeout_ms < 0)
+        return isw_fail(EINVAL, "the handshake timeout must be >= 0 ms, got %d",
+                        handshake_timeout_ms);
     if (isw_store_fd(store) < 0)
         return isw_fail(EBADF, "the slab store is closed");
     struct isw_server *srv = calloc(1, sizeof *srv);
     if (srv == NULL)
         return isw_fail(ENOMEM, "out of memory");
     srv->store = store;
+    memcpy(srv->key, key, key_len);
+    srv->key_len = key_len;
+    srv->handshake_ms = handshake_timeout_ms > 0 ? handshake_timeout_ms : ISW_AUTH_TIMEOUT_MS;
+    pthread_mutex_init(&srv->why_mu, NULL);
     rc = listen_on(host, port, &srv->lfd, &srv->port);
     if (rc < 0) {
-        free(srv);
+        server_forget(srv);
         return rc;
     }
     srv->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (srv->stop_fd < 0) {
         rc = -errno;
         close(srv->lfd);
-        free(srv);
+        server_forget(srv);
         return isw_fail(-rc, "cannot create an eventfd: %s", isw_strerror(rc));
     }
     srv->nworkers = ISW_SERVER_WORKERS;
@@ -527,7 +665,7 @@ int isw_server_start(struct isw_store *store, const char *host, int port,
     if (rc < 0) {
         shut_down(srv, started);
         isw_store_release(store);
-        free(srv);
+        server_forget(srv);
         return isw_fail(-rc, "cannot start the data server's workers: %s", isw_strerror(rc));
     }
     *out = srv;
@@ -553,7 +691,7 @@ void isw_server_free(struct isw_server *srv)
     if (srv == NULL)
         return;
     isw_server_stop(srv);
-    free(srv);
+    server_forget(srv);
 }
 
 int isw_server_get_stats(struct isw_server *srv, struct isw_server_stats *out)
@@ -566,5 +704,18 @@ int isw_server_get_stats(struct isw_server *srv, struct isw_server_stats *out)
     out->bytes_read = atomic_load(&srv->bytes_read);
     out->bytes_written = atomic_load(&srv->bytes_written);
     out->errors = atomic_load(&srv->errors);
+    out->auth_successes = atomic_load(&srv->auth_ok);
+    out->auth_refusals = atomic_load(&srv->auth_refused);
+    out->auth_timeouts = atomic_load(&srv->auth_timeouts);
+    return 0;
+}
+
+int isw_server_last_refusal(struct isw_server *srv, char *out, size_t n)
+{
+    if (n == 0)
+        return isw_fail(EINVAL, "no room for the message");
+    pthread_mutex_lock(&srv->why_mu);
+    snprintf(out, n, "%s", srv->last_refusal);
+    pthread_mutex_unlock(&srv->why_mu);
     return 0;
 }

@@ -26,6 +26,7 @@
 #include "isw_device.h"
 #include "isw_backup.h"
 #include "isw_common.h"
+#include "isw_rdma.h"
 #include "isw_remote.h"
 
 #include <errno.h>
@@ -481,17 +482,50 @@ int isw_device_add_remote_shm(struct isw_device *d, const char *path, uint64_t s
 }
 
 int isw_device_add_remote_tcp(struct isw_device *d, const char *host, int port,
-                              int connections, int timeout_ms)
+                              int connections, int timeout_ms, const unsigned char *key,
+                              size_t key_len)
 {
     struct isw_remote *r;
     int rc = dev_enter(d);
 
     if (rc < 0)
         return rc;
-    rc = isw_remote_tcp_open(host, port, connections, timeout_ms, &r);
+    rc = isw_remote_tcp_open(host, port, connections, timeout_ms, key, key_len, &r);
     if (rc == 0)
         rc = add_remote(d, r);
     dev_leave(d);
+    return rc;
+}
+
+int isw_device_add_remote_rdma(struct isw_device *d, struct isw_rdma_qp *q, uint64_t nslots)
+{
+    struct isw_remote *r;
+    int rc = dev_enter(d);
+
+    if (rc < 0) {
+        isw_rdma_qp_destroy(q);
+        return rc;
+    }
+    rc = isw_remote_rdma_open(q, nslots, d->slab_size, &r);    /* takes q over */
+    if (rc == 0)
+        rc = add_remote(d, r);
+    dev_leave(d);
+    return rc;
+}
+
+int isw_device_set_rdma_slab(struct isw_device *d, int remote_id, uint64_t region_offset,
+                             uint64_t generation, uint64_t addr, uint32_t rkey)
+{
+    int rc;
+    struct isw_remote *r = remote_acquire(d, remote_id, &rc);
+
+    if (r == NULL)
+        return rc;
+    if (region_offset % d->slab_size != 0)
+        rc = isw_fail(EINVAL, "region offset %" PRIu64 " is not slab aligned", region_offset);
+    else
+        rc = isw_remote_rdma_set_slab(r, region_offset / d->slab_size, generation, addr, rkey);
+    ctl_release(d);
     return rc;
 }
 

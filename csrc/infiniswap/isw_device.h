@@ -70,8 +70,10 @@ int isw_device_flush(struct isw_device *d);
 
 /* Remotes: returns the new remote id (>= 0). */
 int isw_device_add_remote_shm(struct isw_device *d, const char *path, uint64_t size);
+/* `key`: the cluster key every connection proves to the daemon's data server (not kept). */
 int isw_device_add_remote_tcp(struct isw_device *d, const char *host, int port,
-                              int connections, int timeout_ms);
+                              int connections, int timeout_ms, const unsigned char *key,
+                              size_t key_len);
 int isw_device_remove_remote(struct isw_device *d, int remote_id);
 int isw_device_mark_remote_dead(struct isw_device *d, int remote_id);
 /* 1 if dead, 0 if alive. */

@@ -9,7 +9,10 @@
  * The table is kept the same way with or without hardware: a region is found by the
  * range it holds, so registering a range inside one already registered reuses it.  The
  * "fake" device (isw_rdma_debug_open_fake) hands out keys from a counter instead of
- * calling ibv_reg_mr; everything else of the table is the same code.
+ * calling ibv_reg_mr; everything else of the table is the same code.  Its queue pairs live
+ * on the fake fabric (one table per process, below): a transfer is a memcpy checked
+ * against both devices' tables as a NIC checks it, so the remote above them is the same
+ * code on the fake fabric and on hardware.
  *
  * Built with ISW_HAVE_VERBS (libibverbs) the device parts are real; without it the
  * functions that need a device fail with -ENOTSUP and a message saying what to install.
@@ -18,6 +21,7 @@
 #include "isw_rdma.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +36,7 @@
 #define NOT_BUILT "this Infiniswap core was built without libibverbs: install libibverbs-dev and " \
                   "run `make setup` again, or use --transport tcp"
 #define QP_DEPTH 16
+#define FAKE_MTU 5                           /* IBV_MTU_4096 */
 #define BOUNCE_SIZE ((size_t)1 << 20)
 #define OP_TIMEOUT_NS 10000000000LL          /* 10 s: a completion later than that is a failure */
 
@@ -49,7 +54,8 @@ struct isw_rdma {
     struct region *regions;                  /* unsorted; few (one per lent slab) */
     size_t nregions, cap;
     int fake;
-    uint32_t next_key;                       /* the fake device's keys */
+    uint16_t fake_lid;                       /* the fake device's port LID */
+    atomic_int refs;                         /* 1 until closed, + 1 per queue pair */
     char name[64];
 #ifdef ISW_HAVE_VERBS
     struct ibv_context *ctx;
@@ -75,10 +81,14 @@ static struct region *find_region(struct isw_rdma *r, uintptr_t addr, uint64_t l
     return NULL;
 }
 
+/* The fake devices' keys: one counter for the process, so a key of one fake device never
+ * opens a region of another, and a deregistered region's key is never handed out again. */
+static atomic_uint fake_keys = 0x100;
+
 static int register_mr(struct isw_rdma *r, struct region *g)
 {
     if (r->fake) {
-        g->lkey = g->rkey = r->next_key++;
+        g->lkey = g->rkey = atomic_fetch_add(&fake_keys, 1);
         g->mr = NULL;
         return 0;
     }
@@ -196,15 +206,20 @@ static struct isw_rdma *rdma_alloc(const char *name, int fake)
         return NULL;
     pthread_mutex_init(&r->mu, NULL);
     r->fake = fake;
-    r->next_key = 0x100;
+    atomic_init(&r->refs, 1);
     snprintf(r->name, sizeof r->name, "%s", name);
     return r;
 }
 
+static atomic_uint fake_lids = 1;
+
 int isw_rdma_debug_open_fake(struct isw_rdma **out)
 {
     *out = rdma_alloc("fake", 1);
-    return *out != NULL ? 0 : isw_fail(ENOMEM, "out of memory");
+    if (*out == NULL)
+        return isw_fail(ENOMEM, "out of memory");
+    (*out)->fake_lid = (uint16_t)atomic_fetch_add(&fake_lids, 1);
+    return 0;
 }
 
 const char *isw_rdma_device_name(struct isw_rdma *r)
@@ -212,9 +227,10 @@ const char *isw_rdma_device_name(struct isw_rdma *r)
     return r->name;
 }
 
-void isw_rdma_close(struct isw_rdma *r)
+/* Drop one reference: the last one (close, and every queue pair destroyed) frees the device. */
+static void rdma_put(struct isw_rdma *r)
 {
-    if (r == NULL)
+    if (atomic_fetch_sub(&r->refs, 1) != 1)
         return;
     for (size_t i = 0; i < r->nregions; i++)
         deregister_mr(&r->regions[i]);
@@ -227,6 +243,140 @@ void isw_rdma_close(struct isw_rdma *r)
 #endif
     pthread_mutex_destroy(&r->mu);
     free(r);
+}
+
+void isw_rdma_close(struct isw_rdma *r)
+{
+    if (r != NULL)
+        rdma_put(r);
+}
+
+/* ---- queue pairs ---- */
+
+struct isw_rdma_qp {
+    struct isw_rdma *r;                      /* holds a reference */
+    uint32_t qpn, psn;
+    /* the fake fabric's, under fabric_mu */
+    struct isw_rdma_qp *next;
+    uint32_t peer_qpn;                       /* 0: not connected */
+    int broken;                              /* an operation failed: the error state */
+#ifdef ISW_HAVE_VERBS
+    struct ibv_cq *cq;
+    struct ibv_qp *qp;
+#endif
+};
+
+/* ---- the fake fabric: every fake queue pair of this process ---- */
+
+static pthread_mutex_t fabric_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct isw_rdma_qp *fabric;
+static uint32_t fabric_next_qpn = 0x11;
+
+static int fake_qp_create(struct isw_rdma *r, struct isw_rdma_qp **out, struct isw_rdma_qp_info *local)
+{
+    struct isw_rdma_qp *q = calloc(1, sizeof *q);
+    if (q == NULL)
+        return isw_fail(ENOMEM, "out of memory");
+    q->r = r;
+    pthread_mutex_lock(&fabric_mu);
+    q->qpn = fabric_next_qpn;
+    fabric_next_qpn = (fabric_next_qpn + 1) & 0xFFFFFF;
+    if (fabric_next_qpn == 0)
+        fabric_next_qpn = 1;
+    q->psn = (q->qpn * 2654435761u) & 0xFFFFFF;
+    q->next = fabric;
+    fabric = q;
+    pthread_mutex_unlock(&fabric_mu);
+    memset(local, 0, sizeof *local);
+    local->qpn = q->qpn;
+    local->psn = q->psn;
+    local->lid = r->fake_lid;
+    local->mtu = FAKE_MTU;
+    *out = q;
+    return 0;
+}
+
+static int fake_qp_connect(struct isw_rdma_qp *q, const struct isw_rdma_qp_info *remote)
+{
+    if (remote->qpn == 0 || remote->qpn > 0xFFFFFF || remote->psn > 0xFFFFFF)
+        return isw_fail(EINVAL, "queue pair %u of %s: INIT -> RTR towards %u refused", q->qpn,
+                        q->r->name, remote->qpn);
+    pthread_mutex_lock(&fabric_mu);
+    q->peer_qpn = remote->qpn;
+    q->broken = 0;
+    pthread_mutex_unlock(&fabric_mu);
+    return 0;
+}
+
+static void fake_qp_destroy(struct isw_rdma_qp *q)
+{
+    pthread_mutex_lock(&fabric_mu);
+    for (struct isw_rdma_qp **p = &fabric; *p != NULL; p = &(*p)->next)
+        if (*p == q) {
+            *p = q->next;
+            break;
+        }
+    pthread_mutex_unlock(&fabric_mu);
+}
+
+/* Under the region table's mutex: the region with key `key` (an rkey if `remote`, else an
+ * lkey) holding [addr, addr + len), writable if asked; NULL if none. */
+static struct region *find_keyed(struct isw_rdma *r, uintptr_t addr, uint64_t len, uint32_t key,
+                                 int remote, int writable)
+{
+    for (size_t i = 0; i < r->nregions; i++) {
+        struct region *g = &r->regions[i];
+        if ((remote ? g->rkey : g->lkey) == key && g->addr <= addr && addr - g->addr <= g->len
+            && len <= g->len - (addr - g->addr) && (g->writable || !writable))
+            return g;
+    }
+    return NULL;
+}
+
+/* A READ or WRITE on the fake fabric, checked as a NIC checks it: 0, or -EIO with the
+ * completion status a NIC would give (the queue pair is in the error state from then on).
+ * The copy runs under the peer device's table mutex, so once isw_rdma_dereg of a region
+ * returns no copy touches it any more (on hardware: once ibv_dereg_mr returns). */
+static int fake_transfer(struct isw_rdma_qp *q, int write, void *local, uint32_t lkey, uint32_t len,
+                         uint64_t remote_addr, uint32_t rkey)
+{
+    const char *what = write ? "WRITE" : "READ";
+    struct isw_rdma_qp *peer = NULL;
+    int rc = 0;
+
+    pthread_mutex_lock(&fabric_mu);
+    for (struct isw_rdma_qp *p = fabric; p != NULL && peer == NULL; p = p->next)
+        if (p->qpn == q->peer_qpn && q->peer_qpn != 0)
+            peer = p;
+    if (q->broken) {
+        rc = isw_fail(EIO, "RDMA %s failed: Work Request Flushed Error (the queue pair is in the "
+                      "error state)", what);
+    } else if (peer == NULL || peer->peer_qpn != q->qpn) {
+        rc = isw_fail(EIO, "RDMA %s failed: transport retry counter exceeded (no queue pair %u "
+                      "connected to queue pair %u)", what, q->peer_qpn, q->qpn);
+    } else {
+        pthread_mutex_lock(&q->r->mu);
+        if (find_keyed(q->r, (uintptr_t)local, len, lkey, 0, !write) == NULL)
+            rc = isw_fail(EIO, "RDMA %s failed: local protection error (lkey %#x does not hold "
+                          "[%p, +%u))", what, lkey, local, len);
+        pthread_mutex_unlock(&q->r->mu);
+    }
+    if (rc == 0) {
+        struct isw_rdma *far = peer->r;
+        pthread_mutex_lock(&far->mu);
+        if (find_keyed(far, (uintptr_t)remote_addr, len, rkey, 1, write) == NULL)
+            rc = isw_fail(EIO, "RDMA %s failed: remote access error (rkey %#x does not grant "
+                          "[%#llx, +%u))", what, rkey, (unsigned long long)remote_addr, len);
+        else if (write)
+            memcpy((void *)(uintptr_t)remote_addr, local, len);
+        else
+            memcpy(local, (const void *)(uintptr_t)remote_addr, len);
+        pthread_mutex_unlock(&far->mu);
+    }
+    if (rc < 0)
+        q->broken = 1;
+    pthread_mutex_unlock(&fabric_mu);
+    return rc;
 }
 
 #ifdef ISW_HAVE_VERBS
@@ -312,19 +462,8 @@ int isw_rdma_open(const char *name, int port, int gid_index, struct isw_rdma **o
     return 0;
 }
 
-/* ---- queue pairs ---- */
-
-struct isw_rdma_qp {
-    struct isw_rdma *r;
-    struct ibv_cq *cq;
-    struct ibv_qp *qp;
-    uint32_t psn;
-};
-
-int isw_rdma_qp_create(struct isw_rdma *r, struct isw_rdma_qp **out, struct isw_rdma_qp_info *local)
+static int verbs_qp_create(struct isw_rdma *r, struct isw_rdma_qp **out, struct isw_rdma_qp_info *local)
 {
-    if (r->fake)
-        return isw_fail(ENOTSUP, "the fake RDMA device has no queue pairs");
     struct isw_rdma_qp *q = calloc(1, sizeof *q);
     if (q == NULL)
         return isw_fail(ENOMEM, "out of memory");
@@ -348,6 +487,7 @@ int isw_rdma_qp_create(struct isw_rdma *r, struct isw_rdma_qp **out, struct isw_
     if (getrandom(&q->psn, sizeof q->psn, 0) != (ssize_t)sizeof q->psn)
         q->psn = (uint32_t)time(NULL);
     q->psn &= 0xFFFFFF;
+    q->qpn = q->qp->qp_num;
     memset(local, 0, sizeof *local);
     local->qpn = q->qp->qp_num;
     local->psn = q->psn;
@@ -359,7 +499,7 @@ int isw_rdma_qp_create(struct isw_rdma *r, struct isw_rdma_qp **out, struct isw_
     return 0;
 }
 
-int isw_rdma_qp_connect(struct isw_rdma_qp *q, const struct isw_rdma_qp_info *remote)
+static int verbs_qp_connect(struct isw_rdma_qp *q, const struct isw_rdma_qp_info *remote)
 {
     struct isw_rdma *r = q->r;
     struct ibv_qp_attr a;
@@ -406,20 +546,18 @@ int isw_rdma_qp_connect(struct isw_rdma_qp *q, const struct isw_rdma_qp_info *re
     return 0;
 }
 
-void isw_rdma_qp_destroy(struct isw_rdma_qp *q)
+static void verbs_qp_destroy(struct isw_rdma_qp *q)
 {
-    if (q == NULL)
-        return;
     ibv_destroy_qp(q->qp);
     ibv_destroy_cq(q->cq);
-    free(q);
 }
 
 /* Post one signalled READ or WRITE and wait for its completion: 0, or -EIO / -ETIMEDOUT
  * with a message (the queue pair is then unusable). */
-static int qp_transfer(struct isw_rdma_qp *q, enum ibv_wr_opcode op, void *local, uint32_t lkey,
-                       uint32_t len, uint64_t remote_addr, uint32_t rkey)
+static int verbs_transfer(struct isw_rdma_qp *q, int write, void *local, uint32_t lkey,
+                          uint32_t len, uint64_t remote_addr, uint32_t rkey)
 {
+    enum ibv_wr_opcode op = write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
     struct ibv_sge sge = { .addr = (uintptr_t)local, .length = len, .lkey = lkey };
     struct ibv_send_wr wr, *bad = NULL;
     struct ibv_wc wc;
@@ -474,35 +612,74 @@ int isw_rdma_open(const char *name, int port, int gid_index, struct isw_rdma **o
     return isw_fail(ENOTSUP, NOT_BUILT);
 }
 
-struct isw_rdma_qp {
-    struct isw_rdma *r;
-};
-
-int isw_rdma_qp_create(struct isw_rdma *r, struct isw_rdma_qp **out, struct isw_rdma_qp_info *local)
+static int verbs_qp_create(struct isw_rdma *r, struct isw_rdma_qp **out, struct isw_rdma_qp_info *local)
 {
     (void)r, (void)out, (void)local;
     return isw_fail(ENOTSUP, NOT_BUILT);
 }
 
-int isw_rdma_qp_connect(struct isw_rdma_qp *q, const struct isw_rdma_qp_info *remote)
+static int verbs_qp_connect(struct isw_rdma_qp *q, const struct isw_rdma_qp_info *remote)
 {
     (void)q, (void)remote;
     return isw_fail(ENOTSUP, NOT_BUILT);
 }
 
-void isw_rdma_qp_destroy(struct isw_rdma_qp *q)
+static void verbs_qp_destroy(struct isw_rdma_qp *q)
 {
-    free(q);
+    (void)q;
+}
+
+static int verbs_transfer(struct isw_rdma_qp *q, int write, void *local, uint32_t lkey,
+                          uint32_t len, uint64_t remote_addr, uint32_t rkey)
+{
+    (void)q, (void)write, (void)local, (void)lkey, (void)len, (void)remote_addr, (void)rkey;
+    return isw_fail(ENOTSUP, NOT_BUILT);
 }
 
 #endif
+
+/* ---- queue pairs: the fake fabric or the device's verbs ---- */
+
+int isw_rdma_qp_create(struct isw_rdma *r, struct isw_rdma_qp **out, struct isw_rdma_qp_info *local)
+{
+    int rc = r->fake ? fake_qp_create(r, out, local) : verbs_qp_create(r, out, local);
+    if (rc == 0)
+        atomic_fetch_add(&r->refs, 1);
+    return rc;
+}
+
+int isw_rdma_qp_connect(struct isw_rdma_qp *q, const struct isw_rdma_qp_info *remote)
+{
+    return q->r->fake ? fake_qp_connect(q, remote) : verbs_qp_connect(q, remote);
+}
+
+void isw_rdma_qp_destroy(struct isw_rdma_qp *q)
+{
+    if (q == NULL)
+        return;
+    struct isw_rdma *r = q->r;
+    if (r->fake)
+        fake_qp_destroy(q);
+    else
+        verbs_qp_destroy(q);
+    free(q);
+    rdma_put(r);
+}
+
+static int qp_transfer(struct isw_rdma_qp *q, int write, void *local, uint32_t lkey, uint32_t len,
+                       uint64_t remote_addr, uint32_t rkey)
+{
+    return q->r->fake ? fake_transfer(q, write, local, lkey, len, remote_addr, rkey)
+                      : verbs_transfer(q, write, local, lkey, len, remote_addr, rkey);
+}
 
 /* ---- the remote ---- */
 
 struct slab_lease {
     uint64_t gen;
     uint64_t addr;
-    uint32_t rkey;                           /* 0: not lent */
+    uint32_t rkey;
+    int lent;
 };
 
 struct rdma_remote {
@@ -515,20 +692,23 @@ struct rdma_remote {
     struct slab_lease *leases;
 };
 
+static const struct isw_remote_ops rdma_ops;
+
 int isw_remote_rdma_set_slab(struct isw_remote *r, uint64_t slot, uint64_t gen, uint64_t addr,
                              uint32_t rkey)
 {
     struct rdma_remote *m = (struct rdma_remote *)r;
+    if (r->ops != &rdma_ops)
+        return isw_fail(EINVAL, "remote %s is not an RDMA remote", r->desc);
     if (slot >= m->nslots)
         return isw_fail(ERANGE, "slot %llu is outside the %llu slots of %s", (unsigned long long)slot,
                         (unsigned long long)m->nslots, r->desc);
     pthread_mutex_lock(&m->mu);
-    m->leases[slot] = (struct slab_lease){ .gen = gen, .addr = addr, .rkey = rkey };
+    m->leases[slot] = (struct slab_lease){ .gen = gen, .addr = addr, .rkey = rkey, .lent = 1 };
     pthread_mutex_unlock(&m->mu);
     return 0;
 }
 
-#ifdef ISW_HAVE_VERBS
 /* READ or WRITE [off, off + len) of one slab through the bounce buffer, under m->mu. */
 static int rdma_copy(struct isw_remote *r, uint64_t off, uint64_t gen, unsigned char *buf,
                      size_t len, int write)
@@ -543,7 +723,7 @@ static int rdma_copy(struct isw_remote *r, uint64_t off, uint64_t gen, unsigned 
     pthread_mutex_lock(&m->mu);
     struct slab_lease lease = m->leases[slot];
     int rc = 0;
-    if (lease.rkey == 0 || lease.gen != gen)
+    if (!lease.lent || lease.gen != gen)
         rc = isw_remote_error(r, 0, ESTALE, "%s at region offset %llu refused: the slab is not lent "
                               "at generation %llu", what, (unsigned long long)off,
                               (unsigned long long)gen);
@@ -551,8 +731,8 @@ static int rdma_copy(struct isw_remote *r, uint64_t off, uint64_t gen, unsigned 
         size_t n = len - done < BOUNCE_SIZE ? len - done : BOUNCE_SIZE;
         if (write)
             memcpy(m->bounce, buf + done, n);
-        rc = qp_transfer(m->q, write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ, m->bounce,
-                         m->bounce_lkey, (uint32_t)n, lease.addr + within + done, lease.rkey);
+        rc = qp_transfer(m->q, write, m->bounce, m->bounce_lkey, (uint32_t)n,
+                         lease.addr + within + done, lease.rkey);
         if (rc < 0) {
             /* the queue pair is in error now (a revoked slab ends here too): the remote dies */
             rc = isw_remote_error(r, 1, -rc, "%s at region offset %llu: %s", what,
@@ -580,9 +760,8 @@ static int rdma_write(struct isw_remote *r, uint64_t off, uint64_t gen, const vo
 static void rdma_destroy(struct isw_remote *r)
 {
     struct rdma_remote *m = (struct rdma_remote *)r;
-    struct isw_rdma *dev = m->q->r;
-    isw_rdma_qp_destroy(m->q);
-    isw_rdma_dereg(dev, m->bounce, BOUNCE_SIZE);
+    isw_rdma_dereg(m->q->r, m->bounce, BOUNCE_SIZE);
+    isw_rdma_qp_destroy(m->q);                 /* may free the device: after its last use */
     free(m->bounce);
     free(m->leases);
     pthread_mutex_destroy(&m->mu);
@@ -601,31 +780,32 @@ int isw_remote_rdma_open(struct isw_rdma_qp *q, uint64_t nslots, uint64_t slab_s
     uint32_t rkey;
     int rc;
 
-    if (nslots == 0 || slab_size == 0)
+    if (nslots == 0 || slab_size == 0 || nslots > UINT64_MAX / slab_size) {
+        isw_rdma_qp_destroy(q);
         return isw_fail(EINVAL, "an RDMA remote needs slots and a slab size");
-    struct rdma_remote *m = calloc(1, sizeof *m);
-    if (m == NULL)
-        return isw_fail(ENOMEM, "out of memory");
-    m->leases = calloc(nslots, sizeof *m->leases);
-    if (posix_memalign((void **)&m->bounce, 4096, BOUNCE_SIZE) != 0)
-        m->bounce = NULL;
-    if (m->leases == NULL || m->bounce == NULL) {
-        free(m->leases);
-        free(m->bounce);
-        free(m);
-        return isw_fail(ENOMEM, "out of memory");
     }
-    rc = isw_rdma_reg(q->r, m->bounce, BOUNCE_SIZE, 1, &m->bounce_lkey, &rkey);
+    struct rdma_remote *m = calloc(1, sizeof *m);
+    if (m != NULL)
+        m->leases = calloc(nslots, sizeof *m->leases);
+    if (m != NULL && posix_memalign((void **)&m->bounce, 4096, BOUNCE_SIZE) != 0)
+        m->bounce = NULL;
+    if (m == NULL || m->leases == NULL || m->bounce == NULL)
+        rc = isw_fail(ENOMEM, "out of memory");
+    else
+        rc = isw_rdma_reg(q->r, m->bounce, BOUNCE_SIZE, 1, &m->bounce_lkey, &rkey);
     if (rc < 0) {
-        free(m->leases);
-        free(m->bounce);
-        free(m);
+        if (m != NULL) {
+            free(m->leases);
+            free(m->bounce);
+            free(m);
+        }
+        isw_rdma_qp_destroy(q);
         return rc;
     }
     pthread_mutex_init(&m->mu, NULL);
     m->q = q;
     m->nslots = nslots;
-    snprintf(desc, sizeof desc, "rdma:%s/qp%u", q->r->name, q->qp->qp_num);
+    snprintf(desc, sizeof desc, "rdma:%s/qp%u", q->r->name, q->qpn);
     isw_remote_init(&m->base, &rdma_ops, nslots * slab_size, slab_size, desc);
     *out = &m->base;
     return 0;
@@ -649,8 +829,10 @@ static int selftest_remote(struct isw_rdma *r, unsigned char *slab, uint64_t sla
         rc = isw_rdma_qp_connect(a, &ib);
     if (rc == 0)
         rc = isw_rdma_qp_connect(b, &ia);
-    if (rc == 0)
-        rc = isw_remote_rdma_open(a, 1, slab_size, remote);
+    if (rc == 0) {
+        rc = isw_remote_rdma_open(a, 1, slab_size, remote);     /* takes a over */
+        a = NULL;
+    }
     *peer = b;                         /* answers a's operations: kept until the end */
     if (rc < 0) {
         isw_rdma_qp_destroy(a);
@@ -708,20 +890,3 @@ int isw_rdma_selftest(struct isw_rdma *r, uint64_t slab_size)
     free(slab);
     return rc;
 }
-
-#else
-
-int isw_remote_rdma_open(struct isw_rdma_qp *q, uint64_t nslots, uint64_t slab_size,
-                         struct isw_remote **out)
-{
-    (void)q, (void)nslots, (void)slab_size, (void)out;
-    return isw_fail(ENOTSUP, NOT_BUILT);
-}
-
-int isw_rdma_selftest(struct isw_rdma *r, uint64_t slab_size)
-{
-    (void)r, (void)slab_size;
-    return isw_fail(ENOTSUP, NOT_BUILT);
-}
-
-#endif

@@ -53,7 +53,9 @@ int isw_remote_error(struct isw_remote *r, int mark_dead, int err, const char *f
 void isw_remote_last_error(struct isw_remote *r, char *out, size_t n);
 
 int isw_remote_shm_open(const char *path, uint64_t size, struct isw_remote **out);
+/* Every connection proves the cluster key `key` and checks the server's proof
+ * (isw_auth.h) before it is used; the key is not kept. */
 int isw_remote_tcp_open(const char *host, int port, int connections, int timeout_ms,
-                        struct isw_remote **out);
+                        const unsigned char *key, size_t key_len, struct isw_remote **out);
 
 #endif

@@ -409,15 +409,29 @@ static int slot_enter(struct isw_store *s, uint64_t off, int allocated, uint32_t
     return rc;
 }
 
-int isw_store_slab_generation(struct isw_store *s, uint64_t region_offset, uint64_t *gen)
+/* The lent slab at region_offset: its address and/or its generation (either may be NULL). */
+static int slab_lookup(struct isw_store *s, uint64_t region_offset, uint64_t *addr, uint64_t *gen)
 {
     uint32_t i = 0;
     int rc = slot_enter(s, region_offset, 1, &i);
     if (rc < 0)
         return rc;
-    *gen = atomic_load(&s->lines[i].gen);
+    if (addr)
+        *addr = (uint64_t)(uintptr_t)(s->base + region_offset);
+    if (gen)
+        *gen = atomic_load(&s->lines[i].gen);
     st_leave(s);
     return 0;
+}
+
+int isw_store_slab_address(struct isw_store *s, uint64_t region_offset, uint64_t *addr)
+{
+    return slab_lookup(s, region_offset, addr, NULL);
+}
+
+int isw_store_slab_generation(struct isw_store *s, uint64_t region_offset, uint64_t *gen)
+{
+    return slab_lookup(s, region_offset, NULL, gen);
 }
 
 int isw_store_revoke_slab(struct isw_store *s, uint64_t region_offset)

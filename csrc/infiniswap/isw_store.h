@@ -37,6 +37,9 @@ int isw_store_alloc_slab(struct isw_store *s, int lock, uint64_t *region_offset)
 /* Revoke the slab (below), wait briefly for accesses in progress, then release its memory.
  * -EBUSY (the slab stays allocated and revoked) if an access did not finish meanwhile. */
 int isw_store_free_slab(struct isw_store *s, uint64_t region_offset);
+/* Where this allocated slab lies in this process's mapping of the store (what the daemon
+ * registers with an RDMA device when it lends the slab, isw_rdma.h). */
+int isw_store_slab_address(struct isw_store *s, uint64_t region_offset, uint64_t *addr);
 /* The generation a lease of this allocated slab gets (devices pass it on every access). */
 int isw_store_slab_generation(struct isw_store *s, uint64_t region_offset, uint64_t *gen);
 /* Take an allocated slab back: bump its generation, so no access with an older one

@@ -17,11 +17,16 @@
  * send (that is what takes the server's CPU per page down), while a lone request still
  * costs one send and one receive here.
  *
+ * Each connection proves the cluster key to the data server, and the server proves it
+ * back, before the first request (isw_auth_client, isw_auth.h): a server that cannot is
+ * refused, so no page is ever written to (or read from) a daemon outside the cluster.
+ *
  * Socket timeouts bound every send and receive, so a dead or hung daemon gives an error,
  * never a hang.  A transport error (or a reply that breaks the protocol) fails every
  * request queued on that connection and marks the whole remote dead; a status error from
  * the server (e.g. the region is no longer allocated) fails that request only.
  */
+#include "isw_auth.h"
 #include "isw_net.h"
 #include "isw_proto.h"
 #include "isw_remote.h"
@@ -324,8 +329,27 @@ static const struct isw_remote_ops tcp_ops = {
     .kind = "tcp", .read = tcp_read, .write = tcp_write, .destroy = tcp_destroy,
 };
 
+/* Connect one connection and complete the handshake on it; 0 or -errno (recorded). */
+static int connect_proven(const char *host, int port, int timeout_ms, const unsigned char *key,
+                          size_t key_len, int *out_fd)
+{
+    char why[256];
+    int fd, rc = isw_tcp_connect(host, port, timeout_ms, &fd);
+
+    if (rc < 0)
+        return rc;
+    rc = isw_auth_client(fd, key, key_len);
+    if (rc < 0) {
+        snprintf(why, sizeof why, "%s", isw_last_error());
+        close(fd);
+        return isw_fail(-rc, "data server %s:%d: %s", host, port, why);
+    }
+    *out_fd = fd;
+    return 0;
+}
+
 int isw_remote_tcp_open(const char *host, int port, int connections, int timeout_ms,
-                        struct isw_remote **out)
+                        const unsigned char *key, size_t key_len, struct isw_remote **out)
 {
     char desc[160];
     int rc = 0, opened = 0;
@@ -334,6 +358,8 @@ int isw_remote_tcp_open(const char *host, int port, int connections, int timeout
         return isw_fail(EINVAL, "connections must be 1..256, got %d", connections);
     if (timeout_ms < 1)
         return isw_fail(EINVAL, "timeout must be at least 1 ms, got %d", timeout_ms);
+    if (isw_auth_check_key(key, key_len) < 0)
+        return -EINVAL;
     struct tcp_remote *t = calloc(1, sizeof *t);
     struct conn *conns = calloc((size_t)connections, sizeof *conns);
     if (t == NULL || conns == NULL) {
@@ -345,7 +371,7 @@ int isw_remote_tcp_open(const char *host, int port, int connections, int timeout
         struct conn *c = &conns[opened];
         c->rx = malloc(ISW_CLIENT_RX_BUF);
         rc = c->rx == NULL ? isw_fail(ENOMEM, "out of memory")
-                           : isw_tcp_connect(host, port, timeout_ms, &c->fd);
+                           : connect_proven(host, port, timeout_ms, key, key_len, &c->fd);
         if (rc < 0) {
             free(c->rx);
             break;

@@ -884,13 +884,15 @@ int main(int argc, char **argv)
     snprintf(backup, sizeof backup, "%s/backup", dir);
     fatal_if(isw_store_open(STORE_SLABS * SLAB_SIZE, SLAB_SIZE, &g_store), "isw_store_open");
     snprintf(g_shm_path, sizeof g_shm_path, "/proc/self/fd/%d", isw_store_fd(g_store));
-    fatal_if(isw_server_start(g_store, "127.0.0.1", 0, &srv), "isw_server_start");
+    static const unsigned char key[32] = "isw_stress cluster key, 32 bytes";
+    fatal_if(isw_server_start(g_store, "127.0.0.1", 0, key, sizeof key, 0, &srv),
+             "isw_server_start");
     fatal_if(isw_device_open(NSLABS * SLAB_SIZE, SLAB_SIZE, backup, WRITER_THREADS, PENDING_CAP,
                              &g_dev), "isw_device_open");
     int shm_id = isw_device_add_remote_shm(g_dev, g_shm_path, 0);
     fatal_if(shm_id, "isw_device_add_remote_shm");
     int tcp_id = isw_device_add_remote_tcp(g_dev, "127.0.0.1", isw_server_port(srv),
-                                           TCP_CONNECTIONS, TCP_TIMEOUT_MS);
+                                           TCP_CONNECTIONS, TCP_TIMEOUT_MS, key, sizeof key);
     fatal_if(tcp_id, "isw_device_add_remote_tcp");
     memset(ws, 0, sizeof ws);
     ctl_init(&ctl, shm_id, tcp_id, 42);

@@ -63,3 +63,86 @@ class PageChurn:
                 self.reads += 1
         except Exception as exc:  # noqa: BLE001 - reported by the test
             self.errors.append(f"I/O failed: {exc!r}")
+
+
+def map_proof(sock, identity: bytes, key: bytes | None = None) -> dict:
+    """The ``proof`` field a raw DEALER (routing id ``identity``) puts in its MAP: the answer to
+    the daemon's challenge (from a PONG) with the cluster key (default: the key directory's)."""
+    from dlrt.keys import ensure_cluster_secret
+    from infiniswap import protocol as p
+    from infiniswap.ctlauth import device_proof
+
+    sock.send(p.encode(p.PING, id=4242))
+    while True:
+        assert sock.poll(5000), "no PONG from the daemon"
+        pong = p.decode(sock.recv())
+        if pong.op == p.PONG and pong.id == 4242:
+            break
+    return {"proof": device_proof(key or ensure_cluster_secret(), pong["challenge"], identity)}
+
+
+def stalled_device_loses_its_lease(daemon, stalled, other, used: list, *, slab: int = 1 << 20,
+                                   taken_back=lambda: None, gave_up=lambda stalled: True) -> None:
+    """The fence, end to end: ``stalled``'s control thread stalls past the daemon's EVICT
+    timeout while the machine needs its memory (``used[0]``, what the daemon's memory reader
+    returns); the daemon takes the slab back (``taken_back()`` then checks what the transport
+    did), lends the same memory to ``other``, and the stalled device's reads and writes of its
+    old mapping go to its backup file, never to that memory; once it resumes it gives the
+    slab up (``gave_up(stalled)``). Closes both devices."""
+    import os
+    import threading
+
+    from infiniswap.core import SlabState
+
+    in_stall, resume = threading.Event(), threading.Event()
+
+    def stall() -> None:        # (test hook) occupy the stalled device's control thread
+        in_stall.set()
+        resume.wait(30)
+    staller = threading.Thread(target=lambda: stalled._ctl.call(stall))
+    try:
+        try:
+            assert stalled.map_now([0]) == 1
+            mine = os.urandom(slab)
+            stalled.write(0, mine)                  # in the daemon's memory (and on disk)
+            before = stalled.core.slab_info(0)
+            assert before.bytes_written_remote == slab
+            staller.start()
+            assert in_stall.wait(5)
+
+            used[0] = 8 * slab      # the machine needs its memory: the slab must go, and the
+            wait_until(lambda: daemon.stats()["devices_lost"] == 1 and     # device never answers
+                       daemon.stats()["allocated_bytes"] == 0, 10,
+                       "the daemon to take the slab back and release its memory")
+            taken_back()
+            used[0] = 0
+            wait_until(lambda: daemon.stats()["slabs_free"] == 1, 10, "memory to lend again")
+            assert other.map_now([0]) == 1
+            theirs = os.urandom(slab)
+            other.write(0, theirs)
+            lent = other.core.slab_info(0)
+            assert lent.region_offset == before.region_offset       # the same memory, lent again
+            assert lent.generation != before.generation
+
+            # The stalled device has heard nothing: it still maps the slab, old generation.
+            old = stalled.core.slab_info(0)
+            assert (old.state, old.region_offset, old.generation, old.bits_set) == (
+                SlabState.MAPPED, before.region_offset, before.generation, slab // 4096)
+            assert stalled.read(0, slab) == mine        # refused remotely: its backup file
+            newer = os.urandom(slab)
+            stalled.write(0, newer)                     # refused remotely: its backup file
+            assert stalled.read(0, slab) == newer
+            io = stalled.stats()["io"]
+            assert io["bytes_read_remote"] == 0 and io["remote_errors"] == 1
+            assert other.read(0, slab) == theirs        # from the daemon's memory, intact
+            assert other.stats()["io"]["bytes_read_remote"] == slab
+        finally:
+            resume.set()
+            staller.join(10)
+        wait_until(lambda: gave_up(stalled) and stalled.core.slab_info(0).state is SlabState.UNMAPPED, 10,
+                   "the stalled device to give the slab up once it resumes")
+        assert stalled.read(0, slab) == newer and other.read(0, slab) == theirs
+        assert daemon.stats()["devices"] == {"other": [0]}
+    finally:
+        stalled.close()
+        other.close()

@@ -15,7 +15,7 @@ import zmq
 from infiniswap import Daemon, Device
 from infiniswap import protocol as p
 from infiniswap.channel import context
-from infiniswap_testlib import wait_until
+from infiniswap_testlib import map_proof, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -97,7 +97,7 @@ def test_io_after_close_is_a_clear_error(tmp_path):
 @pytest.mark.parametrize("kwargs, text", [
     ({"size": 3 * MiB + 1}, "multiple of the slab size"),
     ({"slab_size": 3 * MiB}, "power of two"),
-    ({"transport": "rdma"}, "transport 'rdma' must be one of auto, shm, tcp"),
+    ({"transport": "infiniband"}, "transport 'infiniband' must be one of auto, shm, tcp, rdma"),
     ({"daemons": ["nonsense"]}, "bad address 'nonsense'"),
     ({"daemons": ["tcp://127.0.0.1:70000"]}, "port 70000 is out of range"),
     ({"period": 0}, "period 0 must be positive"),
@@ -175,9 +175,9 @@ def test_daemon_with_another_slab_size_is_not_used(tmp_path, caplog):
     (p.encode(p.FREE_MEM, free_bytes=1, slab_size=1, slabs_free=1, slabs_mapped=0,
               host_id="h"), "does not accept FREE_MEM"),
     (p.encode(p.EVICT, slabs=[1]), "does not accept EVICT"),
-    (p.encode(p.MAP, device_id="x", slab=0, slab_size=4 * MiB), "slab size is 1048576"),
+    (p.encode(p.MAP, device_id="x", slab=0), "prove the cluster key"),
 ], ids=["garbage", "list", "unknown-op", "version", "missing-field", "negative-slab",
-        "slabs-not-list", "reply-op", "daemon-op", "slab-size"])
+        "slabs-not-list", "reply-op", "daemon-op", "unproven-map"])
 def test_malformed_messages_get_error_and_the_daemon_keeps_serving(daemon, dealer, payload,
                                                                     text):
     sock = dealer(daemon.address)
@@ -188,6 +188,15 @@ def test_malformed_messages_get_error_and_the_daemon_keeps_serving(daemon, deale
     msg = reply(sock)
     assert msg.op == p.FREE_MEM and msg.id == 7 and msg["slab_size"] == MiB
     assert daemon.running
+
+
+def test_map_with_another_slab_size_gets_error(daemon, dealer):
+    sock = dealer(daemon.address, identity=b"dev-s")
+    sock.send(p.encode(p.MAP, id=1, device_id="x", slab=0, slab_size=4 * MiB,
+                       **map_proof(sock, b"dev-s")))
+    msg = reply(sock)
+    assert msg.op == p.ERROR and "slab size is 1048576" in msg["reason"]
+    assert daemon.stats()["slabs_mapped"] == 0
 
 
 def test_daemon_survives_a_flood_of_junk_and_odd_framing(daemon, dealer):
@@ -210,7 +219,8 @@ def test_daemon_survives_a_flood_of_junk_and_odd_framing(daemon, dealer):
 def test_daemon_map_unmap_and_ping_list(daemon, dealer):
     """MAP is idempotent per (device, slab); PONG lists the device's slabs; UNMAP frees."""
     sock = dealer(daemon.address, identity=b"dev-a")
-    sock.send(p.encode(p.MAP, id=1, device_id="dev-a", slab=3, slab_size=MiB))
+    sock.send(p.encode(p.MAP, id=1, device_id="dev-a", slab=3, slab_size=MiB,
+                       **map_proof(sock, b"dev-a")))
     first = reply(sock)
     assert first.op == p.MR_INFO and first["slab"] == 3 and first["size"] == MiB
     assert first["shm_path"].startswith("/proc/") and first["data_port"]
@@ -236,10 +246,10 @@ def test_daemon_map_unmap_and_ping_list(daemon, dealer):
 def test_daemon_refuses_map_at_headroom(dealer):
     with Daemon(headroom=4 * MiB, slab_size=MiB, capacity=16 * MiB, total_memory=16 * MiB,
                 memory_reader=lambda: 12 * MiB, lock=False, period=0.05) as d:
-        sock = dealer(d.address)
+        sock = dealer(d.address, identity=b"dev-x")
         sock.send(p.encode(p.QUERY_MEM, id=1))
         free = reply(sock)
         assert free["free_bytes"] == 0 and free["slabs_free"] == 0
-        sock.send(p.encode(p.MAP, id=2, device_id="x", slab=0))
+        sock.send(p.encode(p.MAP, id=2, device_id="x", slab=0, **map_proof(sock, b"dev-x")))
         msg = reply(sock)
         assert msg.op == p.ERROR and msg["code"] == "no_memory"

@@ -16,7 +16,7 @@ import zmq
 from infiniswap import Daemon, Device
 from infiniswap import protocol as p
 from infiniswap.channel import context
-from infiniswap_testlib import wait_until
+from infiniswap_testlib import map_proof, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -110,8 +110,10 @@ def _silent_device(daemon: Daemon, identity: bytes, slabs: int) -> tuple[zmq.Soc
     sock.setsockopt(zmq.IDENTITY, identity)
     sock.connect(daemon.address)
     leases = []
+    proof = map_proof(sock, identity)
     for slab in range(slabs):
-        sock.send(p.encode(p.MAP, id=slab, device_id=identity.decode(), slab=slab, slab_size=MiB))
+        sock.send(p.encode(p.MAP, id=slab, device_id=identity.decode(), slab=slab, slab_size=MiB,
+                           **proof))
         assert sock.poll(5000)
         info = p.decode(sock.recv())
         assert info.op == p.MR_INFO

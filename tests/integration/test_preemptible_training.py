@@ -56,7 +56,7 @@ def start(pool: LocalPool, mode: str, args: list[str], env: dict) -> subprocess.
     cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", "examples/train_digits.py",
            *COMMON, "--mode", mode, "--optimizer", MODES[mode], *args]
     full_env = dict(os.environ, AUTOPS_MASTER=pool.master, AUTOPS_JOB=f"digits-{uuid.uuid4().hex[:8]}",
-                    AUTOPS_TIMEOUT="30", OMP_NUM_THREADS="1", **env)
+                    AUTOPS_TIMEOUT="30", OMP_NUM_THREADS="1", AUTOPS_JOB_SECRET=uuid.uuid4().hex, **env)
     return subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
 

@@ -20,7 +20,9 @@ import time
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from dlrt.keys import ensure_cluster_secret
 from infiniswap.core import PAGE_SIZE, CoreDevice, DataServer, SlabState, SlabStore
+from infiniswap.handshake import client_handshake, server_handshake
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -252,13 +254,23 @@ def test_gil_is_released_during_blocking_io(device):
     lsock.bind(("127.0.0.1", 0))
     lsock.listen(1)
     conn = None
+    accepted: list[socket.socket] = []
+
+    def accept_proven() -> None:                        # the cluster-key handshake (isw_auth.h)
+        c, _ = lsock.accept()
+        c.settimeout(10)
+        accepted.append(c)
+        server_handshake(c, ensure_cluster_secret())
+
+    lsock.settimeout(10)
+    hs = threading.Thread(target=accept_proven)
+    hs.start()
     try:
         rid = device.add_remote_tcp("127.0.0.1", lsock.getsockname()[1], connections=1,
-                                    timeout=10.0)       # the kernel completes the handshake
+                                    timeout=10.0)
+        hs.join(10)
+        conn = accepted[0]
         device.map_slab(0, rid, 0, 1)
-        lsock.settimeout(10)
-        conn, _ = lsock.accept()
-        conn.settimeout(10)
         result: dict[str, object] = {}
 
         def io() -> None:
@@ -734,6 +746,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 def _connect(srv: DataServer) -> socket.socket:
     s = socket.create_connection(("127.0.0.1", srv.port()), timeout=5)
+    client_handshake(s, ensure_cluster_secret())      # the server's key: the key directory's
     return s
 
 

@@ -20,7 +20,9 @@ import time
 
 import pytest
 
+from dlrt.keys import ensure_cluster_secret
 from infiniswap.core import PAGE_SIZE, CoreDevice, DataServer, SlabStore
+from infiniswap.handshake import client_handshake
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -78,6 +80,7 @@ def connect(srv: DataServer, rcvbuf: int | None = None) -> socket.socket:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
     s.settimeout(10)
     s.connect(("127.0.0.1", srv.port()))
+    client_handshake(s, ensure_cluster_secret())   # the server's key: the key directory's
     return s
 
 

@@ -24,6 +24,10 @@ EXAMPLES = {
     p.STATUS: {},
     p.REPORT: {"report": {"free_bytes": 1 << 30, "devices": {"node2:0": [1, 9]}, "ok": True}},
     p.ERROR: {"reason": "no free slab", "code": "no_memory"},
+    p.RDMA_CONNECT: {"device_id": "node2:0", "qp": {"qpn": 0x1A2B3C, "psn": 77, "lid": 0, "mtu": 5,
+                                                    "global": 1, "gid": bytes(range(16))}},
+    p.RDMA_ACCEPT: {"qp": {"qpn": 0x11, "psn": 0xFFFFFF, "lid": 3, "mtu": 3, "global": 0,
+                           "gid": bytes(16)}, "capacity": 64 << 30},
 }
 
 

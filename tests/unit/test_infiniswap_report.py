@@ -24,11 +24,12 @@ STATS = {
     "slabs_quarantined": 0, "devices": {"dev-a": list(range(20)), "dev-b": list(range(7))},
     "maps": 30, "evictions": 3, "evict_rounds": 1, "devices_lost": 0, "requests": 99,
     "bad_messages": 0, "evict_time_s": {}, "served": None, "eviction_in_progress": False,
+    "auth_refusals": 2,
 }
 
 KEYS = {"type", "version", "time", "daemon", "host", "memory_total_bytes", "memory_free_bytes",
         "headroom_bytes", "slab_bytes", "slabs_lent", "slabs_free", "lendable_bytes",
-        "evictions_total", "devices"}
+        "evictions_total", "devices", "auth_refusals_total"}
 
 
 def test_report_from_stats():
@@ -41,7 +42,7 @@ def test_report_from_stats():
         "daemon": "tcp://127.0.0.1:7300", "host": "mem1", "memory_total_bytes": 64 * MiB,
         "memory_free_bytes": 12 * MiB, "headroom_bytes": 4 * MiB, "slab_bytes": MiB,
         "slabs_lent": 27, "slabs_free": 5, "lendable_bytes": 9 * MiB, "evictions_total": 3,
-        "devices": 2,
+        "devices": 2, "auth_refusals_total": 2,
     }
     assert REPORT_VERSION == 1
 
@@ -93,6 +94,7 @@ def test_metric_samples():
         "infiniswap_headroom_bytes": 4.0 * MiB, "infiniswap_slabs_lent": 27.0,
         "infiniswap_slabs_free": 5.0, "infiniswap_lendable_bytes": 9.0 * MiB,
         "infiniswap_evictions_total": 3.0, "infiniswap_devices": 2.0,
+        "infiniswap_auth_refusals_total": 2.0,
     }
     assert "infiniswap_memory_total_bytes" not in metric_samples(
         utilization_report(dict(STATS, total_memory=float("nan"))))
