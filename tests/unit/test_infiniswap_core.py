@@ -24,6 +24,8 @@ from dlrt.keys import ensure_cluster_secret
 from infiniswap.core import PAGE_SIZE, CoreDevice, DataServer, SlabState, SlabStore
 from infiniswap.handshake import client_handshake, server_handshake
 
+from slab_fixtures import lease, server, store  # noqa: F401 (fixtures)
+
 pytestmark = pytest.mark.timeout(20)
 
 MiB = 1 << 20
@@ -50,27 +52,8 @@ def device(tmp_path):
 
 
 @pytest.fixture
-def store():
-    s = SlabStore(8 * SLAB, SLAB, lock=False)
-    try:
-        yield s
-    finally:
-        s.close()
-
-
-@pytest.fixture
-def server(store):
-    srv = DataServer(store, "127.0.0.1", 0)
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
-def lease(st: SlabStore) -> tuple[int, int]:
-    """A new slab of the store as a daemon lends it: (region offset, generation)."""
-    region = st.alloc_slab()
-    return region, st.generation(region)
+def slab_size() -> int:
+    return SLAB
 
 
 def map_slabs(dev: CoreDevice, st: SlabStore, remote: int, slabs: list[int]) -> dict[int, int]:

@@ -21,8 +21,10 @@ import time
 import pytest
 
 from dlrt.keys import ensure_cluster_secret
-from infiniswap.core import PAGE_SIZE, CoreDevice, DataServer, SlabStore
+from infiniswap.core import PAGE_SIZE, CoreDevice, DataServer
 from infiniswap.handshake import client_handshake
+
+from slab_fixtures import lease, server, store  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -34,26 +36,8 @@ MAGIC, REPLY_MAGIC, VERSION, READ, WRITE = 0x50575349, 0x52575349, 2, 1, 2
 
 
 @pytest.fixture
-def store():
-    s = SlabStore(8 * SLAB, SLAB, lock=False)
-    try:
-        yield s
-    finally:
-        s.close()
-
-
-@pytest.fixture
-def server(store):
-    srv = DataServer(store, "127.0.0.1", 0)
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
-def lease(st: SlabStore) -> tuple[int, int]:
-    region = st.alloc_slab()
-    return region, st.generation(region)
+def slab_size() -> int:
+    return SLAB
 
 
 def pattern(tag: int, n: int) -> bytes:

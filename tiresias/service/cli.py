@@ -157,12 +157,7 @@ def cmd_master(args) -> int:
     thresholds = tuple(float(t) for t in args.thresholds.split(",") if t.strip())
     if len(thresholds) != args.queues - 1:
         raise UsageError(f"--queues {args.queues} needs {args.queues - 1} thresholds, got {list(thresholds)}")
-    node_hosts = {}
-    for item in args.node_host:
-        node, sep, hostname = item.partition("=")
-        if not sep or not node or not hostname:
-            raise UsageError(f"--node-host {item!r}: expected NODE=HOST")
-        node_hosts[node] = hostname
+    node_hosts = _pairs("--node-host", args.node_host, "NODE=HOST")
     config = MasterConfig(args.state, args.policy, thresholds, args.promote_knob, args.distribution,
                           args.packlimit, args.interval, args.stop_grace, args.checkpoint_root,
                           args.autops_master, node_hosts, args.min_run_factor, args.min_run,
@@ -182,14 +177,20 @@ def cmd_master(args) -> int:
     return serve(master, host, port)
 
 
+def _pairs(option: str, items: list[str], form: str) -> dict[str, str]:
+    """``KEY=VALUE`` items of ``option`` as a dict; ``UsageError`` naming a malformed one."""
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise UsageError(f"{option} {item!r}: expected {form}")
+        pairs[key] = value
+    return pairs
+
+
 def _user_map(args) -> dict[str, str]:
     """``--user-map OWNER=OSUSER`` items; checks ``--run-as-owner``'s conditions."""
-    mapping = {}
-    for item in args.user_map:
-        owner, sep, os_user = item.partition("=")
-        if not sep or not owner or not os_user:
-            raise UsageError(f"--user-map {item!r}: expected OWNER=OSUSER")
-        mapping[owner] = os_user
+    mapping = _pairs("--user-map", args.user_map, "OWNER=OSUSER")
     if mapping and not args.run_as_owner:
         raise UsageError("--user-map needs --run-as-owner")
     if args.run_as_owner and args.executor != "local":
