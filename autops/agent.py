@@ -50,6 +50,7 @@ DEFAULT_TIMEOUT = 60.0
 PROFILE_PERIOD = float(os.environ.get("AUTOPS_PROFILE_PERIOD", "1.0"))
 # a request unanswered this long makes the agent ask pMaster whether an aggregator was lost
 PROBE_AFTER = float(os.environ.get("AUTOPS_PROBE_AFTER", "1.0"))
+PARTITION_ENV = "AUTOPS_PARTITION_BYTES"   # the job's partition size where the caller sets none
 
 
 class AutoPSError(RuntimeError):
@@ -298,8 +299,12 @@ class Agent:
         a copy of its pushes until they cannot be needed again (sum mode replays them to the
         new owner) and server-mode keys are replicated to a second aggregator. Off: less
         memory and no replication traffic, and the loss of an aggregator fails the job.
-        ``security``: CURVE for the sockets (default: the key directory's)."""
+        ``security``: CURVE for the sockets (default: the key directory's).
+        ``partition_bytes``: tensors larger than this are split into keys of about this size
+        (default ``$AUTOPS_PARTITION_BYTES``, else pMaster's 4 MiB)."""
         secret = secret_from_env(secret)
+        if partition_bytes is None and os.environ.get(PARTITION_ENV):
+            partition_bytes = int(os.environ[PARTITION_ENV])
         if not secret:
             raise AutoPSError(f"no secret for job {job}: pass secret= or set ${SECRET_ENV} the same for every "
                               f"rank (`autops local` and the Tiresias master do; for torchrun: "
@@ -337,6 +342,9 @@ class Agent:
         self.table.aggs = dict(reply.get("endpoints") or {})
         self.table.home = reply.get("home") or (self.aggregators[0] if self.aggregators else None)
         self._table_lock = threading.Lock()
+        # requests an aggregator answered with REDIRECT (the key had moved): each costs a round
+        # trip and a resend; live migration tells the agents ahead, so it should stay 0
+        self.redirects = 0
         self._cmds: collections.deque = collections.deque()
         self._waker = Waker()
         self._closed = False
@@ -929,6 +937,7 @@ class _IOLoop:
     def redirect(self, request: Request, msg: wire.Message) -> None:
         """The key moved: learn where from the reply (or, without details, from pMaster's
         table) and resend every part of the request to its owner."""
+        self.agent.redirects += 1
         try:
             moves = msg.items(wire.Move)
         except wire.ProtocolError as exc:

@@ -133,6 +133,9 @@ class Aggregator:
         # that came due in it (one message, not one per key, on the data path's busiest moment)
         self.due_copies: dict[int, list[KeyState]] = {}                # mid -> keys
         self.due_workers: dict[tuple[int, str], list[str]] = {}        # (mid, job) -> keys
+        # the longest a migrating key's whole iteration waited here for its hand-over, per
+        # (mid, job): the pause the switch itself put on the workers, reported in WORKER_DONE
+        self.handover_waits: dict[tuple[int, str], float] = {}
         self.precopies = Precopies()
         self.spare = SpareBuffers()      # buffers of keys that moved away, for keys moving back
         self.follow_waits: dict[int, tuple[KeyState, Follower, str]] = {}   # req -> (key, follower, kind)
@@ -488,6 +491,9 @@ class Aggregator:
             self.stats["bytes_in"] += data.nbytes
             if ks.incoming is not None or ks.recovering is not None:
                 ks.held.append((rank, iteration, data, deferred, replay))
+                if ks.incoming is not None and ks.held_whole_at is None and \
+                        sum(1 for h in ks.held if h[1] == iteration) >= ks.world_size:
+                    ks.held_whole_at = now      # without the move, aggregation would start now
             elif self._admit(state.job, iteration, now):
                 self._apply_push(ks, rank, data, deferred)
             else:
@@ -613,7 +619,9 @@ class Aggregator:
             self._send_copies(keys)
         reports, self.due_workers = self.due_workers, {}
         for (mid, job), keys in reports.items():
-            self._to_master(wire.encode(wire.WORKER_DONE, mid=mid, job=job, keys=keys, agg=self.agg_id))
+            waited = self.handover_waits.pop((mid, job), 0.0)
+            self._to_master(wire.encode(wire.WORKER_DONE, mid=mid, job=job, keys=keys, agg=self.agg_id,
+                                        wait_ms=round(1e3 * waited, 3)))
 
     def _reply_pull(self, pending: PendingPull) -> None:
         items, payloads = [], []
@@ -741,7 +749,7 @@ class Aggregator:
             replicas = msg.get("replicas") or {}
             for spec in keys:
                 ks = state.keys[spec.key]
-                ks.incoming = msg["mid"]
+                ks.incoming, ks.held_whole_at = msg["mid"], None
                 ks.awaiting_workers = (msg["mid"], 1 << 62)
                 if ks.mode == "server" and replicas.get(spec.key):
                     ks.replica = dict(replicas[spec.key])
@@ -982,6 +990,10 @@ class Aggregator:
         """One key of a TENSOR_COPY; StoreError (the key unchanged) when it cannot be taken."""
         t0 = time.thread_time()
         first = meta.get("completed", 0) + 1 if isinstance(meta.get("completed"), int) else 1
+        if ks.held_whole_at is not None:
+            waits = self.handover_waits
+            waits[(mid, ks.job)] = max(waits.get((mid, ks.job), 0.0), time.monotonic() - ks.held_whole_at)
+            ks.held_whole_at = None
         hp = ks.held_hp
         if meta.get("ahead"):
             self.store.take_ahead(ks, meta.get("completed"), state.replicas.get(ks.spec.key))

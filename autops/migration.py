@@ -20,7 +20,8 @@ iteration boundary, moves only counters:
 3. The old aggregator hands each key over once its cutover iteration is complete
    (``TENSOR_COPY``: the counter; state only where no follower holds it) and reports
    ``TENSOR_COPY_DONE``; the new one reports ``WORKER_DONE`` once all workers pushed the
-   next iteration to it.
+   next iteration to it, with the longest any key's complete first iteration waited for its
+   hand-over there (``wait_ms``: the pause the switch itself put on the workers).
 4. With both reports for a key, the table owns the new aggregator and ``MIGRATE_DROP`` tells
    the old one to forget the key.
 """
@@ -62,6 +63,7 @@ class Batch:
     replicas: dict = field(default_factory=dict)    # key -> replica the new owner keeps (server mode)
     followers: dict = field(default_factory=dict)   # key -> aggregators its state is copied to ahead
     first: dict = field(default_factory=dict)       # key -> first iteration the new owner serves
+    handover_wait_ms: float = 0.0   # longest a key's whole first iteration waited for its hand-over
     on_done: Callable[["Batch", bool], None] | None = None
 
 
@@ -218,6 +220,10 @@ class Migrations:
         if batch is None or sender not in (None, batch.dst):
             return
         batch.workers.update(k for k in msg["keys"] if k in batch.keys)
+        try:
+            batch.handover_wait_ms = max(batch.handover_wait_ms, float(msg.get("wait_ms") or 0.0))
+        except (TypeError, ValueError):
+            pass
         self._advance(batch)
 
     def _advance(self, batch: Batch) -> None:
@@ -245,6 +251,7 @@ class Migrations:
                 "mid": batch.mid, "job": batch.job, "from": batch.src, "to": batch.dst, "keys": len(batch.keys),
                 "first_iterations": [firsts[0], firsts[-1]] if firsts else None,
                 "precopied_keys": sum(1 for f in batch.followers.values() if f),
+                "handover_wait_ms": batch.handover_wait_ms,
                 "seconds": round(batch.finished - batch.started, 4)}])[-RECENT:]
             del self.batches[batch.mid]
             log.info("migration %d of job %s: %d keys %s -> %s in %.3fs", batch.mid, batch.job,

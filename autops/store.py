@@ -75,6 +75,7 @@ class KeyState:
     incoming: int | None = None        # new side: migration id while the copy is missing
     held: list = field(default_factory=list)   # new side: (rank, iteration, data, deferred)
     held_hp: dict | None = None                # new side: hyper-parameters pushed meanwhile
+    held_whole_at: float | None = None         # new side: when the held pushes first made an iteration whole
     awaiting_workers: tuple | None = None      # new side: (mid, first iteration served here)
     precopied: bool = False                    # new side: the server-side state arrived ahead
     followers: dict = field(default_factory=dict)   # old side: agg -> precopy.Follower (server mode)

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from . import cli
 from .keys_cli import add_keys_commands
-from .testbed import DEFAULT_PREFIX, Testbed, TestbedError, available, check_prefix, cleanup
+from .testbed import DEFAULT_CONGESTION, DEFAULT_PREFIX, Testbed, TestbedError, available, check_prefix, cleanup
 
 PROG = "dlrt"
 
@@ -51,12 +51,13 @@ def describe(tb: Testbed, live: bool) -> dict[str, Any]:
             row.update(sent_bytes=sent, received_bytes=received, pids=tb.pids(host))
         hosts.append(row)
     return {"prefix": tb.prefix, "bridge": tb.bridge, "subnet": tb.subnet, "link": tb.link,
-            "delay": tb.delay, "hosts": hosts}
+            "delay": tb.delay, "congestion": tb.congestion, "hosts": hosts}
 
 
 def _table(data: dict[str, Any]) -> str:
     lines = [f"testbed {data['prefix']}: {len(data['hosts'])} hosts on bridge {data['bridge']} "
-             f"({data['subnet']}), link {data['link'] or 'unshaped'}, delay {data['delay'] or 'none'}"]
+             f"({data['subnet']}), link {data['link'] or 'unshaped'}, delay {data['delay'] or 'none'}, "
+             f"TCP {data['congestion']}"]
     for row in data["hosts"]:
         line = f"  {row['name']:<14} {row['addr']:<15} link {row['ifname']:<14} DLRT_HOST_ID={row['host_id']}"
         if "sent_bytes" in row:
@@ -67,7 +68,7 @@ def _table(data: dict[str, Any]) -> str:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    tb = Testbed(args.hosts, link=args.link, delay=args.delay, prefix=args.prefix)
+    tb = Testbed(args.hosts, link=args.link, delay=args.delay, prefix=args.prefix, congestion=args.congestion)
     _require_testbeds()
     tb.up()
     data = describe(tb, live=False)
@@ -129,6 +130,9 @@ def _parser() -> argparse.ArgumentParser:
                          "'none': unshaped)")
     up.add_argument("--delay", default=None,
                     help="one-way delay between two hosts (50us, 1ms; needs the netem qdisc)")
+    up.add_argument("--congestion", default=DEFAULT_CONGESTION, metavar="CC",
+                    help="every host's TCP congestion control (cubic, bbr, reno: "
+                         "/proc/sys/net/ipv4/tcp_available_congestion_control)")
     command("status", "show a testbed, its hosts' byte counters and processes", cmd_status,
             "write the status as JSON to FILE ('-': stdout)")
     command("down", "remove a testbed (also what a killed run left behind)", cmd_down,

@@ -75,7 +75,7 @@ def _worker(master: str, job: str, tag: int, rank: int, world: int, tensors: lis
     ``gate`` before it registers), then the last iteration completed. With ``target_s`` set,
     the sleep is recalibrated after ``calib_iters`` iterations to ``target_s`` minus the median
     communication time of iterations 3..calib_iters.
-    Puts ``("ok", tag, rank, {"records": [(it, begin, comm_start, comm_end)], "compute_s"})``.
+    Puts ``("ok", tag, rank, {"records": [(it, begin, comm_start, comm_end)], "compute_s", "redirects"})``.
     """
     agent = None
     try:
@@ -119,7 +119,7 @@ def _worker(master: str, job: str, tag: int, rank: int, world: int, tensors: lis
             if target_s is not None and it == calib_iters:
                 comm = [r[3] - r[2] for r in records[2:]] or [r[3] - r[2] for r in records]
                 compute_s = max(0.0, target_s - statistics.median(comm))
-        results.put(("ok", tag, rank, {"records": records, "compute_s": compute_s}))
+        results.put(("ok", tag, rank, {"records": records, "compute_s": compute_s, "redirects": agent.redirects}))
     except BaseException as exc:  # report, never hang the parent
         results.put(("error", tag, rank, f"{exc.__class__.__name__}: {exc}"))
     finally:

@@ -24,6 +24,12 @@ Figures, per repeat; over repeats their maximum (``max_*``) and median (``median
   before the switch iterations were known. It includes what the copy in the background
   (memory population, state sent ahead) costs the job's other iterations, and this
   machine's noise.
+* ``handover_wait_ms``: what the switch itself made the workers wait -- the longest any key's
+  first iteration on the new aggregator, complete (every worker pushed it), waited there for
+  the old owner's hand-over (pMaster's ``recent`` batches, from the new owner's WORKER_DONE);
+  ``redirects``: requests the workers had to resend because they reached the old owner after
+  the switch (each a round trip and a resend). Unlike the excesses these are free of the
+  machine's noise, and they leave out what the copy in the background costs.
 * ``other_job``: the second job's communication and iteration times in its iterations that
   overlap a migration against those that do not, and their ratio (the copy's cost to a
   neighbour).
@@ -181,6 +187,7 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
                        "iteration_at_done": workers.iteration(MAIN),
                        "switch_iterations": [min(firsts), max(firsts)] if firsts else None,
                        "keys_precopied": sum(b.get("precopied_keys", 0) for b in batches),
+                       "handover_wait_ms": max((b.get("handover_wait_ms", 0.0) for b in batches), default=None),
                        # per process [CPU s, minor page faults]: per iteration in the steady stretch
                        # before the first call (later repeats: see the previous proc_after_per_iter),
                        # in total from the call to done, per iteration in the --gap iterations after done
@@ -207,6 +214,10 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
     per_rank = {r: results[(MAIN, r)]["records"] for r in range(2)}
     windows = [(rec.pop("t_call"), rec.pop("t_done")) for rec in repeats]
     summary = pauses(per_rank, repeats, windows, args.skip, args.gap)
+    waits = [rec["handover_wait_ms"] for rec in repeats if rec["handover_wait_ms"] is not None]
+    summary.update(max_handover_wait_ms=max(waits, default=None),
+                   median_handover_wait_ms=statistics.median(waits) if waits else None,
+                   redirects=sum(results[(MAIN, r)].get("redirects", 0) for r in range(2)))
     if other is not None:
         summary["other_job"] = {"model": args.other, "aggregators": placement.get(other),
                                 **neighbour_cost([results[(OTHER, r)]["records"] for r in range(2)], windows,
@@ -378,7 +389,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{model:>9} {mode:<6} {row['keys_moved']} keys ({row['model_bytes'] / 1e6:.0f} MB): pause max "
                   f"{fmt(row['max_pause_ms'])} ms, median {fmt(row['median_pause_ms'])} ms (per repeat "
                   f"{row['pause_ms_per_repeat']}); whole window max {fmt(row['max_window_excess_ms'])} ms, median "
-                  f"{fmt(row['median_window_excess_ms'])} ms; baseline comm {row['baseline_comm_ms']:.1f} ms; "
+                  f"{fmt(row['median_window_excess_ms'])} ms; hand-over wait max {fmt(row['max_handover_wait_ms'])} "
+                  f"ms, median {fmt(row['median_handover_wait_ms'])} ms, {row['redirects']} redirects; "
+                  f"baseline comm {row['baseline_comm_ms']:.1f} ms; "
                   f"migration {row['migration_s']} s; "
                   + (f"{nbr['model']} neighbour: comm x{nbr['comm_ratio']}, iteration x{nbr['iteration_ratio']} "
                      f"during migrations; " if nbr else "")

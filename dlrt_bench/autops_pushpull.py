@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import selectors
 import statistics
 import subprocess
@@ -34,11 +35,14 @@ from typing import Any
 
 import psutil
 
+from autops.agent import PARTITION_ENV
 from autops.jobauth import ENV as SECRET_ENV, new_job_secret
+from autops.partition import DEFAULT_PARTITION_BYTES
 from dlrt.keys import temporary_cluster
 from autops.models import model_tensors
 from dlrt import cli
 from dlrt.procs import stop_processes
+from dlrt.testbed import DEFAULT_CONGESTION
 
 from .pushpull_sites import EmulatedSite, LocalSite, emulation_unavailable
 from .pushpull_workers import seed_parameters
@@ -79,9 +83,14 @@ def owned_rss(pid: int) -> int:
 
 
 class RssSampler:
-    """Samples ``owned_rss`` of some processes every ``period`` seconds; keeps the peak sum."""
+    """Samples ``owned_rss`` of some processes every ``period`` seconds; keeps the peak sum.
 
-    def __init__(self, pids: list[int], period: float = 0.05) -> None:
+    Reading ``smaps`` walks the process's page tables under its memory map lock: every 50 ms
+    for two aggregators it took 12% of this 2-core machine (perf, one-host resnet50 over ipc)
+    and held up the aggregators' page faults, slowing the system it measured. A buffer, once
+    allocated, stays for the whole run, so sampling twice a second still sees the peak."""
+
+    def __init__(self, pids: list[int], period: float = 0.5) -> None:
         self.pids, self.period, self.peak = pids, period, 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -261,7 +270,8 @@ def run_config(site: Any, args: Any, model: str, world: int, aggregators: int, t
             group.close()
     return {"model": model, "workers": world, "aggregators": aggregators, "transport": transport, "mode": mode,
             "optimizer": args.optimizer if mode == "server" else None,
-            "site": site.kind, "link": site.link, "delay": site.delay, "tensors": tensors, "model_bytes": model_bytes,
+            "site": site.kind, "link": site.link, "delay": site.delay, "congestion": site.congestion,
+            "partition_bytes": int(os.environ.get(PARTITION_ENV) or DEFAULT_PARTITION_BYTES), "tensors": tensors, "model_bytes": model_bytes,
             **results(measured, world, model_bytes),
             "agg_peak_rss_bytes": peak_rss, "agg_peak_rss_over_model": peak_rss / model_bytes,
             "agg_idle_rss_bytes": idle_rss, "agg_peak_owned_bytes": sampler.peak,
@@ -335,6 +345,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="emulated hosts: link rates (e.g. 1gbit 10gbit; none: unshaped)")
     parser.add_argument("--delay", default=None, help="emulated hosts: one-way delay between hosts, e.g. 50us")
     parser.add_argument("--prefix", default="apsb", help="emulated hosts: name prefix of the testbed")
+    parser.add_argument("--partition-bytes", type=cli.positive(int), default=None, metavar="N",
+                        help=f"AutoPS partition size (sets ${PARTITION_ENV} for the workers; default: "
+                             f"${PARTITION_ENV}, else {DEFAULT_PARTITION_BYTES >> 20} MiB)")
+    parser.add_argument("--congestion", default=DEFAULT_CONGESTION, metavar="CC",
+                        help="emulated hosts: their TCP congestion control (cubic, bbr, reno)")
     parser.add_argument("--shapes", default=None,
                         help="tensor shapes JSON (default: $AUTOPS_TENSOR_SHAPES, else shared/data/models)")
     parser.add_argument("--curve", nargs="+", default=["off"], choices=["off", "on"],
@@ -346,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
                          "progress lines then go to stderr)")
     args = parser.parse_args(argv)
     cli.setup_logging(args.log_level)
+    if args.partition_bytes is not None:
+        os.environ[PARTITION_ENV] = str(args.partition_bytes)     # the workers inherit it
     transports = args.transport or (["auto"] if args.emulate_hosts else ["ipc", "tcp"])
     if args.emulate_hosts:
         if any(t in ("ipc", "shm") for t in transports):
@@ -376,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
                             with temporary_cluster(curve=curve == "on"):     # before the site: its env
                                 if args.emulate_hosts:
                                     site = EmulatedSite(world, aggregators, link, args.delay, args.prefix,
-                                                        args.log_level)
+                                                        args.log_level, args.congestion)
                                 else:
                                     # with rdma, the aggregators offer it too
                                     site = LocalSite(aggregators, args.log_level,

@@ -17,7 +17,7 @@ import subprocess
 from typing import Sequence
 
 from autops.local import LocalPool, free_port
-from dlrt.testbed import HOST_IFNAME, Testbed, available, cleanup
+from dlrt.testbed import DEFAULT_CONGESTION, HOST_IFNAME, Testbed, available, cleanup
 
 from .autops_hosts import HostPool
 
@@ -36,6 +36,7 @@ class LocalSite:
     kind = "local"
     link = None
     delay = None
+    congestion = None
 
     def __init__(self, aggregators: int, log_level: str = "WARNING",
                  aggregator_args: Sequence[str] | None = None) -> None:
@@ -73,9 +74,9 @@ class EmulatedSite:
     kind = "emulated"
 
     def __init__(self, workers: int, aggregators: int, link: str | None, delay: str | None = None,
-                 prefix: str = "apsb", log_level: str = "WARNING") -> None:
-        self.link, self.delay = link, delay
-        self.tb = Testbed(aggregators + workers, link=link, delay=delay, prefix=prefix)
+                 prefix: str = "apsb", log_level: str = "WARNING", congestion: str = DEFAULT_CONGESTION) -> None:
+        self.link, self.delay, self.congestion = link, delay, congestion
+        self.tb = Testbed(aggregators + workers, link=link, delay=delay, prefix=prefix, congestion=congestion)
         self.aggregator_hosts = self.tb.hosts[:aggregators]
         self.worker_hosts = self.tb.hosts[aggregators:]
         self.pool = HostPool(self.tb, self.aggregator_hosts, log_level=log_level, master_args=MASTER_ARGS)

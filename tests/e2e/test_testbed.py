@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from dlrt.hostid import HOST_ID_ENV
-from dlrt.testbed import (Testbed, TestbedError, available, cleanup, leftovers, parse_delay, parse_rate,
+from dlrt.testbed import (DEFAULT_CONGESTION, Testbed, TestbedError, available, cleanup, leftovers, parse_delay, parse_rate,
                           shaping_commands, subnet_of)
 from testbed_fixture import emulated_hosts, prefix_for, testbed  # noqa: F401 (fixture)
 
@@ -191,6 +191,19 @@ def test_create_names_addresses_and_identities(tb3):
         assert link["master"] == tb3.bridge and link["operstate"] == "UP"
         assert len(host.ifname) <= 15 and len(tb3.bridge) <= 15
     assert Testbed.attach(prefix).link == "1gbit"
+    assert Testbed.attach(prefix).congestion == DEFAULT_CONGESTION == "cubic"
+
+
+def test_every_host_runs_the_chosen_tcp_congestion_control(tb3):
+    """The kernel's default (cubic), not whatever this machine's root namespace runs."""
+    for host in tb3.hosts:
+        got = host.run(["cat", "/proc/sys/net/ipv4/tcp_congestion_control"], capture_output=True, text=True,
+                       check=True).stdout.strip()
+        assert got == "cubic", host.name
+    with pytest.raises(TestbedError, match="not available"):
+        Testbed(2, prefix=prefix_for(__name__, 4), congestion="nosuchcc").up()
+    with pytest.raises(ValueError):
+        Testbed(2, congestion="cubic; reboot")
 
 
 def test_addresses_only_on_the_bridge_and_no_default_route(tb3):
@@ -352,8 +365,10 @@ def test_cli_round_trip():
     prefix = prefix_for(__name__, 6)
     cleanup(prefix)
     try:
-        up = _dlrt("up", "--hosts", "2", "--link", "1gbit", "--prefix", prefix, "--json", "-")
+        up = _dlrt("up", "--hosts", "2", "--link", "1gbit", "--prefix", prefix, "--congestion", "reno",
+                   "--json", "-")
         assert up.returncode == 0, up.stderr
+        assert json.loads(up.stdout)["congestion"] == "reno"
         hosts = json.loads(up.stdout)["hosts"]
         assert [h["name"] for h in hosts] == [f"{prefix}-h0", f"{prefix}-h1"]
         again = _dlrt("up", "--hosts", "2", "--prefix", prefix)
@@ -369,6 +384,7 @@ def test_cli_round_trip():
         assert status.returncode == 0, status.stderr
         data = json.loads(status.stdout)
         assert data["link"] == "1gbit" and [h["addr"] for h in data["hosts"]] == [h["addr"] for h in hosts]
+        assert data["congestion"] == "reno"      # read back from the bridge's alias
         assert all(h["pids"] == [] and h["sent_bytes"] >= 0 for h in data["hosts"])
         down = _dlrt("down", "--prefix", prefix, "--json", "-")
         assert down.returncode == 0 and f"netns {prefix}-h1" in json.loads(down.stdout)["removed"]

@@ -103,7 +103,7 @@ def train(master: str, mode: str, schedule: dict[int, list], transport: str = "a
     finally:
         for a in agents:
             a.close()
-    return {"results": results, "placement": placement}
+    return {"results": results, "placement": placement, "redirects": sum(a.redirects for a in agents)}
 
 
 @pytest.fixture(scope="module")
@@ -140,9 +140,17 @@ def test_every_tensor_moves_and_the_job_ends_where_it_was_sent(pool3, references
                 settle_at=frozenset({9}))
     check_same(got, references["server"])
     assert set(got["placement"]) == {"agg-1"}
+    # the agents learnt of each move from the pull replies ahead of its cutover: no request
+    # reached an old owner after its switch
+    assert got["redirects"] == 0
     status = pool3.status()
     assert status["migrations"]["failed"] == 0
     assert status["migrations"]["completed"] > 0
+    # the new owners reported how long a complete first iteration waited for its hand-over
+    mine = [b for b in status["migrations"]["recent"] if b["job"].startswith("mig-server")][-2:]
+    assert len(mine) == 2
+    for batch in mine:
+        assert 0.0 <= batch["handover_wait_ms"] <= 1e3 * batch["seconds"], batch
     # server mode: the state went ahead (to the new owner, or it was the replica) and the
     # switches moved counters only (the counters reach pMaster with the heartbeats)
     deadline = time.monotonic() + 10

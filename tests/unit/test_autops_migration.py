@@ -250,6 +250,21 @@ def test_a_server_key_switches_once_its_state_went_ahead():
     assert recent[-1]["first_iterations"] == [10, 10] and recent[-1]["precopied_keys"] == 1
 
 
+def test_a_batch_reports_the_longest_hand_over_wait_its_new_owner_saw():
+    state, outbox, migrations = pool("a", "b")
+    job = server_job(state, "a", replica=None)
+    job.tensors["w"][2]["mode"] = "sum"
+    [mid] = migrations.start(job, {"w": "b"})
+    answer(outbox, wire.MIGRATE_PREPARE, segments=[])
+    answer(outbox, wire.MIGRATE_INIT, cutovers={"w": 4})
+    migrations.worker_done(message(wire.WORKER_DONE, mid=mid, job="J", keys=[], wait_ms=7.5), "b")
+    migrations.worker_done(message(wire.WORKER_DONE, mid=mid, job="J", keys=[], wait_ms=3.0), "b")
+    migrations.worker_done(message(wire.WORKER_DONE, mid=mid, job="J", keys=[], wait_ms=9.0), "a")  # not its report
+    migrations.copy_done(message(wire.TENSOR_COPY_DONE, mid=mid, job="J", keys=["w"]), "a")
+    migrations.worker_done(message(wire.WORKER_DONE, mid=mid, job="J", keys=["w"]), "b")   # no figure: 0
+    assert migrations.status()["recent"][-1]["handover_wait_ms"] == 7.5
+
+
 def test_moving_to_the_replica_sends_the_state_ahead_only_to_the_new_replica():
     state, outbox, migrations = pool("a", "b", "c")
     job = server_job(state, "a", replica="b")
