@@ -439,7 +439,7 @@ def run_emulated(size: int = 2 << 30, ndaemons: int = 3, *, link: str = "10gbit"
                                f"(exit {done.returncode}); see its messages above")
         result = json.loads(done.stdout)
         result["emulated_hosts"] = {
-            "link": link, "delay": delay, "device_host": cluster.device_host.name,
+            "link": link, "delay": delay, "congestion": tb.congestion, "device_host": cluster.device_host.name,
             "daemon_hosts": {h.name: d.address for h, d in zip(cluster.daemon_hosts,
                                                                cluster.daemons)},
             "link_bytes": links}

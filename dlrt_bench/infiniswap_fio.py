@@ -136,7 +136,7 @@ def _emulated_remote(size: int, runtime: float, daemons: int, link: str,
 
             links0 = cluster.links()
             result: dict[str, Any] = {
-                "link": link, "delay": delay, "device_host": cluster.device_host.name,
+                "link": link, "delay": delay, "congestion": tb.congestion, "device_host": cluster.device_host.name,
                 "daemon_hosts": {h.name: d.address for h, d in zip(cluster.daemon_hosts,
                                                                    cluster.daemons)},
                 "slabs_mapped": f"{st['slabs_mapped']}/{st['num_slabs']}",

@@ -100,6 +100,18 @@ def test_mean_is_default_and_push_pull_separately(pool1):
             a.close()
 
 
+def test_the_partition_size_comes_from_the_environment_unless_the_job_sets_one(pool1, monkeypatch):
+    monkeypatch.setenv("AUTOPS_PARTITION_BYTES", str(256 << 10))
+    for job, kw, parts in (("part-env", {}, 5), ("part-arg", {"partition_bytes": 1 << 20}, 2)):
+        [agent] = make_agents(pool1.master, job, 1, **kw)
+        try:
+            agent.declare(TENSORS[:2])
+            keys = sorted(k for keys in agent.placement().values() for k in keys)
+            assert keys == sorted([f"big#p{i}" for i in range(parts)] + ["mid"]), (job, keys)
+        finally:
+            agent.close()
+
+
 def test_two_jobs_same_tensor_names_stay_isolated(pool2):
     job_a = make_agents(pool2.master, "job-a", 2, average=False)
     job_b = make_agents(pool2.master, "job-b", 2, average=False)
