@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 import psutil
 
-__all__ = ["stop_processes", "join_or_kill", "signal_group", "kill_tree", "die_with_parent"]
+__all__ = ["stop_processes", "join_or_kill", "signal_group", "kill_tree", "die_with_parent", "exit_on_sigterm"]
 
 
 def stop_processes(procs: Iterable[subprocess.Popen], timeout: float = 5.0,
@@ -91,3 +91,12 @@ def die_with_parent(sig: int = signal.SIGTERM) -> bool:
     if os.getppid() != parent:
         os.kill(os.getpid(), sig)
     return True
+
+
+def exit_on_sigterm() -> None:
+    """Make SIGTERM raise ``SystemExit(143)`` in the main thread, so that a command stopped
+    that way unwinds like one stopped with Ctrl-C: its ``finally`` blocks and context
+    managers stop the processes, namespaces and files it made."""
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, stop)

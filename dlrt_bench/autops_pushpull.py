@@ -41,7 +41,7 @@ from autops.partition import DEFAULT_PARTITION_BYTES
 from dlrt.keys import temporary_cluster
 from autops.models import model_tensors
 from dlrt import cli
-from dlrt.procs import stop_processes
+from dlrt.procs import exit_on_sigterm, stop_processes
 from dlrt.testbed import DEFAULT_CONGESTION
 
 from .pushpull_sites import EmulatedSite, LocalSite, emulation_unavailable
@@ -271,7 +271,8 @@ def run_config(site: Any, args: Any, model: str, world: int, aggregators: int, t
     return {"model": model, "workers": world, "aggregators": aggregators, "transport": transport, "mode": mode,
             "optimizer": args.optimizer if mode == "server" else None,
             "site": site.kind, "link": site.link, "delay": site.delay, "congestion": site.congestion,
-            "partition_bytes": int(os.environ.get(PARTITION_ENV) or DEFAULT_PARTITION_BYTES), "tensors": tensors, "model_bytes": model_bytes,
+            "partition_bytes": int(os.environ.get(PARTITION_ENV) or DEFAULT_PARTITION_BYTES),
+            "tensors": tensors, "model_bytes": model_bytes,
             **results(measured, world, model_bytes),
             "agg_peak_rss_bytes": peak_rss, "agg_peak_rss_over_model": peak_rss / model_bytes,
             "agg_idle_rss_bytes": idle_rss, "agg_peak_owned_bytes": sampler.peak,
@@ -361,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
                          "progress lines then go to stderr)")
     args = parser.parse_args(argv)
     cli.setup_logging(args.log_level)
+    exit_on_sigterm()                 # stopped by SIGTERM: the sites still stop their processes
     if args.partition_bytes is not None:
         os.environ[PARTITION_ENV] = str(args.partition_bytes)     # the workers inherit it
     transports = args.transport or (["auto"] if args.emulate_hosts else ["ipc", "tcp"])

@@ -17,6 +17,7 @@ import subprocess
 from typing import Sequence
 
 from autops.local import LocalPool, free_port
+from dlrt.procs import die_with_parent
 from dlrt.testbed import DEFAULT_CONGESTION, HOST_IFNAME, Testbed, available, cleanup
 
 from .autops_hosts import HostPool
@@ -62,7 +63,7 @@ class LocalSite:
         return [proc.pid for proc in self.pool.aggregators.values()]
 
     def start_worker(self, rank: int, argv: Sequence[str], env: dict | None = None) -> subprocess.Popen:
-        return subprocess.Popen(list(argv), env={**self.pool.env, **(env or {})}, **PIPES)
+        return subprocess.Popen(list(argv), env={**self.pool.env, **(env or {})}, preexec_fn=die_with_parent, **PIPES)
 
     def traffic(self) -> None:
         return None
@@ -110,7 +111,8 @@ class EmulatedSite:
     def start_worker(self, rank: int, argv: Sequence[str], env: dict | None = None) -> subprocess.Popen:
         host = self.worker_hosts[rank]
         # gloo would take the address the hostname resolves to (loopback): use the host's link
-        return host.popen(list(argv), env=host.env({"GLOO_SOCKET_IFNAME": HOST_IFNAME, **(env or {})}), **PIPES)
+        return host.popen(list(argv), env=host.env({"GLOO_SOCKET_IFNAME": HOST_IFNAME, **(env or {})}),
+                          preexec_fn=die_with_parent, **PIPES)
 
     def traffic(self) -> dict[str, int]:
         """Bytes sent and received so far over the links of the worker and aggregator hosts."""

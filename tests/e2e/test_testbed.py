@@ -18,8 +18,8 @@ import psutil
 import pytest
 
 from dlrt.hostid import HOST_ID_ENV
-from dlrt.testbed import (DEFAULT_CONGESTION, Testbed, TestbedError, available, cleanup, leftovers, parse_delay, parse_rate,
-                          shaping_commands, subnet_of)
+from dlrt.testbed import (DEFAULT_CONGESTION, Testbed, TestbedError, available, cleanup, leftovers, parse_delay,
+                          parse_rate, shaping_commands, subnet_of)
 from testbed_fixture import emulated_hosts, prefix_for, testbed  # noqa: F401 (fixture)
 
 PY = sys.executable

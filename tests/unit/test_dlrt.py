@@ -127,6 +127,21 @@ def test_stop_processes_kills_a_child_that_ignores_sigterm():
                 p.wait()
 
 
+def test_exit_on_sigterm_unwinds_like_ctrl_c():
+    code = ("import time; from dlrt.procs import exit_on_sigterm; exit_on_sigterm()\n"
+            "try:\n    print('up', flush=True); time.sleep(60)\nfinally:\n    print('cleaned up', flush=True)")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline() == b"up\n"
+        child.terminate()
+        assert child.wait(10) == 128 + signal.SIGTERM          # SystemExit(143), not death by signal
+        assert child.stdout.read() == b"cleaned up\n"
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
 def test_kill_tree_reaches_grandchildren():
     code = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']);"
             "print(c.pid, flush=True); time.sleep(60)")
