@@ -132,10 +132,8 @@ class Aggregator:
         # hand-overs and WORKER_DONE reports due, sent once per turn of the loop for all keys
         # that came due in it (one message, not one per key, on the data path's busiest moment)
         self.due_copies: dict[int, list[KeyState]] = {}                # mid -> keys
-        self.due_workers: dict[tuple[int, str], list[str]] = {}        # (mid, job) -> keys
-        # the longest a migrating key's whole iteration waited here for its hand-over, per
-        # (mid, job): the pause the switch itself put on the workers, reported in WORKER_DONE
-        self.handover_waits: dict[tuple[int, str], float] = {}
+        # (mid, job) -> [keys, the longest any of them waited here, whole, for its hand-over]
+        self.due_workers: dict[tuple[int, str], list] = {}
         self.precopies = Precopies()
         self.spare = SpareBuffers()      # buffers of keys that moved away, for keys moving back
         self.follow_waits: dict[int, tuple[KeyState, Follower, str]] = {}   # req -> (key, follower, kind)
@@ -608,9 +606,11 @@ class Aggregator:
             mv["sent"] = True
             self.due_copies.setdefault(mv["mid"], []).append(ks)
         if ks.awaiting_workers is not None and ks.incoming is None and ks.completed >= ks.awaiting_workers[1]:
-            mid, _ = ks.awaiting_workers
+            mid, _, waited = ks.awaiting_workers
             ks.awaiting_workers = None
-            self.due_workers.setdefault((mid, ks.job), []).append(ks.spec.key)
+            due = self.due_workers.setdefault((mid, ks.job), [[], 0.0])
+            due[0].append(ks.spec.key)
+            due[1] = max(due[1], waited)
 
     def _flush_migration(self) -> None:
         """The hand-overs and WORKER_DONE reports that came due in this turn of the loop."""
@@ -618,8 +618,7 @@ class Aggregator:
         for keys in due.values():
             self._send_copies(keys)
         reports, self.due_workers = self.due_workers, {}
-        for (mid, job), keys in reports.items():
-            waited = self.handover_waits.pop((mid, job), 0.0)
+        for (mid, job), (keys, waited) in reports.items():
             self._to_master(wire.encode(wire.WORKER_DONE, mid=mid, job=job, keys=keys, agg=self.agg_id,
                                         wait_ms=round(1e3 * waited, 3)))
 
@@ -750,7 +749,7 @@ class Aggregator:
             for spec in keys:
                 ks = state.keys[spec.key]
                 ks.incoming, ks.held_whole_at = msg["mid"], None
-                ks.awaiting_workers = (msg["mid"], 1 << 62)
+                ks.awaiting_workers = (msg["mid"], 1 << 62, 0.0)
                 if ks.mode == "server" and replicas.get(spec.key):
                     ks.replica = dict(replicas[spec.key])
             # the new buffers are mapped and populated by now; agents can map them early
@@ -990,10 +989,9 @@ class Aggregator:
         """One key of a TENSOR_COPY; StoreError (the key unchanged) when it cannot be taken."""
         t0 = time.thread_time()
         first = meta.get("completed", 0) + 1 if isinstance(meta.get("completed"), int) else 1
-        if ks.held_whole_at is not None:
-            waits = self.handover_waits
-            waits[(mid, ks.job)] = max(waits.get((mid, ks.job), 0.0), time.monotonic() - ks.held_whole_at)
-            ks.held_whole_at = None
+        # how long its first iteration here, whole, waited for this hand-over (0: it came first)
+        waited = time.monotonic() - ks.held_whole_at if ks.held_whole_at is not None else 0.0
+        ks.held_whole_at = None
         hp = ks.held_hp
         if meta.get("ahead"):
             self.store.take_ahead(ks, meta.get("completed"), state.replicas.get(ks.spec.key))
@@ -1012,7 +1010,7 @@ class Aggregator:
             ks.replica_sent = ks.replicated = ks.completed      # it was sent this state already
         _, problems = self.store.apply_held(ks)
         ks.cpu += time.thread_time() - t0
-        ks.awaiting_workers = (mid, first)
+        ks.awaiting_workers = (mid, first, waited)
         for problem in problems:
             self.stats["errors"] += 1
             log.error("held push of migrated key %s dropped: %s", ks.spec.key, problem)

@@ -76,7 +76,7 @@ class KeyState:
     held: list = field(default_factory=list)   # new side: (rank, iteration, data, deferred)
     held_hp: dict | None = None                # new side: hyper-parameters pushed meanwhile
     held_whole_at: float | None = None         # new side: when the held pushes first made an iteration whole
-    awaiting_workers: tuple | None = None      # new side: (mid, first iteration served here)
+    awaiting_workers: tuple | None = None      # new side: (mid, first iteration served here, hand-over wait s)
     precopied: bool = False                    # new side: the server-side state arrived ahead
     followers: dict = field(default_factory=dict)   # old side: agg -> precopy.Follower (server mode)
     handover: dict | None = None               # old side: the hand-over waiting for the followers

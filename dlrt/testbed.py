@@ -465,9 +465,10 @@ class Testbed:
         prefix exists already; removes what it made when a step fails."""
         if self.delay_us is not None and (reason := available(delay=True)):
             raise TestbedError(reason)
-        if self.congestion not in congestion_controls():
+        offered = congestion_controls()
+        if self.congestion not in offered:
             raise TestbedError(f"TCP congestion control {self.congestion!r} is not available here "
-                               f"(available: {' '.join(congestion_controls()) or 'unknown'})")
+                               f"(available: {' '.join(offered) or 'unknown'})")
         existing = leftovers(self.prefix)
         if existing:
             raise TestbedError(f"testbed {self.prefix!r} exists already ({', '.join(existing)}): "
