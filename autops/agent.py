@@ -301,7 +301,8 @@ class Agent:
         memory and no replication traffic, and the loss of an aggregator fails the job.
         ``security``: CURVE for the sockets (default: the key directory's).
         ``partition_bytes``: tensors larger than this are split into keys of about this size
-        (default ``$AUTOPS_PARTITION_BYTES``, else pMaster's 4 MiB)."""
+        (default ``$AUTOPS_PARTITION_BYTES``, else pMaster chooses from the job's first
+        declaration: ``autops.partition.auto_partition_bytes``, 1 to 4 MiB)."""
         secret = secret_from_env(secret)
         if partition_bytes is None and os.environ.get(PARTITION_ENV):
             partition_bytes = int(os.environ[PARTITION_ENV])
@@ -369,7 +370,14 @@ class Agent:
         with self._master_lock:
             reply = self._master.call(wire.DECLARE, job=self.job, secret=self.secret, tensors=entries)
         self._declared.extend(entries)
+        if reply.get("partition_bytes"):        # pMaster's choice, told again to a restarted pMaster
+            self._registration["partition_bytes"] = int(reply["partition_bytes"])
         self._set_table(reply)
+
+    @property
+    def partition_bytes(self) -> int | None:
+        """The job's partition size: the one set, else pMaster's choice (known after a declare)."""
+        return self._registration["partition_bytes"]
 
     def _set_table(self, reply: wire.Message) -> None:
         table = Table()

@@ -53,7 +53,8 @@ from .pool import AggInfo, JobInfo, PoolState
 from .providers import Provider, StandbyProvider
 from .replication import choose_replica, replica_info
 from .scaling import cluster_free_cpu
-from .partition import DEFAULT_PARTITION_BYTES, DEFAULT_SMALL_BYTES, KeySpec, plan_keys, validate_tensor
+from .partition import (DEFAULT_PARTITION_BYTES, DEFAULT_SMALL_BYTES, KeySpec, auto_partition_bytes, plan_keys,
+                        tensor_bytes, validate_tensor)
 from .store import MODES
 from .transport.zmq import make_context
 
@@ -388,7 +389,7 @@ class Master:
             self.secrets.claim(job_id, secret)
             job = JobInfo(job_id, secret, world, requested, mode,
                           bool(msg.get("average", True)), optimizer, hp,
-                          int(msg.get("partition_bytes") or DEFAULT_PARTITION_BYTES),
+                          int(msg.get("partition_bytes") or 0),      # 0: chosen at the first DECLARE
                           int(msg.get("small_bytes") or DEFAULT_SMALL_BYTES), [], requested=requested)
             job.replicate = bool(msg.get("replicate", True))
             self.elastic.reserve(job)
@@ -401,7 +402,7 @@ class Master:
                 # adopted from its aggregators after a restart: the workers bring the job's settings
                 job.mode, job.average, job.optimizer, job.hp = mode, bool(msg.get("average", True)), \
                     msg.get("optimizer"), msg.get("hp") or {}
-                job.partition_bytes = int(msg.get("partition_bytes") or DEFAULT_PARTITION_BYTES)
+                job.partition_bytes = int(msg.get("partition_bytes") or 0)
                 job.small_bytes = int(msg.get("small_bytes") or DEFAULT_SMALL_BYTES)
                 job.replicate = bool(msg.get("replicate", True))
             if (world, mode) != (job.world_size, job.mode):
@@ -444,7 +445,12 @@ class Master:
 
     def _declare(self, identity: bytes, msg: wire.Message) -> None:
         job = self._job(msg)
-        wire.check_declared(msg["tensors"], job.partition_bytes, job.tensors, len(job.keys))  # limits first
+        partition = job.partition_bytes
+        if not partition:       # the job set none: chosen once, from what it declares first
+            wire.check_declared(msg["tensors"], DEFAULT_PARTITION_BYTES, job.tensors, len(job.keys))
+            partition = auto_partition_bytes(sum(tensor_bytes(*validate_tensor(*item[:3])[1:])
+                                                 for item in msg["tensors"]), len(job.aggregators))
+        wire.check_declared(msg["tensors"], partition, job.tensors, len(job.keys))  # limits first
         new, declared = [], {}          # recorded once every entry passed: a refused DECLARE changes nothing
         for item in msg["tensors"]:
             if not isinstance(item, (list, tuple)) or len(item) not in (3, 4):
@@ -461,6 +467,7 @@ class Master:
             declared[name] = (shape, dtype, conf)
             new.append((name, shape, dtype))
         job.tensors.update(declared)
+        job.partition_bytes = partition
         if new:
             # keys an aggregator already holds (adopted after a restart) keep their owner
             keys = [k for k in plan_keys(new, job.partition_bytes, job.small_bytes) if k.key not in job.keys]
@@ -554,6 +561,7 @@ class Master:
         aggs = {a: {"endpoints": self.state.aggs[a].endpoints, "host": self.state.aggs[a].host}
                 for a in used if a in self.state.aggs}
         return wire.encode(wire.OK, req=req, keys=keys, aggregators=aggs, home=job.home,
+                           partition_bytes=job.partition_bytes or None,
                            tensors=[[n, list(s), d] for n, (s, d, _) in job.tensors.items()],
                            epoch=job.epoch, lost=sorted(job.lost_aggs))
 
@@ -679,6 +687,7 @@ class Master:
                 "cluster": j.cluster, "requested_aggregators": j.requested,
                 "aggregators": sorted(per_agg_keys) or list(j.aggregators), "tensors": len(j.tensors),
                 "keys": len(j.keys), "bytes": sum(k.nbytes for k in j.keys.values()),
+                "partition_bytes": j.partition_bytes or None,
                 "skew": round(skew_of(tensor_bytes), 4), "iterations": j.iterations,
                 "iteration_time_s": j.measured, "standalone_iteration_time_s": j.standalone,
                 "speed_vs_standalone": round(speed, 4) if speed else None,

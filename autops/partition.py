@@ -3,6 +3,7 @@
 Tensors larger than ``partition_bytes`` are split into near-equal contiguous partitions,
 each its own key ``name#pI``; tensors smaller than ``small_bytes`` are marked for batching
 (one message per aggregator carries all of them). Everything else is one key per tensor.
+A job that sets no partition size gets ``auto_partition_bytes`` of what it declares first.
 """
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-DEFAULT_PARTITION_BYTES = 4 << 20
+DEFAULT_PARTITION_BYTES = 4 << 20          # the largest partition pMaster chooses (BytePS's default)
+MIN_AUTO_PARTITION_BYTES = 1 << 20         # the smallest it chooses: per-message CPU grows below
+PARTITIONS_PER_AGGREGATOR = 8              # partitions of the job each aggregator gets, at least
 DEFAULT_SMALL_BYTES = 64 << 10
 SUPPORTED_DTYPES = ("float32", "float64", "float16", "int32", "int64")
 
@@ -49,6 +52,25 @@ def validate_tensor(name: object, shape: object, dtype: object) -> tuple[str, tu
     if dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"tensor {name!r}: dtype {dtype!r} not supported (one of {', '.join(SUPPORTED_DTYPES)})")
     return name, tuple(shape), str(dtype)
+
+
+def tensor_bytes(shape: tuple[int, ...], dtype: str) -> int:
+    return int(math.prod(shape)) * np.dtype(dtype).itemsize
+
+
+def auto_partition_bytes(model_bytes: int, aggregators: int) -> int:
+    """The partition size for a job of ``model_bytes`` spread over ``aggregators`` that set none.
+
+    An aggregator answers a partition once all W workers sent it, and the W share its link:
+    an iteration takes at least (its bytes + W x the partition) / rate, the pipeline's fill.
+    The largest power of two that gives each aggregator ``PARTITIONS_PER_AGGREGATOR`` partitions
+    keeps the fill at most 1/8 of its bytes; it stays within ``MIN_AUTO_PARTITION_BYTES`` (each
+    message costs CPU, which on one host is the bottleneck) and ``DEFAULT_PARTITION_BYTES``.
+    """
+    share = max(0, int(model_bytes)) // (max(1, int(aggregators)) * PARTITIONS_PER_AGGREGATOR)
+    if share < MIN_AUTO_PARTITION_BYTES:
+        return MIN_AUTO_PARTITION_BYTES
+    return min(DEFAULT_PARTITION_BYTES, 1 << (share.bit_length() - 1))
 
 
 def plan_keys(

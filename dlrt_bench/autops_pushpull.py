@@ -128,7 +128,8 @@ class WorkerGroup:
     def __init__(self, label: str, procs: list[subprocess.Popen]) -> None:
         self.label, self.procs = label, procs
         try:
-            self.pids = [answer["pid"] for answer in self._answers()]
+            self.ready = self._answers()        # each worker's first line: its pid, what it set up
+            self.pids = [answer["pid"] for answer in self.ready]
         except BaseException:
             self.close()
             raise
@@ -247,6 +248,7 @@ def run_config(site: Any, args: Any, model: str, world: int, aggregators: int, t
     per_block = max(1, math.ceil(args.iters / args.rounds))
     groups: dict[str, WorkerGroup] = {}
     measured = {s: Measurement() for s in systems}
+    partition = None
     try:
         with RssSampler(services) as sampler:
             for i, system in enumerate(schedule):
@@ -254,6 +256,7 @@ def run_config(site: Any, args: Any, model: str, world: int, aggregators: int, t
                     procs = [site.start_worker(r, worker_argv(system, r, world, model, args.shapes, extra[system]),
                                                job_env[system]) for r in range(world)]
                     groups[system] = WorkerGroup("AutoPS" if system == "autops" else "gloo", procs)
+                    partition = groups[system].ready[0].get("partition_bytes") or partition
                     if args.warmup:
                         groups[system].run(args.warmup)
                 group = groups[system]
@@ -271,7 +274,7 @@ def run_config(site: Any, args: Any, model: str, world: int, aggregators: int, t
     return {"model": model, "workers": world, "aggregators": aggregators, "transport": transport, "mode": mode,
             "optimizer": args.optimizer if mode == "server" else None,
             "site": site.kind, "link": site.link, "delay": site.delay, "congestion": site.congestion,
-            "partition_bytes": int(os.environ.get(PARTITION_ENV) or DEFAULT_PARTITION_BYTES),
+            "partition_bytes": partition,       # set, or pMaster's choice
             "tensors": tensors, "model_bytes": model_bytes,
             **results(measured, world, model_bytes),
             "agg_peak_rss_bytes": peak_rss, "agg_peak_rss_over_model": peak_rss / model_bytes,
@@ -348,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefix", default="apsb", help="emulated hosts: name prefix of the testbed")
     parser.add_argument("--partition-bytes", type=cli.positive(int), default=None, metavar="N",
                         help=f"AutoPS partition size (sets ${PARTITION_ENV} for the workers; default: "
-                             f"${PARTITION_ENV}, else {DEFAULT_PARTITION_BYTES >> 20} MiB)")
+                             f"${PARTITION_ENV}, else pMaster's choice: 1 to {DEFAULT_PARTITION_BYTES >> 20} MiB, "
+                             "at least 8 partitions per aggregator)")
     parser.add_argument("--congestion", default=DEFAULT_CONGESTION, metavar="CC",
                         help="emulated hosts: their TCP congestion control (cubic, bbr, reno)")
     parser.add_argument("--shapes", default=None,

@@ -88,7 +88,7 @@ def autops_worker(args: argparse.Namespace, tensors: list) -> None:
                 check_mean(outs, args.world)
             return took
 
-        serve(one)
+        serve(one, ready={"partition_bytes": agent.partition_bytes})
         agent.job_done()
     finally:
         agent.close()
@@ -153,9 +153,10 @@ def gloo_worker(args: argparse.Namespace, tensors: list) -> None:
         dist.destroy_process_group()
 
 
-def serve(iteration: Callable[[], float], extra: Callable[[], float] | None = None) -> None:
-    """Announce readiness, then run the iterations each ``run N`` asks for."""
-    emit({"ready": True, "pid": os.getpid()})
+def serve(iteration: Callable[[], float], extra: Callable[[], float] | None = None,
+          ready: dict | None = None) -> None:
+    """Announce readiness (with ``ready``), then run the iterations each ``run N`` asks for."""
+    emit({"ready": True, "pid": os.getpid(), **(ready or {})})
     for count in commands():
         cpu = time.process_time()
         answer = {"times": [iteration() for _ in range(count)]}

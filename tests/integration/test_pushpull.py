@@ -112,6 +112,26 @@ def test_the_partition_size_comes_from_the_environment_unless_the_job_sets_one(p
             agent.close()
 
 
+def test_pmaster_chooses_the_partition_size_when_nobody_sets_one(pool2, monkeypatch):
+    """16 MiB over two aggregators: 1 MiB partitions, 8 each; the agents learn pMaster's choice
+    (to tell it again after a restart), and a later declaration keeps it."""
+    monkeypatch.delenv("AUTOPS_PARTITION_BYTES", raising=False)
+    agents = make_agents(pool2.master, "part-auto", 2, num_aggregators=2)
+    try:
+        assert [a.partition_bytes for a in agents] == [None, None]
+        for a in agents:
+            a.declare([("flat", (4 << 20,), "float32")])
+        placement = agents[0].placement()
+        assert sorted(len(keys) for keys in placement.values()) == [8, 8]
+        assert {spec.nbytes for spec in agents[0].keys_of("flat")} == {1 << 20}
+        assert [a.partition_bytes for a in agents] == [1 << 20, 1 << 20]
+        agents[0].declare([("later", (3 << 20,), "float32")])      # 12 MiB: still 1 MiB partitions
+        assert len(agents[0].keys_of("later")) == 12
+    finally:
+        for a in agents:
+            a.close()
+
+
 def test_two_jobs_same_tensor_names_stay_isolated(pool2):
     job_a = make_agents(pool2.master, "job-a", 2, average=False)
     job_b = make_agents(pool2.master, "job-b", 2, average=False)

@@ -4,7 +4,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from autops.assignment import bytes_per_aggregator, spread_by_bytes
-from autops.partition import plan_keys, validate_tensor
+from autops.partition import (DEFAULT_PARTITION_BYTES, MIN_AUTO_PARTITION_BYTES, auto_partition_bytes, plan_keys,
+                               validate_tensor)
+
+MiB = 1 << 20
 
 
 def test_large_tensor_split_into_near_equal_partitions():
@@ -37,6 +40,29 @@ def test_partitions_cover_each_tensor_exactly(shapes, part):
         for k in mine:
             assert k.offset == pos and k.nbytes <= max(part, 4)
             pos += k.numel
+
+
+@pytest.mark.parametrize("model, aggregators, expected", [
+    (64 * MiB, 4, 2 * MiB),        # flat64m on W=A=4: 8 partitions of 2 MiB per aggregator
+    (64 * MiB, 2, 4 * MiB),        # on two aggregators 4 MiB already gives each 8
+    (102_228_128, 4, 2 * MiB),     # resnet50 (97.5 MiB / 32 = 3.05 MiB: the power of two below)
+    (548_317_152, 4, 4 * MiB),     # vgg19: never above 4 MiB
+    (3 * MiB, 2, MIN_AUTO_PARTITION_BYTES),    # a small model: never below 1 MiB
+    (0, 0, MIN_AUTO_PARTITION_BYTES),          # nothing declared yet, no aggregator yet
+])
+def test_auto_partition_gives_each_aggregator_eight_partitions_within_bounds(model, aggregators, expected):
+    assert auto_partition_bytes(model, aggregators) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 1 << 40), st.integers(0, 64))
+def test_auto_partition_is_a_power_of_two_in_range_and_fills_at_most_an_eighth(model, aggregators):
+    part = auto_partition_bytes(model, aggregators)
+    assert MIN_AUTO_PARTITION_BYTES <= part <= DEFAULT_PARTITION_BYTES and part & (part - 1) == 0
+    if part > MIN_AUTO_PARTITION_BYTES:     # not held up by the floor: each aggregator gets 8 or more
+        assert model // part >= 8 * max(1, aggregators)
+    if part < DEFAULT_PARTITION_BYTES:      # not held down by the ceiling: twice the size would give fewer
+        assert model // (2 * part) < 8 * max(1, aggregators)
 
 
 @pytest.mark.parametrize("bad", [("", (1,), "float32"), ("a#b", (1,), "float32"), ("a", (-1,), "float32"),
