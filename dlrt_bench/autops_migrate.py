@@ -24,6 +24,10 @@ Figures, per repeat; over repeats their maximum (``max_*``) and median (``median
   before the switch iterations were known. It includes what the copy in the background
   (memory population, state sent ahead) costs the job's other iterations, and this
   machine's noise.
+* ``quiet_pause_ms_median`` / ``_p90``: the pause's statistic (the largest excess of both
+  workers over as many consecutive iterations as the switch spanned) over the iterations
+  without a migration that gave each repeat's baseline: what this machine's noise alone
+  makes of it. A pause near it is no pause this benchmark can tell from noise.
 * ``handover_wait_ms``: what the switch itself made the workers wait -- the longest any key's
   first iteration on the new aggregator, complete (every worker pushed it), waited there for
   the old owner's hand-over (pMaster's ``recent`` batches, from the new owner's WORKER_DONE);
@@ -278,16 +282,31 @@ def pauses(per_rank: dict[int, list[Record]], repeats: list[dict], windows: list
     base = [e - s for r, records in per_rank.items() for it, _, s, e in records
             if it > skip and it not in excluded[r]]
     baseline = statistics.median(base) if base else float("nan")
+    quiet_pauses: list[float] = []
     for n, rec in enumerate(repeats):
         switch = rec.get("switch_iterations")
         window, switched = [], []
         local = []
+        stretches: list[dict[int, float]] = [{}, {}]     # iteration -> communication time, before / after
         for r, records in per_rank.items():
             quiet = [(it, e - s) for it, _, s, e in records if it > skip and it not in excluded[r]]
             first, last = min(in_window[r][n], default=0), max(in_window[r][n], default=0)
-            local += [c for it, c in quiet if it < first][-gap:] + [c for it, c in quiet if it > last][:gap]
+            for stretch, part in zip(stretches, ([q for q in quiet if q[0] < first][-gap:],
+                                                 [q for q in quiet if q[0] > last][:gap])):
+                local += [c for _, c in part]
+                for it, c in part:
+                    stretch[it] = max(c, stretch.get(it, c))
         near = statistics.median(local) if local else baseline
         rec["baseline_comm_ms"] = round(1e3 * near, 2)
+        if switch is not None:
+            # the pause's statistic -- the largest excess over the switch's span of iterations --
+            # taken over as many consecutive iterations without a migration: the noise alone
+            span = switch[1] - switch[0] + 1
+            for stretch in stretches:
+                its = sorted(stretch)
+                for i in range(len(its) - span + 1):
+                    if its[i + span - 1] - its[i] == span - 1:
+                        quiet_pauses.append(max(stretch[it] for it in its[i:i + span]) - near)
         for r, records in per_rank.items():
             for it, _, s, e in records:
                 excess = (e - s) - near
@@ -307,6 +326,8 @@ def pauses(per_rank: dict[int, list[Record]], repeats: list[dict], windows: list
         "max_window_excess_ms": max(window) if window else None,
         "median_window_excess_ms": statistics.median(window) if window else None,
         "window_excess_ms_per_repeat": window,
+        "quiet_pause_ms_median": round(1e3 * statistics.median(quiet_pauses), 2) if quiet_pauses else None,
+        "quiet_pause_ms_p90": round(1e3 * float(np.percentile(quiet_pauses, 90)), 2) if quiet_pauses else None,
         "baseline_comm_ms": round(1e3 * baseline, 2),
         "baseline_comm_ms_p90": round(1e3 * float(np.percentile(base, 90)), 2) if base else None}
 
@@ -388,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
             nbr = row.get("other_job")
             print(f"{model:>9} {mode:<6} {row['keys_moved']} keys ({row['model_bytes'] / 1e6:.0f} MB): pause max "
                   f"{fmt(row['max_pause_ms'])} ms, median {fmt(row['median_pause_ms'])} ms (per repeat "
-                  f"{row['pause_ms_per_repeat']}); whole window max {fmt(row['max_window_excess_ms'])} ms, median "
+                  f"{row['pause_ms_per_repeat']}; without a migration: median "
+                  f"{fmt(row['quiet_pause_ms_median'])}, p90 {fmt(row['quiet_pause_ms_p90'])} ms); whole window max {fmt(row['max_window_excess_ms'])} ms, median "
                   f"{fmt(row['median_window_excess_ms'])} ms; hand-over wait max {fmt(row['max_handover_wait_ms'])} "
                   f"ms, median {fmt(row['median_handover_wait_ms'])} ms, {row['redirects']} redirects; "
                   f"baseline comm {row['baseline_comm_ms']:.1f} ms; "

@@ -334,6 +334,20 @@ def test_the_pause_is_the_excess_of_the_switch_iterations_and_the_window_keeps_t
     assert repeats[0]["pause_ms"] == pytest.approx(50.0)
 
 
+def test_the_noise_alone_gives_the_same_statistic_over_iterations_without_a_migration():
+    from dlrt_bench.autops_migrate import pauses
+    comm = {it: 0.2 for it in range(1, 31)}
+    comm.update({12: 0.26, 13: 0.21, 21: 0.24})       # noise before and after the migration
+    comm[16] = comm[17] = 0.3                          # the switch spans two iterations
+    repeats = [{"switch_iterations": [16, 17]}]
+    got = pauses({0: records(comm), 1: records({**comm, 13: 0.29})}, repeats, [(15.6, 17.6)], skip=2, gap=6)
+    # quiet stretches: 9..14 before, 19..24 after (15..17 overlap the migration, 18 is the
+    # first after it); two-iteration spans, ms over 200: before 0 0 60 90 90, after 0 40 40 0 0
+    assert got["max_pause_ms"] == pytest.approx(100.0)
+    assert got["quiet_pause_ms_median"] == pytest.approx(20.0)
+    assert got["quiet_pause_ms_p90"] == pytest.approx(90.0)
+
+
 def test_the_neighbour_cost_compares_its_iterations_during_and_outside_migrations():
     from dlrt_bench.autops_migrate import neighbour_cost
     comm = {it: (0.1 if 5 <= it <= 6 else 0.05) for it in range(1, 13)}
