@@ -53,8 +53,8 @@ from .pool import AggInfo, JobInfo, PoolState
 from .providers import Provider, StandbyProvider
 from .replication import choose_replica, replica_info
 from .scaling import cluster_free_cpu
-from .partition import (DEFAULT_PARTITION_BYTES, DEFAULT_SMALL_BYTES, KeySpec, auto_partition_bytes, plan_keys,
-                        tensor_bytes, validate_tensor)
+from .partition import (DEFAULT_PARTITION_BYTES, DEFAULT_SMALL_BYTES, MIN_AUTO_PARTITION_BYTES, KeySpec,
+                        auto_partition_bytes, plan_keys, tensor_bytes, validate_tensor)
 from .store import MODES
 from .transport.zmq import make_context
 
@@ -445,11 +445,14 @@ class Master:
 
     def _declare(self, identity: bytes, msg: wire.Message) -> None:
         job = self._job(msg)
-        partition = job.partition_bytes
-        if not partition:       # the job set none: chosen once, from what it declares first
+        partition, chosen = job.partition_bytes, True
+        if not partition:
+            # the job set none: chosen once, from the first declaration with a tensor that any
+            # choice would split (until then every choice plans the same keys)
             wire.check_declared(msg["tensors"], DEFAULT_PARTITION_BYTES, job.tensors, len(job.keys))
-            partition = auto_partition_bytes(sum(tensor_bytes(*validate_tensor(*item[:3])[1:])
-                                                 for item in msg["tensors"]), len(job.aggregators))
+            sizes = [tensor_bytes(*validate_tensor(*item[:3])[1:]) for item in msg["tensors"]]
+            partition = auto_partition_bytes(sum(sizes), len(job.aggregators))
+            chosen = max(sizes, default=0) > MIN_AUTO_PARTITION_BYTES
         wire.check_declared(msg["tensors"], partition, job.tensors, len(job.keys))  # limits first
         new, declared = [], {}          # recorded once every entry passed: a refused DECLARE changes nothing
         for item in msg["tensors"]:
@@ -467,10 +470,11 @@ class Master:
             declared[name] = (shape, dtype, conf)
             new.append((name, shape, dtype))
         job.tensors.update(declared)
-        job.partition_bytes = partition
+        if chosen:
+            job.partition_bytes = partition
         if new:
             # keys an aggregator already holds (adopted after a restart) keep their owner
-            keys = [k for k in plan_keys(new, job.partition_bytes, job.small_bytes) if k.key not in job.keys]
+            keys = [k for k in plan_keys(new, partition, job.small_bytes) if k.key not in job.keys]
             load = {}
             for key, agg in job.table.items():
                 load[agg] = load.get(agg, 0) + job.keys[key].nbytes

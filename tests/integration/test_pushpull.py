@@ -113,16 +113,19 @@ def test_the_partition_size_comes_from_the_environment_unless_the_job_sets_one(p
 
 
 def test_pmaster_chooses_the_partition_size_when_nobody_sets_one(pool2, monkeypatch):
-    """16 MiB over two aggregators: 1 MiB partitions, 8 each; the agents learn pMaster's choice
-    (to tell it again after a restart), and a later declaration keeps it."""
+    """16 MiB over two aggregators: 1 MiB partitions, 8 each. A declaration of tensors no choice
+    would split chooses nothing yet; the agents learn pMaster's choice (to tell it again after
+    a restart), and a later declaration keeps it."""
     monkeypatch.delenv("AUTOPS_PARTITION_BYTES", raising=False)
     agents = make_agents(pool2.master, "part-auto", 2, num_aggregators=2)
     try:
+        agents[0].declare([("bias", (1000,), "float32"), ("one-mib", (1 << 18,), "float32")])
         assert [a.partition_bytes for a in agents] == [None, None]
+        assert len(agents[0].keys_of("one-mib")) == 1
         for a in agents:
             a.declare([("flat", (4 << 20,), "float32")])
         placement = agents[0].placement()
-        assert sorted(len(keys) for keys in placement.values()) == [8, 8]
+        assert sorted(sum(k.startswith("flat#") for k in keys) for keys in placement.values()) == [8, 8]
         assert {spec.nbytes for spec in agents[0].keys_of("flat")} == {1 << 20}
         assert [a.partition_bytes for a in agents] == [1 << 20, 1 << 20]
         agents[0].declare([("later", (3 << 20,), "float32")])      # 12 MiB: still 1 MiB partitions
