@@ -451,7 +451,9 @@ class Master:
             # choice would split (until then every choice plans the same keys)
             wire.check_declared(msg["tensors"], DEFAULT_PARTITION_BYTES, job.tensors, len(job.keys))
             sizes = [tensor_bytes(*validate_tensor(*item[:3])[1:]) for item in msg["tensors"]]
-            partition = auto_partition_bytes(sum(sizes), len(job.aggregators))
+            # the aggregators the job asked for: pMaster's temporary ones while it profiles a job
+            # that asked for none are not where it will run (packing puts it on few)
+            partition = auto_partition_bytes(sum(sizes), job.requested)
             chosen = max(sizes, default=0) > MIN_AUTO_PARTITION_BYTES
         wire.check_declared(msg["tensors"], partition, job.tensors, len(job.keys))  # limits first
         new, declared = [], {}          # recorded once every entry passed: a refused DECLARE changes nothing

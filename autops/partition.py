@@ -59,7 +59,8 @@ def tensor_bytes(shape: tuple[int, ...], dtype: str) -> int:
 
 
 def auto_partition_bytes(model_bytes: int, aggregators: int) -> int:
-    """The partition size for a job of ``model_bytes`` spread over ``aggregators`` that set none.
+    """The partition size for a job of ``model_bytes`` spread over ``aggregators`` that set none
+    (0: the job asked for no number of aggregators, and pMaster packs it: taken as one).
 
     An aggregator answers a partition once all W workers sent it, and the W share its link:
     an iteration takes at least (its bytes + W x the partition) / rate, the pipeline's fill.

@@ -133,6 +133,13 @@ def test_pmaster_chooses_the_partition_size_when_nobody_sets_one(pool2, monkeypa
     finally:
         for a in agents:
             a.close()
+    # a job that asks for no number of aggregators is packed: the rule takes it as one
+    [packed] = make_agents(pool2.master, "part-auto-packed", 1, num_aggregators=0)
+    try:
+        packed.declare([("flat", (4 << 20,), "float32")])
+        assert packed.partition_bytes == 2 << 20 and len(packed.keys_of("flat")) == 8
+    finally:
+        packed.close()
 
 
 def test_two_jobs_same_tensor_names_stay_isolated(pool2):
