@@ -16,7 +16,9 @@ Model of a job (assumptions, all reported in the JSON):
   user's standalone request is as many parameter servers, ``requested = W``.
 * Model: the trace's model column when it names a known model, else drawn with a seeded RNG
   from ``--models``. Tasks are the model's aggregation keys as the live system cuts them
-  (``partition.plan_keys``: 4 MiB partitions; keys under 64 KiB are still separate keys).
+  (``partition.plan_keys``: 4 MiB partitions, pMaster's choice for a model of 32 MiB or more
+  that it packs -- a live job asking for W aggregators of its own may get smaller ones,
+  ``partition.auto_partition_bytes``; keys under 64 KiB are still separate keys).
 * Standalone iteration duration ``D`` per model, an assumed table (``ITER_SECONDS``; override
   with ``--iter-seconds``): vgg19 1.0 s, resnet50 0.6 s, bert-base 0.9 s, bert-large 1.8 s,
   alexnet 0.35 s (4 GPUs per worker, maximum batch; rough, not measured here).
