@@ -89,9 +89,11 @@ class Elastic:
     # --- bookkeeping helpers -----------------------------------------------------------
     def empty(self, agg: str) -> bool:
         """No key of any job on ``agg``, none moving to it, no migration from or to it, no
-        replica on it."""
+        replica on it, and no job given it that has not declared its keys yet (a job that
+        shares a busy aggregator is given it at registration and declares a moment later)."""
         return not self.state.tasks_on(agg) and not self.migrations.active(aggs={agg}) \
-            and not any(agg in job.replicas.values() for job in self.state.jobs.values())
+            and not any(agg in job.replicas.values() or (not job.keys and agg in job.aggregators)
+                        for job in self.state.jobs.values())
 
     def capacity(self) -> int | None:
         return self.provider.capacity(len(self.state.live_aggregators()))

@@ -339,6 +339,22 @@ def test_an_aggregator_the_provider_started_is_stopped_when_released_beyond_spar
     assert pool.elastic.provider.stopped == ["agg-1"] and "agg-1" not in pool.state.aggs
 
 
+def test_an_aggregator_a_job_was_given_is_not_released_before_the_job_declared():
+    # Y registers while X holds the only aggregator and none can start: Y shares it. X ends
+    # before Y declared its keys: the aggregator is Y's now and must stay
+    pool = Pool(1, provider=OwningProvider(owned={"agg-0"}))
+    pool.register("X", requested=0)
+    y = JobInfo("Y", "secret", 2, 0, "sum", False, None, {}, 4 << 20, 64 << 10, [], requested=0,
+                last_heard=pool.clock())
+    pool.elastic.reserve(y)
+    pool.state.jobs["Y"] = y
+    assert y.aggregators == ["agg-0"] and y.best_effort
+    pool.elastic.release_job("X")
+    assert pool.elastic.provider.stopped == [] and "agg-0" in pool.state.aggs
+    pool.tick(advance=1.0)                       # nor by the periodic pass
+    assert pool.elastic.provider.stopped == [] and "agg-0" in pool.state.aggs
+
+
 # --- periods and timeouts ------------------------------------------------------------------------
 def test_the_period_pass_runs_on_the_clock_and_gives_back_empty_aggregators():
     pool = Pool(2, period=10.0)
