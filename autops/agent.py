@@ -301,8 +301,8 @@ class Agent:
         memory and no replication traffic, and the loss of an aggregator fails the job.
         ``security``: CURVE for the sockets (default: the key directory's).
         ``partition_bytes``: tensors larger than this are split into keys of about this size
-        (default ``$AUTOPS_PARTITION_BYTES``, else pMaster chooses from the job's first
-        declaration: ``autops.partition.auto_partition_bytes``, 1 to 4 MiB)."""
+        (default ``$AUTOPS_PARTITION_BYTES``, else pMaster chooses at the job's first
+        declaration of a tensor over 1 MiB: ``autops.partition.auto_partition_bytes``, 1 to 4 MiB)."""
         secret = secret_from_env(secret)
         if partition_bytes is None and os.environ.get(PARTITION_ENV):
             partition_bytes = int(os.environ[PARTITION_ENV])

@@ -35,7 +35,6 @@ import time
 from collections import Counter
 from typing import Callable
 
-import numpy as np
 import zmq
 
 from dlrt.curve import Security, default_security, refusal_counts, warn_if_exposed
@@ -679,8 +678,7 @@ class Master:
                 "exclusive": a.exclusive})
         jobs = []
         for j in self.state.jobs.values():
-            tensor_bytes = [int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-                            for shape, dtype, _ in j.tensors.values()]
+            sizes = [tensor_bytes(shape, dtype) for shape, dtype, _ in j.tensors.values()]
             per_agg_keys: dict[str, int] = {}
             per_agg_bytes: dict[str, int] = {}
             for key, agg in j.table.items():
@@ -694,7 +692,7 @@ class Master:
                 "aggregators": sorted(per_agg_keys) or list(j.aggregators), "tensors": len(j.tensors),
                 "keys": len(j.keys), "bytes": sum(k.nbytes for k in j.keys.values()),
                 "partition_bytes": j.partition_bytes or None,
-                "skew": round(skew_of(tensor_bytes), 4), "iterations": j.iterations,
+                "skew": round(skew_of(sizes), 4), "iterations": j.iterations,
                 "iteration_time_s": j.measured, "standalone_iteration_time_s": j.standalone,
                 "speed_vs_standalone": round(speed, 4) if speed else None,
                 "cpu_demand": round(sum(costs) / j.standalone, 4) if costs and j.standalone else None,

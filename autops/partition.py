@@ -55,6 +55,7 @@ def validate_tensor(name: object, shape: object, dtype: object) -> tuple[str, tu
 
 
 def tensor_bytes(shape: tuple[int, ...], dtype: str) -> int:
+    """Bytes of a tensor of ``shape`` and ``dtype``."""
     return int(math.prod(shape)) * np.dtype(dtype).itemsize
 
 
