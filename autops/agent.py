@@ -296,8 +296,9 @@ class Agent:
         """``secret``: the job's secret, the same for every rank (default ``$AUTOPS_JOB_SECRET``;
         the launcher makes it: ``autops local``, the Tiresias master, ``autops secret``).
         ``fault_tolerant``: the job survives the loss of an aggregator -- each worker keeps
-        a copy of its pushes until they cannot be needed again (sum mode replays them to the
-        new owner) and server-mode keys are replicated to a second aggregator. Off: less
+        its pushes until they cannot be needed again (the staged push where one is staged in
+        shared memory, else a copy; sum mode replays them to the new owner) and
+        server-mode keys are replicated to a second aggregator. Off: less
         memory and no replication traffic, and the loss of an aggregator fails the job.
         ``security``: CURVE for the sockets (default: the key directory's).
         ``partition_bytes``: tensors larger than this are split into keys of about this size
@@ -536,7 +537,9 @@ class _IOLoop:
         self.small: dict[str, set[str]] = {}
         self.routes: dict[str, Channel] = {}                       # agg -> its channel (as the table says)
         self.lending: dict[str, bool] = {}                         # agg -> staged pushes reach it by reference
-        self.staging: dict[str, Shared] = {}                       # key -> its lendable push buffer
+        # key -> its lendable push buffers: one, or with fault tolerance two, so that the
+        # push kept for a failure is the staged one itself (``free_stage``), not a copy
+        self.staging: dict[str, list[Shared]] = {}
         self.staged_busy: dict[str, int] = {}                      # key -> iteration not yet pulled
         self.premap_queue: list[dict] = []                         # aggregators whose buffers to map ahead
         self.running = True
@@ -566,15 +569,30 @@ class _IOLoop:
             found = self.lending[agg] = self.transport.lends_to(self.table.aggs.get(agg, {}))
         return found
 
-    def stage(self, spec: KeySpec) -> Shared:
-        """The lendable buffer of a key; allocated for all not-yet-staged large keys at once."""
+    def free_stage(self, spec: KeySpec) -> Shared | None:
+        """A lendable buffer of the key that nothing needs any more, or None: the aggregator
+        may still read the key's last staged push (until it answers its pull), and a staged
+        push kept for a failure stays until ``pulled_answered`` lets it go."""
+        if spec.key in self.staged_busy:
+            return None
+        kept = self.kept.get(spec.key)
+        for buf in self.stage(spec):
+            if not kept or not any(arr is buf.array for arr in kept.values()):
+                return buf
+        return None
+
+    def stage(self, spec: KeySpec) -> list[Shared]:
+        """The lendable buffers of a key; allocated for all not-yet-staged large keys at once."""
         if spec.key not in self.staging:
             todo = [s for k, s in self.table.keys.items()
                     if not s.small and k not in self.staging and self.lends(self.table.final_owner(k))]
             if spec.key not in {s.key for s in todo}:
                 todo.append(spec)
-            buffers = self.transport.memory.allocate([(s.numel, s.dtype) for s in todo], self.agent.job)
-            self.staging.update(zip((s.key for s in todo), buffers))
+            copies = 2 if self.agent.fault_tolerant else 1
+            buffers = self.transport.memory.allocate([(s.numel, s.dtype) for s in todo for _ in range(copies)],
+                                                     self.agent.job)
+            for n, s in enumerate(todo):
+                self.staging[s.key] = buffers[n * copies:(n + 1) * copies]
         return self.staging[spec.key]
 
     def fail_all(self, exc: BaseException) -> None:
@@ -708,8 +726,8 @@ class _IOLoop:
             part = Part(spec, handle, iteration, data=flat[sl], out=out[sl] if out is not None else None, hp=hp)
             self.route_push(agg, part)
             if self.agent.fault_tolerant:
-                # after the send: the copy overlaps the transfer
-                self.keep(spec, iteration, part.data)
+                # after the send: a copy overlaps the transfer
+                self.keep(spec, iteration, part.data, part.staged)
 
     def route_push(self, agg: str, part: Part) -> None:
         """Batch a small key's push, or stage and send a large one's."""
@@ -723,11 +741,12 @@ class _IOLoop:
             part.handle.batched = True
             self.maybe_flush(agg)
             return
-        if self.lends(agg) and spec.key not in self.staged_busy:
+        staged = self.free_stage(spec) if self.lends(agg) else None
+        if staged is not None:
             # the aggregator reads the staged copy in place until it answers our pull of
             # this iteration
-            part.staged = self.stage(spec)
-            np.copyto(part.staged.array, part.data)
+            part.staged = staged
+            np.copyto(staged.array, part.data)
             self.staged_busy[spec.key] = part.iteration
         self.send(agg, wire.PUSH_PULL if part.fused else wire.PUSH, [part])
 
@@ -809,8 +828,8 @@ class _IOLoop:
             for spec in agg_specs:
                 sl = slice(spec.offset, spec.offset + spec.numel)
                 param = flat[sl]
-                if not spec.small and self.lends(agg) and spec.key not in self.staged_busy:
-                    staged = self.stage(spec)          # copied by the aggregator before it acks
+                staged = self.free_stage(spec) if not spec.small and self.lends(agg) else None
+                if staged is not None:                 # copied by the aggregator before it acks
                     np.copyto(staged.array, param)
                     self.staged_busy[spec.key] = 0
                     param = staged
@@ -974,15 +993,24 @@ class _IOLoop:
             self.send(agg, request.kind, parts)
 
     # failures ---------------------------------------------------------------------------
-    def keep(self, spec: KeySpec, iteration: int, data: np.ndarray) -> None:
-        """Keep a copy of this rank's push of ``iteration`` (replayed if its aggregator is lost)."""
+    def keep(self, spec: KeySpec, iteration: int, data: np.ndarray, staged: Shared | None = None) -> None:
+        """Keep this rank's push of ``iteration`` (replayed if its aggregator is lost): the
+        ``staged`` copy itself when there is one -- ``free_stage`` leaves it alone until
+        ``pulled_answered`` -- else a copy."""
         kept = self.kept.setdefault(spec.key, {})
+        old = kept.pop(iteration, None)
+        if old is not None and not self.is_staging(spec.key, old):
+            self.spare.setdefault(spec.key, []).append(old)
+        if staged is not None:
+            kept[iteration] = staged.array
+            return
         spare = self.spare.get(spec.key)
-        buf = kept.pop(iteration, None)
-        if buf is None:
-            buf = spare.pop() if spare else np.empty(spec.numel, spec.dtype)
+        buf = spare.pop() if spare else np.empty(spec.numel, spec.dtype)
         np.copyto(buf, data)
         kept[iteration] = buf
+
+    def is_staging(self, key: str, array: np.ndarray) -> bool:
+        return any(buf.array is array for buf in self.staging.get(key, ()))
 
     def pulled_answered(self, key: str, iteration: int) -> None:
         """The pull of ``iteration`` was answered: every rank has pushed it, hence pulled
@@ -996,7 +1024,7 @@ class _IOLoop:
         spare = self.spare.setdefault(key, [])
         for old in [it for it in kept if it < iteration]:
             buf = kept.pop(old)
-            if len(spare) < 2:
+            if len(spare) < 2 and not self.is_staging(key, buf):
                 spare.append(buf)
 
     def probe(self) -> None:

@@ -197,11 +197,32 @@ def test_an_aggregator_killed_during_a_migration_costs_no_step(pool, references,
     check_same(got, references[mode])
 
 
+def test_the_staged_push_is_the_kept_copy_and_replays_exactly(pool, references, monkeypatch):
+    # same host: a large key's push is staged in shared memory the aggregator reads in place;
+    # the staged buffer itself is what the worker keeps for a replay (no second copy), so the
+    # next push must go to the key's other staged buffer and the replay must still be exact
+    keep = agent_mod._IOLoop.keep
+    kinds: list[str] = []
+
+    def record(self, spec, iteration, data, staged=None):
+        kinds.append("staged" if staged is not None else "copied")
+        keep(self, spec, iteration, data, staged)
+        if staged is not None:
+            assert not any(arr is staged.array for it, arr in self.kept[spec.key].items() if it != iteration), \
+                "a staged buffer was reused while it still held a kept push"
+
+    monkeypatch.setattr(agent_mod._IOLoop, "keep", record)
+    got = train(pool, "sum", {5: ("pushed", 0, 0.0)})
+    assert got["killed"]
+    assert kinds.count("staged") > kinds.count("copied"), kinds[:20]
+    check_same(got, references["sum"])
+
+
 def test_corrupted_replay_is_caught(pool, references, monkeypatch):
     keep = agent_mod._IOLoop.keep
 
-    def corrupt(self, spec, iteration, data):
-        keep(self, spec, iteration, data + 1)
+    def corrupt(self, spec, iteration, data, staged=None):
+        keep(self, spec, iteration, data + 1)       # a wrong copy instead of the staged push
 
     monkeypatch.setattr(agent_mod._IOLoop, "keep", corrupt)
     # killed after both pushes, before any pull: the new owners rebuild the iteration from the
