@@ -296,8 +296,8 @@ class Agent:
         """``secret``: the job's secret, the same for every rank (default ``$AUTOPS_JOB_SECRET``;
         the launcher makes it: ``autops local``, the Tiresias master, ``autops secret``).
         ``fault_tolerant``: the job survives the loss of an aggregator -- each worker keeps
-        its pushes until they cannot be needed again (the staged push where one is staged in
-        shared memory, else a copy; sum mode replays them to the new owner) and
+        its pushes until they cannot be needed again (in sum mode the staged push where one is
+        staged in shared memory, else a copy; sum mode replays them to the new owner) and
         server-mode keys are replicated to a second aggregator. Off: less
         memory and no replication traffic, and the loss of an aggregator fails the job.
         ``security``: CURVE for the sockets (default: the key directory's).
@@ -537,9 +537,11 @@ class _IOLoop:
         self.small: dict[str, set[str]] = {}
         self.routes: dict[str, Channel] = {}                       # agg -> its channel (as the table says)
         self.lending: dict[str, bool] = {}                         # agg -> staged pushes reach it by reference
-        # key -> its lendable push buffers: one, or with fault tolerance two, so that the
-        # push kept for a failure is the staged one itself (``free_stage``), not a copy
+        # key -> its lendable push buffers: one, or two where the push kept for a failure is
+        # the staged one itself (``free_stage``), not a copy: with fault tolerance in sum
+        # mode (a server-mode aggregator sums into the first staged push it holds)
         self.staging: dict[str, list[Shared]] = {}
+        self.keeps_staged = agent.fault_tolerant and agent.mode == "sum"
         self.staged_busy: dict[str, int] = {}                      # key -> iteration not yet pulled
         self.premap_queue: list[dict] = []                         # aggregators whose buffers to map ahead
         self.running = True
@@ -588,7 +590,7 @@ class _IOLoop:
                     if not s.small and k not in self.staging and self.lends(self.table.final_owner(k))]
             if spec.key not in {s.key for s in todo}:
                 todo.append(spec)
-            copies = 2 if self.agent.fault_tolerant else 1
+            copies = 2 if self.keeps_staged else 1
             buffers = self.transport.memory.allocate([(s.numel, s.dtype) for s in todo for _ in range(copies)],
                                                      self.agent.job)
             for n, s in enumerate(todo):
@@ -727,7 +729,7 @@ class _IOLoop:
             self.route_push(agg, part)
             if self.agent.fault_tolerant:
                 # after the send: a copy overlaps the transfer
-                self.keep(spec, iteration, part.data, part.staged)
+                self.keep(spec, iteration, part.data, part.staged if self.keeps_staged else None)
 
     def route_push(self, agg: str, part: Part) -> None:
         """Batch a small key's push, or stage and send a large one's."""

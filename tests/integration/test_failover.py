@@ -218,6 +218,48 @@ def test_the_staged_push_is_the_kept_copy_and_replays_exactly(pool, references, 
     check_same(got, references["sum"])
 
 
+@pytest.mark.parametrize("mode", ["sum", "server"])
+def test_a_kept_push_still_holds_what_was_pushed_after_the_aggregation(pool, monkeypatch, mode):
+    # what a rank replays after a failure must be its own push, whatever the aggregator did
+    # with the staged memory it read it from (in server mode it sums into the first one)
+    settled(pool)
+    keep = agent_mod._IOLoop.keep
+    loops: dict[int, object] = {}
+
+    def capture(self, spec, iteration, data, staged=None):
+        loops[self.agent.rank] = self
+        keep(self, spec, iteration, data, staged)
+
+    monkeypatch.setattr(agent_mod._IOLoop, "keep", capture)
+    job = f"kept-{mode}-{next(_jobs)}"
+    kw = dict(mode=mode, average=True, num_aggregators=1, timeout=10, partition_bytes=256 << 10,
+              secret=secret_for(job))
+    if mode == "server":
+        kw.update(optimizer="sgd", hp={"lr": 0.1})
+    agents = [Agent(pool.master, job, r, W, **kw) for r in range(W)]
+    try:
+        for a in agents:
+            a.declare([("big", (120_000,), "float32")])
+        if mode == "server":
+            agents[0].init("big", np.zeros(120_000, np.float32)).wait()
+        out = [np.empty(120_000, np.float32) for _ in range(W)]
+        for it in (1, 2):
+            grads = [grad(r, it, "big", (120_000,)) for r in range(W)]
+            handles = [a.push_pull("big", grads[r], out[r], it) for r, a in enumerate(agents)]
+            for h in handles:
+                h.wait(10)
+            for r in range(W):
+                kept = loops[r].kept
+                assert kept, "nothing kept"
+                for key, by_iteration in kept.items():
+                    spec = next(s for s in agents[r].keys_of("big") if s.key == key)
+                    np.testing.assert_array_equal(by_iteration[it], grads[r][spec.offset:spec.offset + spec.numel],
+                                                  err_msg=f"rank {r} key {key} iteration {it}")
+    finally:
+        for a in agents:
+            a.close()
+
+
 def test_corrupted_replay_is_caught(pool, references, monkeypatch):
     keep = agent_mod._IOLoop.keep
 
