@@ -1001,17 +1001,21 @@ class _IOLoop:
         ``pulled_answered`` -- else a copy."""
         kept = self.kept.setdefault(spec.key, {})
         old = kept.pop(iteration, None)
-        if old is not None and not self.is_staging(spec.key, old):
-            self.spare.setdefault(spec.key, []).append(old)
+        if old is not None and self.is_staging(spec.key, old):
+            old = None                      # a staged buffer is not ours to copy into
         if staged is not None:
+            if old is not None:
+                self.spare.setdefault(spec.key, []).append(old)
             kept[iteration] = staged.array
             return
-        spare = self.spare.get(spec.key)
-        buf = spare.pop() if spare else np.empty(spec.numel, spec.dtype)
-        np.copyto(buf, data)
-        kept[iteration] = buf
+        if old is None:
+            spare = self.spare.get(spec.key)
+            old = spare.pop() if spare else np.empty(spec.numel, spec.dtype)
+        np.copyto(old, data)
+        kept[iteration] = old
 
     def is_staging(self, key: str, array: np.ndarray) -> bool:
+        """Whether ``array`` is one of the key's staging buffers (kept by reference, not a copy)."""
         return any(buf.array is array for buf in self.staging.get(key, ()))
 
     def pulled_answered(self, key: str, iteration: int) -> None:
