@@ -344,6 +344,7 @@ class Agent:
         self.table.aggs = dict(reply.get("endpoints") or {})
         self.table.home = reply.get("home") or (self.aggregators[0] if self.aggregators else None)
         self._table_lock = threading.Lock()
+        self._sizes: dict[str, tuple] = {}     # name -> (table entry, dtype, numel), for _check
         # requests an aggregator answered with REDIRECT (the key had moved): each costs a round
         # trip and a resend; live migration tells the agents ahead, so it should stay 0
         self.redirects = 0
@@ -405,9 +406,14 @@ class Agent:
     # --- data (user thread -> I/O thread) --------------------------------------------
     def _check(self, name: str, array: np.ndarray) -> tuple[list[KeySpec], np.ndarray]:
         specs = self.keys_of(name)
-        shape, dtype = self.table.tensors[name]
+        declared = self.table.tensors[name]
+        known = self._sizes.get(name)
+        if known is None or known[0] is not declared:     # per call: no np.prod over the shape
+            shape, dtype = declared
+            known = self._sizes[name] = (declared, np.dtype(dtype), int(np.prod(shape, dtype=np.int64)))
         flat = np.ascontiguousarray(array).reshape(-1)
-        if array.dtype != np.dtype(dtype) or flat.size != int(np.prod(shape, dtype=np.int64)):
+        if array.dtype != known[1] or flat.size != known[2]:
+            shape, dtype = declared
             raise AutoPSError(f"tensor {name!r} was declared {list(shape)} {dtype}, "
                               f"got {list(array.shape)} {array.dtype}")
         return specs, flat
@@ -534,6 +540,7 @@ class _IOLoop:
         self.poller.register(agent._waker.fd, zmq.POLLIN)
         self.batch_push: dict[str, list[Part]] = collections.defaultdict(list)
         self.batch_pull: dict[str, list[Part]] = collections.defaultdict(list)
+        self.batch_keys: dict[str, set[str]] = collections.defaultdict(set)     # the keys in batch_push
         self.small: dict[str, set[str]] = {}
         self.routes: dict[str, Channel] = {}                       # agg -> its channel (as the table says)
         self.lending: dict[str, bool] = {}                         # agg -> staged pushes reach it by reference
@@ -735,11 +742,10 @@ class _IOLoop:
         """Batch a small key's push, or stage and send a large one's."""
         spec = part.spec
         if spec.small:
-            pending = self.batch_push[agg]
-            if any(p.spec.key == spec.key for p in pending):
+            if spec.key in self.batch_keys[agg]:
                 self.flush(agg)
-                pending = self.batch_push[agg]
-            pending.append(part)
+            self.batch_push[agg].append(part)
+            self.batch_keys[agg].add(spec.key)
             part.handle.batched = True
             self.maybe_flush(agg)
             return
@@ -770,7 +776,7 @@ class _IOLoop:
         small = self.small_of(agg, batch[-1].iteration if batch else 0)
         if len(batch_push) < len(small) and len(batch_pull) < len(small):
             return              # cannot cover them yet (cheap: no sets per small key)
-        pushed = {p.spec.key for p in batch_push}
+        pushed = self.batch_keys[agg]
         pulled = {p.spec.key for p in batch_pull} | {p.spec.key for p in batch_push if p.fused}
         if pushed >= small and (not pulled or pulled >= small):
             self.flush(agg)
@@ -779,6 +785,7 @@ class _IOLoop:
 
     def flush(self, agg: str) -> None:
         pushes, pulls = self.batch_push.pop(agg, []), self.batch_pull.pop(agg, [])
+        self.batch_keys.pop(agg, None)
         fused = [p for p in pushes if p.fused]
         if fused:
             self.send(agg, wire.PUSH_PULL, fused)
@@ -812,10 +819,17 @@ class _IOLoop:
             return
         lends = self.lends(agg) and not replay
         items, payloads = [], []
-        for p in parts:
-            items.append(wire.PushItem(p.spec.key, p.iteration, wire.Slice(len(payloads), 0, p.data.nbytes),
-                                       p.hp).to_wire())
-            payloads.append(p.staged if p.staged is not None and lends else p.data)
+        if len(parts) > 1 and all(p.spec.small for p in parts):
+            # a batch of small keys: one payload for all of them, not one frame each
+            blob, spans = wire.pack([p.data for p in parts])
+            items = [wire.PushItem(p.spec.key, p.iteration, wire.Slice(0, offset, nbytes), p.hp).to_wire()
+                     for p, (offset, nbytes) in zip(parts, spans)]
+            payloads = [blob]
+        else:
+            for p in parts:
+                items.append(wire.PushItem(p.spec.key, p.iteration, wire.Slice(len(payloads), 0, p.data.nbytes),
+                                           p.hp).to_wire())
+                payloads.append(p.staged if p.staged is not None and lends else p.data)
         if replay:
             self.request(agg, op, parts, op, payloads, items=items, replay=True)
         else:
@@ -911,7 +925,8 @@ class _IOLoop:
             if part is None:
                 continue
             try:
-                src = msg.whole(item.payload, part.out.dtype)
+                data = item.data
+                src = msg.whole(item.payload, part.out.dtype) if data is None else msg.array(data, part.out.dtype)
             except wire.ProtocolError as exc:
                 part.finish(AutoPSError(f"pull of {part.spec.key!r}: bad reply: {exc}"))
                 continue
@@ -1110,6 +1125,7 @@ class _IOLoop:
         unsent = [p for batch in (*self.batch_push.values(), *self.batch_pull.values()) for p in batch]
         self.batch_push.clear()
         self.batch_pull.clear()
+        self.batch_keys.clear()
         self.table = new
         self.small = {}
         self.forget_routes()

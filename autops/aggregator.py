@@ -623,14 +623,27 @@ class Aggregator:
                                         wait_ms=round(1e3 * waited, 3)))
 
     def _reply_pull(self, pending: PendingPull) -> None:
-        items, payloads = [], []
+        items, payloads, small = [], [], []
         for ks, iteration in pending.items:
             value = ks.value(iteration)
             # every reply up to the cutover names the new owner: the agents prepare ahead
             moved = self._move(ks) if ks.moving is not None and iteration <= ks.moving["cutover"] else None
+            self.stats["bytes_out"] += value.nbytes
+            if ks.spec.small:
+                small.append((ks.spec.key, iteration, moved, value))
+                continue
             items.append(wire.PullReplyItem(ks.spec.key, iteration, len(payloads), moved).to_wire())  # Fig. 4.5 step 2
             payloads.append(ks.value_ref(iteration) or value)     # lent where the channel can
-            self.stats["bytes_out"] += value.nbytes
+        if len(small) > 1:
+            # a batch of small keys: one payload for all of them, not one frame each
+            blob, spans = wire.pack([value for *_, value in small])
+            items += [wire.PullReplyItem(key, iteration, len(payloads), moved, offset, nbytes).to_wire()
+                      for (key, iteration, moved, _), (offset, nbytes) in zip(small, spans)]
+            payloads.append(blob)
+        elif small:
+            key, iteration, moved, value = small[0]
+            items.append(wire.PullReplyItem(key, iteration, len(payloads), moved).to_wire())
+            payloads.append(value)
         self.stats["pulls"] += len(items)
         pending.reply.send(wire.header(wire.PULL_REPLY, req=pending.req, items=items), payloads)
 

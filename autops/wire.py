@@ -221,16 +221,22 @@ class Move(NamedTuple):
 class PullReplyItem(NamedTuple):
     """The value of ``key`` after ``iteration`` in payload ``payload`` (PULL_REPLY):
     ``[key, iteration, payload]``, plus ``[to, first, info]`` of ``moved`` when the key
-    migrates after this iteration (Fig. 4.5 step 2)."""
+    migrates after this iteration (Fig. 4.5 step 2) or ``None``, plus ``offset, nbytes``
+    when the value is a slice of the payload (small keys packed into one, ``pack``);
+    ``nbytes`` -1: the whole payload."""
     key: str
     iteration: int
     payload: int
     moved: Move | None = None
+    offset: int = 0
+    nbytes: int = -1
 
     def to_wire(self) -> list:
         item = [self.key, self.iteration, self.payload]
-        if self.moved is not None:
-            item.append(self.moved.to_wire()[1:])
+        if self.moved is not None or self.nbytes >= 0:
+            item.append(None if self.moved is None else self.moved.to_wire()[1:])
+        if self.nbytes >= 0:
+            item += [self.offset, self.nbytes]
         return item
 
     @classmethod
@@ -245,7 +251,32 @@ class PullReplyItem(NamedTuple):
             if not isinstance(item[3], (list, tuple)):
                 raise ProtocolError(f"{op}: malformed migration notice {item[3]!r}"[:300])
             moved = Move.from_wire([item[0], *item[3]], op)
-        return cls(item[0], item[1], item[2], moved)
+        if len(item) < 6:
+            return cls(item[0], item[1], item[2], moved)
+        part = Slice.checked(op, item[2], item[4], item[5])
+        return cls(item[0], item[1], item[2], moved, part.offset, part.nbytes)
+
+    @property
+    def data(self) -> Slice | None:
+        """The slice of the payload holding the value (``None``: all of it)."""
+        return Slice(self.payload, self.offset, self.nbytes) if self.nbytes >= 0 else None
+
+
+PACK_ALIGN = 64
+
+
+def pack(arrays: Sequence[np.ndarray]) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """Copy small arrays into one buffer (each at a ``PACK_ALIGN``-byte boundary), so that a
+    batch of small keys travels as one payload instead of one frame each: the buffer, and
+    the ``(offset, nbytes)`` of each array in it."""
+    spans, end = [], 0
+    for a in arrays:
+        spans.append((end, a.nbytes))
+        end += -(-a.nbytes // PACK_ALIGN) * PACK_ALIGN
+    blob = np.empty(end, np.uint8)
+    for a, (offset, nbytes) in zip(arrays, spans):
+        blob[offset:offset + nbytes] = a.reshape(-1).view(np.uint8)
+    return blob, spans
 
 
 class Ack(NamedTuple):

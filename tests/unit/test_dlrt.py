@@ -1,12 +1,15 @@
 """The shared core: message envelope and versions, addresses, waker, child processes, and
 the CLI convention (errors as one line and an exit status, argument types)."""
 import argparse
+import collections
+import os
 import re
 import select
 import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 
 import msgpack
 import pytest
@@ -109,6 +112,65 @@ def test_waker_wakes_a_poller_until_cleared():
         w.close()
         w.close()        # idempotent
     w.wake()             # a closed waker ignores wakes
+
+
+def test_a_wake_during_clear_is_not_lost(monkeypatch):
+    """A thread that wakes while ``clear`` drains the pipe: its command is seen by the caller of
+    ``clear`` (it was queued before), and the next wake must reach the pipe again."""
+    w = Waker()
+    real_read = os.read
+    calls = []
+
+    def read_with_a_wake_racing(fd, n):
+        calls.append(fd)
+        if len(calls) == 1:
+            w.wake()
+        return real_read(fd, n)
+
+    try:
+        w.wake()
+        monkeypatch.setattr(os, "read", read_with_a_wake_racing)
+        w.clear()
+        monkeypatch.setattr(os, "read", real_read)
+        assert calls
+        w.wake()
+        assert select.select([w.fd], [], [], 0)[0] == [w.fd]
+    finally:
+        w.close()
+
+
+def test_waker_writes_once_per_wake_up_and_loses_no_command():
+    w = Waker()
+    try:
+        for _ in range(5):
+            w.wake()
+        assert os.read(w.fd, 100) == b"x"       # one byte for the burst: one wake-up
+        w.clear()
+        w.wake()
+        assert select.select([w.fd], [], [], 0)[0] == [w.fd]     # armed again after clear
+        w.clear()
+
+        # a producer thread queues and wakes; the consumer clears before it looks at the queue
+        queue: collections.deque = collections.deque()
+        done: list = []
+
+        def consume() -> None:
+            while len(done) < 20000:
+                if not select.select([w.fd], [], [], 5)[0]:
+                    return                      # a lost wake: the test fails on the count
+                w.clear()
+                while queue:
+                    done.append(queue.popleft())
+
+        consumer = threading.Thread(target=consume)
+        consumer.start()
+        for i in range(20000):
+            queue.append(i)
+            w.wake()
+        consumer.join(30)
+        assert done == list(range(20000))
+    finally:
+        w.close()
 
 
 def test_stop_processes_kills_a_child_that_ignores_sigterm():

@@ -49,6 +49,8 @@ RECORDS = [
     wire.PullItem("k", 2),
     wire.PullReplyItem("k", 2, 0),
     wire.PullReplyItem("k", 2, 1, wire.Move("k", "agg-1", 3, {"host": "h", "endpoints": {}})),
+    wire.PullReplyItem("k", 2, 0, None, 128, 40),
+    wire.PullReplyItem("k", 2, 0, wire.Move("k", "agg-1", 3, {"host": "h"}), 0, 0),
     wire.Move("k", "agg-1", 3, {"host": "h"}),
     wire.Ack("k"),
     wire.InitItem("k", wire.Slice(0, 0, 40), 7, {"exp_avg": wire.Slice(1, 0, 40)}),
@@ -75,6 +77,7 @@ def test_records_survive_the_wire(record):
     (wire.PullItem, ["k", "1"], "bad item"),
     (wire.PullReplyItem, ["k", 1, 0, "elsewhere"], "migration notice"),
     (wire.PullReplyItem, ["k", 1, 0, ["agg-1", 2]], "migration notice"),
+    (wire.PullReplyItem, ["k", 1, 0, None, "0", 4], "must be integers"),
     (wire.Move, ["k", "agg-1", "2", {}], "migration notice"),
     (wire.Ack, [1], "malformed item"),
     (wire.InitItem, ["k", 0, 0, 4, {"state": {"m": [0, 0]}}], "malformed item"),
@@ -85,6 +88,19 @@ def test_records_survive_the_wire(record):
 def test_malformed_records_raise_protocol_error(record, item, text):
     with pytest.raises(wire.ProtocolError, match=text):
         record.from_wire(item)
+
+
+def test_packed_small_values_come_back_from_their_slices():
+    values = [np.arange(3, dtype=np.float32), np.arange(5, dtype=np.int64), np.zeros(0, np.float32),
+              np.arange(17, dtype=np.float16)]
+    blob, spans = wire.pack(values)
+    assert [n for _, n in spans] == [a.nbytes for a in values]
+    assert all(offset % wire.PACK_ALIGN == 0 for offset, _ in spans)
+    items = [wire.PullReplyItem(f"k{i}", 1, 0, None, offset, nbytes) for i, (offset, nbytes) in enumerate(spans)]
+    msg = wire.parse(wire.header(wire.PULL_REPLY, req=1, items=[i.to_wire() for i in items]), [blob])
+    for value, item in zip(values, msg.items(wire.PullReplyItem)):
+        np.testing.assert_array_equal(msg.array(item.data, value.dtype), value)
+    assert wire.PullReplyItem("k", 1, 0).data is None      # the whole payload
 
 
 def test_payload_slices_are_checked_against_their_buffer():
