@@ -549,6 +549,10 @@ class _IOLoop:
         # mode (a server-mode aggregator sums into the first staged push it holds)
         self.staging: dict[str, list[Shared]] = {}
         self.keeps_staged = agent.fault_tolerant and agent.mode == "sum"
+        # sum mode over a socket: a push_pull's push is kept by reference until its pull is
+        # answered (the caller leaves the array alone until then), then the value pulled (the
+        # received frame) stands in for it: a RECOVER carries it, so no push is copied
+        self.keeps_aggregates = agent.fault_tolerant and agent.mode == "sum"
         self.staged_busy: dict[str, int] = {}                      # key -> iteration not yet pulled
         self.premap_queue: list[dict] = []                         # aggregators whose buffers to map ahead
         self.running = True
@@ -557,11 +561,16 @@ class _IOLoop:
         self.last_iteration = 0
         self.marks: list[tuple[int, float]] = []
         self.next_profile = time.monotonic() + PROFILE_PERIOD
-        # failures: a copy of each push until no rank can need it again (the pull of the next
-        # iteration was answered), the last iteration pulled per key, when to ask pMaster next
+        # failures: each push until no rank can need it again (the pull of the next iteration
+        # was answered, or this rank holds the value of its own), as a private copy (``owned``,
+        # reused through ``spare``), a staged buffer or a reference to the caller's array; the
+        # last iteration pulled per key and, in sum mode, the value pulled then; when to ask
+        # pMaster next
         self.kept: dict[str, dict[int, np.ndarray]] = {}
+        self.owned: dict[str, set[int]] = {}
         self.spare: dict[str, list[np.ndarray]] = {}
         self.pulled: dict[str, int] = {}
+        self.aggregates: dict[str, tuple[int, np.ndarray]] = {}
         self.next_probe = time.monotonic() + PROBE_AFTER
         self.probe_req: int | None = None
         self.poller.register(self.master.sock, zmq.POLLIN)
@@ -736,7 +745,8 @@ class _IOLoop:
             self.route_push(agg, part)
             if self.agent.fault_tolerant:
                 # after the send: a copy overlaps the transfer
-                self.keep(spec, iteration, part.data, part.staged if self.keeps_staged else None)
+                borrow = self.keeps_aggregates and part.fused and part.staged is None and not self.lends(agg)
+                self.keep(spec, iteration, part.data, part.staged if self.keeps_staged else None, borrow)
 
     def route_push(self, agg: str, part: Part) -> None:
         """Batch a small key's push, or stage and send a large one's."""
@@ -927,6 +937,7 @@ class _IOLoop:
             try:
                 data = item.data
                 src = msg.whole(item.payload, part.out.dtype) if data is None else msg.array(data, part.out.dtype)
+                lent = data is None and item.payload in msg.lent
             except wire.ProtocolError as exc:
                 part.finish(AutoPSError(f"pull of {part.spec.key!r}: bad reply: {exc}"))
                 continue
@@ -934,9 +945,13 @@ class _IOLoop:
                 part.finish(AutoPSError(
                     f"pull of {part.spec.key!r}: reply has {src.size} elements, expected {part.out.size}"))
                 continue
+            pulled = request.kind in (wire.PULL, wire.PUSH_PULL)
+            if pulled and self.keeps_aggregates and lent:
+                self.own_kept(part.spec, part.iteration)    # before ``out`` (maybe the push) changes
             np.copyto(part.out, src)
-            if request.kind in (wire.PULL, wire.PUSH_PULL):
-                self.pulled_answered(part.spec.key, part.iteration)
+            if pulled:
+                self.pulled_answered(part.spec.key, part.iteration,
+                                     src if self.keeps_aggregates and not lent else None)
             if self.staged_busy.get(part.spec.key, 1 << 62) <= part.iteration:
                 del self.staged_busy[part.spec.key]     # the aggregator is done with our staged push
             part.finish()
@@ -1010,43 +1025,62 @@ class _IOLoop:
             self.send(agg, request.kind, parts)
 
     # failures ---------------------------------------------------------------------------
-    def keep(self, spec: KeySpec, iteration: int, data: np.ndarray, staged: Shared | None = None) -> None:
+    def keep(self, spec: KeySpec, iteration: int, data: np.ndarray, staged: Shared | None = None,
+             borrow: bool = False) -> None:
         """Keep this rank's push of ``iteration`` (replayed if its aggregator is lost): the
         ``staged`` copy itself when there is one -- ``free_stage`` leaves it alone until
-        ``pulled_answered`` -- else a copy."""
+        ``pulled_answered`` --, ``data`` itself when ``borrow`` (a push_pull over a socket:
+        ``fill`` replaces it with the value pulled before the caller may touch it), else a
+        copy."""
         kept = self.kept.setdefault(spec.key, {})
+        owned = self.owned.setdefault(spec.key, set())
         old = kept.pop(iteration, None)
-        if old is not None and self.is_staging(spec.key, old):
-            old = None                      # a staged buffer is not ours to copy into
-        if staged is not None:
+        if iteration not in owned:
+            old = None                      # a staged or borrowed buffer is not ours to copy into
+        owned.discard(iteration)
+        if staged is not None or borrow:
             if old is not None:
                 self.spare.setdefault(spec.key, []).append(old)
-            kept[iteration] = staged.array
+            kept[iteration] = staged.array if staged is not None else data
             return
         if old is None:
             spare = self.spare.get(spec.key)
             old = spare.pop() if spare else np.empty(spec.numel, spec.dtype)
         np.copyto(old, data)
         kept[iteration] = old
+        owned.add(iteration)
 
-    def is_staging(self, key: str, array: np.ndarray) -> bool:
-        """Whether ``array`` is one of the key's staging buffers (kept by reference, not a copy)."""
-        return any(buf.array is array for buf in self.staging.get(key, ()))
+    def own_kept(self, spec: KeySpec, iteration: int) -> None:
+        """Copy a borrowed push of ``iteration`` before the caller's array is overwritten
+        (its pull was answered with a value this rank cannot keep: lent memory)."""
+        arr = self.kept.get(spec.key, {}).get(iteration)
+        if arr is not None and iteration not in self.owned.get(spec.key, ()) \
+                and not any(buf.array is arr for buf in self.staging.get(spec.key, ())):
+            self.keep(spec, iteration, arr)
 
-    def pulled_answered(self, key: str, iteration: int) -> None:
+    def pulled_answered(self, key: str, iteration: int, value: np.ndarray | None = None) -> None:
         """The pull of ``iteration`` was answered: every rank has pushed it, hence pulled
-        ``iteration - 1``, so no rank can need the pushes before ``iteration`` again."""
+        ``iteration - 1``, so no rank can need the pushes before ``iteration`` again. With
+        the ``value`` pulled (memory of this rank's own, kept by reference): a RECOVER gives it
+        to a new owner instead of this rank's push of ``iteration``, so that goes too."""
         if iteration <= self.pulled.get(key, 0):
             return
         self.pulled[key] = iteration
+        if value is not None:
+            self.aggregates[key] = (iteration, value)
+        else:
+            self.aggregates.pop(key, None)
         kept = self.kept.get(key)
         if not kept:
             return
+        owned = self.owned.get(key, set())
         spare = self.spare.setdefault(key, [])
-        for old in [it for it in kept if it < iteration]:
+        for old in [it for it in kept if it < iteration or (value is not None and it == iteration)]:
             buf = kept.pop(old)
-            if len(spare) < 2 and not self.is_staging(key, buf):
-                spare.append(buf)
+            if old in owned:
+                owned.discard(old)
+                if len(spare) < 2:
+                    spare.append(buf)
 
     def probe(self) -> None:
         """Ask pMaster whether the job's keys moved after a failure (``epoch``; the answer is
@@ -1134,11 +1168,18 @@ class _IOLoop:
         if affected:
             log.warning("job %s rank %d: aggregator(s) %s lost; %d key(s) recover on %s", self.agent.job,
                         self.agent.rank, sorted(lost), len(affected), sorted({new.owner[k] for k in affected}))
-        recover: dict[str, list] = collections.defaultdict(list)
+        recover: dict[str, tuple[list, list]] = collections.defaultdict(lambda: ([], []))
         for key in sorted(affected):
-            recover[new.owner[key]].append(wire.RecoverItem(key, self.pulled.get(key, 0)).to_wire())
-        for agg, items in recover.items():
-            self.request(agg, wire.RECOVER, [], wire.RECOVER, items=items)
+            items, values = recover[new.owner[key]]
+            pulled = self.pulled.get(key, 0)
+            held = self.aggregates.get(key)
+            value = None
+            if held is not None and held[0] == pulled:
+                value = wire.Slice(len(values), 0, held[1].nbytes)
+                values.append(held[1])
+            items.append(wire.RecoverItem(key, pulled, value).to_wire())
+        for agg, (items, values) in recover.items():
+            self.request(agg, wire.RECOVER, [], wire.RECOVER, values, items=items)
         pushes: dict[tuple, Part] = {}
         pulls: list[Part] = []
         for request in dropped:

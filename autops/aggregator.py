@@ -1237,14 +1237,16 @@ class Aggregator:
         return ks if ks is not None and ks.incoming is not None and ks.precopied else None
 
     def _recover(self, reply: Sender, msg: wire.Message) -> None:
-        """A worker's RECOVER: the last iteration it pulled of each key taken over here."""
+        """A worker's RECOVER: the last iteration it pulled of each key taken over here, and
+        the value it pulled then where it kept it."""
         state = self.store.job(msg["job"], msg["secret"])
         rank = msg["rank"]
         self.store._check_rank(state, rank)
         resumed = []
         for item in msg.items(wire.RecoverItem):
             ks = self.store.key(state, item.key)
-            done, problems = self.store.recover_report(ks, rank, item.pulled)
+            value = msg.array(item.value, ks.spec.dtype) if item.value is not None else None
+            done, problems = self.store.recover_report(ks, rank, item.pulled, value)
             for problem in problems:
                 self.stats["errors"] += 1
                 log.error("replayed push of %s dropped: %s", item.key, problem)

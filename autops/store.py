@@ -84,6 +84,7 @@ class KeyState:
     # iteration (rank -> iteration) and holds pushes meanwhile; a server-mode key with a
     # replica publishes an iteration only once the replica acknowledged it
     recovering: dict | None = None
+    recovered: int = -1                # the latest iteration whose value a rank gave while recovering
     replica: dict | None = None        # {"agg", "endpoints", "host"} of the replica
     replicated: int = -1               # last iteration the replica acknowledged
     replica_sent: int = -1             # last iteration sent to it (-1: full state still to send)
@@ -475,23 +476,36 @@ class Store:
         """A sum-mode key taken over after its aggregator was lost: nothing is known until
         every rank said which iteration it last pulled; pushes are held, pulls wait."""
         ks.recovering = {}
+        ks.recovered = -1
         ks.ranks.clear()
         ks.deferred.clear()
         ks.inline = 0
         ks.first = None
         ks.held = []
 
-    def recover_report(self, ks: KeyState, rank: int, pulled: int) -> tuple[bool, list[str]]:
-        """Rank ``rank`` last pulled ``pulled``. When every rank has reported, the key resumes
-        after the smallest such iteration (every rank still holds its pushes from there on;
-        no rank needs an older value) and the held pushes are applied. Returns (resumed,
-        problems with held pushes)."""
+    def recover_report(self, ks: KeyState, rank: int, pulled: int,
+                       value: np.ndarray | None = None) -> tuple[bool, list[str]]:
+        """Rank ``rank`` last pulled ``pulled`` (and kept ``value``, what it pulled then).
+        When every rank has reported, the key resumes after the largest such iteration if a
+        rank gave its value: published again, it answers the others' pulls, and their pushes
+        of it are replays the key already has. Otherwise it resumes after the smallest (every
+        rank still holds its pushes from there on; no rank needs an older value). Then the
+        held pushes are applied. Returns (resumed, problems with held pushes)."""
         if ks.recovering is None:
             return False, []
+        if value is not None and ks.mode == "sum":
+            if value.size != ks.spec.numel or value.dtype != np.dtype(ks.spec.dtype):
+                raise StoreError(f"RECOVER of {ks.spec.key!r}: value of {value.size} x {value.dtype}, "
+                                 f"expected {ks.spec.numel} x {ks.spec.dtype}")
+            if pulled > ks.recovered:
+                # ranks are at most one iteration apart: the two buffers hold both candidates
+                np.copyto(ks.buffers[pulled % 2], value)
+                ks.recovered = pulled
         ks.recovering[rank] = pulled
         if len(ks.recovering) < ks.world_size:
             return False, []
-        ks.completed = min(ks.recovering.values())
+        latest = max(ks.recovering.values())
+        ks.completed = latest if ks.recovered == latest else min(ks.recovering.values())
         ks.recovering = None
         _, problems = self.apply_held(ks)
         return True, problems

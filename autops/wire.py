@@ -536,19 +536,23 @@ def key_copies(msg: Message) -> Iterable[tuple[str, dict, list]]:
 # --- records of failure handling ---------------------------------------------------------
 class RecoverItem(NamedTuple):
     """RECOVER: ``[key, last pulled]`` -- the last iteration of ``key`` whose pull this rank got
-    answered (0 before any); the new owner of a lost ``sum``-mode key starts after the smallest."""
+    answered (0 before any) --, plus ``payload, offset, nbytes`` of the value this rank pulled
+    then, when it kept it. The new owner of a lost ``sum``-mode key starts after the largest
+    iteration whose value a rank gave, else after the smallest reported."""
     key: str
     pulled: int
+    value: Slice | None = None
 
     def to_wire(self) -> list:
-        return [self.key, self.pulled]
+        return [self.key, self.pulled] if self.value is None else [self.key, self.pulled, *self.value]
 
     @classmethod
     def from_wire(cls, item: Any, op: str = "recover") -> "RecoverItem":
-        if not isinstance(item, (list, tuple)) or len(item) < 2 or type(item[0]) is not str \
+        if not isinstance(item, (list, tuple)) or len(item) not in (2, 5) or type(item[0]) is not str \
                 or not _is_int(item[1]) or item[1] < 0:
             raise _malformed(op, item)
-        return cls(item[0], item[1])
+        value = Slice.checked(op, *item[2:5]) if len(item) == 5 else None
+        return cls(item[0], item[1], value)
 
 
 class StepItem(NamedTuple):

@@ -76,16 +76,19 @@ def settled(pool: LocalPool, timeout: float = 30.0) -> None:
 
 def train(pool: LocalPool, mode: str, kills: dict[int, tuple], migrate_at: int | None = None,
           timeout: float = 30.0, iteration_hook=None, num_aggregators: int = 2, settle: bool = True,
-          iters: int = ITERS) -> dict:
+          iters: int = ITERS, fused: bool | str = False, transport: str = "auto") -> dict:
     """One W=2 job of ``iters`` iterations. ``kills``: iteration -> (phase, choice, delay):
     phase ``start`` kills before the iteration's pushes, ``pushed`` once both ranks' pushes
     were acknowledged and before any pull, ``async`` ``delay`` seconds into the iteration from
-    another thread. ``choice`` >= 0 picks among the job's owners, < 0 among all aggregators."""
+    another thread. ``choice`` >= 0 picks among the job's owners, < 0 among all aggregators.
+    ``fused``: each iteration is one in-place ``push_pull`` per tensor (as ``autops.torch``
+    does), so ``pushed`` means once both ranks have the iteration's values; ``"rank0"``: only
+    rank 0 does so, so at ``pushed`` rank 0 has pulled the iteration and rank 1 has not."""
     if settle:
         settled(pool)
     job = f"fail-{mode}-{next(_jobs)}"
     kw = dict(mode=mode, average=mode == "server", num_aggregators=num_aggregators, timeout=timeout,
-              partition_bytes=256 << 10, secret=secret_for(job))
+              partition_bytes=256 << 10, secret=secret_for(job), transport=transport)
     if mode == "server":
         kw.update(optimizer="adam", hp={"lr": 0.05})
     agents = [Agent(pool.master, job, r, W, **kw) for r in range(W)]
@@ -127,14 +130,20 @@ def train(pool: LocalPool, mode: str, kills: dict[int, tuple], migrate_at: int |
                             timer = threading.Timer(delay, killer.kill, (choice, owners))
                             timers.append(timer)
                             timer.start()
-                    pushes = [agent.push(n, grad(rank, it, n, s), it) for n, s, _ in TENSORS]
+                    if fused is True or (fused == "rank0" and rank == 0):
+                        for n, s, _ in TENSORS:
+                            np.copyto(out[n], grad(rank, it, n, s))
+                        pushes = [agent.push_pull(n, out[n], out[n], it) for n, _, _ in TENSORS]
+                    else:
+                        pushes = [agent.push(n, grad(rank, it, n, s), it) for n, s, _ in TENSORS]
                     for h in pushes:
-                        h.wait(timeout)
+                        h.wait(timeout * 2)
                     barrier.wait()
                     if rank == 0 and phase == "pushed":
                         killer.kill(choice, sorted(agent.placement()))
                     barrier.wait()
-                    pulls = [agent.pull(n, out[n], it) for n, _, _ in TENSORS]
+                    pulls = [agent.pull(n, out[n], it) for n, _, _ in TENSORS if not (fused is True or
+                                                                                       (fused and rank == 0))]
                     for h in pulls:
                         h.wait(timeout * 2)
                     for n in acc:
@@ -204,9 +213,9 @@ def test_the_staged_push_is_the_kept_copy_and_replays_exactly(pool, references, 
     keep = agent_mod._IOLoop.keep
     kinds: list[str] = []
 
-    def record(self, spec, iteration, data, staged=None):
+    def record(self, spec, iteration, data, staged=None, borrow=False):
         kinds.append("staged" if staged is not None else "copied")
-        keep(self, spec, iteration, data, staged)
+        keep(self, spec, iteration, data, staged, borrow)
         if staged is not None:
             assert not any(arr is staged.array for it, arr in self.kept[spec.key].items() if it != iteration), \
                 "a staged buffer was reused while it still held a kept push"
@@ -226,9 +235,9 @@ def test_a_kept_push_still_holds_what_was_pushed_after_the_aggregation(pool, mon
     keep = agent_mod._IOLoop.keep
     loops: dict[int, object] = {}
 
-    def capture(self, spec, iteration, data, staged=None):
+    def capture(self, spec, iteration, data, staged=None, borrow=False):
         loops[self.agent.rank] = self
-        keep(self, spec, iteration, data, staged)
+        keep(self, spec, iteration, data, staged, borrow)
 
     monkeypatch.setattr(agent_mod._IOLoop, "keep", capture)
     job = f"kept-{mode}-{next(_jobs)}"
@@ -263,13 +272,57 @@ def test_a_kept_push_still_holds_what_was_pushed_after_the_aggregation(pool, mon
 def test_corrupted_replay_is_caught(pool, references, monkeypatch):
     keep = agent_mod._IOLoop.keep
 
-    def corrupt(self, spec, iteration, data, staged=None):
+    def corrupt(self, spec, iteration, data, staged=None, borrow=False):
         keep(self, spec, iteration, data + 1)       # a wrong copy instead of the staged push
 
     monkeypatch.setattr(agent_mod._IOLoop, "keep", corrupt)
     # killed after both pushes, before any pull: the new owners rebuild the iteration from the
     # workers' kept copies, which are wrong now
     got = train(pool, "sum", {5: ("pushed", 0, 0.0)})
+    with pytest.raises(AssertionError):
+        check_same(got, references["sum"])
+
+
+@pytest.mark.parametrize("phase, fused", [("start", True), ("async", True), ("pushed", "rank0")])
+def test_push_pull_over_a_socket_recovers_from_the_values_the_workers_pulled(pool, references, monkeypatch,
+                                                                           phase, fused):
+    # sum mode over ipc: a push_pull's push is kept by reference, not copied, and once its
+    # value is pulled the value stands in for it; after a kill the new owners start from the
+    # values the workers hand over in RECOVER (and from replayed pushes for what nobody pulled).
+    # "rank0": killed when rank 0 has pulled the iteration and rank 1 (plain push, then pull)
+    # has not: rank 1 reads the value rank 0 handed over
+    keep, request = agent_mod._IOLoop.keep, agent_mod._IOLoop.request
+    kinds: list[str] = []
+    recovered_values: list[int] = []
+
+    def record(self, spec, iteration, data, staged=None, borrow=False):
+        kinds.append("borrowed" if borrow else "staged" if staged is not None else "copied")
+        keep(self, spec, iteration, data, staged, borrow)
+
+    def count(self, agg, kind, parts, op, payloads=(), **fields):
+        if op == agent_mod.wire.RECOVER:
+            recovered_values.append(len(payloads))
+        request(self, agg, kind, parts, op, payloads, **fields)
+
+    monkeypatch.setattr(agent_mod._IOLoop, "keep", record)
+    monkeypatch.setattr(agent_mod._IOLoop, "request", count)
+    got = train(pool, "sum", {5: (phase, 0, 0.01)}, fused=fused, transport="ipc")
+    assert got["killed"]
+    assert "borrowed" in kinds and (fused is not True or set(kinds) == {"borrowed"}), sorted(set(kinds))
+    assert sum(recovered_values) > 0, recovered_values
+    check_same(got, references["sum"])
+
+
+def test_a_corrupted_recovered_value_is_caught(pool, references, monkeypatch):
+    answered = agent_mod._IOLoop.pulled_answered
+
+    def corrupt(self, key, iteration, value=None):
+        answered(self, key, iteration, None if value is None else value + 1)
+
+    monkeypatch.setattr(agent_mod._IOLoop, "pulled_answered", corrupt)
+    # killed when rank 0 has pulled iteration 5 and rank 1 has not: rank 1 reads the value
+    # rank 0 kept, which is wrong now
+    got = train(pool, "sum", {5: ("pushed", 0, 0.0)}, fused="rank0", transport="ipc")
     with pytest.raises(AssertionError):
         check_same(got, references["sum"])
 

@@ -12,7 +12,7 @@ from autops.migration import Migrations
 from autops.partition import KeySpec
 from autops.pool import AggInfo, JobInfo, PoolState
 from autops.replication import pick_replica
-from autops.store import Store
+from autops.store import Store, StoreError
 
 from test_autops_elastic import FakeClock, RecordingOutbox, message
 
@@ -227,6 +227,45 @@ def test_a_rebuilt_key_resumes_after_the_smallest_iteration_pulled():
     assert ks.completed == 6 and ks.ranks == {0}         # 6 rebuilt from both; 7 half pushed
     np.testing.assert_array_equal(ks.value(6), a + b)
     assert store.pull_ready(ks, 6)
+
+
+def test_a_rebuilt_key_resumes_after_the_latest_value_a_rank_gave():
+    store, ks = sum_key()
+    store.start_recovery(ks)
+    pulled6 = np.full(4, 9.0, np.float32)
+    a, b = np.full(4, 1.0, np.float32), np.full(4, 2.0, np.float32)
+    # rank 0 pulled 6 and kept its value; rank 1 pulled only 5: its replayed 6 is already in
+    # the value rank 0 gave, and rank 0's push of 7 waits for rank 1's
+    ks.held += [(0, 7, a, False, True), (1, 6, b, False, True)]
+    assert store.recover_report(ks, 0, 6, pulled6) == (False, [])
+    assert not store.pull_ready(ks, 6), "nothing is answered before every rank reported"
+    resumed, problems = store.recover_report(ks, 1, 5, np.full(4, 5.0, np.float32))
+    assert resumed and not problems
+    assert ks.completed == 6 and ks.ranks == {0}
+    np.testing.assert_array_equal(ks.value(6), pulled6)
+    assert store.push(ks, 1, np.full(4, 3.0, np.float32))
+    assert ks.completed == 7
+    np.testing.assert_array_equal(ks.value(7), a + 3.0)
+
+
+def test_without_the_latest_value_a_rebuilt_key_resumes_after_the_smallest():
+    store, ks = sum_key()
+    store.start_recovery(ks)
+    a, b = np.full(4, 1.0, np.float32), np.full(4, 2.0, np.float32)
+    ks.held += [(0, 6, a, False, True), (1, 6, b, False, True)]
+    store.recover_report(ks, 0, 6)                               # lent memory: no value kept
+    resumed, _ = store.recover_report(ks, 1, 5, np.full(4, 5.0, np.float32))
+    assert resumed and ks.completed == 6
+    np.testing.assert_array_equal(ks.value(6), a + b)           # rebuilt from both pushes
+
+
+def test_a_recovered_value_of_the_wrong_size_or_type_is_refused():
+    store, ks = sum_key()
+    store.start_recovery(ks)
+    with pytest.raises(StoreError, match="value of 3"):
+        store.recover_report(ks, 0, 2, np.zeros(3, np.float32))
+    with pytest.raises(StoreError, match="float64"):
+        store.recover_report(ks, 0, 2, np.zeros(4, np.float64))
 
 
 def test_replayed_pushes_the_key_has_are_skipped():
