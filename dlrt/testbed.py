@@ -58,9 +58,9 @@ TBF_MIN_BURST_BYTES = 256 * 1024
 TBF_BURST_SECONDS = 0.005
 TBF_LATENCY = "5ms"
 NETEM_LIMIT_PACKETS = 10000   # netem's default 1000 packets is too few at 10 Gbit/s
-# TCP congestion control of every emulated host. A new namespace inherits the machine's
-# (bbr on some kernels); the hosts get the Linux kernel's default instead, what most cluster
-# hosts run. It matters: with bbr, four workers pushing into one aggregator's shallow switch
+# TCP congestion control of every connection between emulated hosts (set on each host's
+# route). A new namespace inherits the machine's (bbr on some kernels); the hosts get the
+# Linux kernel's default instead, what most cluster hosts run. It matters: with bbr, four workers pushing into one aggregator's shallow switch
 # queue (the tbf above) lose packets that bbr does not back off for (measured, W = A = 4 at
 # 1 Gbit/s, flat64m: AutoPS 0.88 s per iteration with bbr, 0.78 s with cubic; gloo's ring,
 # one flow per link, 0.93 s and 0.91 s).
@@ -496,7 +496,11 @@ class Testbed:
         _ip("link", "set", HOST_IFNAME, "addrgenmode", "none", netns=ns)
         _ip("addr", "add", f"{host.addr}/24", "dev", HOST_IFNAME, netns=ns)
         _ip("link", "set", HOST_IFNAME, "up", netns=ns)
-        _command(["ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv4.tcp_congestion_control={self.congestion}"])
+        # on the host's one route, not the namespace's sysctl: a namespace other than the
+        # machine's own may only pick from net.ipv4.tcp_allowed_congestion_control (EPERM for
+        # cubic where the machine allows only reno and bbr); a route's congctl has no such limit
+        _ip("route", "replace", subnet_of(self.prefix), "dev", HOST_IFNAME, "proto", "kernel",
+            "scope", "link", "src", host.addr, "congctl", self.congestion, netns=ns)
         half_delay = self.delay_us / 2 if self.delay_us is not None else None
         for args in shaping_commands(self.rate_bps, half_delay, HOST_IFNAME):
             _tc(*args, netns=ns)                       # the host's upload

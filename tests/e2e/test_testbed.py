@@ -194,12 +194,31 @@ def test_create_names_addresses_and_identities(tb3):
     assert Testbed.attach(prefix).congestion == DEFAULT_CONGESTION == "cubic"
 
 
+# opens a connection to argv[1]:argv[2] and prints its congestion control as ``ss`` shows it
+CONNECT_AND_SHOW_CC = textwrap.dedent("""
+    import socket, subprocess, sys
+    conn = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+    port = conn.getsockname()[1]
+    out = subprocess.run(["ss", "-tni", "state", "established", f"sport = :{port}"],
+                         capture_output=True, text=True, check=True).stdout
+    print(next(w for w in out.split() if w in sys.argv[3:]))
+""")
+
+
 def test_every_host_runs_the_chosen_tcp_congestion_control(tb3):
-    """The kernel's default (cubic), not whatever this machine's root namespace runs."""
-    for host in tb3.hosts:
-        got = host.run(["cat", "/proc/sys/net/ipv4/tcp_congestion_control"], capture_output=True, text=True,
-                       check=True).stdout.strip()
-        assert got == "cubic", host.name
+    """The kernel's default (cubic) on the connections between hosts, whatever this machine's
+    root namespace runs and allows namespaces to pick."""
+    offered = open("/proc/sys/net/ipv4/tcp_available_congestion_control").read().split()
+    server = tb3.hosts[1].popen([PY, "-c", ECHO, tb3.hosts[1].addr, str(PORT + 7)], stdout=subprocess.PIPE)
+    try:
+        assert server.stdout.readline().strip() == b"ready"
+        for host in (tb3.hosts[0], tb3.hosts[2]):
+            got = host.run([PY, "-c", CONNECT_AND_SHOW_CC, tb3.hosts[1].addr, str(PORT + 7), *offered],
+                           capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+            assert got == "cubic", host.name
+    finally:
+        server.kill()
+        server.wait(10)
     with pytest.raises(TestbedError, match="not available"):
         Testbed(2, prefix=prefix_for(__name__, 4), congestion="nosuchcc").up()
     with pytest.raises(ValueError):
