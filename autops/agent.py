@@ -10,9 +10,10 @@ count and mean iteration duration), which also tells pMaster the worker is alive
 User threads (training loop, autograd hooks) enqueue operations; one I/O thread owns the
 ``Transport`` and its channels, sends pushes and pulls (``wire`` records) without copying
 the tensors -- staging a push in memory the channel lends when that saves the aggregator a
-copy -- batches small keys into one message per aggregator, copies pull replies into the
-caller's buffers, and fails requests that get no reply within the timeout with an error
-that says what it waited for.
+copy -- batches small keys into one message per aggregator, sends the large keys' pushes
+to one aggregator that it takes in one burst as one message of up to a partition over a
+socket (``coalesce``), copies pull replies into the caller's buffers, and fails requests
+that get no reply within the timeout with an error that says what it waited for.
 In server mode ``fetch_state`` brings a tensor's master copy, optimizer state and step back
 from its aggregators (for checkpoints), reassembled from its partitions.
 
@@ -39,6 +40,7 @@ from dlrt.curve import Security, default_security
 from dlrt.waker import Waker
 
 from . import wire
+from .coalesce import Coalescer
 from .jobauth import ENV as SECRET_ENV, secret_from_env
 from .partition import KeySpec
 from .transport import TRANSPORTS, Channel, Inbound, Shared, Transport, TransportError, make_context
@@ -51,6 +53,8 @@ PROFILE_PERIOD = float(os.environ.get("AUTOPS_PROFILE_PERIOD", "1.0"))
 # a request unanswered this long makes the agent ask pMaster whether an aggregator was lost
 PROBE_AFTER = float(os.environ.get("AUTOPS_PROBE_AFTER", "1.0"))
 PARTITION_ENV = "AUTOPS_PARTITION_BYTES"   # the job's partition size where the caller sets none
+# "0": each large key's push goes as a message of its own, also within a burst (``coalesce``)
+COALESCE_ENV = "AUTOPS_COALESCE"
 
 
 class AutoPSError(RuntimeError):
@@ -541,6 +545,9 @@ class _IOLoop:
         self.batch_push: dict[str, list[Part]] = collections.defaultdict(list)
         self.batch_pull: dict[str, list[Part]] = collections.defaultdict(list)
         self.batch_keys: dict[str, set[str]] = collections.defaultdict(set)     # the keys in batch_push
+        # large keys' pushes of this burst of commands over sockets, per (aggregator, op)
+        self.coalesced = Coalescer()
+        self.coalesces = os.environ.get(COALESCE_ENV, "1") != "0"
         self.small: dict[str, set[str]] = {}
         self.routes: dict[str, Channel] = {}                       # agg -> its channel (as the table says)
         self.lending: dict[str, bool] = {}                         # agg -> staged pushes reach it by reference
@@ -658,6 +665,7 @@ class _IOLoop:
                 self.command(agent._cmds.popleft())
                 if not self.running:
                     return
+            self.send_coalesced()
             for channel in list(self.channel_agg):
                 while (inbound := channel.recv()) is not None:
                     self.reply(channel, inbound)
@@ -709,11 +717,13 @@ class _IOLoop:
             elif kind == "flush":
                 self.flush_all()
             elif kind == "table":
+                self.send_coalesced()          # routed by the table they were sent under
                 self.table = cmd[1]
                 self.small = {}
                 self.forget_routes()
             elif kind == "stop":
                 self.flush_all()
+                self.send_coalesced()
                 self.running = False
         except Exception as exc:  # report to the caller's handle instead of dying
             handle = next((c for c in cmd if isinstance(c, Handle)), None)
@@ -766,7 +776,28 @@ class _IOLoop:
             part.staged = staged
             np.copyto(staged.array, part.data)
             self.staged_busy[spec.key] = part.iteration
-        self.send(agg, wire.PUSH_PULL if part.fused else wire.PUSH, [part])
+        op = wire.PUSH_PULL if part.fused else wire.PUSH
+        if staged is not None or not self.coalesces:
+            self.send(agg, op, [part])
+            return
+        limit = self.agent.partition_bytes or 0
+        for parts in self.coalesced.add((agg, op), spec.key, part.data.nbytes, part, limit):
+            self.send_parts(agg, op, parts)
+
+    def send_coalesced(self) -> None:
+        """The burst of commands ended: send the pushes still grouped, one message each."""
+        for (agg, op), parts in self.coalesced.drain():
+            self.send_parts(agg, op, parts)
+
+    def send_parts(self, agg: str, op: str, parts: list[Part]) -> None:
+        """``send``, with a failure reported to the parts' handles (they came from several
+        commands, so no one command's error handling covers them)."""
+        try:
+            self.send(agg, op, parts)
+        except Exception as exc:  # noqa: BLE001 -- to the callers, as a failed command would
+            err = exc if isinstance(exc, AutoPSError) else AutoPSError(f"push failed: {exc}")
+            for part in parts:
+                part.finish(err)
 
     def do_pull(self, specs, flat, iteration, handle) -> None:
         for spec in specs:

@@ -12,6 +12,8 @@ from autops_testlib import secret_for
 TENSORS = [
     ("big", (300_000,), "float32"),      # 1.2 MB: 5 partitions at 256 KiB
     ("mid", (40_000,), "float32"),       # 160 KB: one key
+    ("m2", (20_000,), "float32"),        # 80 KB: over sockets in one message with mid when in one burst
+    ("d64", (10_000,), "float64"),       # 80 KB of another type: the next message
     ("b1", (10,), "float32"),            # small: batched
     ("b2", (3, 7), "float32"),           # small: batched
     ("i64", (5,), "int64"),              # small, integer
