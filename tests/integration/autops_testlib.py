@@ -9,6 +9,7 @@ import numpy as np
 
 TENSORS = [("big", (120_000,), "float32"),     # 2 partitions at 256 KiB
            ("mid", (20_000,), "float32"),
+           ("mid2", (17_000,), "float32"),      # with mid, one message over a socket when on one aggregator
            ("s1", (100,), "float32"),           # small keys, batched per aggregator
            ("s2", (37,), "float32")]
 W = 2

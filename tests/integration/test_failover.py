@@ -23,9 +23,12 @@ from autops import agent as agent_mod
 from autops.admin import AdminClient
 from autops.agent import Agent, AutoPSError
 from autops.local import LocalPool
+from autops.partition import plan_keys
 from autops_testlib import TENSORS, W, check_same, grad, secret_for
 
 ITERS = 12
+PARTITION_BYTES = 256 << 10
+KEYS = len(plan_keys(TENSORS, PARTITION_BYTES))        # the keys of a job of TENSORS
 _jobs = itertools.count()
 _names = itertools.count(3)
 
@@ -88,7 +91,7 @@ def train(pool: LocalPool, mode: str, kills: dict[int, tuple], migrate_at: int |
         settled(pool)
     job = f"fail-{mode}-{next(_jobs)}"
     kw = dict(mode=mode, average=mode == "server", num_aggregators=num_aggregators, timeout=timeout,
-              partition_bytes=256 << 10, secret=secret_for(job), transport=transport)
+              partition_bytes=PARTITION_BYTES, secret=secret_for(job), transport=transport)
     if mode == "server":
         kw.update(optimizer="adam", hp={"lr": 0.05})
     agents = [Agent(pool.master, job, r, W, **kw) for r in range(W)]
@@ -156,12 +159,17 @@ def train(pool: LocalPool, mode: str, kills: dict[int, tuple], migrate_at: int |
                 errors.append(exc)
                 barrier.abort()
 
-        threads = [threading.Thread(target=work, args=(r,)) for r in range(W)]
+        # daemons: a rank stuck after a failure must not keep the test process alive
+        threads = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(W)]
         for t in threads:
             t.start()
         while any(t.is_alive() for t in threads):
             if hooked:
-                iteration_hook(hooked[0], job)
+                try:
+                    iteration_hook(hooked[0], job)
+                except BaseException as exc:  # the ranks stop at their next barrier
+                    errors.insert(0, exc)
+                    barrier.abort()
                 hooked.clear()
             time.sleep(0.005)
         if errors:
@@ -417,7 +425,7 @@ def test_a_restarted_pmaster_adopts_its_running_jobs(pool, references, mode):
                 except Exception:  # not answering yet
                     status = {"jobs": [], "aggregators": []}
                 rejoined = [j for j in status["jobs"] if j["job"] == job
-                            and j["ranks_joined"] == [0, 1] and j["keys"] == 5]
+                            and j["ranks_joined"] == [0, 1] and j["keys"] == KEYS]
                 alive = {a["id"] for a in status["aggregators"] if a["alive"]}
                 if rejoined and alive == set(pool.aggregators):
                     return
@@ -446,7 +454,7 @@ def test_with_no_aggregator_left_the_provider_starts_one_that_takes_the_keys():
         got = train(small, "sum", {}, num_aggregators=1, settle=False, iteration_hook=kill_owner)
         check_same(got, ref)
         status = small.status()
-        assert status["failover"]["lost_aggregators"] and status["failover"]["recovered_keys"] == 5
+        assert status["failover"]["lost_aggregators"] and status["failover"]["recovered_keys"] == KEYS
 
 
 ITERS_PACKED = 300

@@ -93,7 +93,7 @@ def train(master: str, mode: str, schedule: dict[int, list], transport: str = "a
             except BaseException as exc:  # surfaced below
                 errors.append(exc)
 
-        threads = [threading.Thread(target=work, args=(r,)) for r in range(W)]
+        threads = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(W)]
         for t in threads:
             t.start()
         for t in threads:
@@ -118,11 +118,13 @@ schedules = st.dictionaries(
     min_size=1, max_size=5)
 
 
-@pytest.mark.parametrize("mode", ["sum", "server"])
+@pytest.mark.parametrize("mode, transport", [("sum", "auto"), ("server", "auto"), ("sum", "ipc")])
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(schedule=schedules)
-def test_random_migration_schedules_leave_training_bit_identical(pool3, references, mode, schedule):
-    got = train(pool3.master, mode, schedule)
+def test_random_migration_schedules_leave_training_bit_identical(pool3, references, mode, transport, schedule):
+    """Over shared memory (``auto`` on one host) and over a socket, where the agent sends
+    several keys' pushes to one aggregator in one message and a move splits them."""
+    got = train(pool3.master, mode, schedule, transport=transport)
     check_same(got, references[mode])
 
 

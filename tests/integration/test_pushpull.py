@@ -31,7 +31,7 @@ def run_workers(agents, fn):
         except BaseException as exc:  # collected and re-raised in the test thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=body, args=(r,)) for r in range(len(agents))]
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(len(agents))]
     for t in threads:
         t.start()
     for t in threads:
