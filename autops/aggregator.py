@@ -323,7 +323,6 @@ class Aggregator:
             self.stats["ctrl_refusals"] += 1
             log.warning("refused an unsealed %s on the control channel", msg.op)
             return
-        req = msg.get("req")
         if msg.op == wire.ASSIGN:
             self._assign(msg)
         elif msg.op == wire.RELEASE_JOB:
