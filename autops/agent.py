@@ -61,6 +61,11 @@ class AutoPSError(RuntimeError):
     """An error reply from the parameter service, or a failure to reach it."""
 
 
+def _as_autops_error(exc: BaseException, what: str) -> AutoPSError:
+    """What the caller's handle reports for a failure of its ``what`` operation."""
+    return exc if isinstance(exc, AutoPSError) else AutoPSError(f"{what} failed: {exc}")
+
+
 class MasterUnreachable(AutoPSError):
     """pMaster did not answer (it may be restarting)."""
 
@@ -577,7 +582,7 @@ class _IOLoop:
         self.owned: dict[str, set[int]] = {}
         self.spare: dict[str, list[np.ndarray]] = {}
         self.pulled: dict[str, int] = {}
-        self.aggregates: dict[str, tuple[int, np.ndarray]] = {}
+        self.aggregates: dict[str, np.ndarray] = {}                # key -> the value of pulled[key]
         self.next_probe = time.monotonic() + PROBE_AFTER
         self.probe_req: int | None = None
         self.poller.register(self.master.sock, zmq.POLLIN)
@@ -729,7 +734,7 @@ class _IOLoop:
             handle = next((c for c in cmd if isinstance(c, Handle)), None)
             if handle is None:
                 raise
-            err = exc if isinstance(exc, AutoPSError) else AutoPSError(f"{kind} failed: {exc}")
+            err = _as_autops_error(exc, kind)
             while handle._pending > 0:
                 handle._part_done(err)
 
@@ -795,7 +800,7 @@ class _IOLoop:
         try:
             self.send(agg, op, parts)
         except Exception as exc:  # noqa: BLE001 -- to the callers, as a failed command would
-            err = exc if isinstance(exc, AutoPSError) else AutoPSError(f"push failed: {exc}")
+            err = _as_autops_error(exc, "push")
             for part in parts:
                 part.finish(err)
 
@@ -1098,7 +1103,7 @@ class _IOLoop:
             return
         self.pulled[key] = iteration
         if value is not None:
-            self.aggregates[key] = (iteration, value)
+            self.aggregates[key] = value
         else:
             self.aggregates.pop(key, None)
         kept = self.kept.get(key)
@@ -1202,13 +1207,12 @@ class _IOLoop:
         recover: dict[str, tuple[list, list]] = collections.defaultdict(lambda: ([], []))
         for key in sorted(affected):
             items, values = recover[new.owner[key]]
-            pulled = self.pulled.get(key, 0)
             held = self.aggregates.get(key)
             value = None
-            if held is not None and held[0] == pulled:
-                value = wire.Slice(len(values), 0, held[1].nbytes)
-                values.append(held[1])
-            items.append(wire.RecoverItem(key, pulled, value).to_wire())
+            if held is not None:
+                value = wire.Slice(len(values), 0, held.nbytes)
+                values.append(held)
+            items.append(wire.RecoverItem(key, self.pulled.get(key, 0), value).to_wire())
         for agg, (items, values) in recover.items():
             self.request(agg, wire.RECOVER, [], wire.RECOVER, values, items=items)
         pushes: dict[tuple, Part] = {}

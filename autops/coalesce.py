@@ -6,7 +6,15 @@ A key already waiting in a group closes the group first, so each key's iteration
 in order. Plain bookkeeping with no I/O; the agent sends what it returns."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Hashable
+
+
+@dataclass
+class _Group:
+    items: list[Any] = field(default_factory=list)
+    keys: set[str] = field(default_factory=set)
+    nbytes: int = 0
 
 
 class Coalescer:
@@ -14,7 +22,7 @@ class Coalescer:
     single item over it goes alone, at once)."""
 
     def __init__(self) -> None:
-        self._groups: dict[Hashable, tuple[list[Any], set[str], list[int]]] = {}
+        self._groups: dict[Hashable, _Group] = {}
 
     def add(self, dest: Hashable, key: str, nbytes: int, item: Any, limit: int) -> list[list[Any]]:
         """Add ``item`` for ``dest``; returns the groups for ``dest`` to send now, in order."""
@@ -22,24 +30,24 @@ class Coalescer:
             return [*self._close(dest), [item]]
         ready = []
         group = self._groups.get(dest)
-        if group is not None and (key in group[1] or group[2][0] + nbytes > limit):
+        if group is not None and (key in group.keys or group.nbytes + nbytes > limit):
             ready = self._close(dest)
             group = None
         if group is None:
-            group = self._groups[dest] = ([], set(), [0])
-        group[0].append(item)
-        group[1].add(key)
-        group[2][0] += nbytes
+            group = self._groups[dest] = _Group()
+        group.items.append(item)
+        group.keys.add(key)
+        group.nbytes += nbytes
         return ready
 
     def _close(self, dest: Hashable) -> list[list[Any]]:
         group = self._groups.pop(dest, None)
-        return [group[0]] if group is not None else []
+        return [group.items] if group is not None else []
 
     def drain(self) -> list[tuple[Hashable, list[Any]]]:
         """Every open group (the burst ended), in the order they were opened."""
         groups, self._groups = self._groups, {}
-        return [(dest, group[0]) for dest, group in groups.items()]
+        return [(dest, group.items) for dest, group in groups.items()]
 
     def __bool__(self) -> bool:
         return bool(self._groups)

@@ -60,10 +60,11 @@ TBF_LATENCY = "5ms"
 NETEM_LIMIT_PACKETS = 10000   # netem's default 1000 packets is too few at 10 Gbit/s
 # TCP congestion control of every connection between emulated hosts (set on each host's
 # route). A new namespace inherits the machine's (bbr on some kernels); the hosts get the
-# Linux kernel's default instead, what most cluster hosts run. It matters: with bbr, four workers pushing into one aggregator's shallow switch
-# queue (the tbf above) lose packets that bbr does not back off for (measured, W = A = 4 at
-# 1 Gbit/s, flat64m: AutoPS 0.88 s per iteration with bbr, 0.78 s with cubic; gloo's ring,
-# one flow per link, 0.93 s and 0.91 s).
+# Linux kernel's default instead, what most cluster hosts run. It matters: with bbr, four
+# workers pushing into one aggregator's shallow switch queue (the tbf above) lose packets
+# that bbr does not back off for (measured, W = A = 4 at 1 Gbit/s, flat64m: AutoPS 0.88 s
+# per iteration with bbr, 0.78 s with cubic; gloo's ring, one flow per link, 0.93 s and
+# 0.91 s).
 DEFAULT_CONGESTION = "cubic"
 PROBE_PREFIX = "dlrtprobe"
 
