@@ -44,6 +44,7 @@ from .coalesce import Coalescer
 from .jobauth import ENV as SECRET_ENV, secret_from_env
 from .partition import KeySpec
 from .transport import TRANSPORTS, Channel, Inbound, Shared, Transport, TransportError, make_context
+from .transport.cma import require_cma
 from .transport.rdma_verbs import require_device
 
 log = logging.getLogger("autops.agent")
@@ -331,6 +332,8 @@ class Agent:
             raise AutoPSError(f"unknown transport {transport!r} (one of {', '.join(TRANSPORTS)})")
         if transport == "rdma":
             require_device()       # no device: fail here at once, not later in the I/O thread
+        elif transport == "cma":
+            require_cma()
         self.transport = transport
         self.security = security if security is not None else default_security()
         self.ctx = make_context()

@@ -187,9 +187,10 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                    help="address workers use to reach this machine (default: the --bind host; this "
                         "machine's address for 0.0.0.0)")
     p.add_argument("--no-ipc", action="store_true", help="do not offer a unix-socket endpoint")
-    p.add_argument("--transport", choices=("auto", "tcp", "rdma"), default="auto",
+    p.add_argument("--transport", choices=("auto", "tcp", "rdma", "cma"), default="auto",
                    help="rdma: also listen on rdma and reach peer aggregators over it (needs an RDMA "
-                        "device; not run on hardware yet, see docs/rdma.md)")
+                        "device; not run on hardware yet, see docs/rdma.md); cma: the same protocol "
+                        "between processes of this host, reads by process_vm_readv")
     p.add_argument("--name", default=None, help="aggregator id (default: pMaster gives agg-N)")
     p.add_argument("--register-timeout", type=cli.positive(float), default=30.0)
     p.add_argument("--heartbeat-interval", type=cli.positive(float), default=1.0,

@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = cli.parser("autops bench pushpull", __doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--model", nargs="+", default=["flat64m", "resnet50", "bert-base", "vgg19"])
-    parser.add_argument("--transport", nargs="+", default=None, choices=["auto", "ipc", "tcp", "shm", "rdma"],
+    parser.add_argument("--transport", nargs="+", default=None, choices=["auto", "ipc", "tcp", "shm", "rdma", "cma"],
                         help="default: ipc tcp on this machine, auto (which picks tcp) on emulated hosts")
     parser.add_argument("--mode", nargs="+", default=["sum"], choices=["sum", "server"])
     parser.add_argument("--optimizer", default="adam", choices=["sgd", "adam", "adamw"],
@@ -379,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     if "rdma" in transports:
         from autops.transport.rdma_verbs import require_device
         require_device()          # no RDMA device: one line and exit 1, before any process starts
+    if "cma" in transports:
+        from autops.transport.cma import require_cma
+        require_cma()
     out = cli.text_out(args.json)
     try:
         shapes = {model: model_tensors(model, args.shapes) for model in args.model}
@@ -401,9 +404,10 @@ def main(argv: list[str] | None = None) -> int:
                                     site = EmulatedSite(world, aggregators, link, args.delay, args.prefix,
                                                         args.log_level, args.congestion)
                                 else:
-                                    # with rdma, the aggregators offer it too
+                                    # with rdma (cma), the aggregators offer it too
                                     site = LocalSite(aggregators, args.log_level,
-                                                     ["--transport", "rdma"] if transport == "rdma" else None)
+                                                     ["--transport", transport] if transport in ("rdma", "cma")
+                                                     else None)
                                 with site:
                                     row = run_config(site, args, model, world, aggregators, transport, mode,
                                                      model_bytes, len(shapes[model]))

@@ -7,7 +7,10 @@ aggregator registers with pMaster). With the preference ``auto`` a peer on this 
 else over ``ipc``; any other peer over ``tcp``. ``tcp``, ``ipc`` and ``shm`` force a kind
 (``ipc`` and ``shm`` only to a peer on this host); so does ``rdma`` (``rdma.py``: it opens
 the device at once, fails with ``RdmaUnavailable`` where there is none, and also listens on
-rdma). ``auto`` never picks rdma: that path has not run on hardware yet.
+rdma). ``cma`` is the rdma transport's protocol between processes of this host, its READs
+done by ``process_vm_readv`` (``cma.py``): one copy of each payload instead of a socket's
+two; asked for explicitly, only to peers on this host. ``auto`` never picks rdma (that
+path has not run on hardware yet) nor cma (on one host shm moves fewer bytes still).
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from dlrt.curve import Security, default_security
 from dlrt.hostid import host_id
 
 from .base import Channel, Listener, Memory, PlainMemory, TransportError
+from .cma import CmaVerbs
 from .rdma import RdmaChannel, RdmaListener
 from .rdma_memory import RdmaMemory
 from .rdma_verbs import PyverbsNic, Verbs
@@ -26,7 +30,8 @@ from .shm import SharedMemory, available as shm_available
 from .shm_channel import ShmFraming
 from .zmq import ZmqChannel, ZmqListener, ipc_address, keep_freed_buffers
 
-TRANSPORTS = ("auto", "tcp", "ipc", "shm", "rdma")
+TRANSPORTS = ("auto", "tcp", "ipc", "shm", "rdma", "cma")
+ONE_SIDED = ("rdma", "cma")      # the kinds whose receiver READs the sender's memory (rdma.py)
 # connections per tcp peer ($AUTOPS_TCP_LANES). One: several connections share a link fairly,
 # so every key crossing it advances at once and all complete late, where one connection
 # delivers keys one after the other and the aggregators answer the first ones while the
@@ -51,7 +56,8 @@ class Transport:
     it this process's memory is plain and it listens on tcp only. ``label`` names the
     shared-memory segments (visible in ``/proc/<pid>/fd``). ``verbs``: the RDMA device
     for ``rdma`` (default: pyverbs' first device, opened here). ``security``: CURVE on the
-    ZeroMQ tcp channels and listeners (default: the key directory's, ``dlrt.curve``)."""
+    ZeroMQ tcp channels and listeners (default: the key directory's, ``dlrt.curve``).
+    For ``cma`` the ``verbs`` default to ``cma.CmaVerbs``."""
 
     def __init__(self, ctx: zmq.Context, preference: str = "auto", local: bool = True,
                  label: str | None = None, verbs: Verbs | None = None, security: Security | None = None) -> None:
@@ -61,7 +67,8 @@ class Transport:
         self.security = security if security is not None else default_security()
         self.preference = preference
         self.local = local
-        self.verbs = (verbs or PyverbsNic()) if preference == "rdma" else None
+        self.verbs = (verbs or PyverbsNic()) if preference == "rdma" else \
+            (verbs or CmaVerbs()) if preference == "cma" else None
         self.memory: Memory = (RdmaMemory(self.verbs) if self.verbs is not None
                                else SharedMemory(label) if local and shm_available() else PlainMemory())
         self.channels: dict[str, Channel] = {}
@@ -75,10 +82,12 @@ class Transport:
         host = peer.get("host")
         same_host = host == host_id()
         want = self.preference
-        if want == "rdma":
-            if "rdma" not in endpoints:
-                raise TransportError(f"transport rdma asked for, but the peer offers no rdma endpoint: {endpoints}")
-            return "rdma"
+        if want in ONE_SIDED:
+            if want not in endpoints:
+                raise TransportError(f"transport {want} asked for, but the peer offers no {want} endpoint: {endpoints}")
+            if want == "cma" and not same_host:
+                raise TransportError(f"transport cma asked for, but the peer runs on another host ({host})")
+            return want
         if same_host and want in ("auto", "shm") and self.memory.lends and "shm" in endpoints:
             return "shm"
         if want == "shm":
@@ -96,7 +105,7 @@ class Transport:
         """Whether payloads given as ``Shared`` reach ``peer`` by reference (shm: mapped;
         rdma: READ in place)."""
         try:
-            return self.kind_for(peer) in ("shm", "rdma")
+            return self.kind_for(peer) in ("shm", *ONE_SIDED)
         except TransportError:
             return False
 
@@ -110,8 +119,8 @@ class Transport:
         if channel is None:
             if kind == "shm":
                 channel = ZmqChannel(self.ctx, address, kind, ShmFraming(self.memory), security=self.security)
-            elif kind == "rdma":
-                channel = RdmaChannel(self.verbs, self.memory, address)
+            elif kind in ONE_SIDED:
+                channel = RdmaChannel(self.verbs, self.memory, address, kind=kind)
             else:
                 self._tune()
                 channel = ZmqChannel(self.ctx, address, kind, lanes=tcp_lanes() if kind == "tcp" else 1,
@@ -120,14 +129,15 @@ class Transport:
         return channel
 
     def listen(self, bind_host: str, port: int, advertise_host: str) -> dict[str, str]:
-        """Bind tcp on ``bind_host:port``, rdma on a free port of ``bind_host`` when this
-        transport is ``rdma``, and, when ``local``, ipc and shm endpoints; returns the
+        """Bind tcp on ``bind_host:port``, rdma (cma) on a free port of ``bind_host`` when this
+        transport is ``rdma`` (``cma``), and, when ``local``, ipc and shm endpoints; returns the
         endpoints (kind -> address) peers connect to. The listeners are in ``self.listeners``."""
         self._tune()
         self.listeners.append(ZmqListener(self.ctx, f"tcp://{bind_host}:{port}", "tcp", advertise_host,
                                           security=self.security))
         if self.verbs is not None:
-            self.listeners.append(RdmaListener(self.verbs, self.memory, bind_host.strip("[]"), 0, advertise_host))
+            self.listeners.append(RdmaListener(self.verbs, self.memory, bind_host.strip("[]"), 0, advertise_host,
+                                               kind=self.preference))
         if self.local:
             self.listeners.append(ZmqListener(self.ctx, ipc_address("agg"), "ipc", security=self.security))
             if isinstance(self.memory, SharedMemory):

@@ -64,14 +64,14 @@ _RECV_CHUNK = 1 << 20
 _RECV_ROUNDS = 16
 
 
-def parse_address(address: str) -> tuple[str, int]:
-    """``(host, port)`` of ``rdma://HOST:PORT``."""
-    if not address.startswith("rdma://"):
-        raise TransportError(f"not an rdma endpoint: {address!r} (expected rdma://HOST:PORT)")
+def parse_address(address: str, kind: str = "rdma") -> tuple[str, int]:
+    """``(host, port)`` of ``KIND://HOST:PORT`` (``rdma://``, or ``cma://`` for ``cma.py``'s verbs)."""
+    if not address.startswith(f"{kind}://"):
+        raise TransportError(f"not an {kind} endpoint: {address!r} (expected {kind}://HOST:PORT)")
     try:
-        host, port = host_port(address[len("rdma://"):])
+        host, port = host_port(address[len(kind) + 3:])
     except ValueError as exc:
-        raise TransportError(f"bad rdma endpoint {address!r}: {exc}") from None
+        raise TransportError(f"bad {kind} endpoint {address!r}: {exc}") from None
     return host.strip("[]"), port
 
 
@@ -244,8 +244,8 @@ class Link:
                 self.fail(str(exc))
                 return None
             if record is None:
-                if self.eof:
-                    self.fail("the peer closed the connection")
+                if self.eof:      # a peer that leaves owing nothing and owed nothing: an orderly end
+                    self.fail("the peer closed the connection", orderly=not self.kept and not self.out)
                 return None
             op, body = record
             try:
@@ -297,10 +297,11 @@ class Link:
         return (self.reader.buffered > 0 or self.eof) and self.broken is None
 
     # --- the end ----------------------------------------------------------------------
-    def fail(self, reason: str) -> None:
+    def fail(self, reason: str, orderly: bool = False) -> None:
         if self.broken is None:
             self.broken = reason
-            log.warning("rdma: connection to %s broken: %s", self.name, reason)
+            log.log(logging.INFO if orderly else logging.WARNING, "rdma: connection to %s %s: %s",
+                    self.name, "closed" if orderly else "broken", reason)
             self.close()
 
     def close(self) -> None:
@@ -361,15 +362,15 @@ class _Poll:
 
 
 class RdmaChannel(Channel):
-    """A connection to one peer's ``rdma://HOST:PORT`` listener; replies come back on it."""
+    """A connection to one peer's ``rdma://HOST:PORT`` listener; replies come back on it.
+    ``kind``: ``cma`` over ``cma.CmaVerbs`` (endpoints ``cma://HOST:PORT``)."""
 
-    kind = "rdma"
     lends = True
 
     def __init__(self, verbs: Verbs, memory: RdmaMemory, address: str,
-                 timeout: float = CONNECT_TIMEOUT) -> None:
-        self.verbs, self.memory, self.address = verbs, memory, address
-        self.host, self.port = parse_address(address)
+                 timeout: float = CONNECT_TIMEOUT, kind: str = "rdma") -> None:
+        self.verbs, self.memory, self.address, self.kind = verbs, memory, address, kind
+        self.host, self.port = parse_address(address, kind)
         self.timeout = timeout
         self.poll = _Poll()
         self.link: Link | None = None
@@ -438,13 +439,11 @@ class _PeerLink:
 
 class RdmaListener(Listener):
     """A TCP socket on ``bind_host:port`` whose connections each get a queue pair;
-    ``address`` is ``rdma://ADVERTISE_HOST:PORT``."""
-
-    kind = "rdma"
+    ``address`` is ``KIND://ADVERTISE_HOST:PORT`` (``rdma``, or ``cma`` over ``cma.CmaVerbs``)."""
 
     def __init__(self, verbs: Verbs, memory: RdmaMemory, bind_host: str, port: int,
-                 advertise_host: str | None = None) -> None:
-        self.verbs, self.memory = verbs, memory
+                 advertise_host: str | None = None, kind: str = "rdma") -> None:
+        self.verbs, self.memory, self.kind = verbs, memory, kind
         bind_host = "0.0.0.0" if bind_host in ("*", "") else bind_host
         family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_STREAM)
@@ -453,7 +452,7 @@ class RdmaListener(Listener):
         self.sock.listen(128)
         self.sock.setblocking(False)
         host = advertise_host or bind_host
-        self.address = f"rdma://{f'[{host}]' if ':' in host else host}:{self.sock.getsockname()[1]}"
+        self.address = f"{kind}://{f'[{host}]' if ':' in host else host}:{self.sock.getsockname()[1]}"
         self.poll = _Poll()
         self.poll.add(self.sock.fileno())
         self.links: dict[int, Link] = {}

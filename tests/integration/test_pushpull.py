@@ -50,7 +50,31 @@ def test_sum_mode_exact_three_workers_two_aggregators(pool2, monkeypatch, transp
     """Over shared memory (auto, on one host), tcp with three connections per aggregator, and
     ipc; push_pull (one PUSH_PULL per key or batch) and, at iteration 2, separate push and pull."""
     monkeypatch.setenv("AUTOPS_TCP_LANES", lanes)
-    agents = make_agents(pool2.master, f"exact-{transport}", 3, average=False, partition_bytes=256 << 10,
+    exact_three_workers(pool2, transport)
+
+
+@pytest.fixture(scope="module")
+def pool2_cma():
+    """Aggregators that also listen on cma (the rdma protocol, READs by process_vm_readv)."""
+    from autops.local import LocalPool
+    from autops.transport.cma import available
+    if available() is not None:
+        pytest.skip(f"cma unavailable: {available()}")
+    pool = LocalPool(2, aggregator_args=["--transport", "cma"])
+    pool.start()
+    try:
+        yield pool
+    finally:
+        pool.stop()
+
+
+def test_sum_mode_exact_over_cma(pool2_cma):
+    """Workers and aggregators in separate processes, every large payload READ from its sender."""
+    exact_three_workers(pool2_cma, "cma")
+
+
+def exact_three_workers(pool, transport: str) -> None:
+    agents = make_agents(pool.master, f"exact-{transport}", 3, average=False, partition_bytes=256 << 10,
                          transport=transport)
     try:
         for a in agents:

@@ -193,6 +193,39 @@ def test_every_kind_of_payload_arrives_and_replies_come_back(server, client):
     assert sum(r.addr == big.__array_interface__["data"][0] for r in client_verbs.registered) == 1
 
 
+def test_over_cma_the_same_protocol_reads_with_process_vm_readv(ctx):
+    """The cma verbs in place of the fake ones: both ends in this process (one pid), every
+    READ a real process_vm_readv; the sender keeps what it lent until DONE."""
+    from autops.transport.cma import available
+    if available() is not None:
+        pytest.skip(f"cma unavailable: {available()}")
+    server, mine = Transport(ctx, "cma"), Transport(ctx, "cma")
+    try:
+        endpoints = server.listen("127.0.0.1", 0, "127.0.0.1")
+        assert endpoints["cma"].startswith("cma://127.0.0.1:") and "rdma" not in endpoints
+        peer = {"endpoints": endpoints, "host": host_id()}
+        assert mine.kind_for(peer) == "cma" and mine.lends_to(peer)
+        channel = mine.connect(peer)
+        assert channel.kind == "cma"
+        big = np.arange(1 << 18, dtype=np.float32)                   # 1 MiB, registered on the fly
+        lent = mine.memory.allocate([(1 << 16, "float64")], "job")[0]
+        lent.array[:] = 2.5
+        channel.send(b"head", [big, b"tiny", lent])
+        listener = next(x for x in server.listeners if x.kind == "cma")
+        inbound = wait_recv(listener, channel)
+        assert inbound.header == b"head" and inbound.lent == frozenset()
+        assert [bytes(p) for p in inbound.payloads] == [big.tobytes(), b"tiny", lent.array.tobytes()]
+        assert set(channel.link.kept) == {1}
+        settle(channel)
+        assert channel.link.kept == {}
+        inbound.reply.send(b"back", [big[::-1].copy()])
+        answer = wait_recv(channel, listener)
+        assert answer.header == b"back" and bytes(answer.payloads[0]) == big[::-1].tobytes()
+    finally:
+        mine.close()
+        server.close()
+
+
 def test_many_messages_in_flight_arrive_in_order(server, client):
     transport, peer, _ = server
     mine, _ = client

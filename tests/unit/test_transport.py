@@ -10,6 +10,7 @@ import zmq
 
 from autops import wire
 from autops.transport import PayloadError, Shared, Transport, TransportError
+from autops.transport.cma import available as cma_available
 from autops.transport.shm import available as shm_available
 from autops.transport.shm_channel import ShmFraming
 from dlrt.hostid import host_id
@@ -66,13 +67,16 @@ def test_the_kind_follows_host_and_preference(ctx, preference, host, offered, ki
         transport.close()
 
 
-@pytest.mark.parametrize("preference, text", [("shm", "transport shm asked for"), ("ipc", "another host")])
+@pytest.mark.parametrize("preference, text", [("shm", "transport shm asked for"), ("ipc", "another host"),
+                                              ("cma", "another host")])
 def test_same_host_kinds_refuse_a_peer_elsewhere(ctx, preference, text):
+    if preference == "cma" and cma_available() is not None:
+        pytest.skip(f"cma unavailable: {cma_available()}")
     transport = Transport(ctx, preference)
     try:
         with pytest.raises(TransportError, match=text):
-            transport.kind_for({"endpoints": {"tcp": "tcp://x:1", "ipc": "ipc://x", "shm": "ipc://y"},
-                                "host": "elsewhere"})
+            transport.kind_for({"endpoints": {"tcp": "tcp://x:1", "ipc": "ipc://x", "shm": "ipc://y",
+                                              "cma": "cma://x:1"}, "host": "elsewhere"})
     finally:
         transport.close()
 
