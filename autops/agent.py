@@ -596,10 +596,12 @@ class _IOLoop:
         self.transport.close()
 
     def lends(self, agg: str) -> bool:
-        """Whether pushes staged in lendable memory reach ``agg`` by reference (saving its copy)."""
+        """Whether pushes staged in lendable memory reach ``agg`` by reference and are read
+        there in place (saving its copy): shm. Over a one-sided kind the aggregator READs
+        the caller's array itself, so nothing is staged."""
         found = self.lending.get(agg)
         if found is None:
-            found = self.lending[agg] = self.transport.lends_to(self.table.aggs.get(agg, {}))
+            found = self.lending[agg] = self.transport.reads_in_place(self.table.aggs.get(agg, {}))
         return found
 
     def free_stage(self, spec: KeySpec) -> Shared | None:

@@ -109,6 +109,16 @@ class Transport:
         except TransportError:
             return False
 
+    def reads_in_place(self, peer: dict) -> bool:
+        """Whether ``peer`` reads a payload lent as ``Shared`` in place, with no copy of its own
+        (shm): only then is staging data in lendable memory worth a copy here. A one-sided
+        kind READs every large payload into its own memory wherever it lies, so the
+        caller's array goes as it is."""
+        try:
+            return self.kind_for(peer) == "shm"
+        except TransportError:
+            return False
+
     # --- connecting and listening -------------------------------------------------------
     def connect(self, peer: dict) -> Channel:
         """The channel to ``peer``: one per address, so a peer that moved to another address

@@ -321,6 +321,30 @@ def test_push_pull_over_a_socket_recovers_from_the_values_the_workers_pulled(poo
     check_same(got, references["sum"])
 
 
+@pytest.fixture(scope="module")
+def pool_cma():
+    from autops.transport.cma import available
+    if available() is not None:
+        pytest.skip(f"cma unavailable: {available()}")
+    pool = LocalPool(3, master_args=["--static", "--heartbeat-timeout", "2.0"],
+                     aggregator_args=["--heartbeat-interval", "0.2", "--transport", "cma"])
+    pool.start()
+    try:
+        yield pool
+    finally:
+        pool.stop()
+
+
+@pytest.mark.parametrize("mode, phase, fused", [("sum", "async", True), ("sum", "pushed", "rank0"),
+                                                ("server", "pushed", False)])
+def test_over_cma_a_killed_aggregator_costs_no_step(pool_cma, references, mode, phase, fused):
+    """A READ from a killed aggregator fails (the process is gone): the request waits for the
+    failover like any other; the pushes, kept by reference as over a socket, replay exactly."""
+    got = train(pool_cma, mode, {5: (phase, 0, 0.01)}, fused=fused, transport="cma")
+    assert got["killed"]
+    check_same(got, references[mode])
+
+
 def test_a_corrupted_recovered_value_is_caught(pool, references, monkeypatch):
     answered = agent_mod._IOLoop.pulled_answered
 

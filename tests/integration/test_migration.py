@@ -128,6 +128,29 @@ def test_random_migration_schedules_leave_training_bit_identical(pool3, referenc
     check_same(got, references[mode])
 
 
+@pytest.fixture(scope="module")
+def pool3_cma():
+    """Aggregators that listen on cma too and move keys to each other over it."""
+    from autops.transport.cma import available
+    if available() is not None:
+        pytest.skip(f"cma unavailable: {available()}")
+    pool = LocalPool(3, master_args=["--static"], aggregator_args=["--transport", "cma"])
+    pool.start()
+    try:
+        yield pool
+    finally:
+        pool.stop()
+
+
+@pytest.mark.parametrize("mode", ["sum", "server"])
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(schedule=schedules)
+def test_random_migration_schedules_over_cma_leave_training_bit_identical(pool3_cma, references, mode, schedule):
+    """Every payload, the state copies between aggregators too, READ from its sender's memory."""
+    got = train(pool3_cma.master, mode, schedule, transport="cma")
+    check_same(got, references[mode])
+
+
 def ahead_counts(pool: LocalPool) -> tuple[int, int]:
     """States the aggregators sent ahead of a switch, and keys taken over without a state copy."""
     aggs = pool.status()["aggregators"]
