@@ -97,6 +97,7 @@ class CmaVerbs:
     """One process's "device": regions are keys over address ranges, READs are system calls."""
 
     device = DEVICE
+    pins_memory = False       # READs go through the sender's page tables: any live buffer can be read
 
     def __init__(self, identity: str | None = None, pid: int | None = None) -> None:
         require_cma()

@@ -187,6 +187,17 @@ class Link:
             addr, nbytes = locate(buf)
             keep.append(buf)
         except NotRegistrable:
+            if not getattr(self.verbs, "pins_memory", True):
+                # cma: a READ goes through this process's page tables, so any buffer kept
+                # alive (and unchanged, as every payload) until DONE will do -- a torch
+                # tensor's memory too; nothing to register, no copy
+                try:
+                    addr, nbytes = locate(buf)
+                except NotRegistrable:
+                    pass
+                else:
+                    keep.append(buf)
+                    return Descriptor.remote(nbytes, addr, 0)
             staging, region = self.memory.landing.take(view.nbytes)
             staging[:] = np.frombuffer(view, np.uint8)
             addr, nbytes = locate(staging)

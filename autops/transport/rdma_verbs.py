@@ -74,6 +74,9 @@ class QueuePair(Protocol):
 
 class Verbs(Protocol):
     device: str
+    # a region pins its pages, so only memory whose lifetime is watched is registered (and
+    # the rest staged); cma.CmaVerbs sets it False: its READs see the sender's current pages
+    pins_memory: bool
 
     def reg_mr(self, addr: int, nbytes: int, writable: bool) -> MemoryRegion: ...
 
@@ -146,6 +149,8 @@ def split_reads(ops: Sequence[ReadOp], chunk: int = READ_CHUNK) -> list[ReadOp]:
 
 class PyverbsNic:
     """One opened device: context, protection domain, the port's address (LID, GID, MTU)."""
+
+    pins_memory = True
 
     def __init__(self, device: str | None = None, port: int | None = None, gid_index: int | None = None) -> None:
         pv = load_pyverbs()

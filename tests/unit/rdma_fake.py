@@ -28,6 +28,8 @@ class FakeFabric:
 
 
 class FakeVerbs:
+    pins_memory = True          # as a NIC: only memory whose lifetime is watched is registered
+
     def __init__(self, fabric: FakeFabric, device: str = "fake0") -> None:
         self.fabric, self.device = fabric, device
         self.registered: list[MemoryRegion] = []     # every reg_mr, in order

@@ -210,11 +210,22 @@ def test_over_cma_the_same_protocol_reads_with_process_vm_readv(ctx):
         big = np.arange(1 << 18, dtype=np.float32)                   # 1 MiB, registered on the fly
         lent = mine.memory.allocate([(1 << 16, "float64")], "job")[0]
         lent.array[:] = 2.5
-        channel.send(b"head", [big, b"tiny", lent])
+        raw = bytes(range(256)) * 1000                               # not registrable: READ as it is
+        torch = pytest.importorskip("torch")
+        grad = torch.arange(100_000, dtype=torch.float32)
+        view = grad.numpy()                                          # a torch tensor's memory, likewise
+
+        def no_staging(nbytes):
+            raise AssertionError("the sender copied a payload into a staging block")
+
+        mine.memory.landing.take = no_staging
+        channel.send(b"head", [big, b"tiny", lent, raw, view])
         listener = next(x for x in server.listeners if x.kind == "cma")
         inbound = wait_recv(listener, channel)
         assert inbound.header == b"head" and inbound.lent == frozenset()
-        assert [bytes(p) for p in inbound.payloads] == [big.tobytes(), b"tiny", lent.array.tobytes()]
+        assert [bytes(p) for p in inbound.payloads] == [big.tobytes(), b"tiny", lent.array.tobytes(), raw,
+                                                        view.tobytes()]
+        del mine.memory.landing.take
         assert set(channel.link.kept) == {1}
         settle(channel)
         assert channel.link.kept == {}
