@@ -57,10 +57,29 @@ def _libc_readv():
 _READV = _libc_readv()
 
 
-def available() -> str | None:
-    """``None`` when this process can read its peers' memory, else why not."""
+YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
+
+
+def _yama_scope(path: str = YAMA_SCOPE) -> int | None:
+    """Yama's ``ptrace_scope`` (0 classic, 1 restricted, 2 admin only, 3 none); ``None``
+    where the kernel has no Yama."""
+    try:
+        with open(path) as fh:
+            return int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def available(yama_scope: int | None = None) -> str | None:
+    """``None`` when this process can read its peers' memory, else why not. (The kernel
+    decides per peer at each READ; this rules out what fails for every peer.)"""
     if _READV is None:
         return "libc has no process_vm_readv"
+    scope = _yama_scope() if yama_scope is None else yama_scope
+    if scope is not None and scope >= 3:
+        return f"Yama's ptrace_scope is {scope}: no process may read another's memory"
+    if scope == 2 and os.geteuid() != 0:
+        return "Yama's ptrace_scope is 2: only a process with CAP_SYS_PTRACE may read another's memory"
     probe = ctypes.create_string_buffer(b"cma", 4)
     dest = ctypes.create_string_buffer(4)
     local = _IoVec(ctypes.addressof(dest), 4)

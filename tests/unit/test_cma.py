@@ -167,3 +167,16 @@ def test_a_short_read_resumes_where_it_stopped(monkeypatch, holder):
     np.testing.assert_array_equal(buf, expected_pattern())
     assert calls == [3, 3]
     assert ctypes.sizeof(cma._IoVec) == 16
+
+
+def test_yama_scopes_that_forbid_every_read_are_refused_at_once(monkeypatch, tmp_path):
+    assert "ptrace_scope is 3" in cma.available(yama_scope=3)
+    monkeypatch.setattr(cma.os, "geteuid", lambda: 1000)
+    assert "CAP_SYS_PTRACE" in cma.available(yama_scope=2)
+    monkeypatch.setattr(cma.os, "geteuid", lambda: 0)
+    assert cma.available(yama_scope=2) is None          # root may
+    assert cma.available(yama_scope=1) is None          # each process allows its peers (allow_peers)
+    scope = tmp_path / "ptrace_scope"
+    scope.write_text("2\n")
+    assert cma._yama_scope(str(scope)) == 2
+    assert cma._yama_scope(str(tmp_path / "absent")) is None    # no Yama: the classic rules
