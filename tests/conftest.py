@@ -27,6 +27,22 @@ def pool2():
         pool.stop()
 
 
+@pytest.fixture(scope="module")
+def pool2_cma():
+    """pMaster and 2 aggregators that also listen on cma (the rdma protocol, READs by
+    process_vm_readv); skips where this machine cannot use cma."""
+    from autops.local import LocalPool
+    from autops.transport.cma import available
+    if available() is not None:
+        pytest.skip(f"cma unavailable: {available()}")
+    pool = LocalPool(2, aggregator_args=["--transport", "cma"])
+    pool.start()
+    try:
+        yield pool
+    finally:
+        pool.stop()
+
+
 @pytest.fixture
 def pool1():
     from autops.local import LocalPool

@@ -53,21 +53,6 @@ def test_sum_mode_exact_three_workers_two_aggregators(pool2, monkeypatch, transp
     exact_three_workers(pool2, transport)
 
 
-@pytest.fixture(scope="module")
-def pool2_cma():
-    """Aggregators that also listen on cma (the rdma protocol, READs by process_vm_readv)."""
-    from autops.local import LocalPool
-    from autops.transport.cma import available
-    if available() is not None:
-        pytest.skip(f"cma unavailable: {available()}")
-    pool = LocalPool(2, aggregator_args=["--transport", "cma"])
-    pool.start()
-    try:
-        yield pool
-    finally:
-        pool.stop()
-
-
 def test_sum_mode_exact_over_cma(pool2_cma):
     """Workers and aggregators in separate processes, every large payload READ from its sender."""
     exact_three_workers(pool2_cma, "cma")

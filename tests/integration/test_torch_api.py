@@ -63,6 +63,19 @@ def test_two_workers_equal_single_process_on_concatenated_batch(pool2, tmp_path,
             np.testing.assert_allclose(got[name], value, rtol=2e-5, atol=2e-6, err_msg=f"{name} rank {r}")
 
 
+@pytest.mark.parametrize("mode, optname", [("sum", "adam"), ("server", "adam")])
+def test_two_workers_over_cma_equal_single_process(pool2_cma, tmp_path, mode, optname):
+    """The weight (240 KB) is READ by process_vm_readv straight from the torch gradient's
+    memory, which the sender describes as it is (cma pins nothing)."""
+    run_two_workers("torch_worker.py", pool2_cma.master, tmp_path, [mode, optname],
+                    env=dict(os.environ, AUTOPS_TRANSPORT="cma"))
+    expected = reference(optname)
+    for r in range(2):
+        got = np.load(tmp_path / f"r{r}.npz")
+        for name, value in expected.items():
+            np.testing.assert_allclose(got[name], value, rtol=2e-5, atol=2e-6, err_msg=f"{name} rank {r}")
+
+
 def test_push_pull_and_local_fallback(monkeypatch):
     import autops.torch as aps
     monkeypatch.delenv("AUTOPS_MASTER", raising=False)
