@@ -139,15 +139,18 @@ class Transport:
         return channel
 
     def listen(self, bind_host: str, port: int, advertise_host: str) -> dict[str, str]:
-        """Bind tcp on ``bind_host:port``, rdma (cma) on a free port of ``bind_host`` when this
-        transport is ``rdma`` (``cma``), and, when ``local``, ipc and shm endpoints; returns the
-        endpoints (kind -> address) peers connect to. The listeners are in ``self.listeners``."""
+        """Bind tcp on ``bind_host:port``, rdma on a free port of ``bind_host`` when this
+        transport is ``rdma`` (cma on one of 127.0.0.1 for ``cma``), and, when ``local``, ipc
+        and shm endpoints; returns the endpoints (kind -> address) peers connect to. The
+        listeners are in ``self.listeners``."""
         self._tune()
         self.listeners.append(ZmqListener(self.ctx, f"tcp://{bind_host}:{port}", "tcp", advertise_host,
                                           security=self.security))
-        if self.verbs is not None:
-            self.listeners.append(RdmaListener(self.verbs, self.memory, bind_host.strip("[]"), 0, advertise_host,
-                                               kind=self.preference))
+        if self.preference == "cma":
+            # its peers are on this host: loopback only, whatever the tcp endpoint's interface
+            self.listeners.append(RdmaListener(self.verbs, self.memory, "127.0.0.1", 0, "127.0.0.1", kind="cma"))
+        elif self.verbs is not None:
+            self.listeners.append(RdmaListener(self.verbs, self.memory, bind_host.strip("[]"), 0, advertise_host))
         if self.local:
             self.listeners.append(ZmqListener(self.ctx, ipc_address("agg"), "ipc", security=self.security))
             if isinstance(self.memory, SharedMemory):

@@ -201,8 +201,10 @@ def test_over_cma_the_same_protocol_reads_with_process_vm_readv(ctx):
         pytest.skip(f"cma unavailable: {available()}")
     server, mine = Transport(ctx, "cma"), Transport(ctx, "cma")
     try:
-        endpoints = server.listen("127.0.0.1", 0, "127.0.0.1")
+        endpoints = server.listen("127.0.0.1", 0, "aggregator.example")
+        # on loopback whatever the tcp endpoint advertises: its peers are on this host
         assert endpoints["cma"].startswith("cma://127.0.0.1:") and "rdma" not in endpoints
+        assert endpoints["tcp"].startswith("tcp://aggregator.example:")
         peer = {"endpoints": endpoints, "host": host_id()}
         assert mine.kind_for(peer) == "cma" and mine.lends_to(peer)
         channel = mine.connect(peer)
