@@ -67,6 +67,7 @@ test: setup
 bench: setup
 	$(PY) bench/autops_pushpull.py --transport shm ipc tcp --json bench/results/autops_pushpull.json
 	$(PY) bench/autops_pushpull.py --model flat64m resnet50 --workers 2 --transport shm ipc --mode server --json bench/results/autops_pushpull_server_adam.json
+	$(PY) bench/autops_pushpull.py --model flat64m resnet50 --workers 2 --transport cma ipc shm --json bench/results/autops_pushpull_cma.json
 	$(PY) bench/autops_pushpull.py --emulate-hosts --workers 2 4 --aggregators same --model flat64m resnet50 vgg19 --link 1gbit 10gbit --iters 4 --rounds 2 --json bench/results/autops_pushpull_hosts.json
 	$(PY) bench/autops_packing.py --jobs 4 --model vgg19 --rounds 3 --json bench/results/autops_packing.json
 	$(PY) bench/autops_packing.py --jobs 4 --model bert-base resnet50 alexnet --json bench/results/autops_packing.json --append
