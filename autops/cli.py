@@ -42,7 +42,7 @@ def _cmd_master(args: argparse.Namespace) -> int:
                            period=args.period, threshold=args.threshold, spare=args.spare,
                            job_timeout=args.job_timeout)
     serve(args.bind, provider=args.provider, max_aggregators=args.max_aggregators, log_level=args.log_level,
-          heartbeat_timeout=args.heartbeat_timeout, elastic=config, report_bind=args.report_bind,
+          aggregator_transport=args.aggregator_transport, heartbeat_timeout=args.heartbeat_timeout, elastic=config, report_bind=args.report_bind,
           metrics_port=args.metrics_port, report_period=args.report_period, state_dir=args.state_dir)
     return 0
 
@@ -65,8 +65,12 @@ def _cmd_local(args: argparse.Namespace) -> int:
     if not cmd:
         raise cli.UsageError("give the command to run after --, e.g. autops local -- torchrun ... train.py")
     master_args = ["--provider", "local", "--max-aggregators", str(args.aggregators)]
+    if args.transport in ("rdma", "cma"):          # the aggregators must listen on it too
+        master_args += ["--aggregator-transport", args.transport]
     with LocalPool(0, log_level=args.log_level, master_args=master_args) as pool:
         env = dict(os.environ, AUTOPS_MASTER=pool.master)
+        if args.transport is not None:
+            env["AUTOPS_TRANSPORT"] = args.transport
         env.setdefault("AUTOPS_JOB", f"job-{uuid.uuid4().hex[:8]}")
         env.setdefault(SECRET_ENV, new_job_secret())       # every rank of the job presents it
         env.setdefault("AUTOPS_AGGREGATORS", str(args.aggregators))   # the job's standalone PS count
@@ -148,6 +152,8 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                         "aggregator processes on this machine when needed")
     p.add_argument("--max-aggregators", type=cli.positive(int), default=None,
                    help="local provider: most aggregator processes it starts (default: CPU count)")
+    p.add_argument("--aggregator-transport", choices=("auto", "tcp", "rdma", "cma"), default="auto",
+                   help="local provider: the --transport of the aggregators it starts")
     p.add_argument("--static", action="store_true",
                    help="no elasticity: jobs keep the aggregators they registered on (no packing, no migration)")
     p.add_argument("--loss-limit", type=cli.non_negative(float), default=0.1,
@@ -200,6 +206,9 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     p = cli.add_command(sub, "local", "run CMD against a master that starts aggregators on this machine",
                         log_level=None)
     p.add_argument("--aggregators", type=cli.positive(int), default=2, help="most aggregator processes to start")
+    p.add_argument("--transport", choices=("auto", "tcp", "ipc", "shm", "rdma", "cma"), default=None,
+                   help="AUTOPS_TRANSPORT for the command (default: as in the environment, else auto); "
+                        "with rdma or cma the aggregators are started with it too")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
     p.set_defaults(func=_cmd_local)
 

@@ -728,9 +728,10 @@ class Master:
 
 
 def serve(bind: str, provider: str = "standby", max_aggregators: int | None = None,
-          log_level: str = "WARNING", **kwargs) -> None:
+          log_level: str = "WARNING", aggregator_transport: str = "auto", **kwargs) -> None:
     from .providers import make_provider
     master = Master(bind, make_provider=lambda address: make_provider(provider, address, max_aggregators,
-                                                                      log_level=log_level), **kwargs)
+                                                                      log_level=log_level,
+                                                                      transport=aggregator_transport), **kwargs)
     master.install_signal_handlers()
     master.run()

@@ -59,10 +59,11 @@ class LocalProvider(Provider):
     kind = "local"
 
     def __init__(self, master: str, max_aggregators: int, log_level: str = "WARNING",
-                 bind_host: str = "127.0.0.1", prefix: str = "local") -> None:
+                 bind_host: str = "127.0.0.1", prefix: str = "local", transport: str = "auto") -> None:
         if max_aggregators < 1:
             raise ValueError("the local provider needs --max-aggregators >= 1")
         self.master = master
+        self.transport = transport          # the aggregators' --transport (cma: they also listen on it)
         self.max_aggregators = max_aggregators
         self.log_level = log_level
         self.bind_host = bind_host
@@ -92,6 +93,8 @@ class LocalProvider(Provider):
             name = f"{self.prefix}-{next(self._ids)}"
             cmd = [sys.executable, "-m", "autops.cli", "--log-level", self.log_level, "aggregator",
                    "--master", self.master, "--name", name, "--bind-host", self.bind_host]
+            if self.transport != "auto":
+                cmd += ["--transport", self.transport]
             self.procs[name] = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=dict(os.environ),
                                                 preexec_fn=die_with_parent)
             log.info("started aggregator %s (pid %d)", name, self.procs[name].pid)
@@ -119,9 +122,10 @@ class LocalProvider(Provider):
 
 
 def make_provider(kind: str, master: str, max_aggregators: int | None = None,
-                  log_level: str = "WARNING") -> Provider:
+                  log_level: str = "WARNING", transport: str = "auto") -> Provider:
     if kind == "standby":
         return StandbyProvider()
     if kind == "local":
-        return LocalProvider(master, max_aggregators or os.cpu_count() or 2, log_level=log_level)
+        return LocalProvider(master, max_aggregators or os.cpu_count() or 2, log_level=log_level,
+                             transport=transport)
     raise ValueError(f"unknown aggregator provider {kind!r} (local or standby)")

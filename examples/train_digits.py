@@ -238,7 +238,8 @@ def main() -> None:
     result = {"rank": rank, "world_size": world, "mode": args.mode, "optimizer": args.optimizer,
               "final_loss": loss_value, "test_accuracy": accuracy,
               "samples_per_s": samples / train_time if train_time else 0.0,
-              "aggregators": sorted(aps.placement()), "resumed_from_step": resumed_from, "preempted": preempted}
+              "aggregators": sorted(aps.placement()), "resumed_from_step": resumed_from, "preempted": preempted,
+              "transport": os.environ.get("AUTOPS_TRANSPORT", "auto")}
     if rank == 0:
         if not preempted:
             print(f"test accuracy {accuracy:.4f}  samples/s per worker {result['samples_per_s']:.0f}  "

@@ -20,15 +20,27 @@ def run(cmd, timeout=300, **kw):
                           env=dict(os.environ, OMP_NUM_THREADS="1"), **kw)
 
 
-@pytest.mark.parametrize("mode, optimizer", [("sum", "sgd"), ("server", "adam")])
-def test_torchrun_example_reaches_95_percent(tmp_path, mode, optimizer):
+def _cma_unavailable() -> str | None:
+    from autops.transport.cma import available
+    return available()
+
+
+@pytest.mark.parametrize("mode, optimizer, transport", [
+    ("sum", "sgd", None), ("server", "adam", None),
+    pytest.param("sum", "adam", "cma", marks=pytest.mark.skipif(
+        _cma_unavailable() is not None, reason=f"cma unavailable: {_cma_unavailable()}")),
+])
+def test_torchrun_example_reaches_95_percent(tmp_path, mode, optimizer, transport):
+    """With ``--transport cma`` the local provider starts its aggregators listening on cma and
+    the workers reach them there."""
     out = tmp_path / "result.json"
-    proc = run([str(BIN / "autops"), "--log-level", "WARNING", "local", "--aggregators", "2", "--",
+    proc = run([str(BIN / "autops"), "--log-level", "WARNING", "local", "--aggregators", "2",
+                *(["--transport", transport] if transport else []), "--",
                 str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "examples/train_digits.py",
                 "--mode", mode, "--optimizer", optimizer, "--json", str(out)])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert result["world_size"] == 2
+    assert result["world_size"] == 2 and result["transport"] == (transport or "auto")
     # profiled on the 2 aggregators it asked for, then packed: pMaster started them on demand
     assert result["aggregators"] and all(a.startswith("local-") for a in result["aggregators"])
     assert result["test_accuracy"] >= 0.95, result
