@@ -8,9 +8,10 @@ protocol -- descriptors, READs by the receiver, the sender's buffers kept until 
 -- on any Linux host, with real concurrent processes.
 
 What stands for what: a queue pair's number is the process id (what ``process_vm_readv``
-needs), its GID field carries a digest of the host identity (``dlrt.hostid``), so that
-two emulated hosts -- which share the kernel, and so the process ids -- never read each
-other's memory past their shaped link; a memory region is bookkeeping only (keys from a
+needs), its GID field carries a digest of the host identity (``dlrt.hostid``) and the pid
+namespace, so that two emulated hosts -- which share the kernel, and so the process ids --
+never read each other's memory past their shaped link, and a pid is never taken in another
+namespace's sense; a memory region is bookkeeping only (keys from a
 counter, checked for this side's landing buffers). The kernel checks the rest: reading
 another process needs the ptrace permission (same user; with Yama's ``ptrace_scope`` 1 a
 process must allow it, which ``allow_peers`` does where the kernel has Yama).
@@ -107,9 +108,19 @@ def allow_peers() -> None:
         pass
 
 
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")       # e.g. pid:[4026531836]
+    except OSError:
+        return ""
+
+
 def host_digest(identity: str | None = None) -> str:
-    """What a HELLO's GID field carries: 32 hex digits of the host identity."""
-    return hashlib.sha256((identity or host_id()).encode()).hexdigest()[:32]
+    """What a HELLO's GID field carries: 32 hex digits of the host identity and this
+    process's pid namespace -- a pid means the same process only within one namespace
+    (containers given one ``DLRT_HOST_ID`` may still have their own)."""
+    seen = f"{identity or host_id()}\0{_pid_namespace()}"
+    return hashlib.sha256(seen.encode()).hexdigest()[:32]
 
 
 class CmaVerbs:
@@ -160,8 +171,8 @@ class CmaQueuePair:
             raise TransportError(f"the peer uses RDMA device {remote.device!r}, this side cma: "
                                  "give both sides the same --transport")
         if remote.gid != self.verbs.host:
-            raise TransportError("the cma transport reaches only processes on this host; the peer is on another "
-                                 "(use --transport tcp or rdma)")
+            raise TransportError("the cma transport reaches only processes on this host and in this pid "
+                                 "namespace; the peer is elsewhere (use --transport tcp, or ipc on this host)")
         if remote.qpn <= 0:
             raise TransportError(f"bad peer process id {remote.qpn}")
         self.peer = remote.qpn

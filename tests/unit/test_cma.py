@@ -118,6 +118,17 @@ def test_connect_refuses_another_host_and_another_device():
         qp.read([])
 
 
+def test_another_pid_namespace_is_another_host(monkeypatch):
+    """Containers given one DLRT_HOST_ID but their own pid namespaces: a pid would name
+    another process there, so the digests differ and connect refuses."""
+    here = cma.host_digest("host-a")
+    monkeypatch.setattr(cma, "_pid_namespace", lambda: "pid:[1]")
+    assert cma.host_digest("host-a") != here
+    qp = cma.CmaVerbs(identity="host-a").queue_pair()
+    with pytest.raises(TransportError, match="pid namespace"):
+        qp.connect(ConnInfo(qpn=1, psn=1, gid=here, device="cma"))
+
+
 def test_local_info_names_this_process_and_host():
     verbs = cma.CmaVerbs(identity="host-a")
     info = verbs.queue_pair().local_info()
