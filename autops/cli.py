@@ -42,7 +42,8 @@ def _cmd_master(args: argparse.Namespace) -> int:
                            period=args.period, threshold=args.threshold, spare=args.spare,
                            job_timeout=args.job_timeout)
     serve(args.bind, provider=args.provider, max_aggregators=args.max_aggregators, log_level=args.log_level,
-          aggregator_transport=args.aggregator_transport, heartbeat_timeout=args.heartbeat_timeout, elastic=config, report_bind=args.report_bind,
+          aggregator_transport=args.aggregator_transport, heartbeat_timeout=args.heartbeat_timeout,
+          elastic=config, report_bind=args.report_bind,
           metrics_port=args.metrics_port, report_period=args.report_period, state_dir=args.state_dir)
     return 0
 

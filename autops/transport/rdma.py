@@ -187,7 +187,7 @@ class Link:
             addr, nbytes = locate(buf)
             keep.append(buf)
         except NotRegistrable:
-            if not getattr(self.verbs, "pins_memory", True):
+            if not self.verbs.pins_memory:
                 # cma: a READ goes through this process's page tables, so any buffer kept
                 # alive (and unchanged, as every payload) until DONE will do -- a torch
                 # tensor's memory too; nothing to register, no copy

@@ -7,12 +7,11 @@ import os
 import pathlib
 import sys
 
-import numpy as np
 import pytest
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent.parent / "integration"))
-from test_torch_api import reference, run_two_workers  # noqa: E402
+from test_torch_api import assert_like_reference, run_two_workers  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no CUDA device (torch.cuda.is_available() is False)")
@@ -22,12 +21,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
 def test_two_gpu_workers_equal_single_process_training(pool2, tmp_path, mode, optname):
     run_two_workers("torch_worker.py", pool2.master, tmp_path, [mode, optname],
                     env=dict(os.environ, AUTOPS_TEST_DEVICE="cuda"))
-    expected = reference(optname)
-    for r in range(2):
-        got = np.load(tmp_path / f"r{r}.npz")
-        for name, value in expected.items():
-            # GPU kernels round differently from the CPU reference
-            np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5, err_msg=f"{name} rank {r}")
+    # GPU kernels round differently from the CPU reference
+    assert_like_reference(tmp_path, optname, rtol=1e-4, atol=1e-5)
 
 
 def test_push_pull_of_a_cuda_tensor_in_place_and_broadcast(pool1):

@@ -35,6 +35,17 @@ def run_two_workers(script: str, master: str, tmp_path, args: list[str], env=Non
                 p.kill()
 
 
+def assert_like_reference(tmp_path, optname: str, rtol: float = 2e-5, atol: float = 2e-6) -> None:
+    """Both ranks' parameters (``r0.npz``, ``r1.npz``) equal single-process training's: the
+    mean of two half-batch gradients against the full-batch one, up to float32 rounding
+    (by default)."""
+    expected = reference(optname)
+    for r in range(2):
+        got = np.load(tmp_path / f"r{r}.npz")
+        for name, value in expected.items():
+            np.testing.assert_allclose(got[name], value, rtol=rtol, atol=atol, err_msg=f"{name} rank {r}")
+
+
 def reference(optname: str) -> dict:
     torch.manual_seed(100)                        # rank 0's initialisation
     model = make_model()
@@ -55,12 +66,7 @@ def reference(optname: str) -> dict:
 def test_two_workers_equal_single_process_on_concatenated_batch(pool2, tmp_path, mode, optname, transport):
     run_two_workers("torch_worker.py", pool2.master, tmp_path, [mode, optname],
                     env=dict(os.environ, AUTOPS_TRANSPORT=transport))
-    expected = reference(optname)
-    for r in range(2):
-        got = np.load(tmp_path / f"r{r}.npz")
-        for name, value in expected.items():
-            # mean of two half-batch gradients vs the full-batch gradient: equal up to float32 rounding
-            np.testing.assert_allclose(got[name], value, rtol=2e-5, atol=2e-6, err_msg=f"{name} rank {r}")
+    assert_like_reference(tmp_path, optname)
 
 
 @pytest.mark.parametrize("mode, optname", [("sum", "adam"), ("server", "adam")])
@@ -69,11 +75,7 @@ def test_two_workers_over_cma_equal_single_process(pool2_cma, tmp_path, mode, op
     memory, which the sender describes as it is (cma pins nothing)."""
     run_two_workers("torch_worker.py", pool2_cma.master, tmp_path, [mode, optname],
                     env=dict(os.environ, AUTOPS_TRANSPORT="cma"))
-    expected = reference(optname)
-    for r in range(2):
-        got = np.load(tmp_path / f"r{r}.npz")
-        for name, value in expected.items():
-            np.testing.assert_allclose(got[name], value, rtol=2e-5, atol=2e-6, err_msg=f"{name} rank {r}")
+    assert_like_reference(tmp_path, optname)
 
 
 def test_push_pull_and_local_fallback(monkeypatch):
