@@ -60,6 +60,8 @@ from .precopy import Follower, Precopies
 from .spare import SpareBuffers
 from .store import JobState, KeyState, SecretMismatch, Store, StoreError
 from .transport import Channel, Inbound, Sender, Shared, Transport, background_priority, make_context
+from .transport.prefault import PREFAULT_SHARE, Pace, warm_heap
+from .transport.zmq import heap_kept
 
 log = logging.getLogger("autops.aggregator")
 
@@ -90,10 +92,15 @@ class Aggregator:
                  advertise_host: str | None = None, ipc: bool = True,
                  heartbeat_interval: float = 1.0, register_timeout: float = 30.0,
                  name: str | None = None, transport: str = "auto", security: Security | None = None,
-                 cluster_secret: bytes | None = None) -> None:
+                 cluster_secret: bytes | None = None, prefault_share: float = PREFAULT_SHARE) -> None:
         """``security``: CURVE for every tcp socket (default: the key directory's);
-        ``cluster_secret``: what it proves to pMaster (default: the key directory's)."""
+        ``cluster_secret``: what it proves to pMaster (default: the key directory's);
+        ``prefault_share``: at most this share of a core populates memory for keys migrating
+        in (their buffers, and the heap their pushes will arrive in)."""
         self.master = master
+        if not 0 < prefault_share <= 1:
+            raise ValueError(f"prefault_share must be in (0, 1], not {prefault_share}")
+        self.prefault_share = prefault_share
         self.security = security if security is not None else default_security()
         self.cluster_secret = cluster_secret if cluster_secret is not None else ensure_cluster_secret()
         self.session: clusterauth.ControlSession | None = None   # the control channel, once registered
@@ -123,7 +130,10 @@ class Aggregator:
         self.proc = psutil.Process()
         self.stats = {"pushes": 0, "pulls": 0, "errors": 0, "bytes_in": 0, "bytes_out": 0,
                       "late": 0, "postponed": 0, "migrated_in": 0, "migrated_out": 0,
-                      "states_sent_ahead": 0, "taken_over_ahead": 0, "auth_refusals": 0, "ctrl_refusals": 0}
+                      "states_sent_ahead": 0, "taken_over_ahead": 0, "auth_refusals": 0, "ctrl_refusals": 0,
+                      # memory made ready for keys migrating in: bytes populated, heap warmed, and
+                      # the CPU seconds it took and the pauses that kept it to --prefault-share
+                      "prefaulted_bytes": 0, "heap_warmed_bytes": 0, "prefault_cpu_s": 0.0, "prefault_paused_s": 0.0}
         # live migration: copies sent to other aggregators, waiting for their ack (those that
         # sent no state because it went ahead: ``ahead_copies``); server-mode state sent ahead
         # to followers, and their acks
@@ -723,15 +733,32 @@ class Aggregator:
 
         def populate() -> None:
             background_priority()
-            made = self._allocate_incoming(sizes, msg["job"])
+            pace = Pace(self.prefault_share)
+            made = self._allocate_incoming(sizes, msg["job"], pace)
+            # the workers' pushes of the new keys arrive in received-message buffers: warm
+            # the heap they come from, or the switch iteration pays its page faults
+            # (one worker's pushes: the keys' bytes once)
+            pushed = sum(spec.numel * np.dtype(spec.dtype).itemsize for spec in keys)
+            warmed = warm_heap(min(pushed, heap_kept() // 2), pace) if made[1] is None else 0
+            log.info("job %s: %d bytes for %d incoming keys populated and %d bytes of heap warmed in "
+                     "%.2f s of CPU (%.2f s paused)", msg["job"], nbytes, len(keys), warmed, pace.cpu_s,
+                     pace.paused_s)
+            self._ready.append((self._prefaulted, (0 if made[1] else nbytes, warmed, pace)))
             self._ready.append((self._finish_prepare, (msg, keys, sizes, made)))
             self._waker.wake()
 
         threading.Thread(target=populate, name="autops-populate", daemon=True).start()
 
-    def _allocate_incoming(self, sizes: list, job: str) -> tuple[list[Shared] | None, OSError | None]:
+    def _prefaulted(self, nbytes: int, warmed: int, pace: Pace) -> None:
+        self.stats["prefaulted_bytes"] += nbytes
+        self.stats["heap_warmed_bytes"] += warmed
+        self.stats["prefault_cpu_s"] = round(self.stats["prefault_cpu_s"] + pace.cpu_s, 3)
+        self.stats["prefault_paused_s"] = round(self.stats["prefault_paused_s"] + pace.paused_s, 3)
+
+    def _allocate_incoming(self, sizes: list, job: str,
+                           pace: Pace | None = None) -> tuple[list[Shared] | None, OSError | None]:
         try:
-            return self.memory.allocate(sizes, job), None
+            return self.memory.allocate(sizes, job, pace), None
         except OSError as exc:
             return None, exc
 

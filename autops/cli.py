@@ -22,6 +22,7 @@ from dlrt import cli
 from dlrt.endpoints import DEFAULT_BIND_HOST, host_port
 
 from .jobauth import ENV as SECRET_ENV, default_state_dir, new_job_secret
+from .transport.prefault import PREFAULT_SHARE
 
 # name -> (module, help); the module's ``main(argv)`` parses the benchmark's own options
 BENCHMARKS = {
@@ -56,7 +57,8 @@ def _cmd_aggregator(args: argparse.Namespace) -> int:
         host, port = args.bind_host or DEFAULT_BIND_HOST, args.port
     serve(args.master, bind_host=host.strip("[]"), port=port, advertise_host=args.advertise_host,
           ipc=not args.no_ipc, name=args.name, register_timeout=args.register_timeout,
-          heartbeat_interval=args.heartbeat_interval, transport=args.transport)
+          heartbeat_interval=args.heartbeat_interval, transport=args.transport,
+          prefault_share=args.prefault_share)
     return 0
 
 
@@ -202,6 +204,9 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     p.add_argument("--register-timeout", type=cli.positive(float), default=30.0)
     p.add_argument("--heartbeat-interval", type=cli.positive(float), default=1.0,
                    help="seconds between heartbeats (keep it well below pMaster's --heartbeat-timeout)")
+    p.add_argument("--prefault-share", type=cli.share, default=PREFAULT_SHARE, metavar="SHARE",
+                   help="at most this share of a core populates memory for keys migrating in, so that "
+                        "the job's and its neighbours' CPU is not taken (1: at once)")
     p.set_defaults(func=_cmd_aggregator)
 
     p = cli.add_command(sub, "local", "run CMD against a master that starts aggregators on this machine",

@@ -191,6 +191,14 @@ def non_negative(kind: Callable[[str], Any] = float) -> Callable[[str], Any]:
     return parse
 
 
+def share(text: str) -> float:
+    """argparse type: a share of something, a number above 0 and at most 1."""
+    value = _number(float, text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number above 0 and at most 1, got {text!r}")
+    return value
+
+
 def setup_logging(level: str, fmt: str = LOG_FORMAT) -> None:
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr, format=fmt)
 

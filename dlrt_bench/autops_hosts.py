@@ -34,7 +34,7 @@ class HostPool:
 
     def __init__(self, tb: Testbed, aggregator_hosts: Sequence[Host], master_host: Host | None = None,
                  log_level: str = "WARNING", master_args: Sequence[str] = ("--static",),
-                 start_timeout: float = 60.0) -> None:
+                 start_timeout: float = 60.0, aggregator_args: Sequence[str] = ()) -> None:
         if not aggregator_hosts:
             raise ValueError("an AutoPS pool needs at least one aggregator host")
         self.tb = tb
@@ -42,6 +42,7 @@ class HostPool:
         self.master_host = master_host or self.aggregator_hosts[0]
         self.log_level = log_level
         self.master_args = list(master_args)
+        self.aggregator_args = list(aggregator_args)
         self.start_timeout = start_timeout
         self.master = f"tcp://{self.master_host.addr}:{MASTER_PORT}"
         self.procs: list[subprocess.Popen] = []
@@ -64,7 +65,8 @@ class HostPool:
             for i, host in enumerate(self.aggregator_hosts):
                 name = f"agg-{i}"
                 self.aggregators[name] = self._spawn(host, "aggregator", "--master", self.master,
-                                                     "--bind", host.addr, "--name", name)
+                                                     "--bind", host.addr, "--name", name,
+                                                     *self.aggregator_args)
             self.wait_ready()
         except BaseException:
             self.stop()

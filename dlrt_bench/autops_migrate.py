@@ -63,6 +63,7 @@ import numpy as np
 
 from autops.admin import AdminClient
 from autops.local import LocalPool
+from autops.transport.prefault import PREFAULT_SHARE
 from dlrt import cli
 from dlrt.testbed import Testbed, available, cleanup, enter_netns
 
@@ -84,7 +85,8 @@ def site(args: argparse.Namespace, master_args: list[str]) -> Iterator[tuple[str
     and every worker is an emulated host of its own (8 hosts, ``--link``), pMaster beside the
     first aggregator, and the admin client's connection is made from inside pMaster's host."""
     if not args.emulate_hosts:
-        with LocalPool(4, log_level=args.log_level, master_args=master_args) as pool, \
+        with LocalPool(4, log_level=args.log_level, master_args=master_args,
+                       aggregator_args=["--prefault-share", str(args.prefault_share)]) as pool, \
                 AdminClient(pool.master, 10.0) as admin:
             yield pool.master, admin, {}
         return
@@ -92,7 +94,8 @@ def site(args: argparse.Namespace, master_args: list[str]) -> Iterator[tuple[str
     cleanup(tb.prefix)                      # what a killed earlier run left behind
     tb.up()
     try:
-        with HostPool(tb, tb.hosts[:4], log_level=args.log_level, master_args=master_args) as pool:
+        with HostPool(tb, tb.hosts[:4], log_level=args.log_level, master_args=master_args,
+                      aggregator_args=["--prefault-share", str(args.prefault_share)]) as pool:
             admin = in_netns(pool.master_host.netns, lambda: AdminClient(pool.master, 10.0))
             try:
                 yield pool.master, admin, {MAIN: tb.hosts[4:6], OTHER: tb.hosts[6:8]}
@@ -231,6 +234,7 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
         "benchmark": "migrate", "model": model, "mode": mode, "optimizer": args.optimizer if mode == "server" else None,
         "scale": args.scale, "transport": args.transport, "workers": 2, "aggregators": 4, "compute_s": compute_s,
         "site": "emulated" if args.emulate_hosts else "local", "link": args.link if args.emulate_hosts else None,
+        "prefault_share": args.prefault_share,
         "tensors": len(tensors), "model_bytes": tensor_bytes(tensors), "keys_moved": repeats[0]["keys"] if repeats else 0,
         "aggregators_before": placement.get(job),
         "repeats": len(repeats), "all_completed": all(r["done"] and not r["failed_keys"] for r in repeats),
@@ -378,6 +382,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--poll", type=float, default=0.1,
                    help="status poll interval while migrating, seconds (each poll costs pMaster and this "
                         "process CPU that the measured job would feel)")
+    p.add_argument("--prefault-share", type=cli.share, default=PREFAULT_SHARE,
+                   help="the aggregators' --prefault-share: share of a core populating memory for keys "
+                        f"migrating in may take (default {PREFAULT_SHARE}; 1: at once)")
     p.add_argument("--migrate-timeout", type=float, default=60.0)
     p.add_argument("--start-timeout", type=float, default=120.0)
     p.add_argument("--agent-timeout", type=float, default=60.0)

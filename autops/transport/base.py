@@ -144,8 +144,9 @@ class Memory(ABC):
     lends: bool = False
 
     @abstractmethod
-    def allocate(self, sizes: Sequence[tuple[int, str]], scope: str) -> list[Shared]:
-        """Arrays of ``(numel, dtype)``; safe to call from a helper thread."""
+    def allocate(self, sizes: Sequence[tuple[int, str]], scope: str, pace: Any = None) -> list[Shared]:
+        """Arrays of ``(numel, dtype)``; safe to call from a helper thread. Memory populated
+        ahead is populated at ``pace`` (a ``prefault.Pace``; None: at once)."""
 
     def slow_to_allocate(self, nbytes: int) -> bool:
         """Whether allocating ``nbytes`` costs enough page faults to do it off the serving thread."""
@@ -173,7 +174,7 @@ class Memory(ABC):
 class PlainMemory(Memory):
     """Memory nothing can be lent from: plain arrays, sent by value."""
 
-    def allocate(self, sizes: Sequence[tuple[int, str]], scope: str) -> list[Shared]:
+    def allocate(self, sizes: Sequence[tuple[int, str]], scope: str, pace: Any = None) -> list[Shared]:
         return [Shared(np.empty(numel, dtype)) for numel, dtype in sizes]
 
     def release(self, scope: str) -> None:

@@ -240,7 +240,7 @@ class RdmaMemory(Memory):
         self._scopes: dict[str, list[np.ndarray]] = {}
         self._lock = threading.Lock()
 
-    def allocate(self, sizes: Sequence[tuple[int, str]], scope: str) -> list[Shared]:
+    def allocate(self, sizes: Sequence[tuple[int, str]], scope: str, pace: Any = None) -> list[Shared]:
         if not sizes:
             return []
         offsets, total = Arena.layout(sizes)

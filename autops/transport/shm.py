@@ -11,7 +11,6 @@ mapped of its peers' (``Attachments``).
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import mmap
 import os
@@ -21,6 +20,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from . import prefault
 from .base import Memory, PayloadError, Shared, background_priority
 
 log = logging.getLogger("autops.transport")
@@ -33,42 +33,17 @@ def available() -> bool:
     return hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
 
 
-def _madvise() -> "ctypes._CFuncPtr | None":
-    """libc's madvise when it can populate a mapping (MADV_POPULATE_WRITE, Linux 5.14)."""
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).madvise
-        fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
-        probe = mmap.mmap(-1, mmap.PAGESIZE)
-        try:
-            return fn if _populate_with(fn, probe) else None
-        finally:
-            probe.close()
-    except (OSError, AttributeError, ValueError):
-        return None
-
-
-def _populate_with(madvise: "ctypes._CFuncPtr", mm: mmap.mmap) -> bool:
-    anchor = ctypes.c_char.from_buffer(mm)
-    address = ctypes.addressof(anchor)
-    del anchor
-    return madvise(address, len(mm), MADV_POPULATE_WRITE) == 0
-
-
-MADV_POPULATE_WRITE = 23
-_MADVISE = _madvise()
-
-
 def _flags(populate: bool) -> int:
     """With ``populate`` the pages are allocated and mapped at once: by madvise after the
-    mmap (``_populate``), which, as a ctypes call, releases the GIL -- MAP_POPULATE holds it
-    through the whole mmap call, so a helper thread populating gigabytes would stop every
-    other thread of the process -- or by MAP_POPULATE where madvise cannot."""
-    return mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate and _MADVISE is None else 0)
+    mmap (``prefault.populate``), which, as a ctypes call, releases the GIL -- MAP_POPULATE
+    holds it through the whole mmap call, so a helper thread populating gigabytes would stop
+    every other thread of the process -- or by MAP_POPULATE where madvise cannot."""
+    return mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate and not prefault.CAN_POPULATE else 0)
 
 
-def _populate(mm: mmap.mmap, populate: bool) -> None:
-    if populate and _MADVISE is not None:
-        _populate_with(_MADVISE, mm)        # best effort, as MAP_POPULATE: a failure only costs faults later
+def _populate(mm: mmap.mmap, populate: bool, pace: prefault.Pace | None = None) -> None:
+    if populate:
+        prefault.populate_buffer(mm, pace)      # best effort, as MAP_POPULATE: a failure only costs faults later
 
 
 class Segment:
@@ -82,15 +57,16 @@ class Segment:
         self.buf = memoryview(mm)
 
     @classmethod
-    def create(cls, size: int, scope: str, name: str = "autops", populate: bool = False) -> "Segment":
-        """``populate``: allocate and map every page now (MAP_POPULATE), so the first use of
-        the memory does not page-fault on a latency-critical path."""
+    def create(cls, size: int, scope: str, name: str = "autops", populate: bool = False,
+               pace: prefault.Pace | None = None) -> "Segment":
+        """``populate``: allocate and map every page now, so the first use of the memory does
+        not page-fault on a latency-critical path (``pace``: at most its share of a core)."""
         size = max(ALIGN, size)
         fd = os.memfd_create(name, os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, size)
             mm = mmap.mmap(fd, size, _flags(populate), mmap.PROT_READ | mmap.PROT_WRITE)
-            _populate(mm, populate)
+            _populate(mm, populate, pace)
         except BaseException:
             os.close(fd)
             raise
@@ -239,11 +215,12 @@ class SharedMemory(Memory):
         self._premapped: set[str] = set()
         self._lock = threading.Lock()
 
-    def allocate(self, sizes: Sequence[tuple[int, str]], scope: str) -> list[Shared]:
+    def allocate(self, sizes: Sequence[tuple[int, str]], scope: str,
+                 pace: prefault.Pace | None = None) -> list[Shared]:
         if not sizes:
             return []
         _, total = Arena.layout(sizes)
-        seg = Segment.create(total, scope, self.label or f"autops-{scope}", populate=True)
+        seg = Segment.create(total, scope, self.label or f"autops-{scope}", populate=True, pace=pace)
         with self._lock:
             arena = self.arenas.setdefault(scope, Arena())
             return arena.adopt(seg, sizes)

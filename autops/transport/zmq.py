@@ -24,6 +24,7 @@ from dlrt.curve import Security, default_security
 from .base import Channel, Inbound, Listener, buffer_of
 
 _NO_LENT: frozenset = frozenset()
+_heap_kept = 0      # bytes glibc keeps of what every thread frees (one arena, trim threshold), once tuned
 
 
 def make_context(server: bool = False) -> zmq.Context:
@@ -77,9 +78,20 @@ def keep_freed_buffers(mmap_threshold: int = 64 << 20, trim_threshold: int = 1 <
         m_trim_threshold, m_mmap_threshold, m_arena_max = -1, -3, -8
         ok = libc.mallopt(m_mmap_threshold, int(mmap_threshold)) == 1
         ok = ok and libc.mallopt(m_trim_threshold, int(trim_threshold)) == 1
-        return ok and (not one_arena or libc.mallopt(m_arena_max, 1) == 1)
+        ok = ok and (not one_arena or libc.mallopt(m_arena_max, 1) == 1)
     except (OSError, AttributeError):
         return False
+    if ok and one_arena:
+        global _heap_kept
+        _heap_kept = int(trim_threshold)
+    return ok
+
+
+def heap_kept() -> int:
+    """How many freed bytes this process's one heap keeps mapped for the next allocations
+    (0 unless ``keep_freed_buffers(one_arena=True)`` took effect): the most worth warming
+    ahead of a burst of received messages (``prefault.warm_heap``)."""
+    return _heap_kept
 
 
 class PlainFraming:

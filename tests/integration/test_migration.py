@@ -182,3 +182,47 @@ def test_every_tensor_moves_and_the_job_ends_where_it_was_sent(pool3, references
     while not all(now > then for now, then in zip(ahead_counts(pool3), before)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert all(now > then for now, then in zip(ahead_counts(pool3), before)), (before, ahead_counts(pool3))
+
+
+# --- memory made ready ahead, at a pace ----------------------------------------------------------
+def test_keys_moving_to_an_aggregator_get_memory_and_heap_made_ready_at_its_pace():
+    """Keys large enough to be populated off the aggregator's loop (``--prefault-share 0.5``):
+    the new owner populates their buffers and warms the heap their pushes arrive in, pausing as
+    long as it worked, and the job's sums stay exact through the move."""
+    shape = (1_500_000,)                # 6 MiB: its keys' buffers are populated by a helper thread
+    job = f"mig-prefault-{next(_jobs)}"
+    with LocalPool(2, master_args=["--static"], aggregator_args=["--prefault-share", "0.5"]) as pool:
+        agents = [Agent(pool.master, job, r, W, mode="sum", average=False, num_aggregators=1, timeout=20,
+                        transport="tcp", secret=secret_for(job)) for r in range(W)]
+        try:
+            for agent in agents:
+                agent.declare([("w", shape, "float32")])
+            source = set(agents[0].placement())
+            target = next(a["id"] for a in pool.status()["aggregators"] if a["id"] not in source)
+            outs = [np.empty(shape, np.float32) for _ in range(W)]
+            for it in range(1, 9):
+                if it == 3:
+                    admin_migrate(pool.master, job, to=[target])
+                handles = [agent.push_pull("w", grad(r, it, "w", shape), outs[r], it)
+                           for r, agent in enumerate(agents)]
+                for handle in handles:
+                    handle.wait(30)
+                for out in outs:
+                    np.testing.assert_array_equal(out, grad(0, it, "w", shape) + grad(1, it, "w", shape))
+            migrations_done(pool.master, job)
+            assert set(agents[0].placement()) == {target}
+        finally:
+            for agent in agents:
+                agent.close()
+        nbytes = int(np.prod(shape)) * 4
+        deadline = time.monotonic() + 15
+        while True:       # the counters reach pMaster with the heartbeats
+            stats = next(a for a in pool.status()["aggregators"] if a["id"] == target)
+            if stats.get("prefaulted_bytes") or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    assert stats["prefaulted_bytes"] >= 2 * nbytes, stats        # sum mode: two buffers per key
+    assert stats["heap_warmed_bytes"] >= nbytes, stats
+    assert stats["prefault_cpu_s"] > 0, stats
+    # half a core: it slept as long as it worked (rounded to milliseconds in the report)
+    assert stats["prefault_paused_s"] == pytest.approx(stats["prefault_cpu_s"], abs=2e-3), stats

@@ -21,7 +21,7 @@ from autops.pool import AggInfo, JobInfo, PoolState
 from autops.precopy import Follower, Precopies
 from autops.spare import SpareBuffers
 from autops.store import Store, StoreError
-from autops.transport import shm
+from autops.transport import prefault, shm
 from autops.transport.base import Shared
 from test_autops_elastic import FakeClock, RecordingOutbox, message
 
@@ -298,7 +298,7 @@ def test_recent_batches_are_bounded():
 
 # --- memory populated without the GIL ------------------------------------------------------------
 def test_populated_shared_memory_takes_no_page_fault_on_first_use():
-    if shm._MADVISE is None:
+    if not prefault.CAN_POPULATE:
         pytest.skip("this kernel cannot populate through madvise (MAP_POPULATE is used instead)")
     assert not shm._flags(True) & getattr(mmap, "MAP_POPULATE", 0)      # mmap would hold the GIL
     pages = 2048
