@@ -53,6 +53,7 @@ from dlrt.keys import ensure_cluster_secret
 from dlrt.waker import Waker
 
 from . import clusterauth, wire
+from .batch_reports import BatchReports
 from .cycle import CyclicSchedule
 from .partition import KeySpec
 from .held import HeldMessages
@@ -139,11 +140,14 @@ class Aggregator:
         # to followers, and their acks
         self.copy_waits: dict[int, tuple[int, str, list[str]]] = {}   # req -> (mid, job, keys)
         self.ahead_copies: dict[int, set[str]] = {}                    # req -> keys sent without state
-        # hand-overs and WORKER_DONE reports due, sent once per turn of the loop for all keys
-        # that came due in it (one message, not one per key, on the data path's busiest moment)
+        # hand-overs due, sent once per turn of the loop for all keys that came due in it (one
+        # message, not one per key, on the data path's busiest moment)
         self.due_copies: dict[int, list[KeyState]] = {}                # mid -> keys
-        # (mid, job) -> [keys, the longest any of them waited here, whole, for its hand-over]
-        self.due_workers: dict[tuple[int, str], list] = {}
+        # the reports to pMaster, once per batch: WORKER_DONE as the new owner (with the
+        # longest any key's first iteration waited here, whole, for its hand-over) and
+        # TENSOR_COPY_DONE as the old one
+        self.worker_reports = BatchReports()
+        self.copy_reports = BatchReports()
         self.precopies = Precopies()
         self.spare = SpareBuffers()      # buffers of keys that moved away, for keys moving back
         self.follow_waits: dict[int, tuple[KeyState, Follower, str]] = {}   # req -> (key, follower, kind)
@@ -278,6 +282,8 @@ class Aggregator:
                 next_beat = now + self.heartbeat_interval
             self._run_due(now)
             wake = min(next_beat, self.timers[0][0]) if self.timers else next_beat
+            for reports in (self.worker_reports, self.copy_reports):
+                wake = min(wake, reports.deadline() or wake)
             timeout = max(0.0, min(wake - now, 0.2))
             for pollable, _ in poller.poll(int(timeout * 1000) + 1):
                 if pollable == self._waker.fd:
@@ -399,6 +405,8 @@ class Aggregator:
         self.store.release(job)
         self.precopies.forget(job)
         self.spare.release(job)
+        self.worker_reports.forget(job)
+        self.copy_reports.forget(job)
         self.admitted.pop(job, None)
         self.postponed.pop(job, None)
         self.memory.release(job)
@@ -617,19 +625,19 @@ class Aggregator:
         if ks.awaiting_workers is not None and ks.incoming is None and ks.completed >= ks.awaiting_workers[1]:
             mid, _, waited = ks.awaiting_workers
             ks.awaiting_workers = None
-            due = self.due_workers.setdefault((mid, ks.job), [[], 0.0])
-            due[0].append(ks.spec.key)
-            due[1] = max(due[1], waited)
+            self.worker_reports.add(mid, ks.job, [ks.spec.key], 1e3 * waited)
 
     def _flush_migration(self) -> None:
-        """The hand-overs and WORKER_DONE reports that came due in this turn of the loop."""
+        """The hand-overs that came due in this turn of the loop, and the reports due."""
         due, self.due_copies = self.due_copies, {}
         for keys in due.values():
             self._send_copies(keys)
-        reports, self.due_workers = self.due_workers, {}
-        for (mid, job), (keys, waited) in reports.items():
-            self._to_master(wire.encode(wire.WORKER_DONE, mid=mid, job=job, keys=keys, agg=self.agg_id,
-                                        wait_ms=round(1e3 * waited, 3)))
+        for report in self.worker_reports.due():
+            self._to_master(wire.encode(wire.WORKER_DONE, mid=report.mid, job=report.job, keys=report.keys,
+                                        agg=self.agg_id, wait_ms=round(report.wait_ms, 3)))
+        for report in self.copy_reports.due():
+            self._to_master(wire.encode(wire.TENSOR_COPY_DONE, mid=report.mid, job=report.job, keys=report.keys,
+                                        agg=self.agg_id))
 
     def _reply_pull(self, pending: PendingPull) -> None:
         items, payloads, small = [], [], []
@@ -791,6 +799,7 @@ class Aggregator:
                 ks.awaiting_workers = (msg["mid"], 1 << 62, 0.0)
                 if ks.mode == "server" and replicas.get(spec.key):
                     ks.replica = dict(replicas[spec.key])
+            self.worker_reports.expect(msg["mid"], msg["job"], len(keys))
             # the new buffers are mapped and populated by now; agents can map them early
             segments = self.memory.handles_of(buffers)
             self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id, segments=segments))
@@ -827,6 +836,7 @@ class Aggregator:
             self._to_master(wire.error(str(exc), req=req, agg=self.agg_id))
             return
         cutovers = {}
+        self.copy_reports.expect(msg["mid"], msg["job"], len(found))
         for ks, infos in found:
             ks.handover = {"mid": msg["mid"], "to": msg["to"], "info": msg["info"], "lead": lead}
             if not infos:
@@ -981,10 +991,10 @@ class Aggregator:
         done = [k for k in keys if k not in refused]
         if done:
             self.stats["migrated_out"] += len(done)
-            self._to_master(wire.encode(wire.TENSOR_COPY_DONE, mid=mid, job=job, keys=done,
-                                                 agg=self.agg_id))
+            self.copy_reports.add(mid, job, done)
         if failed:
             log.error("copy of %s of job %s was refused: %s", sorted(failed), job, next(iter(failed.values())))
+            self.copy_reports.give_up(mid, job, len(failed))
             self._to_master(wire.encode(wire.TENSOR_COPY_DONE, mid=mid, job=job, keys=sorted(failed),
                                                  agg=self.agg_id, error=next(iter(failed.values()))))
 
