@@ -20,7 +20,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from . import prefault
+from .prefault import CAN_POPULATE, Pace, populate_buffer
 from .base import Memory, PayloadError, Shared, background_priority
 
 log = logging.getLogger("autops.transport")
@@ -38,12 +38,12 @@ def _flags(populate: bool) -> int:
     mmap (``prefault.populate``), which, as a ctypes call, releases the GIL -- MAP_POPULATE
     holds it through the whole mmap call, so a helper thread populating gigabytes would stop
     every other thread of the process -- or by MAP_POPULATE where madvise cannot."""
-    return mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate and not prefault.CAN_POPULATE else 0)
+    return mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate and not CAN_POPULATE else 0)
 
 
-def _populate(mm: mmap.mmap, populate: bool, pace: prefault.Pace | None = None) -> None:
+def _populate(mm: mmap.mmap, populate: bool, pace: Pace | None = None) -> None:
     if populate:
-        prefault.populate_buffer(mm, pace)      # best effort, as MAP_POPULATE: a failure only costs faults later
+        populate_buffer(mm, pace)      # best effort, as MAP_POPULATE: a failure only costs faults later
 
 
 class Segment:
@@ -58,7 +58,7 @@ class Segment:
 
     @classmethod
     def create(cls, size: int, scope: str, name: str = "autops", populate: bool = False,
-               pace: prefault.Pace | None = None) -> "Segment":
+               pace: Pace | None = None) -> "Segment":
         """``populate``: allocate and map every page now, so the first use of the memory does
         not page-fault on a latency-critical path (``pace``: at most its share of a core)."""
         size = max(ALIGN, size)
@@ -216,7 +216,7 @@ class SharedMemory(Memory):
         self._lock = threading.Lock()
 
     def allocate(self, sizes: Sequence[tuple[int, str]], scope: str,
-                 pace: prefault.Pace | None = None) -> list[Shared]:
+                 pace: Pace | None = None) -> list[Shared]:
         if not sizes:
             return []
         _, total = Arena.layout(sizes)
