@@ -190,6 +190,8 @@ def bad_trace(tmp_path):
     (["status", "--master", "nowhere"], "bad address 'nowhere'"),
     (["master", "--bind", "tcp://127.0.0.1:99999"], "port 99999 is out of range"),
     (["aggregator", "--master", "127.0.0.1:5555", "--bind", "127.0.0.1:port"], "bad address '127.0.0.1:port'"),
+    (["aggregator", "--master", "127.0.0.1:5555", "--prefault-share", "0"],
+     "expected a number above 0 and at most 1, got '0'"),
     (["local"], "give the command to run after --"),
     (["simulate", "--trace", "BAD", "--no-progress"], "unrecognised trace header"),
     (["simulate", "--trace", "/nonexistent/trace.csv", "--no-progress"], "no such trace file"),

@@ -315,6 +315,7 @@ def test_usage_errors_are_one_line_and_exit_2(capsys):
 @pytest.mark.parametrize("kind, text, ok", [
     (cli.positive(float), "0.5", 0.5), (cli.positive(int), "3", 3), (cli.non_negative(int), "0", 0),
     (cli.non_negative(float), "2.5", 2.5), (cli.port, "0", 0), (cli.port, "65535", 65535),
+    (cli.share, "1", 1.0), (cli.share, "0.25", 0.25),
 ])
 def test_number_types_accept(kind, text, ok):
     assert kind(text) == ok
@@ -324,6 +325,7 @@ def test_number_types_accept(kind, text, ok):
     (cli.positive(float), "0"), (cli.positive(float), "-1"), (cli.positive(float), "nan"),
     (cli.positive(float), "inf"), (cli.positive(int), "1.5"), (cli.non_negative(int), "-1"),
     (cli.non_negative(float), "x"), (cli.port, "65536"), (cli.port, "-1"), (cli.port, "http"),
+    (cli.share, "0"), (cli.share, "1.5"), (cli.share, "-0.1"), (cli.share, "nan"), (cli.share, "all"),
 ])
 def test_number_types_refuse(kind, text):
     with pytest.raises(argparse.ArgumentTypeError, match=re.escape(repr(text))):
