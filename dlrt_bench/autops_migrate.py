@@ -382,9 +382,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--poll", type=float, default=0.1,
                    help="status poll interval while migrating, seconds (each poll costs pMaster and this "
                         "process CPU that the measured job would feel)")
-    p.add_argument("--prefault-share", type=cli.share, default=PREFAULT_SHARE,
+    p.add_argument("--prefault-share", type=cli.share, default=PREFAULT_SHARE, metavar="SHARE",
                    help="the aggregators' --prefault-share: share of a core populating memory for keys "
-                        f"migrating in may take (default {PREFAULT_SHARE}; 1: at once)")
+                        "migrating in may take (1: at once)")
     p.add_argument("--migrate-timeout", type=float, default=60.0)
     p.add_argument("--start-timeout", type=float, default=120.0)
     p.add_argument("--agent-timeout", type=float, default=60.0)
