@@ -99,8 +99,7 @@ class Aggregator:
         ``prefault_share``: at most this share of a core populates memory for keys migrating
         in (their buffers, and the heap their pushes will arrive in)."""
         self.master = master
-        if not 0 < prefault_share <= 1:
-            raise ValueError(f"prefault_share must be in (0, 1], not {prefault_share}")
+        Pace(prefault_share)        # a share outside (0, 1] is refused here, not in a helper thread later
         self.prefault_share = prefault_share
         self.security = security if security is not None else default_security()
         self.cluster_secret = cluster_secret if cluster_secret is not None else ensure_cluster_secret()
@@ -746,7 +745,7 @@ class Aggregator:
             # the workers' pushes of the new keys arrive in received-message buffers: warm
             # the heap they come from, or the switch iteration pays its page faults
             # (one worker's pushes: the keys' bytes once)
-            pushed = sum(spec.numel * np.dtype(spec.dtype).itemsize for spec in keys)
+            pushed = sum(spec.nbytes for spec in keys)
             warmed = warm_heap(min(pushed, heap_kept() // 2), pace) if made[1] is None else 0
             log.info("job %s: %d bytes for %d incoming keys populated and %d bytes of heap warmed in "
                      "%.2f s of CPU (%.2f s paused)", msg["job"], nbytes, len(keys), warmed, pace.cpu_s,

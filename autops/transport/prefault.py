@@ -63,15 +63,20 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
+def _address(buffer: mmap.mmap) -> int:
+    """Where a mapping starts (the ctypes view is dropped at once, so it can still be closed)."""
+    anchor = ctypes.c_char.from_buffer(buffer)
+    address = ctypes.addressof(anchor)
+    del anchor
+    return address
+
+
 def _can_populate(libc: ctypes.CDLL | None) -> bool:
     if libc is None:
         return False
     probe = mmap.mmap(-1, mmap.PAGESIZE)
     try:
-        anchor = ctypes.c_char.from_buffer(probe)
-        address = ctypes.addressof(anchor)
-        del anchor
-        return libc.madvise(address, mmap.PAGESIZE, MADV_POPULATE_WRITE) == 0
+        return libc.madvise(_address(probe), mmap.PAGESIZE, MADV_POPULATE_WRITE) == 0
     finally:
         probe.close()
 
@@ -96,10 +101,7 @@ def populate(address: int, nbytes: int, pace: Pace | None = None) -> bool:
 
 def populate_buffer(buffer: mmap.mmap, pace: Pace | None = None) -> bool:
     """``populate`` for a whole mapping."""
-    anchor = ctypes.c_char.from_buffer(buffer)
-    address = ctypes.addressof(anchor)
-    del anchor
-    return populate(address, len(buffer), pace)
+    return populate(_address(buffer), len(buffer), pace)
 
 
 def warm_heap(nbytes: int, pace: Pace | None = None) -> int:
