@@ -61,7 +61,7 @@ from .precopy import Follower, Precopies
 from .spare import SpareBuffers
 from .store import JobState, KeyState, SecretMismatch, Store, StoreError
 from .transport import Channel, Inbound, Sender, Shared, Transport, background_priority, make_context
-from .transport.prefault import PREFAULT_SHARE, Pace, warm_heap
+from .transport.prefault import PREFAULT_SHARE, HostLoad, Pace, warm_heap
 from .transport.zmq import heap_kept
 
 log = logging.getLogger("autops.aggregator")
@@ -97,7 +97,8 @@ class Aggregator:
         """``security``: CURVE for every tcp socket (default: the key directory's);
         ``cluster_secret``: what it proves to pMaster (default: the key directory's);
         ``prefault_share``: at most this share of a core populates memory for keys migrating
-        in (their buffers, and the heap their pushes will arrive in)."""
+        in (their buffers, and the heap their pushes will arrive in) while the host is busy;
+        a core the host leaves idle it uses in full."""
         self.master = master
         Pace(prefault_share)        # a share outside (0, 1] is refused here, not in a helper thread later
         self.prefault_share = prefault_share
@@ -131,9 +132,11 @@ class Aggregator:
         self.stats = {"pushes": 0, "pulls": 0, "errors": 0, "bytes_in": 0, "bytes_out": 0,
                       "late": 0, "postponed": 0, "migrated_in": 0, "migrated_out": 0,
                       "states_sent_ahead": 0, "taken_over_ahead": 0, "auth_refusals": 0, "ctrl_refusals": 0,
-                      # memory made ready for keys migrating in: bytes populated, heap warmed, and
-                      # the CPU seconds it took and the pauses that kept it to --prefault-share
-                      "prefaulted_bytes": 0, "heap_warmed_bytes": 0, "prefault_cpu_s": 0.0, "prefault_paused_s": 0.0}
+                      # memory made ready for keys migrating in: bytes populated, heap warmed, the
+                      # CPU seconds it took (of which on a core the host had idle) and the pauses
+                      # that kept the rest to --prefault-share
+                      "prefaulted_bytes": 0, "heap_warmed_bytes": 0, "prefault_cpu_s": 0.0,
+                      "prefault_idle_cpu_s": 0.0, "prefault_paused_s": 0.0}
         # live migration: copies sent to other aggregators, waiting for their ack (those that
         # sent no state because it went ahead: ``ahead_copies``); server-mode state sent ahead
         # to followers, and their acks
@@ -740,7 +743,8 @@ class Aggregator:
 
         def populate() -> None:
             background_priority()
-            pace = Pace(self.prefault_share)
+            load = HostLoad()
+            pace = Pace(self.prefault_share, load=load if load.available else None)
             made = self._allocate_incoming(sizes, msg["job"], pace)
             # the workers' pushes of the new keys arrive in received-message buffers: warm
             # the heap they come from, or the switch iteration pays its page faults
@@ -748,8 +752,8 @@ class Aggregator:
             pushed = sum(spec.nbytes for spec in keys)
             warmed = warm_heap(min(pushed, heap_kept() // 2), pace) if made[1] is None else 0
             log.info("job %s: %d bytes for %d incoming keys populated and %d bytes of heap warmed in "
-                     "%.2f s of CPU (%.2f s paused)", msg["job"], nbytes, len(keys), warmed, pace.cpu_s,
-                     pace.paused_s)
+                     "%.2f s of CPU (%.2f s of it on an idle core; %.2f s paused)", msg["job"], nbytes,
+                     len(keys), warmed, pace.cpu_s, pace.idle_cpu_s, pace.paused_s)
             self._ready.append((self._prefaulted, (0 if made[1] else nbytes, warmed, pace)))
             self._ready.append((self._finish_prepare, (msg, keys, sizes, made)))
             self._waker.wake()
@@ -760,6 +764,7 @@ class Aggregator:
         self.stats["prefaulted_bytes"] += nbytes
         self.stats["heap_warmed_bytes"] += warmed
         self.stats["prefault_cpu_s"] = round(self.stats["prefault_cpu_s"] + pace.cpu_s, 3)
+        self.stats["prefault_idle_cpu_s"] = round(self.stats["prefault_idle_cpu_s"] + pace.idle_cpu_s, 3)
         self.stats["prefault_paused_s"] = round(self.stats["prefault_paused_s"] + pace.paused_s, 3)
 
     def _allocate_incoming(self, sizes: list, job: str,

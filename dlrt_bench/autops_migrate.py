@@ -244,6 +244,11 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
         "migration_s": [r["migration_s"] for r in repeats],
         "iteration_ms_median": round(1e3 * statistics.median(iters), 1) if iters else None,
         "migrations_failed": final["migrations"]["failed"], "migrations_completed_keys": final["migrations"]["completed"],
+        # memory made ready for the incoming keys, per aggregator: bytes, CPU s (of it on a CPU
+        # the host had to spare), s paused to keep the rest to --prefault-share
+        "prefault": {a["id"]: {k: a.get(k) for k in ("prefaulted_bytes", "heap_warmed_bytes", "prefault_cpu_s",
+                                                       "prefault_idle_cpu_s", "prefault_paused_s")}
+                     for a in final["aggregators"]},
         "per_repeat": repeats,
         "comm_ms": [[round(1e3 * (e - s), 1) for _, _, s, e in records] for records in per_rank.values()],
         "params": {k: v for k, v in vars(args).items() if k not in ("json", "model", "mode")},
@@ -383,8 +388,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="status poll interval while migrating, seconds (each poll costs pMaster and this "
                         "process CPU that the measured job would feel)")
     p.add_argument("--prefault-share", type=cli.share, default=PREFAULT_SHARE, metavar="SHARE",
-                   help="the aggregators' --prefault-share: share of a core populating memory for keys "
-                        "migrating in may take (1: at once)")
+                   help="the aggregators' --prefault-share: share of a busy host's core populating memory "
+                        "for keys migrating in may take (1: at once)")
     p.add_argument("--migrate-timeout", type=float, default=60.0)
     p.add_argument("--start-timeout", type=float, default=120.0)
     p.add_argument("--agent-timeout", type=float, default=60.0)

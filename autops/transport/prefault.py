@@ -10,10 +10,15 @@ Done on a helper thread, that work still competes with other processes at full w
 nice value orders threads only within their scheduling group, and the kernel groups every
 session (autogroup) and every cgroup, so a nice-19 thread of an aggregator takes as much of a
 busy machine as a worker does. ``Pace`` caps it: each chunk is followed by a sleep in
-proportion to the CPU time it took, so the work uses at most ``share`` of a core.
+proportion to the CPU time it took, so the work uses at most ``share`` of a core. Given a
+``HostLoad``, it skips the sleep while the host has a CPU to spare (no task lately waited
+for one: the kernel's CPU pressure, PSI), so the work goes at full speed where the host is
+idle (between a job's communication phases an aggregator's host mostly is) and at ``share``
+only where it would take CPU from someone.
 """
 from __future__ import annotations
 
+import collections
 import ctypes
 import mmap
 import time
@@ -25,26 +30,87 @@ HEAP_CHUNK = 16 << 20           # heap warmed per allocation: below the mmap thr
 # an aggregator's default share of a core for memory made ready for keys migrating in: a
 # helper thread's nice value would not keep that off the workers' and other jobs' CPU
 PREFAULT_SHARE = 0.25
+LOAD_WINDOW_S = 0.1     # how far back HostLoad looks
+STALL_FREE = 0.05       # the share of that time tasks may have waited for a CPU on a host with a core to spare
+CPU_PRESSURE = "/proc/pressure/cpu"
+
+
+def cpu_stall_s(path: str = CPU_PRESSURE) -> float | None:
+    """Seconds since boot during which some runnable task of this host waited for a CPU (the
+    kernel's pressure stall information, ``some total``); None where the kernel has none."""
+    try:
+        with open(path) as f:
+            first = f.readline()
+        return int(first.rsplit("total=", 1)[1]) / 1e6
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class HostLoad:
+    """Whether this host has a CPU to spare: over about the last ``window`` seconds, tasks
+    waited for a CPU (``stall``, cumulative seconds: ``cpu_stall_s``) at most ``STALL_FREE``
+    of the time. A usage count could not tell: work that takes a free core leaves the others
+    less than all cores, but a runnable task waiting for a CPU is what taking one costs."""
+
+    def __init__(self, window: float = LOAD_WINDOW_S, stall: Callable[[], float | None] = cpu_stall_s,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.window = window
+        self._stall, self._clock = stall, clock
+        self._samples: collections.deque = collections.deque()   # (time, stall)
+
+    @property
+    def available(self) -> bool:
+        return self._stall() is not None
+
+    def stalled(self) -> float | None:
+        """The share of the last window during which some task waited for a CPU; None until
+        the samples span a whole window (or without stall information)."""
+        stall = self._stall()
+        if stall is None:
+            return None
+        now = (self._clock(), stall)
+        samples = self._samples
+        samples.append(now)
+        while len(samples) > 2 and now[0] - samples[1][0] >= self.window:
+            samples.popleft()
+        then = samples[0]
+        span = now[0] - then[0]
+        if span < self.window:
+            return None
+        return max(0.0, now[1] - then[1]) / span
+
+    def core_free(self) -> bool:
+        """True when no task had to wait for a CPU lately (beyond ``STALL_FREE`` of the time)."""
+        stalled = self.stalled()
+        return stalled is not None and stalled <= STALL_FREE
 
 
 class Pace:
     """At most ``share`` of a core for work done in steps: after a step that took ``c``
-    seconds of this thread's CPU, sleep ``c * (1 - share) / share``. ``share`` 1: no pauses."""
+    seconds of this thread's CPU, sleep ``c * (1 - share) / share``. ``share`` 1: no pauses.
+    With a ``load`` (``HostLoad``), no sleep either after a step taken while the host had a
+    CPU to spare (no task waiting for one): idle CPU is used in full, a busy host's at
+    ``share``."""
 
     def __init__(self, share: float = 1.0, sleep: Callable[[float], None] = time.sleep,
-                 cpu: Callable[[], float] = time.thread_time) -> None:
+                 cpu: Callable[[], float] = time.thread_time, load: HostLoad | None = None) -> None:
         if not 0 < share <= 1:
             raise ValueError(f"pace share must be in (0, 1], not {share}")
         self.share = share
+        self.load = load
         self._sleep, self._cpu = sleep, cpu
         self.cpu_s = 0.0            # CPU the steps took
-        self.paused_s = 0.0         # and the pauses after them
+        self.idle_cpu_s = 0.0       # of which on a core the host had free (not paused for)
+        self.paused_s = 0.0         # the pauses after the others
 
     def step(self, work: Callable[[], object]) -> object:
         start = self._cpu()
         result = work()
         used = max(0.0, self._cpu() - start)
         self.cpu_s += used
+        if self.load is not None and self.load.core_free():
+            self.idle_cpu_s += used
+            return result
         pause = used * (1.0 - self.share) / self.share
         if pause > 0:
             self.paused_s += pause

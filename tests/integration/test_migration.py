@@ -224,5 +224,7 @@ def test_keys_moving_to_an_aggregator_get_memory_and_heap_made_ready_at_its_pace
     assert stats["prefaulted_bytes"] >= 2 * nbytes, stats        # sum mode: two buffers per key
     assert stats["heap_warmed_bytes"] >= nbytes, stats
     assert stats["prefault_cpu_s"] > 0, stats
-    # half a core: it slept as long as it worked (rounded to milliseconds in the report)
-    assert stats["prefault_paused_s"] == pytest.approx(stats["prefault_cpu_s"], abs=2e-3), stats
+    # half a core: it slept as long as it worked, except on a core the host had idle (the
+    # report rounds each to milliseconds)
+    paced = stats["prefault_cpu_s"] - stats["prefault_idle_cpu_s"]
+    assert stats["prefault_paused_s"] == pytest.approx(paced, abs=3e-3), stats

@@ -3,6 +3,7 @@ fake clock, population in chunks, and a warmed heap serving later allocations wi
 from __future__ import annotations
 
 import mmap
+import os
 import resource
 import subprocess
 import sys
@@ -47,6 +48,83 @@ def test_a_whole_core_never_pauses_and_a_share_outside_0_1_is_refused():
     for bad in (0, -0.5, 1.5):
         with pytest.raises(ValueError):
             prefault.Pace(bad)
+
+
+class FakeHost:
+    """The host's CPU pressure (seconds some task waited for a CPU) and the wall clock."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.stall = 0.0
+
+    def run(self, seconds: float, stalled: float) -> None:
+        self.now += seconds
+        self.stall += seconds * stalled
+
+
+def test_host_load_is_the_share_of_its_window_some_task_waited_for_a_cpu():
+    host = FakeHost()
+    load = prefault.HostLoad(window=0.1, stall=lambda: host.stall, clock=lambda: host.now)
+    assert load.stalled() is None            # no history yet
+    host.run(0.05, stalled=0.5)
+    assert load.stalled() is None            # half a window
+    host.run(0.05, stalled=0.5)
+    assert load.stalled() == pytest.approx(0.5)
+    for _ in range(10):                      # the window slides: only its last 0.1 s count
+        host.run(0.02, stalled=0.0)
+        load.stalled()
+    assert load.stalled() == pytest.approx(0.0)
+    assert load.core_free()
+    host.run(0.02, stalled=1.0)              # a fifth of the window with a task waiting
+    assert not load.core_free()
+
+
+def test_without_pressure_information_the_host_never_has_a_core_to_spare():
+    load = prefault.HostLoad(stall=lambda: None)
+    assert not load.available and load.stalled() is None and not load.core_free()
+    assert prefault.cpu_stall_s("/nonexistent/pressure") is None
+
+
+def test_a_paced_step_runs_unpaused_while_no_task_waits_for_a_cpu():
+    clock, host = FakeClock(), FakeHost()
+    load = prefault.HostLoad(window=0.1, stall=lambda: host.stall, clock=lambda: host.now)
+
+    def step(seconds: float, stalled: float) -> None:
+        """A step of ``seconds`` of CPU, and its pause, with tasks waiting ``stalled`` of the time."""
+        def work() -> None:
+            clock.cpu += seconds
+            host.run(seconds, stalled)
+        sleeps = len(clock.slept)
+        pace.step(work)
+        if len(clock.slept) > sleeps:
+            host.run(clock.slept[-1], stalled)
+
+    pace = prefault.Pace(0.25, sleep=clock.slept.append, cpu=lambda: clock.cpu, load=load)
+    for _ in range(3):          # before the load has a window of history: paced
+        step(0.01, stalled=0.0)
+    assert clock.slept == pytest.approx([0.03] * 3)
+    for _ in range(20):         # nobody waits for a CPU: no pauses
+        step(0.01, stalled=0.0)
+    assert len(clock.slept) == 3 and pace.idle_cpu_s == pytest.approx(0.2)
+    for _ in range(20):         # tasks wait for a CPU: a quarter of a core again
+        step(0.01, stalled=0.8)
+    assert clock.slept[-19:] == pytest.approx([0.03] * 19)
+    assert pace.cpu_s == pytest.approx(0.43)
+    assert pace.paused_s == pytest.approx(3 * (pace.cpu_s - pace.idle_cpu_s))
+
+
+def test_this_hosts_cpu_pressure_counts_processes_waiting_for_a_cpu():
+    """Two spinning processes more than the host has cores: at any moment some wait, so the
+    stall time grows by about the time they spin (half of it is asked)."""
+    if prefault.cpu_stall_s() is None:
+        pytest.skip(f"this kernel reports no CPU pressure ({prefault.CPU_PRESSURE}: PSI off)")
+    spin_s = 0.5
+    code = f"import time\nend = time.monotonic() + {spin_s}\nwhile time.monotonic() < end:\n    pass\n"
+    before = prefault.cpu_stall_s()
+    spinners = [subprocess.Popen([sys.executable, "-c", code]) for _ in range((os.cpu_count() or 1) + 2)]
+    for proc in spinners:
+        proc.wait(timeout=30)
+    assert prefault.cpu_stall_s() - before >= spin_s / 2
 
 
 def needs_populate() -> None:
