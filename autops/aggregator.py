@@ -97,8 +97,8 @@ class Aggregator:
         """``security``: CURVE for every tcp socket (default: the key directory's);
         ``cluster_secret``: what it proves to pMaster (default: the key directory's);
         ``prefault_share``: at most this share of a core populates memory for keys migrating
-        in (their buffers, and the heap their pushes will arrive in) while the host is busy;
-        a core the host leaves idle it uses in full."""
+        in (their buffers, and the heap their pushes will arrive in) where the host stays busy;
+        CPU the host has to spare it uses first (``prefault.Pace``)."""
         self.master = master
         Pace(prefault_share)        # a share outside (0, 1] is refused here, not in a helper thread later
         self.prefault_share = prefault_share
@@ -133,10 +133,10 @@ class Aggregator:
                       "late": 0, "postponed": 0, "migrated_in": 0, "migrated_out": 0,
                       "states_sent_ahead": 0, "taken_over_ahead": 0, "auth_refusals": 0, "ctrl_refusals": 0,
                       # memory made ready for keys migrating in: bytes populated, heap warmed, the
-                      # CPU seconds it took (of which on a core the host had idle) and the pauses
-                      # that kept the rest to --prefault-share
+                      # CPU seconds it took (of which on CPU the host had to spare), the pauses
+                      # that kept the rest to --prefault-share, and the waits for a busy host
                       "prefaulted_bytes": 0, "heap_warmed_bytes": 0, "prefault_cpu_s": 0.0,
-                      "prefault_idle_cpu_s": 0.0, "prefault_paused_s": 0.0}
+                      "prefault_idle_cpu_s": 0.0, "prefault_paused_s": 0.0, "prefault_waited_s": 0.0}
         # live migration: copies sent to other aggregators, waiting for their ack (those that
         # sent no state because it went ahead: ``ahead_copies``); server-mode state sent ahead
         # to followers, and their acks
@@ -752,8 +752,9 @@ class Aggregator:
             pushed = sum(spec.nbytes for spec in keys)
             warmed = warm_heap(min(pushed, heap_kept() // 2), pace) if made[1] is None else 0
             log.info("job %s: %d bytes for %d incoming keys populated and %d bytes of heap warmed in "
-                     "%.2f s of CPU (%.2f s of it on an idle core; %.2f s paused)", msg["job"], nbytes,
-                     len(keys), warmed, pace.cpu_s, pace.idle_cpu_s, pace.paused_s)
+                     "%.2f s of CPU (%.2f s of it on CPU the host had to spare; %.2f s paused, %.2f s "
+                     "waiting for a busy host)", msg["job"], nbytes, len(keys), warmed, pace.cpu_s,
+                     pace.idle_cpu_s, pace.paused_s, pace.waited_s)
             self._ready.append((self._prefaulted, (0 if made[1] else nbytes, warmed, pace)))
             self._ready.append((self._finish_prepare, (msg, keys, sizes, made)))
             self._waker.wake()
@@ -766,6 +767,7 @@ class Aggregator:
         self.stats["prefault_cpu_s"] = round(self.stats["prefault_cpu_s"] + pace.cpu_s, 3)
         self.stats["prefault_idle_cpu_s"] = round(self.stats["prefault_idle_cpu_s"] + pace.idle_cpu_s, 3)
         self.stats["prefault_paused_s"] = round(self.stats["prefault_paused_s"] + pace.paused_s, 3)
+        self.stats["prefault_waited_s"] = round(self.stats["prefault_waited_s"] + pace.waited_s, 3)
 
     def _allocate_incoming(self, sizes: list, job: str,
                            pace: Pace | None = None) -> tuple[list[Shared] | None, OSError | None]:

@@ -244,10 +244,12 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
         "migration_s": [r["migration_s"] for r in repeats],
         "iteration_ms_median": round(1e3 * statistics.median(iters), 1) if iters else None,
         "migrations_failed": final["migrations"]["failed"], "migrations_completed_keys": final["migrations"]["completed"],
-        # memory made ready for the incoming keys, per aggregator: bytes, CPU s (of it on a CPU
-        # the host had to spare), s paused to keep the rest to --prefault-share
+        # memory made ready for the incoming keys, per aggregator: bytes, CPU s (of it on CPU
+        # the host had to spare), s paused to keep the rest to --prefault-share, s waited for
+        # a busy host to have CPU to spare
         "prefault": {a["id"]: {k: a.get(k) for k in ("prefaulted_bytes", "heap_warmed_bytes", "prefault_cpu_s",
-                                                       "prefault_idle_cpu_s", "prefault_paused_s")}
+                                                       "prefault_idle_cpu_s", "prefault_paused_s",
+                                                       "prefault_waited_s")}
                      for a in final["aggregators"]},
         "per_repeat": repeats,
         "comm_ms": [[round(1e3 * (e - s), 1) for _, _, s, e in records] for records in per_rank.values()],

@@ -11,10 +11,10 @@ nice value orders threads only within their scheduling group, and the kernel gro
 session (autogroup) and every cgroup, so a nice-19 thread of an aggregator takes as much of a
 busy machine as a worker does. ``Pace`` caps it: each chunk is followed by a sleep in
 proportion to the CPU time it took, so the work uses at most ``share`` of a core. Given a
-``HostLoad``, it skips the sleep while the host has a CPU to spare (no task lately waited
-for one: the kernel's CPU pressure, PSI), so the work goes at full speed where the host is
-idle (between a job's communication phases an aggregator's host mostly is) and at ``share``
-only where it would take CPU from someone.
+``HostLoad`` it goes to idle CPU first: at full speed while the host has a CPU to spare (no
+task lately waited for one: the kernel's CPU pressure, PSI), not at all while tasks wait --
+between a job's communication phases an aggregator's host is mostly idle, and in them busy
+-- and at ``share`` again only on a host busy for longer than ``BUSY_PATIENCE_S``.
 """
 from __future__ import annotations
 
@@ -25,13 +25,15 @@ import time
 from typing import Callable
 
 MADV_POPULATE_WRITE = 23        # Linux 5.14
-CHUNK = 16 << 20                # bytes populated between two pauses
-HEAP_CHUNK = 16 << 20           # heap warmed per allocation: below the mmap threshold keep_freed_buffers sets
+CHUNK = 4 << 20                 # bytes populated per step: a step under way when the host gets busy runs on
+HEAP_CHUNK = 16 << 20           # heap warmed per allocation (below the mmap threshold keep_freed_buffers sets)
 # an aggregator's default share of a core for memory made ready for keys migrating in: a
 # helper thread's nice value would not keep that off the workers' and other jobs' CPU
 PREFAULT_SHARE = 0.25
 LOAD_WINDOW_S = 0.1     # how far back HostLoad looks
 STALL_FREE = 0.05       # the share of that time tasks may have waited for a CPU on a host with a core to spare
+BUSY_PATIENCE_S = 1.0   # how long Pace waits for a busy host to have a CPU to spare before it goes at its share
+BUSY_POLL_S = 0.02      # and how often it looks
 CPU_PRESSURE = "/proc/pressure/cpu"
 
 
@@ -88,27 +90,52 @@ class HostLoad:
 class Pace:
     """At most ``share`` of a core for work done in steps: after a step that took ``c``
     seconds of this thread's CPU, sleep ``c * (1 - share) / share``. ``share`` 1: no pauses.
-    With a ``load`` (``HostLoad``), no sleep either after a step taken while the host had a
-    CPU to spare (no task waiting for one): idle CPU is used in full, a busy host's at
-    ``share``."""
+
+    With a ``load`` (``HostLoad``) the work goes to the host's idle CPU first: a step taken
+    while no task waited for a CPU is not paused for, and while tasks do wait the next step
+    waits (polls every ``poll`` s) until they stop -- a job's communication phase, say --
+    for at most ``patience`` seconds of that busy stretch; a host busy for longer gets the
+    steps at ``share`` again, so the work always progresses."""
 
     def __init__(self, share: float = 1.0, sleep: Callable[[float], None] = time.sleep,
-                 cpu: Callable[[], float] = time.thread_time, load: HostLoad | None = None) -> None:
+                 cpu: Callable[[], float] = time.thread_time, load: HostLoad | None = None,
+                 clock: Callable[[], float] = time.monotonic, patience: float = BUSY_PATIENCE_S,
+                 poll: float = BUSY_POLL_S) -> None:
         if not 0 < share <= 1:
             raise ValueError(f"pace share must be in (0, 1], not {share}")
         self.share = share
-        self.load = load
-        self._sleep, self._cpu = sleep, cpu
+        self.load, self.patience, self.poll = load, patience, poll
+        self._sleep, self._cpu, self._clock = sleep, cpu, clock
+        self._busy_since: float | None = None
         self.cpu_s = 0.0            # CPU the steps took
-        self.idle_cpu_s = 0.0       # of which on a core the host had free (not paused for)
-        self.paused_s = 0.0         # the pauses after the others
+        self.idle_cpu_s = 0.0       # of which in steps started while the host had a CPU to spare
+        self.paused_s = 0.0         # the pauses that kept the others to ``share``
+        self.waited_s = 0.0         # and the waits for a busy host to have a CPU to spare
+
+    def _host_busy(self) -> bool:
+        """Whether the host has no CPU to spare; tracks since when."""
+        if self.load.core_free():
+            self._busy_since = None
+            return False
+        if self._busy_since is None:
+            self._busy_since = self._clock()
+        return True
+
+    def _patient(self) -> bool:
+        return self._busy_since is not None and self._clock() - self._busy_since < self.patience
 
     def step(self, work: Callable[[], object]) -> object:
+        spare = False
+        if self.load is not None:
+            while self._host_busy() and self._patient():
+                self.waited_s += self.poll
+                self._sleep(self.poll)
+            spare = self._busy_since is None
         start = self._cpu()
         result = work()
         used = max(0.0, self._cpu() - start)
         self.cpu_s += used
-        if self.load is not None and self.load.core_free():
+        if spare:
             self.idle_cpu_s += used
             return result
         pause = used * (1.0 - self.share) / self.share
@@ -189,7 +216,7 @@ def warm_heap(nbytes: int, pace: Pace | None = None) -> int:
             blocks.append(block)
             start = -(-block // page) * page
             length = (block + HEAP_CHUNK - start) // page * page
-            if pace.step(lambda: _LIBC.madvise(start, length, MADV_POPULATE_WRITE)) != 0:
+            if not populate(start, length, pace):
                 break
             warmed += length
     finally:

@@ -43,12 +43,21 @@ def migrations_done(master: str, job: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     with AdminClient(master, 5) as admin:
         while time.monotonic() < deadline:
-            status = admin.status()
-            record = next(j for j in status["jobs"] if j["job"] == job)
-            if record["migrating_keys"] == 0 and status["migrations"]["batches_active"] == 0:
+            if settled(admin.status(), job):
                 return
             time.sleep(0.01)
     raise TimeoutError(f"migrations of {job} did not finish within {timeout:.0f}s")
+
+
+def settled(status: dict, job: str) -> bool:
+    """In pMaster's ``status``: no key of ``job`` is moving."""
+    record = next(j for j in status["jobs"] if j["job"] == job)
+    return record["migrating_keys"] == 0 and status["migrations"]["batches_active"] == 0
+
+
+def moved(master: str, job: str) -> bool:
+    with AdminClient(master, 5) as admin:
+        return settled(admin.status(), job)
 
 
 def train(master: str, mode: str, schedule: dict[int, list], transport: str = "auto",
@@ -200,7 +209,14 @@ def test_keys_moving_to_an_aggregator_get_memory_and_heap_made_ready_at_its_pace
             source = set(agents[0].placement())
             target = next(a["id"] for a in pool.status()["aggregators"] if a["id"] not in source)
             outs = [np.empty(shape, np.float32) for _ in range(W)]
-            for it in range(1, 9):
+            deadline = time.monotonic() + 30
+            it, done_at = 0, None
+            # the job trains on while the move waits for its memory (a busy host gets the
+            # population only after the pace's patience), and two iterations past it
+            while (done_at is None or it < max(8, done_at + 2)) and time.monotonic() < deadline:
+                it += 1
+                if done_at is None and it > 3 and moved(pool.master, job):
+                    done_at = it
                 if it == 3:
                     admin_migrate(pool.master, job, to=[target])
                 handles = [agent.push_pull("w", grad(r, it, "w", shape), outs[r], it)

@@ -85,32 +85,66 @@ def test_without_pressure_information_the_host_never_has_a_core_to_spare():
     assert prefault.cpu_stall_s("/nonexistent/pressure") is None
 
 
-def test_a_paced_step_runs_unpaused_while_no_task_waits_for_a_cpu():
-    clock, host = FakeClock(), FakeHost()
-    load = prefault.HostLoad(window=0.1, stall=lambda: host.stall, clock=lambda: host.now)
+class FakeWorld:
+    """One clock for the wall time, this thread's CPU and the host's CPU pressure: sleeping
+    and working advance it; in the ``busy`` stretches of time, tasks wait for a CPU
+    ``stalled`` of the time."""
 
-    def step(seconds: float, stalled: float) -> None:
-        """A step of ``seconds`` of CPU, and its pause, with tasks waiting ``stalled`` of the time."""
-        def work() -> None:
-            clock.cpu += seconds
-            host.run(seconds, stalled)
-        sleeps = len(clock.slept)
-        pace.step(work)
-        if len(clock.slept) > sleeps:
-            host.run(clock.slept[-1], stalled)
+    def __init__(self) -> None:
+        self.now = self.cpu = self.stall = 0.0
+        self.busy: list[tuple[float, float]] = []
+        self.stalled = 0.8
+        self.slept: list[float] = []
 
-    pace = prefault.Pace(0.25, sleep=clock.slept.append, cpu=lambda: clock.cpu, load=load)
-    for _ in range(3):          # before the load has a window of history: paced
-        step(0.01, stalled=0.0)
-    assert clock.slept == pytest.approx([0.03] * 3)
-    for _ in range(20):         # nobody waits for a CPU: no pauses
-        step(0.01, stalled=0.0)
-    assert len(clock.slept) == 3 and pace.idle_cpu_s == pytest.approx(0.2)
-    for _ in range(20):         # tasks wait for a CPU: a quarter of a core again
-        step(0.01, stalled=0.8)
-    assert clock.slept[-19:] == pytest.approx([0.03] * 19)
-    assert pace.cpu_s == pytest.approx(0.43)
-    assert pace.paused_s == pytest.approx(3 * (pace.cpu_s - pace.idle_cpu_s))
+    def advance(self, seconds: float) -> None:
+        begin, self.now = self.now, self.now + seconds
+        for start, end in self.busy:
+            self.stall += max(0.0, min(end, self.now) - max(start, begin)) * self.stalled
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.advance(seconds)
+
+    def work(self, seconds: float):
+        def run() -> None:
+            self.cpu += seconds
+            self.advance(seconds)
+        return run
+
+    def pace(self, share: float, patience: float = 1.0) -> prefault.Pace:
+        load = prefault.HostLoad(window=0.1, stall=lambda: self.stall, clock=lambda: self.now)
+        return prefault.Pace(share, sleep=self.sleep, cpu=lambda: self.cpu, load=load, clock=lambda: self.now,
+                             patience=patience, poll=0.02)
+
+
+def test_with_a_host_load_steps_go_unpaused_on_idle_cpu_and_wait_while_tasks_wait_for_one():
+    world = FakeWorld()
+    pace = world.pace(0.25)
+    pace.step(world.work(0.01))
+    # the load needs a window of history first: it polled until it had one, then went on
+    assert world.slept == pytest.approx([0.02] * 5) and pace.waited_s == pytest.approx(0.1)
+    for _ in range(20):                     # nobody waits for a CPU: no pauses
+        pace.step(world.work(0.01))
+    assert len(world.slept) == 5 and pace.idle_cpu_s == pytest.approx(0.21)
+    world.busy.append((world.now, world.now + 0.5))      # a communication phase of 0.5 s begins
+    world.advance(0.05)
+    pace.step(world.work(0.01))             # waits for it to end, and for a window without it
+    end = world.busy[-1][1]
+    assert end + 0.1 - 0.02 <= world.now - 0.01 <= end + 0.1 + 0.02
+    assert pace.cpu_s == pace.idle_cpu_s == pytest.approx(0.22) and pace.paused_s == 0.0
+
+
+def test_a_host_busy_for_longer_than_the_patience_gets_the_steps_at_the_share():
+    world = FakeWorld()
+    pace = world.pace(0.25, patience=1.0)
+    world.busy.append((0.0, float("inf")))     # tasks always wait for a CPU
+    pace.step(world.work(0.01))
+    assert pace.waited_s == pytest.approx(1.0)          # it waited its patience out
+    assert world.slept[-1] == pytest.approx(0.03)      # then went at a quarter of a core
+    for _ in range(9):
+        pace.step(world.work(0.01))
+    assert world.slept[-9:] == pytest.approx([0.03] * 9)
+    assert pace.idle_cpu_s == 0.0 and pace.paused_s == pytest.approx(3 * pace.cpu_s)
 
 
 def test_this_hosts_cpu_pressure_counts_processes_waiting_for_a_cpu():
