@@ -205,9 +205,9 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     p.add_argument("--heartbeat-interval", type=cli.positive(float), default=1.0,
                    help="seconds between heartbeats (keep it well below pMaster's --heartbeat-timeout)")
     p.add_argument("--prefault-share", type=cli.share, default=PREFAULT_SHARE, metavar="SHARE",
-                   help="at most this share of a core populates memory for keys migrating in while "
-                        "tasks on this host wait for a CPU, so that the job's and its neighbours' CPU is not "
-                        "taken; a CPU nothing waits for it uses in full (1: always at once)")
+                   help="memory for keys migrating in is populated on this host's idle CPU; a host busy "
+                        "for over a second gets it at this share of a core, so that the job's and its "
+                        "neighbours' CPU is not taken (1: at once)")
     p.set_defaults(func=_cmd_aggregator)
 
     p = cli.add_command(sub, "local", "run CMD against a master that starts aggregators on this machine",

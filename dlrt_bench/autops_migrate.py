@@ -390,8 +390,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="status poll interval while migrating, seconds (each poll costs pMaster and this "
                         "process CPU that the measured job would feel)")
     p.add_argument("--prefault-share", type=cli.share, default=PREFAULT_SHARE, metavar="SHARE",
-                   help="the aggregators' --prefault-share: share of a busy host's core populating memory "
-                        "for keys migrating in may take (1: at once)")
+                   help="the aggregators' --prefault-share: share of a core populating memory for keys "
+                        "migrating in may take on a host busy for over a second (1: at once)")
     p.add_argument("--migrate-timeout", type=float, default=60.0)
     p.add_argument("--start-timeout", type=float, default=120.0)
     p.add_argument("--agent-timeout", type=float, default=60.0)
