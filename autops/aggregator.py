@@ -743,8 +743,8 @@ class Aggregator:
 
         def populate() -> None:
             background_priority()
-            load = HostLoad()
-            pace = Pace(self.prefault_share, load=load if load.available else None)
+            load = HostLoad()       # share 1: at once, no waiting for idle CPU either
+            pace = Pace(self.prefault_share, load=load if load.available and self.prefault_share < 1 else None)
             made = self._allocate_incoming(sizes, msg["job"], pace)
             # the workers' pushes of the new keys arrive in received-message buffers: warm
             # the heap they come from, or the switch iteration pays its page faults

@@ -207,7 +207,7 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     p.add_argument("--prefault-share", type=cli.share, default=PREFAULT_SHARE, metavar="SHARE",
                    help="memory for keys migrating in is populated on this host's idle CPU; a host busy "
                         "for over a second gets it at this share of a core, so that the job's and its "
-                        "neighbours' CPU is not taken (1: at once)")
+                        "neighbours' CPU is not taken (1: at once, without waiting for idle CPU)")
     p.set_defaults(func=_cmd_aggregator)
 
     p = cli.add_command(sub, "local", "run CMD against a master that starts aggregators on this machine",
