@@ -743,8 +743,7 @@ class Aggregator:
 
         def populate() -> None:
             background_priority()
-            load = HostLoad()       # share 1: at once, no waiting for idle CPU either
-            pace = Pace(self.prefault_share, load=load if load.available and self.prefault_share < 1 else None)
+            pace = Pace(self.prefault_share, load=HostLoad.of_this_host())
             made = self._allocate_incoming(sizes, msg["job"], pace)
             # the workers' pushes of the new keys arrive in received-message buffers: warm
             # the heap they come from, or the switch iteration pays its page faults
@@ -764,10 +763,8 @@ class Aggregator:
     def _prefaulted(self, nbytes: int, warmed: int, pace: Pace) -> None:
         self.stats["prefaulted_bytes"] += nbytes
         self.stats["heap_warmed_bytes"] += warmed
-        self.stats["prefault_cpu_s"] = round(self.stats["prefault_cpu_s"] + pace.cpu_s, 3)
-        self.stats["prefault_idle_cpu_s"] = round(self.stats["prefault_idle_cpu_s"] + pace.idle_cpu_s, 3)
-        self.stats["prefault_paused_s"] = round(self.stats["prefault_paused_s"] + pace.paused_s, 3)
-        self.stats["prefault_waited_s"] = round(self.stats["prefault_waited_s"] + pace.waited_s, 3)
+        for name, value in pace.figures().items():
+            self.stats[f"prefault_{name}"] = round(self.stats[f"prefault_{name}"] + value, 3)
 
     def _allocate_incoming(self, sizes: list, job: str,
                            pace: Pace | None = None) -> tuple[list[Shared] | None, OSError | None]:

@@ -247,9 +247,7 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
         # memory made ready for the incoming keys, per aggregator: bytes, CPU s (of it on CPU
         # the host had to spare), s paused to keep the rest to --prefault-share, s waited for
         # a busy host to have CPU to spare
-        "prefault": {a["id"]: {k: a.get(k) for k in ("prefaulted_bytes", "heap_warmed_bytes", "prefault_cpu_s",
-                                                       "prefault_idle_cpu_s", "prefault_paused_s",
-                                                       "prefault_waited_s")}
+        "prefault": {a["id"]: {k: v for k, v in a.items() if k.startswith("prefault") or k == "heap_warmed_bytes"}
                      for a in final["aggregators"]},
         "per_repeat": repeats,
         "comm_ms": [[round(1e3 * (e - s), 1) for _, _, s, e in records] for records in per_rank.values()],

@@ -64,6 +64,12 @@ class HostLoad:
     def available(self) -> bool:
         return self._stall() is not None
 
+    @classmethod
+    def of_this_host(cls) -> "HostLoad | None":
+        """This host's load, or None where the kernel reports no CPU pressure."""
+        load = cls()
+        return load if load.available else None
+
     def stalled(self) -> float | None:
         """The share of the last window during which some task waited for a CPU; None until
         the samples span a whole window (or without stall information)."""
@@ -89,7 +95,8 @@ class HostLoad:
 
 class Pace:
     """At most ``share`` of a core for work done in steps: after a step that took ``c``
-    seconds of this thread's CPU, sleep ``c * (1 - share) / share``. ``share`` 1: no pauses.
+    seconds of this thread's CPU, sleep ``c * (1 - share) / share``. ``share`` 1: at once,
+    neither pauses nor waits.
 
     With a ``load`` (``HostLoad``) the work goes to the host's idle CPU first: a step taken
     while no task waited for a CPU is not paused for, and while tasks do wait the next step
@@ -104,13 +111,20 @@ class Pace:
         if not 0 < share <= 1:
             raise ValueError(f"pace share must be in (0, 1], not {share}")
         self.share = share
-        self.load, self.patience, self.poll = load, patience, poll
+        self.load = load if share < 1 else None
+        self.patience, self.poll = patience, poll
         self._sleep, self._cpu, self._clock = sleep, cpu, clock
         self._busy_since: float | None = None
         self.cpu_s = 0.0            # CPU the steps took
         self.idle_cpu_s = 0.0       # of which in steps started while the host had a CPU to spare
         self.paused_s = 0.0         # the pauses that kept the others to ``share``
         self.waited_s = 0.0         # and the waits for a busy host to have a CPU to spare
+
+    def figures(self) -> dict[str, float]:
+        """What the work took so far: its CPU seconds (of them, on CPU the host had to spare),
+        the pauses and the waits."""
+        return {"cpu_s": self.cpu_s, "idle_cpu_s": self.idle_cpu_s, "paused_s": self.paused_s,
+                "waited_s": self.waited_s}
 
     def _host_busy(self) -> bool:
         """Whether the host has no CPU to spare; tracks since when."""
