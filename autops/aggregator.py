@@ -61,7 +61,7 @@ from .precopy import Follower, Precopies
 from .spare import SpareBuffers
 from .store import JobState, KeyState, SecretMismatch, Store, StoreError
 from .transport import Channel, Inbound, Sender, Shared, Transport, background_priority, make_context
-from .transport.prefault import PREFAULT_SHARE, HostLoad, Pace, warm_heap
+from .transport.prefault import PREFAULT_SHARE, HostLoad, Pace, warm_heap, zeroed_arrays
 from .transport.zmq import heap_kept
 
 log = logging.getLogger("autops.aggregator")
@@ -729,7 +729,10 @@ class Aggregator:
         try:
             keys = [KeySpec.from_wire(k) for k in msg["keys"]]
             sizes = Store.buffer_sizes(msg["mode"], keys)
-            nbytes = sum(numel * np.dtype(dtype).itemsize for numel, dtype in sizes)
+            # server mode: the gradient accumulators and optimizer state, which the state copy
+            # ahead of the switch fills; made ready here too, or that copy pays their faults
+            private = Store.private_sizes(msg["mode"], msg.get("optimizer"), msg.get("hp"), keys)
+            nbytes = sum(numel * np.dtype(dtype).itemsize for numel, dtype in sizes + private)
         except (ValueError, TypeError, IndexError) as exc:
             self._to_master(wire.error(str(exc), req=msg.get("req"), agg=self.agg_id))
             return
@@ -745,6 +748,7 @@ class Aggregator:
             background_priority()
             pace = Pace(self.prefault_share, load=HostLoad.of_this_host())
             made = self._allocate_incoming(sizes, msg["job"], pace)
+            state = zeroed_arrays(private, pace) if made[1] is None and private else None
             # the workers' pushes of the new keys arrive in received-message buffers: warm
             # the heap they come from, or the switch iteration pays its page faults
             # (one worker's pushes: the keys' bytes once)
@@ -755,7 +759,7 @@ class Aggregator:
                      "waiting for a busy host)", msg["job"], nbytes, len(keys), warmed, pace.cpu_s,
                      pace.idle_cpu_s, pace.paused_s, pace.waited_s)
             self._ready.append((self._prefaulted, (0 if made[1] else nbytes, warmed, pace)))
-            self._ready.append((self._finish_prepare, (msg, keys, sizes, made)))
+            self._ready.append((self._finish_prepare, (msg, keys, sizes, made, state)))
             self._waker.wake()
 
         threading.Thread(target=populate, name="autops-populate", daemon=True).start()
@@ -779,9 +783,11 @@ class Aggregator:
             fn, args = self._ready.pop(0)
             fn(*args)
 
-    def _finish_prepare(self, msg: wire.Message, keys: list, sizes: list, made: tuple | None = None) -> None:
+    def _finish_prepare(self, msg: wire.Message, keys: list, sizes: list, made: tuple | None = None,
+                        private: list | None = None) -> None:
         """Create the incoming keys in ``made`` -- ``(buffers, allocation error)`` from a
-        helper thread -- or in buffers allocated now."""
+        helper thread, with ``private``: their server-mode arrays (``Store.private_sizes``) --
+        or in memory allocated now."""
         req = msg.get("req")
         try:
             state = self.store.jobs.get(msg["job"])
@@ -793,7 +799,7 @@ class Aggregator:
                 raise StoreError(f"cannot allocate memory for the incoming keys: {error}")
             self.store.assign(msg["job"], msg["secret"], msg["world_size"], msg["mode"], keys,
                               average=bool(msg.get("average", True)), optimizer=msg.get("optimizer"),
-                              hp=msg.get("hp") or {}, buffers=[(buf.array, buf) for buf in buffers])
+                              hp=msg.get("hp") or {}, buffers=[(buf.array, buf) for buf in buffers], private=private)
             state = self.store.jobs[msg["job"]]
             replicas = msg.get("replicas") or {}
             for spec in keys:

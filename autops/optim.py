@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -198,17 +198,37 @@ class ServerOptimizer(ABC):
         pass
 
     # -- state
-    def init_state(self, param: np.ndarray) -> None:
+    def init_state(self, param: np.ndarray, slots: Sequence[np.ndarray] = ()) -> None:
         """Bind to ``param`` (size and dtype) and allocate fresh state (zeros, step 0), as
-        torch does on a parameter's first step. Calling it again resets the state."""
+        torch does on a parameter's first step. Calling it again resets the state.
+
+        ``slots``: ``state_slots()`` zero-filled flat arrays of the parameter's size and dtype
+        to hold the state (memory populated ahead of a migration); without them the
+        optimizer allocates its own."""
         p = self._flat_param(param)
+        given = list(slots)
+        if given and (len(given) != self.state_slots() or any(
+                not isinstance(a, np.ndarray) or a.ndim != 1 or a.size != p.size or a.dtype != p.dtype
+                or not a.flags.writeable for a in given)):
+            raise ValueError(f"{self.name}: state slots must be {self.state_slots()} writable flat arrays "
+                             f"of {p.size} x {p.dtype}")
         self._size, self._dtype = p.size, p.dtype
         self.step_count = 0
-        self._alloc_state()
+        self._alloc_state(iter(given))
 
     @abstractmethod
-    def _alloc_state(self) -> None:
+    def state_slots(self) -> int:
+        """How many arrays of the parameter's size the state takes (``init_state``'s slots)."""
         raise NotImplementedError
+
+    @abstractmethod
+    def _alloc_state(self, slots: Iterator[np.ndarray] | None = None) -> None:
+        raise NotImplementedError
+
+    def _zeros(self, slots: Iterator[np.ndarray] | None) -> np.ndarray:
+        """The next given slot (zero-filled by its maker), else a new array of zeros."""
+        given = next(slots, None) if slots is not None else None
+        return np.zeros(self._size, dtype=self._dtype) if given is None else given
 
     @abstractmethod
     def state_arrays(self) -> dict[str, np.ndarray]:
@@ -399,10 +419,13 @@ class SGD(ServerOptimizer):
                              "and zero dampening")
         return out
 
-    def _alloc_state(self) -> None:
+    def state_slots(self) -> int:
+        return 1 if self._hp["momentum"] != 0 else 0
+
+    def _alloc_state(self, slots: Iterator[np.ndarray] | None = None) -> None:
         # torch creates the buffer on the first momentum step (a clone of the gradient);
         # allocate it up front when momentum is on, but mark it not yet valid.
-        self._buf = np.empty(self._size, dtype=self._dtype) if self._hp["momentum"] != 0 else None
+        self._buf = self._zeros(slots) if self._hp["momentum"] != 0 else None
         self._buf_valid = False
 
     def _state_names(self) -> tuple[str, ...]:
@@ -501,11 +524,13 @@ class Adam(ServerOptimizer):
             return self._DECOUPLED
         return bool(self._hp["decoupled_weight_decay"])
 
-    def _alloc_state(self) -> None:
-        self._exp_avg = np.zeros(self._size, dtype=self._dtype)
-        self._exp_avg_sq = np.zeros(self._size, dtype=self._dtype)
-        self._max_exp_avg_sq = (np.zeros(self._size, dtype=self._dtype)
-                                if self._hp["amsgrad"] else None)
+    def state_slots(self) -> int:
+        return 3 if self._hp["amsgrad"] else 2
+
+    def _alloc_state(self, slots: Iterator[np.ndarray] | None = None) -> None:
+        self._exp_avg = self._zeros(slots)
+        self._exp_avg_sq = self._zeros(slots)
+        self._max_exp_avg_sq = self._zeros(slots) if self._hp["amsgrad"] else None
 
     def _after_set_hp(self) -> None:
         if self._hp["amsgrad"] and self._max_exp_avg_sq is None:

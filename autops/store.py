@@ -162,13 +162,24 @@ class Store:
         copies = 2 if mode == "sum" else 1
         return [(spec.numel, spec.dtype) for spec in dict((k.key, k) for k in keys).values() for _ in range(copies)]
 
+    @staticmethod
+    def private_sizes(mode: str, optimizer: str | None, hp: dict | None, keys: list[KeySpec]) -> list[tuple[int, str]]:
+        """The arrays beside ``buffer_sizes`` that ``assign``'s ``private`` takes for new
+        ``keys``, in order: per server-mode key its gradient accumulator and its optimizer's
+        state slots; none in sum mode. ``ValueError`` for an unknown optimizer."""
+        if mode != "server":
+            return []
+        slots = _optim().make_optimizer(optimizer or "", hp or {}).state_slots()
+        return [(spec.numel, spec.dtype) for spec in dict((k.key, k) for k in keys).values() for _ in range(1 + slots)]
+
     def assign(self, job: str, secret: str, world_size: int, mode: str, keys: list[KeySpec],
                average: bool = True, optimizer: str | None = None, hp: dict | None = None,
-               buffers: list | None = None) -> None:
+               buffers: list | None = None, private: list | None = None) -> None:
         """Create the job if new and preallocate the given keys (idempotent per key).
 
         ``buffers``: ``(array, reference)`` pairs allocated beforehand for all of ``keys``
-        (``buffer_sizes``), used instead of the allocator when every key is new."""
+        (``buffer_sizes``), used instead of the allocator when every key is new; ``private``:
+        zero-filled arrays for them (``private_sizes``), used likewise."""
         state = self.ensure_job(job, secret, world_size, mode, average, optimizer, hp)
         fresh = [spec for spec in dict((k.key, k) for k in keys).values() if spec.key not in state.keys]
         copies = 2 if mode == "sum" else 1
@@ -176,6 +187,9 @@ class Store:
             arrays = iter(buffers)
         else:
             arrays = iter(self._allocate(job, [(spec.numel, spec.dtype) for spec in fresh for _ in range(copies)]))
+        given, per_key = None, 0
+        if private and len(private) == len(self.private_sizes(mode, optimizer, hp, fresh)):
+            given, per_key = iter(private), len(private) // len(fresh)
         for spec in fresh:
             ks = KeyState(spec, mode, state.world_size, average, job=job)
             if mode == "sum":
@@ -184,7 +198,11 @@ class Store:
             else:
                 ks.param, ks.param_ref = next(arrays)
                 ks.optimizer = _optim().make_optimizer(optimizer, hp or {})
-                ks.optimizer.init_state(ks.param)
+                if given is not None:
+                    ks.grad, *slots = (next(given) for _ in range(per_key))
+                    ks.optimizer.init_state(ks.param, slots)
+                else:
+                    ks.optimizer.init_state(ks.param)
             state.keys[spec.key] = ks
 
     def ensure_job(self, job: str, secret: str, world_size: int, mode: str, average: bool = True,

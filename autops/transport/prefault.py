@@ -1,7 +1,8 @@
 """Memory made ready ahead of its first use, paced so that it does not take the data path's CPU.
 
 Page faults on a latency-critical path are avoided by populating memory ahead: the buffers of
-keys that migrate to an aggregator, and the heap its receive path will fill with the new
+keys that migrate to an aggregator (in server mode also their gradient accumulators and
+optimizer state: ``zeroed_arrays``), and the heap its receive path will fill with the new
 keys' pushes (glibc keeps freed message buffers there once ``keep_freed_buffers`` raised its
 thresholds, so a warmed heap serves them without faulting). The kernel zeroes every page
 populated this way, which costs a core about half a second per GB.
@@ -22,11 +23,14 @@ import collections
 import ctypes
 import mmap
 import time
-from typing import Callable
+from typing import Callable, Sequence
+
+import numpy as np
 
 MADV_POPULATE_WRITE = 23        # Linux 5.14
 CHUNK = 4 << 20                 # bytes populated per step: a step under way when the host gets busy runs on
 HEAP_CHUNK = 16 << 20           # heap warmed per allocation (below the mmap threshold keep_freed_buffers sets)
+OWN_MAPPING_MIN = 1 << 20       # zeroed_arrays: arrays of at least this many bytes get a mapping of their own
 # an aggregator's default share of a core for memory made ready for keys migrating in: a
 # helper thread's nice value would not keep that off the workers' and other jobs' CPU
 PREFAULT_SHARE = 0.25
@@ -237,3 +241,20 @@ def warm_heap(nbytes: int, pace: Pace | None = None) -> int:
         for block in reversed(blocks):
             _LIBC.free(block)
     return warmed
+
+
+def zeroed_arrays(sizes: Sequence[tuple[int, str]], pace: Pace | None = None) -> list[np.ndarray]:
+    """Zero-filled flat arrays of ``(numel, dtype)``, private to this process, their pages
+    populated at ``pace``: each large one in an anonymous mapping of its own (pages the kernel
+    zeroes, unmapped when the array goes), small ones from the heap (cheap to fault later)."""
+    out = []
+    for numel, dtype in sizes:
+        dt = np.dtype(dtype)
+        nbytes = int(numel) * dt.itemsize
+        if nbytes < OWN_MAPPING_MIN:
+            out.append(np.zeros(int(numel), dt))
+            continue
+        mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        populate(_address(mapping), nbytes, pace)       # best effort: a failure only costs faults later
+        out.append(np.frombuffer(mapping, dtype=dt, count=int(numel)))
+    return out

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from autops.admin import AdminClient
 from autops.agent import Agent
 from autops.local import LocalPool
+from autops.optim import make_optimizer
 from autops_testlib import TENSORS, W, check_same, grad, secret_for
 
 ITERS = 24
@@ -194,18 +195,28 @@ def test_every_tensor_moves_and_the_job_ends_where_it_was_sent(pool3, references
 
 
 # --- memory made ready ahead, at a pace ----------------------------------------------------------
-def test_keys_moving_to_an_aggregator_get_memory_and_heap_made_ready_at_its_pace():
+@pytest.mark.parametrize("mode", ["sum", "server"])
+def test_keys_moving_to_an_aggregator_get_memory_and_heap_made_ready_at_its_pace(mode):
     """Keys large enough to be populated off the aggregator's loop (``--prefault-share 0.5``):
-    the new owner populates their buffers and warms the heap their pushes arrive in, pausing as
-    long as it worked, and the job's sums stay exact through the move."""
+    the new owner populates their buffers (server mode: the master copy, the gradient
+    accumulator and the optimizer's state, here SGD's momentum) and warms the heap their pushes
+    arrive in, pausing as long as it worked, and the job's results stay exact through the move."""
     shape = (1_500_000,)                # 6 MiB: its keys' buffers are populated by a helper thread
-    job = f"mig-prefault-{next(_jobs)}"
+    job = f"mig-prefault-{mode}-{next(_jobs)}"
+    kw = dict(mode=mode, average=False, num_aggregators=1, timeout=20, transport="tcp", secret=secret_for(job))
+    hp = {"lr": 0.01, "momentum": 0.9}
+    if mode == "server":
+        kw.update(optimizer="sgd", hp=hp)
     with LocalPool(2, master_args=["--static"], aggregator_args=["--prefault-share", "0.5"]) as pool:
-        agents = [Agent(pool.master, job, r, W, mode="sum", average=False, num_aggregators=1, timeout=20,
-                        transport="tcp", secret=secret_for(job)) for r in range(W)]
+        agents = [Agent(pool.master, job, r, W, **kw) for r in range(W)]
         try:
             for agent in agents:
                 agent.declare([("w", shape, "float32")])
+            param = np.linspace(-1, 1, shape[0], dtype=np.float32)
+            reference = make_optimizer("sgd", hp)
+            if mode == "server":
+                agents[0].init("w", param).wait()
+                param = param.copy()
             source = set(agents[0].placement())
             target = next(a["id"] for a in pool.status()["aggregators"] if a["id"] not in source)
             outs = [np.empty(shape, np.float32) for _ in range(W)]
@@ -223,8 +234,11 @@ def test_keys_moving_to_an_aggregator_get_memory_and_heap_made_ready_at_its_pace
                            for r, agent in enumerate(agents)]
                 for handle in handles:
                     handle.wait(30)
+                total = grad(0, it, "w", shape) + grad(1, it, "w", shape)
+                if mode == "server":
+                    reference.step(param, total)
                 for out in outs:
-                    np.testing.assert_array_equal(out, grad(0, it, "w", shape) + grad(1, it, "w", shape))
+                    np.testing.assert_array_equal(out, total if mode == "sum" else param)
             migrations_done(pool.master, job)
             assert set(agents[0].placement()) == {target}
         finally:
@@ -237,7 +251,8 @@ def test_keys_moving_to_an_aggregator_get_memory_and_heap_made_ready_at_its_pace
             if stats.get("prefaulted_bytes") or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
-    assert stats["prefaulted_bytes"] >= 2 * nbytes, stats        # sum mode: two buffers per key
+    # sum mode: two buffers per key; server mode: master copy, gradient accumulator, momentum
+    assert stats["prefaulted_bytes"] >= (2 if mode == "sum" else 3) * nbytes, stats
     assert stats["heap_warmed_bytes"] >= nbytes, stats
     assert stats["prefault_cpu_s"] > 0, stats
     # half a core: it slept as long as it worked, except on a core the host had idle (the

@@ -500,3 +500,36 @@ def test_property_adam_matches_torch(name, lr, beta1, beta2, eps, weight_decay, 
     for _ in range(5):
         pair.step()
         pair.check()
+
+
+@pytest.mark.parametrize("name, hp, slots", [("adam", {}, 2), ("adam", {"amsgrad": True}, 3), ("adamw", {}, 2),
+                                             ("sgd", {"momentum": 0.9}, 1), ("sgd", {}, 0)])
+def test_state_can_live_in_arrays_made_ready_ahead(name: str, hp: dict, slots: int) -> None:
+    """``init_state`` takes ``state_slots()`` zero-filled arrays (memory populated before a
+    migration's switch) and steps in them exactly as in arrays of its own."""
+    rng = np.random.default_rng(3)
+    p0 = rng.standard_normal(257).astype(np.float32)
+    grads = [rng.standard_normal(257).astype(np.float32) for _ in range(4)]
+    own, given = make_optimizer(name, {"lr": 0.01, **hp}), make_optimizer(name, {"lr": 0.01, **hp})
+    assert given.state_slots() == slots
+    arrays = [np.zeros(257, np.float32) for _ in range(slots)]
+    p_own, p_given = p0.copy(), p0.copy()
+    own.init_state(p_own)
+    given.init_state(p_given, arrays)
+    for g in grads:
+        own.step(p_own, g)
+        given.step(p_given, g)
+    np.testing.assert_array_equal(p_given, p_own)
+    live = given.state_arrays()
+    assert all(any(a is b for b in arrays) for a in live.values())      # the state is the given arrays
+    for key, a in own.state_arrays().items():
+        np.testing.assert_array_equal(live[key], a)
+
+
+def test_state_slots_of_the_wrong_number_size_or_dtype_are_refused() -> None:
+    opt = make_optimizer("adam", {"lr": 0.01})
+    p = np.zeros(8, np.float32)
+    for bad in ([np.zeros(8, np.float32)], [np.zeros(8, np.float32), np.zeros(7, np.float32)],
+                [np.zeros(8, np.float32), np.zeros(8, np.float64)]):
+        with pytest.raises(ValueError, match="state slots"):
+            opt.init_state(p, bad)

@@ -80,3 +80,29 @@ def test_broadcast_is_kept_until_every_other_rank_read_it():
     assert s.bcast_get(job, "x", 0) is not None
     assert s.bcast_get(job, "x", 0) is not None
     assert s.bcast_get(job, "x", 0) is None and not job.broadcasts
+
+
+def test_server_keys_take_their_accumulator_and_optimizer_state_from_arrays_given_ahead():
+    """``private_sizes`` names what a server-mode key needs beside its master copy (gradient
+    accumulator, optimizer slots); ``assign`` puts given arrays there and the key computes as
+    with its own."""
+    specs = [SPEC, KeySpec("v", "v", 0, 4, "float64", False)]
+    assert Store.private_sizes("sum", None, None, specs) == []
+    sizes = Store.private_sizes("server", "adam", {"lr": 0.1}, specs)
+    assert sizes == [(6, "float32")] * 3 + [(4, "float64")] * 3
+    private = [np.zeros(n, d) for n, d in sizes]
+    s = Store()
+    s.assign("j", "secret", 2, "server", specs, average=True, optimizer="adam", hp={"lr": 0.1}, private=private)
+    ks = s.jobs["j"].keys["w"]
+    assert ks.accumulator() is private[0]
+    assert {id(a) for a in ks.optimizer.state_arrays().values()} == {id(private[1]), id(private[2])}
+    ref, _, ref_ks = store(2, "server", average=True, optimizer="adam", hp={"lr": 0.1})
+    for st_ in (s, ref):
+        job = st_.jobs["j"]
+        st_.init(job, "w", np.full(6, 10.0, np.float32))
+        for rank, value in ((0, 1.0), (1, 3.0)):
+            g = np.full(6, value, np.float32)
+            st_.push(st_.check_push(job, rank, "w", 1, g), rank, g)
+    np.testing.assert_array_equal(ks.value(1), ref_ks.value(1))
+    with pytest.raises(ValueError):
+        Store.private_sizes("server", "nope", {}, specs)
