@@ -30,7 +30,7 @@ import numpy as np
 MADV_POPULATE_WRITE = 23        # Linux 5.14
 CHUNK = 4 << 20                 # bytes populated per step: a step under way when the host gets busy runs on
 HEAP_CHUNK = 16 << 20           # heap warmed per allocation (below the mmap threshold keep_freed_buffers sets)
-OWN_MAPPING_MIN = 1 << 20       # zeroed_arrays: arrays of at least this many bytes get a mapping of their own
+POPULATE_MIN_PAGES = 16              # zeroed_arrays populates arrays spanning at least this many whole pages
 # an aggregator's default share of a core for memory made ready for keys migrating in: a
 # helper thread's nice value would not keep that off the workers' and other jobs' CPU
 PREFAULT_SHARE = 0.25
@@ -245,16 +245,17 @@ def warm_heap(nbytes: int, pace: Pace | None = None) -> int:
 
 def zeroed_arrays(sizes: Sequence[tuple[int, str]], pace: Pace | None = None) -> list[np.ndarray]:
     """Zero-filled flat arrays of ``(numel, dtype)``, private to this process, their pages
-    populated at ``pace``: each large one in an anonymous mapping of its own (pages the kernel
-    zeroes, unmapped when the array goes), small ones from the heap (cheap to fault later)."""
+    populated at ``pace``. They come from the allocator as any array does: where
+    ``keep_freed_buffers`` keeps freed memory in the heap, an array freed when its key moves
+    away leaves populated pages for the next one (its zeroing then touches only those)."""
     out = []
+    page = mmap.PAGESIZE
     for numel, dtype in sizes:
-        dt = np.dtype(dtype)
-        nbytes = int(numel) * dt.itemsize
-        if nbytes < OWN_MAPPING_MIN:
-            out.append(np.zeros(int(numel), dt))
-            continue
-        mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-        populate(_address(mapping), nbytes, pace)       # best effort: a failure only costs faults later
-        out.append(np.frombuffer(mapping, dtype=dt, count=int(numel)))
+        array = np.zeros(int(numel), np.dtype(dtype))
+        address = array.ctypes.data
+        start = -(-address // page) * page
+        end = (address + array.nbytes) // page * page
+        if end - start >= POPULATE_MIN_PAGES * page:
+            populate(start, end - start, pace)      # best effort: a failure only costs faults later
+        out.append(array)
     return out
