@@ -16,11 +16,12 @@ else at the next cycle start); and it takes part in live migration (Fig. 4.5): a
 owner it finishes the cutover iteration, tells the workers the new address in those pull
 replies (and REDIRECTs anything later), then sends TENSOR_COPY to the new owner and
 TENSOR_COPY_DONE to pMaster; as the new owner it holds pushes until the copy arrived and
-sends WORKER_DONE once the workers pushed to it. A worker taking a checkpoint in server mode
+sends WORKER_DONE once the workers pushed to it; as a new replica of migrating server-mode
+keys it makes the memory for their state ready (REPLICA_PREPARE). A worker taking a checkpoint in server mode
 gets the same serialisation (master copy, optimizer state, step) with STATE_GET.
 
 Security (docs/autops.md, "Security"): registration proves the cluster key both ways and
-seals the control channel (``clusterauth``): commands (ASSIGN, RELEASE_JOB, MIGRATE_*,
+seals the control channel (``clusterauth``): commands (ASSIGN, RELEASE_JOB, MIGRATE_*, REPLICA_PREPARE,
 FAILOVER, REPLICA_SET, CYCLE) are obeyed only when sealed by the pMaster this aggregator
 authenticated, anything else on that socket is dropped and counted (``ctrl_refusals``).
 Every data request -- the workers' pushes, pulls, broadcasts and recoveries, and what other
@@ -349,6 +350,8 @@ class Aggregator:
             self._set_cycle(msg["jobs"])
         elif msg.op == wire.MIGRATE_PREPARE:
             self._migrate_prepare(msg)
+        elif msg.op == wire.REPLICA_PREPARE:
+            self._replica_prepare(msg)
         elif msg.op == wire.MIGRATE_INIT:
             self._migrate_init(msg)
         elif msg.op == wire.FAILOVER:
@@ -763,6 +766,51 @@ class Aggregator:
             self._waker.wake()
 
         threading.Thread(target=populate, name="autops-populate", daemon=True).start()
+
+    def _replica_prepare(self, msg: wire.Message) -> None:
+        """A new replica of migrating server-mode keys: the memory for their state (master
+        copy, optimizer state) is allocated and populated by a helper thread, at the pace
+        of ``_migrate_prepare``, and kept for ``install_replica``; answered once ready."""
+        req = msg.get("req")
+        try:
+            keys = [KeySpec.from_wire(k) for k in msg["keys"]]
+            params = [(spec.numel, spec.dtype) for spec in keys]
+            private = Store.private_sizes(msg["mode"], msg.get("optimizer"), msg.get("hp"), keys, accumulator=False)
+            nbytes = sum(numel * np.dtype(dtype).itemsize for numel, dtype in params + private)
+        except (ValueError, TypeError, IndexError) as exc:
+            self._to_master(wire.error(str(exc), req=req, agg=self.agg_id))
+            return
+        if msg["mode"] != "server" or not keys or not self.memory.slow_to_allocate(nbytes):
+            self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id))
+            return
+
+        def populate() -> None:
+            background_priority()
+            pace = Pace(self.prefault_share, load=HostLoad.of_this_host())
+            made = self._allocate_incoming(params, msg["job"], pace)
+            slots = zeroed_arrays(private, pace) if made[1] is None else None
+            self._ready.append((self._prefaulted, (0 if made[1] else nbytes, 0, pace)))
+            self._ready.append((self._replica_readied, (msg, keys, made, slots)))
+            self._waker.wake()
+
+        threading.Thread(target=populate, name="autops-populate", daemon=True).start()
+
+    def _replica_readied(self, msg: wire.Message, keys: list, made: tuple, slots: list | None) -> None:
+        req = msg.get("req")
+        buffers, error = made
+        if error is not None:
+            self._to_master(wire.error(f"cannot allocate memory for the replicas: {error}", req=req, agg=self.agg_id))
+            return
+        try:
+            state = self.store.ensure_job(msg["job"], msg["secret"], msg["world_size"], msg["mode"],
+                                          bool(msg.get("average", True)), msg.get("optimizer"), msg.get("hp") or {})
+        except StoreError as exc:
+            self._to_master(wire.error(str(exc), req=req, agg=self.agg_id))
+            return
+        per_key = len(slots) // len(keys) if slots else 0
+        for i, (spec, buf) in enumerate(zip(keys, buffers)):
+            self.store.ready_replica(state, spec, buf.array, buf, slots[i * per_key:(i + 1) * per_key] if slots else [])
+        self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id))
 
     def _prefaulted(self, nbytes: int, warmed: int, pace: Pace) -> None:
         self.stats["prefaulted_bytes"] += nbytes

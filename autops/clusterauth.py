@@ -14,7 +14,7 @@ sent; ``dlrt.proof``: HMAC-SHA256 over fresh nonces):
 Both ends then derive a session key from the cluster key and both nonces and every later
 control message, either way, carries a seal: a trailing frame with a sequence number and
 an HMAC over it, the direction and the header (``ControlSession``). So the commands and
-state pMaster sends (ASSIGN, RELEASE_JOB, MIGRATE_*, FAILOVER, REPLICA_SET, CYCLE) are
+state pMaster sends (ASSIGN, RELEASE_JOB, MIGRATE_*, REPLICA_PREPARE, FAILOVER, REPLICA_SET, CYCLE) are
 accepted by an aggregator only when they carry pMaster's seal of the current session, and
 the reports an aggregator sends (heartbeats, answers, TENSOR_COPY_DONE, WORKER_DONE,
 MIGRATE_CUTOVER) only when sealed by that aggregator's session: a peer that connects to

@@ -5,7 +5,9 @@ to another. Everything large moves while the job trains; the switch itself, at a
 iteration boundary, moves only counters:
 
 1. ``MIGRATE_PREPARE`` to the new aggregator: it creates the keys in the incoming state
-   (it holds pushes and parks pulls until the hand-over) in memory populated ahead.
+   (it holds pushes and parks pulls until the hand-over) in memory populated ahead. In
+   ``server`` mode a new replica of the keys gets ``REPLICA_PREPARE`` at the same time and
+   makes the memory for their state ready likewise; step 2 waits for both.
 2. ``MIGRATE_INIT`` to the old aggregator. A key's cutover is its open iteration plus
    ``LEAD_ITERATIONS``, recorded in the job's table as "new owner from cutover + 1 on"; the
    old one serves everything up to the cutover, puts the new address into those pull
@@ -64,6 +66,9 @@ class Batch:
     followers: dict = field(default_factory=dict)   # key -> aggregators its state is copied to ahead
     first: dict = field(default_factory=dict)       # key -> first iteration the new owner serves
     handover_wait_ms: float = 0.0   # longest a key's whole first iteration waited for its hand-over
+    prepare: dict = field(default_factory=dict)     # the settings MIGRATE_PREPARE carried (for new replicas)
+    readying: set = field(default_factory=set)      # new replicas still making their memory ready
+    dst_info: dict | None = None    # how the workers reach the new owner, once it prepared
     on_done: Callable[["Batch", bool], None] | None = None
 
 
@@ -112,11 +117,12 @@ class Migrations:
             if mode == "server":
                 batch.replicas = self._replicas(job, keys, dst)
                 batch.followers = self._followers(job, keys, src, dst, batch.replicas)
+            batch.prepare = dict(mid=batch.mid, job=job.job, secret=job.secret, world_size=job.world_size,
+                                 mode=mode, average=average, optimizer=optimizer, hp=json.loads(hp))
             self.outbox.send_agg(dst, wire.MIGRATE_PREPARE, lambda msg, b=batch: self._prepared(b, msg),
-                                 mid=batch.mid, job=job.job, secret=job.secret, world_size=job.world_size,
-                                 mode=mode, average=average, optimizer=optimizer, hp=json.loads(hp),
-                                 keys=[job.keys[k].to_wire() for k in keys],
+                                 **batch.prepare, keys=[job.keys[k].to_wire() for k in keys],
                                  replicas={k: replica_info(self.state, r) for k, r in batch.replicas.items()})
+            self._ready_replicas(job, batch)
             mids.append(batch.mid)
         return mids
 
@@ -167,7 +173,39 @@ class Migrations:
             self._fail(batch, "the new aggregator is gone", drop_dst=False)
             return
         batch.phase = "init"
-        info = {"endpoints": dst.endpoints, "host": dst.host, "segments": msg.get("segments") or []}
+        batch.dst_info = {"endpoints": dst.endpoints, "host": dst.host, "segments": msg.get("segments") or []}
+        if not batch.readying:
+            self._init(batch, batch.dst_info)
+
+    def _ready_replicas(self, job: JobInfo, batch: Batch) -> None:
+        """Server mode: new replicas of the keys make the memory for the state they will
+        receive ready, as the new owner does and at the same time (``REPLICA_PREPARE``), so
+        that their serving threads do not fault it in; the hand-over waits for them."""
+        backing: dict[str, list[str]] = {}
+        for key, aggs in batch.followers.items():
+            for agg in aggs:
+                if agg != batch.dst and agg in self.state.aggs:
+                    backing.setdefault(agg, []).append(key)
+        batch.readying = set(backing)
+        for agg, keys in sorted(backing.items()):
+            self.outbox.send_agg(agg, wire.REPLICA_PREPARE, lambda m, b=batch, a=agg: self._replica_ready(b, a, m),
+                                 **batch.prepare, keys=[job.keys[k].to_wire() for k in keys])
+
+    def _replica_ready(self, batch: Batch, agg: str, msg: wire.Message | None) -> None:
+        """A new replica's answer to REPLICA_PREPARE; the hand-over starts once the new owner
+        and every new replica answered (a replica's error or silence only costs it page
+        faults later)."""
+        if batch.mid not in self.batches or agg not in batch.readying:
+            return
+        if msg is None or msg.op == wire.ERROR:
+            log.warning("migration %d of job %s: replica %s did not make memory ready: %s", batch.mid, batch.job,
+                        agg, msg["message"] if msg is not None else "no answer")
+        batch.readying.discard(agg)
+        if not batch.readying and batch.dst_info is not None:
+            self._init(batch, batch.dst_info)
+
+    def _init(self, batch: Batch, info: dict) -> None:
+        """MIGRATE_INIT to the old owner: ``info`` is how the workers reach the new one."""
         followers = {k: [replica_info(self.state, a) for a in aggs if a in self.state.aggs]
                      for k, aggs in batch.followers.items() if aggs}
         self.outbox.send_agg(batch.src, wire.MIGRATE_INIT, lambda m, b=batch: self._initiated(b, m),

@@ -135,6 +135,7 @@ class JobState:
     keys: dict = field(default_factory=dict)
     broadcasts: dict = field(default_factory=dict)   # (name, seq) -> [array, gets left]
     replicas: dict = field(default_factory=dict)     # key -> KeyState this aggregator backs up
+    readied: dict = field(default_factory=dict)      # key -> (param, ref, slots) made ready for its replica
 
 
 class Store:
@@ -163,14 +164,16 @@ class Store:
         return [(spec.numel, spec.dtype) for spec in dict((k.key, k) for k in keys).values() for _ in range(copies)]
 
     @staticmethod
-    def private_sizes(mode: str, optimizer: str | None, hp: dict | None, keys: list[KeySpec]) -> list[tuple[int, str]]:
+    def private_sizes(mode: str, optimizer: str | None, hp: dict | None, keys: list[KeySpec],
+                      accumulator: bool = True) -> list[tuple[int, str]]:
         """The arrays beside ``buffer_sizes`` that ``assign``'s ``private`` takes for new
-        ``keys``, in order: per server-mode key its gradient accumulator and its optimizer's
-        state slots; none in sum mode. ``ValueError`` for an unknown optimizer."""
+        ``keys``, in order: per server-mode key its gradient accumulator (unless not
+        ``accumulator``: a replica's) and its optimizer's state slots; none in sum mode.
+        ``ValueError`` for an unknown optimizer."""
         if mode != "server":
             return []
-        slots = _optim().make_optimizer(optimizer or "", hp or {}).state_slots()
-        return [(spec.numel, spec.dtype) for spec in dict((k.key, k) for k in keys).values() for _ in range(1 + slots)]
+        per_key = int(accumulator) + _optim().make_optimizer(optimizer or "", hp or {}).state_slots()
+        return [(spec.numel, spec.dtype) for spec in dict((k.key, k) for k in keys).values() for _ in range(per_key)]
 
     def assign(self, job: str, secret: str, world_size: int, mode: str, keys: list[KeySpec],
                average: bool = True, optimizer: str | None = None, hp: dict | None = None,
@@ -536,14 +539,29 @@ class Store:
             raise StoreError(f"key {spec.key!r}: only server-mode keys are replicated")
         rks = state.replicas.get(spec.key)
         if rks is None:
-            param, ref = self._allocate(state.job, [(spec.numel, spec.dtype)])[0]
+            ready = state.readied.pop(spec.key, None)
+            param, ref, slots = ready or (*self._allocate(state.job, [(spec.numel, spec.dtype)])[0], ())
             rks = KeyState(spec, mode, state.world_size, average, job=state.job, param=param, param_ref=ref,
                            optimizer=_optim().make_optimizer(optimizer, hp or {}))
-            rks.optimizer.init_state(rks.param)
+            try:
+                rks.optimizer.init_state(rks.param, slots)
+            except ValueError:          # made ready for other settings: the optimizer's own
+                rks.optimizer.init_state(rks.param)
         rks.incoming = -1
         self.install_key(rks, meta, arrays)
         state.replicas[spec.key] = rks
         return rks
+
+    def ready_replica(self, state: JobState, spec: KeySpec, param: np.ndarray, ref: Any,
+                      slots: list[np.ndarray]) -> bool:
+        """Memory made ready for ``spec``'s replica here (``private_sizes`` without an
+        accumulator): ``install_replica`` takes it. False, and nothing kept, when the key is
+        backed up here already or the arrays do not fit it."""
+        if (spec.key in state.replicas or spec.key in state.keys or param.size != spec.numel
+                or str(param.dtype) != spec.dtype):
+            return False
+        state.readied[spec.key] = (param, ref, list(slots))
+        return True
 
     @staticmethod
     def replica_accepts(rks: KeyState, iteration: int, grad: np.ndarray) -> bool:
@@ -618,4 +636,6 @@ class Store:
                     total += arr.nbytes if arr is not None else 0
                 if ks.optimizer is not None:
                     total += sum(a.nbytes for a in ks.optimizer.state_arrays().values())
+            for param, _, slots in state.readied.values():
+                total += param.nbytes + sum(a.nbytes for a in slots)
         return total

@@ -195,19 +195,32 @@ def test_every_tensor_moves_and_the_job_ends_where_it_was_sent(pool3, references
 
 
 # --- memory made ready ahead, at a pace ----------------------------------------------------------
-@pytest.mark.parametrize("mode", ["sum", "server"])
-def test_keys_moving_to_an_aggregator_get_memory_and_heap_made_ready_at_its_pace(mode):
+def holding(pool: LocalPool, job: str, including: str | None = None, timeout: float = 15.0) -> set:
+    """The aggregators holding ``job`` (keys or replicas) once their heartbeats name more
+    than one (and ``including``, when given)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        held = {a["id"] for a in pool.status()["aggregators"] if job in a.get("holds_jobs", [])}
+        if (len(held) > 1 and including in (None, *held)) or time.monotonic() > deadline:
+            return held
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("mode, aggregators", [("sum", 2), ("server", 2), ("server", 3)])
+def test_keys_moving_to_an_aggregator_get_memory_and_heap_made_ready_at_its_pace(mode, aggregators):
     """Keys large enough to be populated off the aggregator's loop (``--prefault-share 0.5``):
     the new owner populates their buffers (server mode: the master copy, the gradient
     accumulator and the optimizer's state, here SGD's momentum) and warms the heap their pushes
-    arrive in, pausing as long as it worked, and the job's results stay exact through the move."""
+    arrive in, pausing as long as it worked, and the job's results stay exact through the move.
+    Server mode, moved to its replica with a third aggregator there: that one becomes the new
+    replica and makes the memory for the state (master copy, momentum) ready before it comes."""
     shape = (1_500_000,)                # 6 MiB: its keys' buffers are populated by a helper thread
     job = f"mig-prefault-{mode}-{next(_jobs)}"
     kw = dict(mode=mode, average=False, num_aggregators=1, timeout=20, transport="tcp", secret=secret_for(job))
     hp = {"lr": 0.01, "momentum": 0.9}
     if mode == "server":
         kw.update(optimizer="sgd", hp=hp)
-    with LocalPool(2, master_args=["--static"], aggregator_args=["--prefault-share", "0.5"]) as pool:
+    with LocalPool(aggregators, master_args=["--static"], aggregator_args=["--prefault-share", "0.5"]) as pool:
         agents = [Agent(pool.master, job, r, W, **kw) for r in range(W)]
         try:
             for agent in agents:
@@ -218,7 +231,10 @@ def test_keys_moving_to_an_aggregator_get_memory_and_heap_made_ready_at_its_pace
                 agents[0].init("w", param).wait()
                 param = param.copy()
             source = set(agents[0].placement())
-            target = next(a["id"] for a in pool.status()["aggregators"] if a["id"] not in source)
+            others = [a["id"] for a in pool.status()["aggregators"] if a["id"] not in source]
+            # server mode: to the key's replica (with a third aggregator, a new replica is needed)
+            target = next(iter(holding(pool, job) - source)) if mode == "server" else others[0]
+            new_replica = next((a for a in others if a != target), None) if aggregators == 3 else None
             outs = [np.empty(shape, np.float32) for _ in range(W)]
             deadline = time.monotonic() + 30
             it, done_at = 0, None
@@ -241,18 +257,24 @@ def test_keys_moving_to_an_aggregator_get_memory_and_heap_made_ready_at_its_pace
                     np.testing.assert_array_equal(out, total if mode == "sum" else param)
             migrations_done(pool.master, job)
             assert set(agents[0].placement()) == {target}
+            if new_replica is not None:
+                assert new_replica in holding(pool, job, including=new_replica)    # it backs the key up now
         finally:
             for agent in agents:
                 agent.close()
         nbytes = int(np.prod(shape)) * 4
         deadline = time.monotonic() + 15
         while True:       # the counters reach pMaster with the heartbeats
-            stats = next(a for a in pool.status()["aggregators"] if a["id"] == target)
-            if stats.get("prefaulted_bytes") or time.monotonic() > deadline:
+            aggs = {a["id"]: a for a in pool.status()["aggregators"]}
+            stats, replica_stats = aggs[target], aggs.get(new_replica, {})
+            if (stats.get("prefaulted_bytes") and (new_replica is None or replica_stats.get("prefaulted_bytes"))
+                    or time.monotonic() > deadline):
                 break
             time.sleep(0.2)
     # sum mode: two buffers per key; server mode: master copy, gradient accumulator, momentum
     assert stats["prefaulted_bytes"] >= (2 if mode == "sum" else 3) * nbytes, stats
+    if new_replica is not None:
+        assert replica_stats["prefaulted_bytes"] >= 2 * nbytes, replica_stats      # master copy, momentum
     assert stats["heap_warmed_bytes"] >= nbytes, stats
     assert stats["prefault_cpu_s"] > 0, stats
     # half a core: it slept as long as it worked, except on a core the host had idle (the

@@ -296,3 +296,37 @@ def test_a_replica_takes_the_owners_steps_and_can_be_promoted():
     np.testing.assert_array_equal(rks.param, ks.param)
     promoted = backup.promote(state, "p")
     assert promoted is rks and state.keys["p"].completed == 3 and not state.replicas
+
+
+def test_a_replica_installs_its_state_in_memory_made_ready_for_it():
+    """``ready_replica`` keeps arrays for a key's coming backup (``private_sizes`` without an
+    accumulator: Adam's two slots); ``install_replica`` fills them, steps in them as in its
+    own, and counts them in ``bytes_held`` either way."""
+    spec = KeySpec("p", "p", 0, 8, "float32", False)
+    owner = Store()
+    owner.assign("j", "s", 1, "server", [spec], optimizer="adam", hp={"lr": 0.1})
+    ks = owner.jobs["j"].keys["p"]
+    owner.init(owner.jobs["j"], "p", np.linspace(0, 1, 8, dtype=np.float32))
+    owner.push(ks, 0, np.full(8, 0.5, np.float32))
+    backup = Store()
+    state = backup.ensure_job("j", "s", 1, "server", True, "adam", {"lr": 0.1})
+    sizes = Store.private_sizes("server", "adam", {"lr": 0.1}, [spec], accumulator=False)
+    assert sizes == [(8, "float32")] * 2
+    param, slots = np.zeros(8, np.float32), [np.zeros(n, d) for n, d in sizes]
+    assert not backup.ready_replica(state, spec, np.zeros(7, np.float32), None, slots)     # does not fit
+    assert backup.ready_replica(state, spec, param, "ref", slots)
+    assert backup.bytes_held() == 3 * 32
+    meta, arrays = owner.export_key(ks)
+    rks = backup.install_replica(state, spec, "server", True, "adam", {"lr": 0.1}, meta, [a.copy() for a in arrays])
+    assert rks.param is param and rks.param_ref == "ref" and not state.readied
+    assert {id(a) for a in rks.optimizer.state_arrays().values()} == {id(s) for s in slots}
+    assert not backup.ready_replica(state, spec, param, "ref", slots)       # backed up here already
+    assert backup.bytes_held() == 3 * 32
+    np.testing.assert_array_equal(rks.param, ks.param)
+    grads = []
+    owner.on_step = lambda k, g: grads.append(g.copy())
+    owner.push(ks, 0, np.full(8, 0.25, np.float32))
+    backup.replica_step(rks, 2, grads[-1], dict(ks.optimizer.hp))
+    np.testing.assert_array_equal(rks.param, ks.param)
+    for name, a in ks.optimizer.state_arrays().items():
+        np.testing.assert_array_equal(rks.optimizer.state_arrays()[name], a)

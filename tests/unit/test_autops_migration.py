@@ -270,8 +270,37 @@ def test_moving_to_the_replica_sends_the_state_ahead_only_to_the_new_replica():
     job = server_job(state, "a", replica="b")
     migrations.start(job, {"w": "b"})
     answer(outbox, wire.MIGRATE_PREPARE, segments=[])
+    # the new replica makes the memory for the state ready before the old owner sends it
+    ready = answer(outbox, wire.REPLICA_PREPARE)
+    assert ready["agg"] == "c" and ready["keys"] == [SPEC.to_wire()]
+    assert ready["mode"] == "server" and ready["optimizer"] == "adam" and ready["secret"] == "s"
     init = answer(outbox, wire.MIGRATE_INIT, cutovers={})
     assert [f["agg"] for f in init["followers"]["w"]] == ["c"]      # b holds the state already
+
+
+def test_the_hand_over_waits_for_the_new_owner_and_the_new_replica_whichever_answers_last():
+    state, outbox, migrations = pool("a", "b", "c")
+    job = server_job(state, "a", replica="b")
+    migrations.start(job, {"w": "b"})
+    assert [w[:2] for w in outbox.waiting] == [("b", wire.MIGRATE_PREPARE), ("c", wire.REPLICA_PREPARE)]
+    prepare = outbox.waiting.pop(0)
+    answer(outbox, wire.REPLICA_PREPARE)
+    assert not outbox.waiting                                        # the new owner has not answered
+    prepare[2](message(wire.OK, segments=[]))
+    assert answer(outbox, wire.MIGRATE_INIT, cutovers={})["agg"] == "a"
+
+
+@pytest.mark.parametrize("reply", ["error", "none"])
+def test_a_replica_that_cannot_make_memory_ready_does_not_stop_the_move(reply):
+    state, outbox, migrations = pool("a", "b", "c")
+    job = server_job(state, "a", replica="b")
+    migrations.start(job, {"w": "b"})
+    answer(outbox, wire.MIGRATE_PREPARE, segments=[])
+    agg, sent, callback, _ = outbox.waiting.pop(0)
+    assert sent == wire.REPLICA_PREPARE and not outbox.waiting        # no hand-over before its answer
+    callback(message(wire.ERROR, message="out of memory") if reply == "error" else None)
+    init = answer(outbox, wire.MIGRATE_INIT, cutovers={})
+    assert [f["agg"] for f in init["followers"]["w"]] == ["c"]
 
 
 def test_without_a_third_aggregator_nothing_goes_ahead_and_a_sum_key_never_does():
