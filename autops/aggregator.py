@@ -361,6 +361,8 @@ class Aggregator:
         elif msg.op == wire.REPLICA_SET:
             self._replica_set(msg)
         elif msg.op == wire.MIGRATE_DROP:
+            # a new replica of a move that failed: what it readied goes to the spares
+            self.spare.keep(msg["job"], self.store.take_readied(msg["job"], list(msg["keys"])))
             for ks in self.store.drop_keys(msg["job"], list(msg["keys"])):
                 self.spare.keep(ks.job, ks.buffer_refs if ks.mode == "sum" else [ks.param_ref])
                 for pending in self.waiters.pop(id(ks), []):

@@ -306,6 +306,9 @@ class Migrations:
                 job.moves.pop(key, None)
         if drop_dst and left:
             self.outbox.send_agg(batch.dst, wire.MIGRATE_DROP, None, job=batch.job, keys=left)
+        # new replicas free the memory they readied for keys that stay where they were
+        for agg in sorted({a for key in left for a in batch.followers.get(key, ()) if a != batch.dst}):
+            self.outbox.send_agg(agg, wire.MIGRATE_DROP, None, job=batch.job, keys=left)
         if batch.on_done is not None:
             batch.on_done(batch, False)
 

@@ -601,6 +601,13 @@ class Store:
             return []
         return [ks for ks in (state.keys.pop(k, None) for k in keys) if ks is not None]
 
+    def take_readied(self, job: str, keys: list[str]) -> list[Any]:
+        """Forget memory readied here for replicas of ``keys`` by a migration that did not
+        complete; returns their master copies' references (as allocated) for reuse."""
+        state = self.jobs.get(job)
+        taken = [state.readied.pop(k, None) for k in keys] if state is not None else []
+        return [ready[1] for ready in taken if ready is not None]
+
     def take_profile(self) -> dict:
         """{job: {key: [cpu seconds, iterations]}} since the last call, for keys with activity."""
         out: dict[str, dict] = {}

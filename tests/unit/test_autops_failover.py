@@ -316,6 +316,9 @@ def test_a_replica_installs_its_state_in_memory_made_ready_for_it():
     assert not backup.ready_replica(state, spec, np.zeros(7, np.float32), None, slots)     # does not fit
     assert backup.ready_replica(state, spec, param, "ref", slots)
     assert backup.bytes_held() == 3 * 32
+    assert backup.take_readied("j", ["p", "q"]) == ["ref"]      # the move failed: the memory goes
+    assert backup.bytes_held() == 0 and not state.readied
+    assert backup.ready_replica(state, spec, param, "ref", slots)
     meta, arrays = owner.export_key(ks)
     rks = backup.install_replica(state, spec, "server", True, "adam", {"lr": 0.1}, meta, [a.copy() for a in arrays])
     assert rks.param is param and rks.param_ref == "ref" and not state.readied

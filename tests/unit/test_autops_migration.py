@@ -290,6 +290,17 @@ def test_the_hand_over_waits_for_the_new_owner_and_the_new_replica_whichever_ans
     assert answer(outbox, wire.MIGRATE_INIT, cutovers={})["agg"] == "a"
 
 
+def test_a_failed_move_tells_the_new_replica_to_free_what_it_readied():
+    state, outbox, migrations = pool("a", "b", "c")
+    job = server_job(state, "a", replica="b")
+    migrations.start(job, {"w": "b"})
+    agg, sent, callback, _ = outbox.waiting.pop(0)
+    assert sent == wire.MIGRATE_PREPARE
+    callback(message(wire.ERROR, message="out of memory"))
+    assert ("c", {"job": "J", "keys": ["w"]}) in outbox.to(wire.MIGRATE_DROP)
+    assert job.table["w"] == "a" and not migrations.batches
+
+
 @pytest.mark.parametrize("reply", ["error", "none"])
 def test_a_replica_that_cannot_make_memory_ready_does_not_stop_the_move(reply):
     state, outbox, migrations = pool("a", "b", "c")
