@@ -42,7 +42,7 @@ import socket as pysocket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import psutil
@@ -749,22 +749,30 @@ class Aggregator:
             self._finish_prepare(msg, keys, sizes)
             return
 
+        # the workers' pushes of the new keys arrive in received-message buffers: warm the
+        # heap they come from, or the switch iteration pays its page faults (one worker's
+        # pushes: the keys' bytes once)
+        warm = min(sum(spec.nbytes for spec in keys), heap_kept() // 2)
+        self._ready_in_background(msg["job"], sizes, private, nbytes, warm,
+                                  lambda made, arrays: self._finish_prepare(msg, keys, sizes, made, arrays))
+
+    def _ready_in_background(self, job: str, sizes: list, private: list, nbytes: int, warm: int,
+                             then: Callable[[tuple, list | None], None]) -> None:
+        """On a helper thread, at the prefault pace: allocate and populate ``sizes`` (the
+        transport's memory) and ``private`` (``zeroed_arrays``), ``nbytes`` in all, and warm
+        ``warm`` bytes of heap; then, on the loop, ``then((buffers, allocation error), private
+        arrays or None)``."""
         def populate() -> None:
             background_priority()
             pace = Pace(self.prefault_share, load=HostLoad.of_this_host())
-            made = self._allocate_incoming(sizes, msg["job"], pace)
-            state = zeroed_arrays(private, pace) if made[1] is None and private else None
-            # the workers' pushes of the new keys arrive in received-message buffers: warm
-            # the heap they come from, or the switch iteration pays its page faults
-            # (one worker's pushes: the keys' bytes once)
-            pushed = sum(spec.nbytes for spec in keys)
-            warmed = warm_heap(min(pushed, heap_kept() // 2), pace) if made[1] is None else 0
-            log.info("job %s: %d bytes for %d incoming keys populated and %d bytes of heap warmed in "
-                     "%.2f s of CPU (%.2f s of it on CPU the host had to spare; %.2f s paused, %.2f s "
-                     "waiting for a busy host)", msg["job"], nbytes, len(keys), warmed, pace.cpu_s,
-                     pace.idle_cpu_s, pace.paused_s, pace.waited_s)
+            made = self._allocate_incoming(sizes, job, pace)
+            arrays = zeroed_arrays(private, pace) if made[1] is None and private else None
+            warmed = warm_heap(warm, pace) if made[1] is None else 0
+            log.info("job %s: %d bytes populated and %d bytes of heap warmed in %.2f s of CPU (%.2f s of it "
+                     "on CPU the host had to spare; %.2f s paused, %.2f s waiting for a busy host)", job, nbytes,
+                     warmed, pace.cpu_s, pace.idle_cpu_s, pace.paused_s, pace.waited_s)
             self._ready.append((self._prefaulted, (0 if made[1] else nbytes, warmed, pace)))
-            self._ready.append((self._finish_prepare, (msg, keys, sizes, made, state)))
+            self._ready.append((then, (made, arrays)))
             self._waker.wake()
 
         threading.Thread(target=populate, name="autops-populate", daemon=True).start()
@@ -785,17 +793,8 @@ class Aggregator:
         if msg["mode"] != "server" or not keys or not self.memory.slow_to_allocate(nbytes):
             self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id))
             return
-
-        def populate() -> None:
-            background_priority()
-            pace = Pace(self.prefault_share, load=HostLoad.of_this_host())
-            made = self._allocate_incoming(params, msg["job"], pace)
-            slots = zeroed_arrays(private, pace) if made[1] is None else None
-            self._ready.append((self._prefaulted, (0 if made[1] else nbytes, 0, pace)))
-            self._ready.append((self._replica_readied, (msg, keys, made, slots)))
-            self._waker.wake()
-
-        threading.Thread(target=populate, name="autops-populate", daemon=True).start()
+        self._ready_in_background(msg["job"], params, private, nbytes, 0,
+                                  lambda made, slots: self._replica_readied(msg, keys, made, slots))
 
     def _replica_readied(self, msg: wire.Message, keys: list, made: tuple, slots: list | None) -> None:
         req = msg.get("req")
@@ -809,9 +808,9 @@ class Aggregator:
         except StoreError as exc:
             self._to_master(wire.error(str(exc), req=req, agg=self.agg_id))
             return
-        per_key = len(slots) // len(keys) if slots else 0
-        for i, (spec, buf) in enumerate(zip(keys, buffers)):
-            self.store.ready_replica(state, spec, buf.array, buf, slots[i * per_key:(i + 1) * per_key] if slots else [])
+        per_key, given = len(slots or ()) // len(keys), iter(slots or ())
+        for spec, buf in zip(keys, buffers):
+            self.store.ready_replica(state, spec, buf.array, buf, [next(given) for _ in range(per_key)])
         self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id))
 
     def _prefaulted(self, nbytes: int, warmed: int, pace: Pace) -> None:
