@@ -16,9 +16,10 @@ else at the next cycle start); and it takes part in live migration (Fig. 4.5): a
 owner it finishes the cutover iteration, tells the workers the new address in those pull
 replies (and REDIRECTs anything later), then sends TENSOR_COPY to the new owner and
 TENSOR_COPY_DONE to pMaster; as the new owner it holds pushes until the copy arrived and
-sends WORKER_DONE once the workers pushed to it; as a new replica of migrating server-mode
-keys it makes the memory for their state ready (REPLICA_PREPARE). A worker taking a checkpoint in server mode
-gets the same serialisation (master copy, optimizer state, step) with STATE_GET.
+sends WORKER_DONE once the workers pushed to it; as the new replica of server-mode keys --
+a job's new keys or migrating ones -- it makes the memory for their state ready
+(REPLICA_PREPARE). A worker taking a checkpoint in server mode gets the same serialisation
+(master copy, optimizer state, step) with STATE_GET.
 
 Security (docs/autops.md, "Security"): registration proves the cluster key both ways and
 seals the control channel (``clusterauth``): commands (ASSIGN, RELEASE_JOB, MIGRATE_*, REPLICA_PREPARE,
@@ -34,9 +35,11 @@ job cannot pose as an aggregator, and nobody without the job's secret can touch 
 """
 from __future__ import annotations
 
+import contextlib
 import heapq
 import logging
 import os
+import resource
 import signal
 import socket as pysocket
 import threading
@@ -64,6 +67,9 @@ from .store import JobState, KeyState, SecretMismatch, Store, StoreError
 from .transport import Channel, Inbound, Sender, Shared, Transport, background_priority, make_context
 from .transport.prefault import PREFAULT_SHARE, HostLoad, Pace, warm_heap, zeroed_arrays
 from .transport.zmq import heap_kept
+
+# serving-thread work timed in ``stats`` (``Aggregator._timed``)
+TIMED = ("state_snapshot", "state_install", "state_takeover", "replica_install")
 
 log = logging.getLogger("autops.aggregator")
 
@@ -137,7 +143,14 @@ class Aggregator:
                       # CPU seconds it took (of which on CPU the host had to spare), the pauses
                       # that kept the rest to --prefault-share, and the waits for a busy host
                       "prefaulted_bytes": 0, "heap_warmed_bytes": 0, "prefault_cpu_s": 0.0,
-                      "prefault_idle_cpu_s": 0.0, "prefault_paused_s": 0.0, "prefault_waited_s": 0.0}
+                      "prefault_idle_cpu_s": 0.0, "prefault_paused_s": 0.0, "prefault_waited_s": 0.0,
+                      # the same for a job's new keys (owner and replica), made ready at once
+                      "arrival_prefaulted_bytes": 0, "arrival_prefault_cpu_s": 0.0,
+                      # server-mode state on the serving thread (seconds, the longest in ms, minor
+                      # page faults): the old owner's snapshots sent ahead of a switch, their
+                      # installs on a follower, the new owner's take-overs of the state that
+                      # came ahead, and whole states installed as a replica
+                      **{f"{name}_{unit}": 0 for name in TIMED for unit in ("s", "max_ms", "faults")}}
         # live migration: copies sent to other aggregators, waiting for their ack (those that
         # sent no state because it went ahead: ``ahead_copies``); server-mode state sent ahead
         # to followers, and their acks
@@ -173,13 +186,18 @@ class Aggregator:
         same-host agents read them in place (one memcpy). ``StoreError`` when this machine
         cannot hold them: a job's keys never exhaust its memory."""
         need = sum(numel * np.dtype(dtype).itemsize for numel, dtype in sizes)
-        available = psutil.virtual_memory().available
-        if need > available:
-            raise StoreError(f"job {job!r}: its keys need {need} bytes, this machine has {available} available")
+        self._check_room(job, need)
         try:
             return [(buf.array, buf) for buf in self.memory.allocate(sizes, job)]
         except (OSError, MemoryError) as exc:
             raise StoreError(f"job {job!r}: cannot allocate {need} bytes for its keys: {exc}") from None
+
+    @staticmethod
+    def _check_room(job: str, need: int) -> None:
+        """``StoreError`` when this machine has not ``need`` bytes of memory available."""
+        available = psutil.virtual_memory().available
+        if need > available:
+            raise StoreError(f"job {job!r}: its keys need {need} bytes, this machine has {available} available")
 
     # --- lifecycle ------------------------------------------------------------------
     def stop(self) -> None:
@@ -672,47 +690,47 @@ class Aggregator:
         pending.reply.send(wire.header(wire.PULL_REPLY, req=pending.req, items=items), payloads)
 
     def _assign(self, msg: wire.Message) -> None:
-        """Create a job's keys; large new buffers are allocated and populated by a helper
-        thread while pMaster's later messages wait (``held``), so this loop keeps serving
-        and sending heartbeats (an allocation of a GiB holds it for a second)."""
+        """Create a job's keys; large new buffers -- in server mode also the gradient
+        accumulators and the optimizer's state -- are allocated and populated by a helper
+        thread, at once (the job waits for them), while pMaster's later messages wait
+        (``held``), so this loop keeps serving and sending heartbeats (an allocation of a GiB
+        holds it for a second) and does not fault the state in at the job's first steps."""
         try:
             keys = [KeySpec.from_wire(k) for k in msg["keys"]]
             state = self.store.jobs.get(msg["job"])
             fresh = [k for k in keys if state is None or k.key not in state.keys]
             sizes = Store.buffer_sizes(msg["mode"], fresh)
-            nbytes = sum(numel * np.dtype(dtype).itemsize for numel, dtype in sizes)
-        except (KeyError, ValueError, TypeError, IndexError) as exc:
+            private = Store.private_sizes(msg["mode"], msg.get("optimizer"), msg.get("hp"), fresh)
+            nbytes = sum(numel * np.dtype(dtype).itemsize for numel, dtype in sizes + private)
+            if fresh and self.memory.slow_to_allocate(nbytes):
+                self._check_room(msg["job"], nbytes)
+        except (KeyError, ValueError, TypeError, IndexError, StoreError) as exc:
             self._to_master(wire.error(str(exc), req=msg.get("req"), agg=self.agg_id))
             return
         if not fresh or not self.memory.slow_to_allocate(nbytes):
             self._finish_assign(msg, keys)
             return
         self.held.hold()
-
-        def populate() -> None:
-            try:
-                made = (self._allocate(msg["job"], sizes), None)
-            except StoreError as exc:
-                made = (None, exc)
-            self._ready.append((self._finish_assign, (msg, keys, made)))
-            self._waker.wake()
-
         log.info("job %s: allocating %d bytes for %d keys off the loop", msg["job"], nbytes, len(fresh))
-        threading.Thread(target=populate, name="autops-assign", daemon=True).start()
+        self._ready_in_background(msg["job"], sizes, private, nbytes, 0,
+                                  lambda made, arrays: self._finish_assign(msg, keys, made, arrays), arrival=True)
 
-    def _finish_assign(self, msg: wire.Message, keys: list, made: tuple | None = None) -> None:
-        """Create ``keys`` (in ``made`` -- ``(buffers, allocation error)`` from a helper thread
-        -- or in buffers allocated now), answer pMaster, then handle what it sent meanwhile."""
+    def _finish_assign(self, msg: wire.Message, keys: list, made: tuple | None = None,
+                       private: list | None = None) -> None:
+        """Create ``keys`` (in ``made`` -- ``(buffers, allocation error)`` from a helper thread,
+        with ``private``: their server-mode arrays -- or in memory allocated now), answer
+        pMaster, then handle what it sent meanwhile."""
         req = msg.get("req")
         try:
             buffers = None
             if made is not None:
-                buffers, error = made
+                shared, error = made
                 if error is not None:
-                    raise error
+                    raise StoreError(f"job {msg['job']!r}: cannot allocate memory for its keys: {error}")
+                buffers = [(buf.array, buf) for buf in shared]
             self.store.assign(msg["job"], msg["secret"], msg["world_size"], msg["mode"], keys,
-                              average=bool(msg.get("average", True)),
-                              optimizer=msg.get("optimizer"), hp=msg.get("hp") or {}, buffers=buffers)
+                              average=bool(msg.get("average", True)), optimizer=msg.get("optimizer"),
+                              hp=msg.get("hp") or {}, buffers=buffers, private=private)
             state = self.store.jobs[msg["job"]]
             for key, info in (msg.get("replicas") or {}).items():
                 if key in state.keys:
@@ -757,30 +775,32 @@ class Aggregator:
                                   lambda made, arrays: self._finish_prepare(msg, keys, sizes, made, arrays))
 
     def _ready_in_background(self, job: str, sizes: list, private: list, nbytes: int, warm: int,
-                             then: Callable[[tuple, list | None], None]) -> None:
-        """On a helper thread, at the prefault pace: allocate and populate ``sizes`` (the
+                             then: Callable[[tuple, list | None], None], arrival: bool = False) -> None:
+        """On a helper thread, at the prefault pace (``arrival``: a job's new keys, at once --
+        the job waits for them -- and counted apart): allocate and populate ``sizes`` (the
         transport's memory) and ``private`` (``zeroed_arrays``), ``nbytes`` in all, and warm
         ``warm`` bytes of heap; then, on the loop, ``then((buffers, allocation error), private
         arrays or None)``."""
         def populate() -> None:
             background_priority()
-            pace = Pace(self.prefault_share, load=HostLoad.of_this_host())
+            pace = Pace() if arrival else Pace(self.prefault_share, load=HostLoad.of_this_host())
             made = self._allocate_incoming(sizes, job, pace)
             arrays = zeroed_arrays(private, pace) if made[1] is None and private else None
             warmed = warm_heap(warm, pace) if made[1] is None else 0
             log.info("job %s: %d bytes populated and %d bytes of heap warmed in %.2f s of CPU (%.2f s of it "
                      "on CPU the host had to spare; %.2f s paused, %.2f s waiting for a busy host)", job, nbytes,
                      warmed, pace.cpu_s, pace.idle_cpu_s, pace.paused_s, pace.waited_s)
-            self._ready.append((self._prefaulted, (0 if made[1] else nbytes, warmed, pace)))
+            self._ready.append((self._prefaulted, (0 if made[1] else nbytes, warmed, pace, arrival)))
             self._ready.append((then, (made, arrays)))
             self._waker.wake()
 
         threading.Thread(target=populate, name="autops-populate", daemon=True).start()
 
     def _replica_prepare(self, msg: wire.Message) -> None:
-        """A new replica of migrating server-mode keys: the memory for their state (master
-        copy, optimizer state) is allocated and populated by a helper thread, at the pace
-        of ``_migrate_prepare``, and kept for ``install_replica``; answered once ready."""
+        """A new replica of server-mode keys: the memory for their state (master copy,
+        optimizer state) is allocated and populated by a helper thread -- at the pace of
+        ``_migrate_prepare`` for migrating keys, at once for a job's new keys (``arrival``:
+        the job waits for it) -- and kept for ``install_replica``; answered once ready."""
         req = msg.get("req")
         try:
             keys = [KeySpec.from_wire(k) for k in msg["keys"]]
@@ -794,7 +814,8 @@ class Aggregator:
             self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id))
             return
         self._ready_in_background(msg["job"], params, private, nbytes, 0,
-                                  lambda made, slots: self._replica_readied(msg, keys, made, slots))
+                                  lambda made, slots: self._replica_readied(msg, keys, made, slots),
+                                  arrival=bool(msg.get("arrival")))
 
     def _replica_readied(self, msg: wire.Message, keys: list, made: tuple, slots: list | None) -> None:
         req = msg.get("req")
@@ -813,7 +834,23 @@ class Aggregator:
             self.store.ready_replica(state, spec, buf.array, buf, [next(given) for _ in range(per_key)])
         self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id))
 
-    def _prefaulted(self, nbytes: int, warmed: int, pace: Pace) -> None:
+    @contextlib.contextmanager
+    def _timed(self, name: str) -> Iterator[None]:
+        """Add the block's time and this thread's minor page faults to ``name``'s figures."""
+        started, faults = time.perf_counter(), resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        try:
+            yield
+        finally:
+            took = time.perf_counter() - started
+            self.stats[f"{name}_s"] = round(self.stats[f"{name}_s"] + took, 4)
+            self.stats[f"{name}_max_ms"] = max(self.stats[f"{name}_max_ms"], round(1e3 * took, 2))
+            self.stats[f"{name}_faults"] += resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - faults
+
+    def _prefaulted(self, nbytes: int, warmed: int, pace: Pace, arrival: bool = False) -> None:
+        if arrival:
+            self.stats["arrival_prefaulted_bytes"] += nbytes
+            self.stats["arrival_prefault_cpu_s"] = round(self.stats["arrival_prefault_cpu_s"] + pace.cpu_s, 3)
+            return
         self.stats["prefaulted_bytes"] += nbytes
         self.stats["heap_warmed_bytes"] += warmed
         for name, value in pace.figures().items():
@@ -941,7 +978,9 @@ class Aggregator:
                 self.precopies.holds(ks.job, ks.spec.key, follower.agg)     # the key moved on: nothing to wait for
                 continue
             follower.sent = ks.completed
-            self._send_follower(ks, follower, "state", *self._state_snapshot(ks))
+            with self._timed("state_snapshot"):
+                snapshot = self._state_snapshot(ks)
+            self._send_follower(ks, follower, "state", *snapshot)
 
     def _send_follower(self, ks: KeyState, follower: Follower, kind: str, items: list, arrays: list) -> None:
         req = self._replicate_to(follower.info, ks, kind, items, arrays, incoming=follower.incoming)
@@ -1101,7 +1140,8 @@ class Aggregator:
         ks.held_whole_at = None
         hp = ks.held_hp
         if meta.get("ahead"):
-            self.store.take_ahead(ks, meta.get("completed"), state.replicas.get(ks.spec.key))
+            with self._timed("state_takeover"):
+                self.store.take_ahead(ks, meta.get("completed"), state.replicas.get(ks.spec.key))
             self.stats["taken_over_ahead"] += 1
             if hp:
                 self.store.set_hp(ks, hp)
@@ -1295,7 +1335,8 @@ class Aggregator:
             for key, meta, views in wire.key_copies(msg):
                 if incoming:
                     ks = self.store.key(self.store.job(msg["job"], msg["secret"]), key)
-                    self.store.precopy(ks, meta, [np.frombuffer(view, dtype=ks.spec.dtype) for view in views])
+                    with self._timed("state_install"):
+                        self.store.precopy(ks, meta, [np.frombuffer(view, dtype=ks.spec.dtype) for view in views])
                     continue
                 try:
                     spec = KeySpec.from_wire(meta["spec"])
@@ -1305,8 +1346,9 @@ class Aggregator:
                 except (KeyError, TypeError, ValueError) as exc:
                     raise wire.ProtocolError(f"replicate: bad state of {key!r}: {exc}") from None
                 arrays = [np.frombuffer(view, dtype=spec.dtype) for view in views]
-                self.store.install_replica(state, spec, meta["mode"], bool(meta.get("average", True)),
-                                           meta.get("optimizer"), meta.get("hp") or {}, meta, arrays)
+                with self._timed("replica_install"):
+                    self.store.install_replica(state, spec, meta["mode"], bool(meta.get("average", True)),
+                                               meta.get("optimizer"), meta.get("hp") or {}, meta, arrays)
         else:
             state = self.store.job(msg["job"], msg["secret"])
             steps = []

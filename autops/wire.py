@@ -45,7 +45,7 @@ ASSIGN = "assign"
 RELEASE_JOB = "release_job"
 CYCLE = "cycle"                       # execution cycle of the jobs packed on an aggregator
 MIGRATE_PREPARE = "migrate_prepare"   # to the new aggregator: keys to expect
-REPLICA_PREPARE = "replica_prepare"   # to a new replica of migrating keys: make their memory ready
+REPLICA_PREPARE = "replica_prepare"   # to a new replica of keys (new or migrating): make their memory ready
 MIGRATE_INIT = "migrate_init"         # to the old aggregator: keys to hand over
 MIGRATE_DROP = "migrate_drop"         # to the old aggregator: migration complete, forget the keys
 # aggregator -> aggregator
@@ -99,7 +99,7 @@ SCHEMA: dict[str, dict[str, tuple]] = {
     PROFILE: {"job": _str, "secret": _str, "rank": _int, "iteration": _int, "count": _int},
     CYCLE: {"jobs": _map},
     MIGRATE_PREPARE: {"mid": _int, "job": _str, "secret": _str, "world_size": _int, "mode": _str, "keys": _list},
-    REPLICA_PREPARE: {"mid": _int, "job": _str, "secret": _str, "world_size": _int, "mode": _str, "keys": _list},
+    REPLICA_PREPARE: {"job": _str, "secret": _str, "world_size": _int, "mode": _str, "keys": _list},
     MIGRATE_INIT: {"mid": _int, "job": _str, "to": _str, "info": _map, "keys": _list},
     MIGRATE_DROP: {"job": _str, "keys": _list},
     TENSOR_COPY: {"mid": _int, "job": _str, "secret": _str, "items": _list},

@@ -249,6 +249,10 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
         # a busy host to have CPU to spare
         "prefault": {a["id"]: {k: v for k, v in a.items() if k.startswith("prefault") or k == "heap_warmed_bytes"}
                      for a in final["aggregators"]},
+        # server mode: the serving threads' time and page faults copying state (the old
+        # owners' snapshots, the followers' installs and take-overs, whole replica installs)
+        "state_copy": {a["id"]: {k: v for k, v in a.items() if k.startswith(("state_", "replica_install"))}
+                       for a in final["aggregators"]},
         "per_repeat": repeats,
         "comm_ms": [[round(1e3 * (e - s), 1) for _, _, s, e in records] for records in per_rank.values()],
         "params": {k: v for k, v in vars(args).items() if k not in ("json", "model", "mode")},

@@ -206,6 +206,52 @@ def holding(pool: LocalPool, job: str, including: str | None = None, timeout: fl
         time.sleep(0.2)
 
 
+def test_a_server_mode_jobs_arrival_makes_its_state_ready_on_the_owner_and_the_replica():
+    """A server-mode job's new key, large enough to be populated off the loops: its owner
+    readies the master copy, gradient accumulator and momentum, and its replica -- told by
+    pMaster (``replica_prepare``) before the job gets its table -- the master copy and momentum
+    the owner's first copy of the state will fill. Neither waits for CPU to spare (the job
+    waits for them), and the results stay exact."""
+    shape = (1_500_000,)                # 6 MiB: populated by a helper thread
+    job = f"arrival-ready-{next(_jobs)}"
+    hp = {"lr": 0.01, "momentum": 0.9}
+    with LocalPool(2, master_args=["--static"], aggregator_args=["--prefault-share", "0.5"]) as pool:
+        agents = [Agent(pool.master, job, r, W, mode="server", optimizer="sgd", hp=hp, average=False,
+                        num_aggregators=1, timeout=20, transport="tcp", secret=secret_for(job)) for r in range(W)]
+        try:
+            for agent in agents:
+                agent.declare([("w", shape, "float32")])
+            param = np.linspace(-1, 1, shape[0], dtype=np.float32)
+            agents[0].init("w", param).wait()
+            param, reference = param.copy(), make_optimizer("sgd", hp)
+            outs = [np.empty(shape, np.float32) for _ in range(W)]
+            for it in range(1, 5):
+                handles = [agent.push_pull("w", grad(r, it, "w", shape), outs[r], it) for r, agent in enumerate(agents)]
+                for handle in handles:
+                    handle.wait(30)
+                reference.step(param, grad(0, it, "w", shape) + grad(1, it, "w", shape))
+                for out in outs:
+                    np.testing.assert_array_equal(out, param)
+            owner = next(iter(agents[0].placement()))
+            replica = next(iter(holding(pool, job) - {owner}))
+        finally:
+            for agent in agents:
+                agent.close()
+        nbytes = int(np.prod(shape)) * 4
+        deadline = time.monotonic() + 15
+        while True:       # the counters reach pMaster with the heartbeats
+            aggs = {a["id"]: a for a in pool.status()["aggregators"]}
+            if all(aggs[a].get("arrival_prefaulted_bytes") for a in (owner, replica)) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    owner_stats, replica_stats = aggs[owner], aggs[replica]
+    assert owner_stats["arrival_prefaulted_bytes"] >= 3 * nbytes, owner_stats      # copy, accumulator, momentum
+    assert replica_stats["arrival_prefaulted_bytes"] >= 2 * nbytes, replica_stats  # copy, momentum
+    # at once: the migrations' paced figures are untouched
+    for stats in (owner_stats, replica_stats):
+        assert stats["arrival_prefault_cpu_s"] > 0 and stats["prefaulted_bytes"] == 0, stats
+
+
 @pytest.mark.parametrize("mode, aggregators", [("sum", 2), ("server", 2), ("server", 3)])
 def test_keys_moving_to_an_aggregator_get_memory_and_heap_made_ready_at_its_pace(mode, aggregators):
     """Keys large enough to be populated off the aggregator's loop (``--prefault-share 0.5``):
