@@ -87,7 +87,7 @@ class Failover:
         lost = {k for k, owner in job.table.items() if owner == dead}
         for batch in self.migrations.active(job=job.job, aggs={dead}):
             left = [k for k in batch.keys if k not in batch.completed]
-            self.migrations.abandon(batch)
+            self.migrations.abandon(batch, dead)
             if batch.dst == dead:
                 self._send(job, batch.src, wire.MIGRATE_ABORT, job=job.job, keys=left)
                 continue

@@ -306,18 +306,27 @@ class Migrations:
                 job.moves.pop(key, None)
         if drop_dst and left:
             self.outbox.send_agg(batch.dst, wire.MIGRATE_DROP, None, job=batch.job, keys=left)
-        # new replicas free the memory they readied for keys that stay where they were
-        for agg in sorted({a for key in left for a in batch.followers.get(key, ()) if a != batch.dst}):
-            self.outbox.send_agg(agg, wire.MIGRATE_DROP, None, job=batch.job, keys=left)
+        self._drop_readied(batch, left)
         if batch.on_done is not None:
             batch.on_done(batch, False)
 
-    def abandon(self, batch: Batch) -> None:
-        """An aggregator of ``batch`` was lost (``failover`` decides where its keys go): the
-        batch ends unfinished, without messages."""
-        self._end(batch)
+    def abandon(self, batch: Batch, lost: str) -> None:
+        """Aggregator ``lost`` of ``batch`` is gone (``failover`` decides where its keys go):
+        the batch ends unfinished. Its new replicas free what they readied for keys whose
+        state will not reach them through this batch: all of them when the new owner was
+        lost, else those the old owner had not handed over (``failover`` gives the new owner
+        the others, with their new replicas)."""
+        left = self._end(batch)
+        kept = batch.copied if batch.dst != lost else set()
+        self._drop_readied(batch, [k for k in left if k not in kept], skip=lost)
         if batch.on_done is not None:
             batch.on_done(batch, False)
+
+    def _drop_readied(self, batch: Batch, keys: list[str], skip: str | None = None) -> None:
+        """``MIGRATE_DROP`` of ``keys`` to their new replicas (never the old owner: see
+        ``_followers``), but ``skip``: they free the memory readied for the keys' state."""
+        for agg in sorted({a for key in keys for a in batch.followers.get(key, ()) if a not in (batch.dst, skip)}):
+            self.outbox.send_agg(agg, wire.MIGRATE_DROP, None, job=batch.job, keys=keys)
 
     def _end(self, batch: Batch) -> list[str]:
         """Forget an unfinished batch; returns its keys that did not move."""

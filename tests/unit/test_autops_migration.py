@@ -301,6 +301,27 @@ def test_a_failed_move_tells_the_new_replica_to_free_what_it_readied():
     assert job.table["w"] == "a" and not migrations.batches
 
 
+@pytest.mark.parametrize("lost, copied, dropped", [("b", False, True), ("b", True, True),
+                                                    ("a", False, True), ("a", True, False)])
+def test_a_move_abandoned_for_a_lost_aggregator_frees_the_new_replicas_memory_unless_the_state_stays(
+        lost, copied, dropped):
+    """The new owner (b) lost: the key stays with the old owner (a), so the new replica (c)
+    drops what it readied. The old owner lost: a key it had handed over goes to the new owner
+    and keeps c as its replica; one it had not is promoted elsewhere, so c drops it."""
+    state, outbox, migrations = pool("a", "b", "c")
+    job = server_job(state, "a", replica="b")
+    [mid] = migrations.start(job, {"w": "b"})
+    answer(outbox, wire.MIGRATE_PREPARE, segments=[])
+    answer(outbox, wire.REPLICA_PREPARE)
+    answer(outbox, wire.MIGRATE_INIT, cutovers={})
+    if copied:
+        migrations.copy_done(message(wire.TENSOR_COPY_DONE, mid=mid, job="J", keys=["w"]))
+    migrations.abandon(migrations.batches[mid], lost)
+    drops = outbox.to(wire.MIGRATE_DROP)
+    assert drops == ([("c", {"job": "J", "keys": ["w"]})] if dropped else [])
+    assert not migrations.batches and not migrations.moving
+
+
 @pytest.mark.parametrize("reply", ["error", "none"])
 def test_a_replica_that_cannot_make_memory_ready_does_not_stop_the_move(reply):
     state, outbox, migrations = pool("a", "b", "c")
