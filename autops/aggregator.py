@@ -144,8 +144,9 @@ class Aggregator:
                       # that kept the rest to --prefault-share, and the waits for a busy host
                       "prefaulted_bytes": 0, "heap_warmed_bytes": 0, "prefault_cpu_s": 0.0,
                       "prefault_idle_cpu_s": 0.0, "prefault_paused_s": 0.0, "prefault_waited_s": 0.0,
-                      # the same for a job's new keys (owner and replica), made ready at once
-                      "arrival_prefaulted_bytes": 0, "arrival_prefault_cpu_s": 0.0,
+                      # the same for keys a job waits for (its new keys, on the owner and the
+                      # replica; a new replica after a failure), made ready at once
+                      "at_once_prefaulted_bytes": 0, "at_once_prefault_cpu_s": 0.0,
                       # server-mode state on the serving thread (seconds, the longest in ms, minor
                       # page faults): the old owner's snapshots sent ahead of a switch, their
                       # installs on a follower, the new owner's take-overs of the state that
@@ -713,7 +714,7 @@ class Aggregator:
         self.held.hold()
         log.info("job %s: allocating %d bytes for %d keys off the loop", msg["job"], nbytes, len(fresh))
         self._ready_in_background(msg["job"], sizes, private, nbytes, 0,
-                                  lambda made, arrays: self._finish_assign(msg, keys, made, arrays), arrival=True)
+                                  lambda made, arrays: self._finish_assign(msg, keys, made, arrays), at_once=True)
 
     def _finish_assign(self, msg: wire.Message, keys: list, made: tuple | None = None,
                        private: list | None = None) -> None:
@@ -775,22 +776,22 @@ class Aggregator:
                                   lambda made, arrays: self._finish_prepare(msg, keys, sizes, made, arrays))
 
     def _ready_in_background(self, job: str, sizes: list, private: list, nbytes: int, warm: int,
-                             then: Callable[[tuple, list | None], None], arrival: bool = False) -> None:
-        """On a helper thread, at the prefault pace (``arrival``: a job's new keys, at once --
-        the job waits for them -- and counted apart): allocate and populate ``sizes`` (the
+                             then: Callable[[tuple, list | None], None], at_once: bool = False) -> None:
+        """On a helper thread, at the prefault pace (``at_once``: keys a job waits for, at once,
+        and counted apart): allocate and populate ``sizes`` (the
         transport's memory) and ``private`` (``zeroed_arrays``), ``nbytes`` in all, and warm
         ``warm`` bytes of heap; then, on the loop, ``then((buffers, allocation error), private
         arrays or None)``."""
         def populate() -> None:
             background_priority()
-            pace = Pace() if arrival else Pace(self.prefault_share, load=HostLoad.of_this_host())
+            pace = Pace() if at_once else Pace(self.prefault_share, load=HostLoad.of_this_host())
             made = self._allocate_incoming(sizes, job, pace)
             arrays = zeroed_arrays(private, pace) if made[1] is None and private else None
             warmed = warm_heap(warm, pace) if made[1] is None else 0
             log.info("job %s: %d bytes populated and %d bytes of heap warmed in %.2f s of CPU (%.2f s of it "
                      "on CPU the host had to spare; %.2f s paused, %.2f s waiting for a busy host)", job, nbytes,
                      warmed, pace.cpu_s, pace.idle_cpu_s, pace.paused_s, pace.waited_s)
-            self._ready.append((self._prefaulted, (0 if made[1] else nbytes, warmed, pace, arrival)))
+            self._ready.append((self._prefaulted, (0 if made[1] else nbytes, warmed, pace, at_once)))
             self._ready.append((then, (made, arrays)))
             self._waker.wake()
 
@@ -799,11 +800,14 @@ class Aggregator:
     def _replica_prepare(self, msg: wire.Message) -> None:
         """A new replica of server-mode keys: the memory for their state (master copy,
         optimizer state) is allocated and populated by a helper thread -- at the pace of
-        ``_migrate_prepare`` for migrating keys, at once for a job's new keys (``arrival``:
-        the job waits for it) -- and kept for ``install_replica``; answered once ready."""
+        ``_migrate_prepare`` for migrating keys, at once (``at_once``) where the job waits
+        for it: its new keys, a new replica after a failure -- and kept for ``install_replica``; answered once ready."""
         req = msg.get("req")
         try:
-            keys = [KeySpec.from_wire(k) for k in msg["keys"]]
+            held = self.store.jobs.get(msg["job"])
+            # not for keys held here already (their state came first): nothing would take it
+            keys = [spec for spec in map(KeySpec.from_wire, msg["keys"])
+                    if held is None or (spec.key not in held.replicas and spec.key not in held.keys)]
             params = [(spec.numel, spec.dtype) for spec in keys]
             private = Store.private_sizes(msg["mode"], msg.get("optimizer"), msg.get("hp"), keys, accumulator=False)
             nbytes = sum(numel * np.dtype(dtype).itemsize for numel, dtype in params + private)
@@ -815,7 +819,7 @@ class Aggregator:
             return
         self._ready_in_background(msg["job"], params, private, nbytes, 0,
                                   lambda made, slots: self._replica_readied(msg, keys, made, slots),
-                                  arrival=bool(msg.get("arrival")))
+                                  at_once=bool(msg.get("at_once")))
 
     def _replica_readied(self, msg: wire.Message, keys: list, made: tuple, slots: list | None) -> None:
         req = msg.get("req")
@@ -846,10 +850,10 @@ class Aggregator:
             self.stats[f"{name}_max_ms"] = max(self.stats[f"{name}_max_ms"], round(1e3 * took, 2))
             self.stats[f"{name}_faults"] += resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - faults
 
-    def _prefaulted(self, nbytes: int, warmed: int, pace: Pace, arrival: bool = False) -> None:
-        if arrival:
-            self.stats["arrival_prefaulted_bytes"] += nbytes
-            self.stats["arrival_prefault_cpu_s"] = round(self.stats["arrival_prefault_cpu_s"] + pace.cpu_s, 3)
+    def _prefaulted(self, nbytes: int, warmed: int, pace: Pace, at_once: bool = False) -> None:
+        if at_once:
+            self.stats["at_once_prefaulted_bytes"] += nbytes
+            self.stats["at_once_prefault_cpu_s"] = round(self.stats["at_once_prefault_cpu_s"] + pace.cpu_s, 3)
             return
         self.stats["prefaulted_bytes"] += nbytes
         self.stats["heap_warmed_bytes"] += warmed

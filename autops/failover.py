@@ -10,7 +10,9 @@ keys there, ``Failover``:
   key is placed like any task (``_place``) and its new owner rebuilds it from the workers:
   each rank reports the last iteration it pulled (``RECOVER``) and resends the pushes it
   keeps (``agent``);
-* chooses new replicas where a replica was lost or promoted (``REPLICA_SET``);
+* chooses new replicas where a replica was lost or promoted (``REPLICA_SET``); each first
+  makes the memory for the state it will receive ready (``REPLICA_PREPARE``, at once), and
+  the owner is told (``FAILOVER``, ``REPLICA_SET``) once it answered;
 * bumps the job's ``epoch`` and records the lost aggregator, so the agents that ask for the
   table (they do when a request waits too long) learn which keys to recover. The table is
   answered only once every aggregator concerned acknowledged its part.
@@ -52,6 +54,8 @@ class Failover:
         self.failed_keys = 0
         self._acks = 0
         self._last_check: float | None = None
+        # new replicas making memory ready (``_when_ready``): aggregator -> {ack: go on}
+        self._readying: dict[str, dict[tuple, Callable[..., None]]] = {}
 
     def check(self, now: float) -> list[str]:
         """Declare aggregators lost whose heartbeats stopped; returns their ids. After a pause
@@ -76,6 +80,10 @@ class Failover:
         self.lost[agg] = info
         while len(self.lost) > 256:             # reports keep the latest ones
             self.lost.pop(next(iter(self.lost)))
+        # what waited for it to make a new replica's memory ready goes on now, before the
+        # jobs give its keys and replicas to others (their messages must come after)
+        for go_on in list(self._readying.pop(agg, {}).values()):
+            go_on(None)
         for job in list(self.state.jobs.values()):
             self._recover_job(job, agg)
         for cluster in self.state.clusters.values():
@@ -208,9 +216,12 @@ class Failover:
             self.recovered_keys += len(group)
             log.info("job %s: %d key(s) of lost aggregator %s %s %s", job.job, len(group), dead,
                      "promoted on their replica" if promote else "rebuilt from the workers on", new_owner)
-            self._send(job, new_owner, wire.FAILOVER, job=job.job, secret=job.secret, world_size=job.world_size,
-                       mode=mode, average=average, optimizer=optimizer, hp=json.loads(hp), promote=promote,
-                       keys=[job.keys[k].to_wire() for k in group], replicas=replicas)
+            settings = dict(job=job.job, secret=job.secret, world_size=job.world_size, mode=mode, average=average,
+                            optimizer=optimizer, hp=json.loads(hp))
+            self._when_ready(job, self._by_replica(replicas), settings,
+                             lambda o=new_owner, g=group, r=replicas, f=settings, p=promote: self._send(
+                                 job, o, wire.FAILOVER, **f, promote=p, keys=[job.keys[k].to_wire() for k in g],
+                                 replicas=r))
 
     def _join_cluster(self, job: JobInfo, aggs: set[str]) -> None:
         """Idle (or freshly started) aggregators that took keys of a packed job join its cluster."""
@@ -246,7 +257,8 @@ class Failover:
         return True
 
     def _rereplicate(self, job: JobInfo, keys: list[str]) -> None:
-        """Keys whose replica was lost get a new one (their owner sends it the whole state)."""
+        """Keys whose replica was lost get a new one (their owner sends it the whole state,
+        once the new one made the memory for it ready)."""
         by_owner: dict[tuple, list[str]] = {}
         for key in keys:
             owner = job.table[key]
@@ -256,10 +268,61 @@ class Failover:
             else:
                 job.replicas[key] = new
                 job.touched.add(new)
-            by_owner.setdefault((owner, new), []).append(key)
-        for (owner, new), group in by_owner.items():
-            self._send(job, owner, wire.REPLICA_SET, job=job.job, keys=group,
-                       replica=replica_info(self.state, new) if new else None)
+            conf = job.tensors[job.keys[key].tensor][2]
+            by_owner.setdefault((owner, new, conf["average"], conf["optimizer"],
+                                 json.dumps(conf["hp"], sort_keys=True)), []).append(key)
+        for (owner, new, average, optimizer, hp), group in by_owner.items():
+            settings = dict(job=job.job, secret=job.secret, world_size=job.world_size, mode="server",
+                            average=average, optimizer=optimizer, hp=json.loads(hp))
+            self._when_ready(job, {new: group} if new else {}, settings,
+                             lambda o=owner, n=new, g=group: self._send(
+                                 job, o, wire.REPLICA_SET, job=job.job, keys=g,
+                                 replica=replica_info(self.state, n) if n in self.state.aggs else None))
+
+    @staticmethod
+    def _by_replica(replicas: dict[str, dict]) -> dict[str, list[str]]:
+        """``{key: replica info}`` as ``{replica: keys}``."""
+        out: dict[str, list[str]] = {}
+        for key, info in replicas.items():
+            out.setdefault(info["agg"], []).append(key)
+        return out
+
+    def _when_ready(self, job: JobInfo, readying: dict[str, list[str]], settings: dict,
+                    then: Callable[[], None]) -> None:
+        """``then()`` once each new replica in ``readying`` made the memory for its keys'
+        state ready (``replica_prepare`` with ``settings``, at once), so that its serving
+        thread does not fault that state in when the owner sends it -- or once it answered
+        with an error, was lost, or did not answer: that only costs it the page faults. The
+        job's table waits meanwhile."""
+        if not readying:
+            then()
+            return
+        self._acks += 1
+        ack = ("readying", self._acks)
+        job.pending_acks.add(ack)
+        waiting = set(readying)
+
+        def answered(agg: str, reply: wire.Message | None) -> None:
+            if agg not in waiting:
+                return
+            waiting.discard(agg)
+            pending = self._readying.get(agg, {})
+            pending.pop(ack, None)
+            if not pending:
+                self._readying.pop(agg, None)
+            if reply is None or reply.op == wire.ERROR:
+                log.warning("job %s: new replica %s did not make memory ready: %s", job.job, agg,
+                            reply["message"] if reply is not None else "no answer")
+            if waiting or self.state.jobs.get(job.job) is not job:
+                return
+            then()                              # its own acknowledgement first: the table keeps waiting
+            job.pending_acks.discard(ack)
+            self.flush(job)
+
+        for agg, keys in sorted(readying.items()):
+            self._readying.setdefault(agg, {})[ack] = lambda reply, a=agg: answered(a, reply)
+            self.outbox.send_agg(agg, wire.REPLICA_PREPARE, lambda reply, a=agg: answered(a, reply),
+                                 **settings, keys=[job.keys[k].to_wire() for k in keys], at_once=True)
 
     # --- messages -----------------------------------------------------------------------
     def _send(self, record: JobInfo, agg: str, op: str, **fields) -> None:

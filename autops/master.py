@@ -532,7 +532,7 @@ class Master:
         job.pending_acks.add(ack)
         self.outbox.send_agg(replica, wire.REPLICA_PREPARE,
                              lambda reply, n=ack: self._replica_readied(job.job, replica, n, reply),
-                             **settings, arrival=True)
+                             **settings, at_once=True)
 
     def _replica_readied(self, job_id: str, agg_id: str, ack: int, reply: wire.Message | None) -> None:
         job = self.state.jobs.get(job_id)

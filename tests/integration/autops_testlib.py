@@ -1,9 +1,11 @@
 """What the AutoPS property tests share: a small model of tensors (a partitioned key, a whole
 key, small keys batched per aggregator), deterministic gradients, and the bit-identical
-comparison of two training runs' results, and the secret a test's launcher gives a job."""
+comparison of two training runs' results, the secret a test's launcher gives a job, and
+which aggregators hold a job."""
 from __future__ import annotations
 
 import hashlib
+import time
 
 import numpy as np
 
@@ -33,3 +35,14 @@ def check_same(got: dict, ref: dict) -> None:
             g_last, g_acc = got["results"][rank][name]
             np.testing.assert_array_equal(g_last, last, err_msg=f"rank {rank} tensor {name}: final value")
             np.testing.assert_array_equal(g_acc, acc, err_msg=f"rank {rank} tensor {name}: values pulled")
+
+
+def holding(pool, job: str, including: str | None = None, timeout: float = 15.0) -> set:
+    """The aggregators of ``pool`` (a ``LocalPool``) holding ``job`` (keys or replicas) once
+    their heartbeats name more than one (and ``including``, when given)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        held = {a["id"] for a in pool.status()["aggregators"] if job in a.get("holds_jobs", [])}
+        if (len(held) > 1 and including in (None, *held)) or time.monotonic() > deadline:
+            return held
+        time.sleep(0.2)

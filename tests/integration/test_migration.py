@@ -18,7 +18,7 @@ from autops.admin import AdminClient
 from autops.agent import Agent
 from autops.local import LocalPool
 from autops.optim import make_optimizer
-from autops_testlib import TENSORS, W, check_same, grad, secret_for
+from autops_testlib import TENSORS, W, check_same, grad, holding, secret_for
 
 ITERS = 24
 _jobs = itertools.count()
@@ -195,17 +195,6 @@ def test_every_tensor_moves_and_the_job_ends_where_it_was_sent(pool3, references
 
 
 # --- memory made ready ahead, at a pace ----------------------------------------------------------
-def holding(pool: LocalPool, job: str, including: str | None = None, timeout: float = 15.0) -> set:
-    """The aggregators holding ``job`` (keys or replicas) once their heartbeats name more
-    than one (and ``including``, when given)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        held = {a["id"] for a in pool.status()["aggregators"] if job in a.get("holds_jobs", [])}
-        if (len(held) > 1 and including in (None, *held)) or time.monotonic() > deadline:
-            return held
-        time.sleep(0.2)
-
-
 def test_a_server_mode_jobs_arrival_makes_its_state_ready_on_the_owner_and_the_replica():
     """A server-mode job's new key, large enough to be populated off the loops: its owner
     readies the master copy, gradient accumulator and momentum, and its replica -- told by
@@ -241,15 +230,15 @@ def test_a_server_mode_jobs_arrival_makes_its_state_ready_on_the_owner_and_the_r
         deadline = time.monotonic() + 15
         while True:       # the counters reach pMaster with the heartbeats
             aggs = {a["id"]: a for a in pool.status()["aggregators"]}
-            if all(aggs[a].get("arrival_prefaulted_bytes") for a in (owner, replica)) or time.monotonic() > deadline:
+            if all(aggs[a].get("at_once_prefaulted_bytes") for a in (owner, replica)) or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
     owner_stats, replica_stats = aggs[owner], aggs[replica]
-    assert owner_stats["arrival_prefaulted_bytes"] >= 3 * nbytes, owner_stats      # copy, accumulator, momentum
-    assert replica_stats["arrival_prefaulted_bytes"] >= 2 * nbytes, replica_stats  # copy, momentum
+    assert owner_stats["at_once_prefaulted_bytes"] >= 3 * nbytes, owner_stats      # copy, accumulator, momentum
+    assert replica_stats["at_once_prefaulted_bytes"] >= 2 * nbytes, replica_stats  # copy, momentum
     # at once: the migrations' paced figures are untouched
     for stats in (owner_stats, replica_stats):
-        assert stats["arrival_prefault_cpu_s"] > 0 and stats["prefaulted_bytes"] == 0, stats
+        assert stats["at_once_prefault_cpu_s"] > 0 and stats["prefaulted_bytes"] == 0, stats
 
 
 @pytest.mark.parametrize("mode, aggregators", [("sum", 2), ("server", 2), ("server", 3)])

@@ -72,15 +72,33 @@ def test_a_sum_mode_key_is_rebuilt_on_a_live_aggregator_of_the_job():
     assert not job.pending_acks and flushed and job.failure is None
 
 
+def answer_all(outbox: RecordingOutbox, op: str, reply: wire.Message | None = None) -> list[tuple[str, dict]]:
+    """Answer (OK, or ``reply``) every request of ``op`` waiting; returns (aggregator, fields)."""
+    answered = [w for w in outbox.waiting if w[1] == op]
+    outbox.waiting = [w for w in outbox.waiting if w[1] != op]
+    for _, _, callback, _ in answered:
+        callback(reply if reply is not None else message(wire.OK))
+    return [(agg, fields) for agg, _, _, fields in answered]
+
+
 def test_a_server_mode_key_is_promoted_on_its_replica_which_gets_a_new_replica():
     clock = FakeClock()
     state, job, outbox, failover, _ = pool_with_job("server", clock)
     silence(state, "agg-0", clock)
     failover.check(clock())
+    # the new replica first makes the memory for the state ready, at once; the owner waits
+    (ready_at, ready), = outbox.to(wire.REPLICA_PREPARE)
+    assert ready_at == "agg-1" and ready["at_once"] is True and [k[0] for k in ready["keys"]] == ["w"]
+    assert ready["mode"] == "server" and ready["optimizer"] == "adam" and ready["secret"] == "s"
+    assert not outbox.to(wire.FAILOVER) and job.pending_acks
+    answer_all(outbox, wire.REPLICA_PREPARE)
     (agg, fields), = outbox.to(wire.FAILOVER)
     assert agg == "agg-2" and fields["promote"] is True
     assert job.table["w"] == "agg-2"
     assert job.replicas["w"] == "agg-1" and fields["replicas"]["w"]["agg"] == "agg-1"
+    assert job.pending_acks, "the table waits for the take-over's answer"
+    answer_all(outbox, wire.FAILOVER)
+    assert not job.pending_acks and job.failure is None
 
 
 def test_a_lost_replica_is_replaced():
@@ -88,11 +106,55 @@ def test_a_lost_replica_is_replaced():
     state, job, outbox, failover, _ = pool_with_job("server", clock)
     silence(state, "agg-2", clock)
     failover.check(clock())
-    assert not outbox.to(wire.FAILOVER)
+    assert not outbox.to(wire.FAILOVER) and not outbox.to(wire.REPLICA_SET)
+    readied = answer_all(outbox, wire.REPLICA_PREPARE)
     sets = outbox.to(wire.REPLICA_SET)
     assert {agg for agg, _ in sets} == {"agg-0", "agg-1"}
     assert all(fields["replica"]["agg"] in ("agg-0", "agg-1") and fields["replica"]["agg"] != agg
                for agg, fields in sets)
+    # each new replica was asked for the keys it backs up
+    assert sorted((agg, [k[0] for k in f["keys"]]) for agg, f in readied) == \
+        sorted((f["replica"]["agg"], f["keys"]) for _, f in sets)
+
+
+@pytest.mark.parametrize("reply", ["error", "none"])
+def test_a_new_replica_that_cannot_make_memory_ready_does_not_hold_the_take_over(reply):
+    clock = FakeClock()
+    state, job, outbox, failover, _ = pool_with_job("server", clock)
+    silence(state, "agg-0", clock)
+    failover.check(clock())
+    (_, _, callback, _), = [w for w in outbox.waiting if w[1] == wire.REPLICA_PREPARE]
+    # None: what the outbox answers once the wait expired
+    callback(message(wire.ERROR, message="out of memory") if reply == "error" else None)
+    (agg, fields), = outbox.to(wire.FAILOVER)
+    assert agg == "agg-2" and fields["replicas"]["w"]["agg"] == "agg-1" and job.failure is None
+
+
+def test_a_new_replica_lost_while_it_makes_memory_ready_lets_the_take_over_go_on_and_is_replaced():
+    clock = FakeClock()
+    state, job, outbox, failover, _ = pool_with_job("server", clock)
+    state.add_aggregator(AggInfo("agg-3", b"id3", {"tcp": "tcp://x:3"}, "h3", 3, clock()))
+    job.table["b"] = "agg-0"            # both keys promoted on agg-2; agg-1 and agg-3 own nothing
+    silence(state, "agg-0", clock)
+    failover.check(clock())
+    (new_replica, ready), = outbox.to(wire.REPLICA_PREPARE)
+    assert sorted(k[0] for k in ready["keys"]) == ["b", "w"] and not outbox.to(wire.FAILOVER)
+    for _ in range(4):                  # it stops heartbeating while pMaster's loop runs on
+        clock.t += 2.0
+        for agg in state.aggs.values():
+            if agg.agg_id != new_replica:
+                agg.last_seen = clock.t
+        failover.check(clock())
+    assert new_replica not in state.aggs
+    # the promotion went on at once, then the keys got another new replica instead
+    (owner, fields), = outbox.to(wire.FAILOVER)
+    assert owner == "agg-2" and {r["agg"] for r in fields["replicas"].values()} == {new_replica}
+    (other, again), = outbox.to(wire.REPLICA_PREPARE)[1:]
+    assert other not in (new_replica, "agg-2") and sorted(k[0] for k in again["keys"]) == ["b", "w"]
+    assert not outbox.to(wire.REPLICA_SET)
+    answer_all(outbox, wire.REPLICA_PREPARE)
+    (to, replica_set), = outbox.to(wire.REPLICA_SET)
+    assert to == "agg-2" and replica_set["replica"]["agg"] == other and job.replicas == {"w": other, "b": other}
 
 
 @pytest.mark.parametrize("mode", ["sum", "server"])
