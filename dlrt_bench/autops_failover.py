@@ -10,7 +10,9 @@ W=2 job of the model's tensors (``--scale`` of their sizes), in-process workers 
 * **pause** -- a job trains, the aggregator owning its largest key is SIGKILLed after
   ``--warmup`` iterations; the longest iteration (the pause the workers saw) against the
   median iteration, with pMaster's ``--heartbeat-timeout``: the pause is that timeout plus the
-  recovery (the agents' next probe, the take-over, the replay).
+  recovery (the agents' next probe, the take-over, the replay). In ``server`` mode, per
+  surviving aggregator: the serving thread's time and page faults installing whole states as
+  a replica, and the memory made ready for them at once (``replica_installs``).
 
 ``--json FILE`` writes one object per (measurement, mode) (``-``: stdout).
 """
@@ -107,11 +109,26 @@ def measure_pause(pool: LocalPool, mode: str, tensors: list, args: argparse.Name
         pool.aggregators[victim].kill()
         killed.update(agg=victim, keys=len(placement[victim]))
 
+    before = serving_thread_copies(pool)
     times = _job(pool, mode, tensors, True, args.warmup + args.iters, on_iteration=kill)
     steady = statistics.median(times[:args.warmup] + times[args.warmup + 3:])
+    time.sleep(2 * min(1.0, args.heartbeat_timeout / 5))      # the counters come with the heartbeats
+    after = serving_thread_copies(pool)
     return {"measurement": "pause", "model": args.model, "mode": mode, "heartbeat_timeout_s": args.heartbeat_timeout,
             "killed": killed.get("agg"), "keys_moved": killed.get("keys"), "median_iteration_s": round(steady, 5),
-            "pause_s": round(max(times), 4), "recovery_s": round(max(times) - args.heartbeat_timeout, 4)}
+            "pause_s": round(max(times), 4), "recovery_s": round(max(times) - args.heartbeat_timeout, 4),
+            # per surviving aggregator, over the job: whole states installed as a replica on the
+            # serving thread (seconds, page faults) and memory made ready for them at once
+            "replica_installs": {a: {k: round(v - before.get(a, {}).get(k, 0), 4) for k, v in c.items()}
+                                 for a, c in after.items() if a != killed.get("agg")}}
+
+
+COPY_COUNTERS = ("replica_install_s", "replica_install_faults", "at_once_prefaulted_bytes")
+
+
+def serving_thread_copies(pool: LocalPool) -> dict[str, dict[str, float]]:
+    """Each aggregator's ``COPY_COUNTERS`` as its last heartbeat reported them."""
+    return {a["id"]: {k: a.get(k, 0) for k in COPY_COUNTERS} for a in pool.status()["aggregators"] if a.get("alive")}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
