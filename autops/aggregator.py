@@ -778,16 +778,20 @@ class Aggregator:
     def _ready_in_background(self, job: str, sizes: list, private: list, nbytes: int, warm: int,
                              then: Callable[[tuple, list | None], None], at_once: bool = False) -> None:
         """On a helper thread, at the prefault pace (``at_once``: keys a job waits for, at once,
-        and counted apart): allocate and populate ``sizes`` (the
-        transport's memory) and ``private`` (``zeroed_arrays``), ``nbytes`` in all, and warm
-        ``warm`` bytes of heap; then, on the loop, ``then((buffers, allocation error), private
-        arrays or None)``."""
+        and counted apart): allocate and populate ``sizes`` (the transport's memory) and
+        ``private`` (``zeroed_arrays``), ``nbytes`` in all, and warm ``warm`` bytes of heap;
+        then, on the loop, ``then((buffers, allocation error), private arrays or None)``."""
         def populate() -> None:
             background_priority()
             pace = Pace() if at_once else Pace(self.prefault_share, load=HostLoad.of_this_host())
             made = self._allocate_incoming(sizes, job, pace)
-            arrays = zeroed_arrays(private, pace) if made[1] is None and private else None
-            warmed = warm_heap(warm, pace) if made[1] is None else 0
+            arrays, warmed = None, 0
+            if made[1] is None:
+                try:
+                    arrays = zeroed_arrays(private, pace) if private else None
+                    warmed = warm_heap(warm, pace)
+                except MemoryError as exc:      # answered as an allocation error, never lost
+                    made = (None, exc)
             log.info("job %s: %d bytes populated and %d bytes of heap warmed in %.2f s of CPU (%.2f s of it "
                      "on CPU the host had to spare; %.2f s paused, %.2f s waiting for a busy host)", job, nbytes,
                      warmed, pace.cpu_s, pace.idle_cpu_s, pace.paused_s, pace.waited_s)
@@ -801,7 +805,8 @@ class Aggregator:
         """A new replica of server-mode keys: the memory for their state (master copy,
         optimizer state) is allocated and populated by a helper thread -- at the pace of
         ``_migrate_prepare`` for migrating keys, at once (``at_once``) where the job waits
-        for it: its new keys, a new replica after a failure -- and kept for ``install_replica``; answered once ready."""
+        for it: its new keys, a new replica after a failure -- and kept for
+        ``install_replica``; answered once ready."""
         req = msg.get("req")
         try:
             held = self.store.jobs.get(msg["job"])
@@ -861,10 +866,10 @@ class Aggregator:
             self.stats[f"prefault_{name}"] = round(self.stats[f"prefault_{name}"] + value, 3)
 
     def _allocate_incoming(self, sizes: list, job: str,
-                           pace: Pace | None = None) -> tuple[list[Shared] | None, OSError | None]:
+                           pace: Pace | None = None) -> tuple[list[Shared] | None, OSError | MemoryError | None]:
         try:
             return self.memory.allocate(sizes, job, pace), None
-        except OSError as exc:
+        except (OSError, MemoryError) as exc:
             return None, exc
 
     def _run_ready(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import mmap
 import resource
+import time
 
 import numpy as np
 import pytest
@@ -426,3 +427,31 @@ def test_each_repeat_is_measured_against_the_iterations_around_it():
     pauses({0: records(comm)}, repeats, [(18.6, 20.6)], skip=2, gap=4)
     assert repeats[0]["baseline_comm_ms"] == pytest.approx(600.0)
     assert repeats[0]["pause_ms"] == pytest.approx(50.0)
+
+
+@pytest.mark.parametrize("at_once", [False, True])
+def test_memory_the_helper_thread_cannot_make_comes_back_as_an_allocation_error(monkeypatch, at_once):
+    """A helper thread that runs out of memory readying a key's arrays hands the loop an
+    allocation error (answered to pMaster), never nothing: the loop would wait forever."""
+    from autops import aggregator as aggregator_mod
+
+    def no_memory(sizes, pace=None):
+        raise MemoryError("no room for the optimizer state")
+
+    monkeypatch.setattr(aggregator_mod, "zeroed_arrays", no_memory)
+    agg = aggregator_mod.Aggregator("tcp://127.0.0.1:1", transport="tcp", register_timeout=0.1)
+    try:
+        got = []
+        agg._ready_in_background("j", [(1024, "float32")], [(1024, "float32")], 8192, 0,
+                                 lambda made, arrays: got.append((made, arrays)), at_once=at_once)
+        deadline = time.monotonic() + 10
+        while not agg._ready and time.monotonic() < deadline:
+            time.sleep(0.01)
+        while len(agg._ready) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        agg._run_ready()
+        [((buffers, error), arrays)] = got
+        assert buffers is None and arrays is None and isinstance(error, MemoryError)
+        assert agg.stats["prefaulted_bytes"] == agg.stats["at_once_prefaulted_bytes"] == 0
+    finally:
+        agg.close()
