@@ -23,9 +23,8 @@ from autops import agent as agent_mod
 from autops.admin import AdminClient
 from autops.agent import Agent, AutoPSError
 from autops.local import LocalPool
-from autops.optim import make_optimizer
 from autops.partition import plan_keys
-from autops_testlib import TENSORS, W, check_same, grad, holding, secret_for
+from autops_testlib import TENSORS, W, ServerKeyJob, check_same, grad, holding, reported, secret_for
 
 ITERS = 12
 PARTITION_BYTES = 256 << 10
@@ -405,41 +404,19 @@ def test_a_new_replica_after_a_failure_makes_the_states_memory_ready_before_it_c
     then backs the key up; the results stay exact through the loss."""
     shape = (1_500_000,)                # 6 MiB: populated by a helper thread
     job = f"rereplicate-{next(_jobs)}"
-    hp = {"lr": 0.01, "momentum": 0.9}
     with LocalPool(3, master_args=["--static", "--heartbeat-timeout", "2.0"],
                    aggregator_args=["--heartbeat-interval", "0.2"]) as small:
-        agents = [Agent(small.master, job, r, W, mode="server", optimizer="sgd", hp=hp, average=False,
-                        num_aggregators=1, timeout=30, transport="tcp", secret=secret_for(job)) for r in range(W)]
-        try:
-            for agent in agents:
-                agent.declare([("w", shape, "float32")])
-            param = np.linspace(-1, 1, shape[0], dtype=np.float32)
-            agents[0].init("w", param).wait()
-            param, reference = param.copy(), make_optimizer("sgd", hp)
-            outs = [np.empty(shape, np.float32) for _ in range(W)]
-            owner = next(iter(agents[0].placement()))
+        with ServerKeyJob(small, job, shape, timeout=30) as run:
+            owner = run.owner()
             replica = next(iter(holding(small, job) - {owner}))
             (third,) = set(small.aggregators) - {owner, replica}
             for it in range(1, 9):
                 if it == 3:
                     small.kill_aggregator(replica)
-                handles = [agent.push_pull("w", grad(r, it, "w", shape), outs[r], it) for r, agent in enumerate(agents)]
-                for handle in handles:
-                    handle.wait(30)
-                reference.step(param, grad(0, it, "w", shape) + grad(1, it, "w", shape))
-                for out in outs:
-                    np.testing.assert_array_equal(out, param)
+                run.step(it)
             assert third in holding(small, job, including=third), "the third aggregator backs the key up"
-        finally:
-            for agent in agents:
-                agent.close()
         nbytes = int(np.prod(shape)) * 4
-        deadline = time.monotonic() + 15
-        while True:       # the counters reach pMaster with the heartbeats
-            stats = next(a for a in small.status()["aggregators"] if a["id"] == third)
-            if stats.get("at_once_prefaulted_bytes") or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
+        stats = reported(small, [third], "at_once_prefaulted_bytes")[third]
     assert stats["at_once_prefaulted_bytes"] >= 2 * nbytes, stats      # master copy, momentum
     assert stats["at_once_prefault_cpu_s"] > 0 and stats["prefaulted_bytes"] == 0, stats
 

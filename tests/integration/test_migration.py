@@ -18,7 +18,7 @@ from autops.admin import AdminClient
 from autops.agent import Agent
 from autops.local import LocalPool
 from autops.optim import make_optimizer
-from autops_testlib import TENSORS, W, check_same, grad, holding, secret_for
+from autops_testlib import TENSORS, W, ServerKeyJob, check_same, grad, holding, reported, secret_for
 
 ITERS = 24
 _jobs = itertools.count()
@@ -203,36 +203,14 @@ def test_a_server_mode_jobs_arrival_makes_its_state_ready_on_the_owner_and_the_r
     waits for them), and the results stay exact."""
     shape = (1_500_000,)                # 6 MiB: populated by a helper thread
     job = f"arrival-ready-{next(_jobs)}"
-    hp = {"lr": 0.01, "momentum": 0.9}
     with LocalPool(2, master_args=["--static"], aggregator_args=["--prefault-share", "0.5"]) as pool:
-        agents = [Agent(pool.master, job, r, W, mode="server", optimizer="sgd", hp=hp, average=False,
-                        num_aggregators=1, timeout=20, transport="tcp", secret=secret_for(job)) for r in range(W)]
-        try:
-            for agent in agents:
-                agent.declare([("w", shape, "float32")])
-            param = np.linspace(-1, 1, shape[0], dtype=np.float32)
-            agents[0].init("w", param).wait()
-            param, reference = param.copy(), make_optimizer("sgd", hp)
-            outs = [np.empty(shape, np.float32) for _ in range(W)]
+        with ServerKeyJob(pool, job, shape) as run:
             for it in range(1, 5):
-                handles = [agent.push_pull("w", grad(r, it, "w", shape), outs[r], it) for r, agent in enumerate(agents)]
-                for handle in handles:
-                    handle.wait(30)
-                reference.step(param, grad(0, it, "w", shape) + grad(1, it, "w", shape))
-                for out in outs:
-                    np.testing.assert_array_equal(out, param)
-            owner = next(iter(agents[0].placement()))
+                run.step(it)
+            owner = run.owner()
             replica = next(iter(holding(pool, job) - {owner}))
-        finally:
-            for agent in agents:
-                agent.close()
         nbytes = int(np.prod(shape)) * 4
-        deadline = time.monotonic() + 15
-        while True:       # the counters reach pMaster with the heartbeats
-            aggs = {a["id"]: a for a in pool.status()["aggregators"]}
-            if all(aggs[a].get("at_once_prefaulted_bytes") for a in (owner, replica)) or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
+        aggs = reported(pool, [owner, replica], "at_once_prefaulted_bytes")
     owner_stats, replica_stats = aggs[owner], aggs[replica]
     assert owner_stats["at_once_prefaulted_bytes"] >= 3 * nbytes, owner_stats      # copy, accumulator, momentum
     assert replica_stats["at_once_prefaulted_bytes"] >= 2 * nbytes, replica_stats  # copy, momentum
@@ -298,14 +276,8 @@ def test_keys_moving_to_an_aggregator_get_memory_and_heap_made_ready_at_its_pace
             for agent in agents:
                 agent.close()
         nbytes = int(np.prod(shape)) * 4
-        deadline = time.monotonic() + 15
-        while True:       # the counters reach pMaster with the heartbeats
-            aggs = {a["id"]: a for a in pool.status()["aggregators"]}
-            stats, replica_stats = aggs[target], aggs.get(new_replica, {})
-            if (stats.get("prefaulted_bytes") and (new_replica is None or replica_stats.get("prefaulted_bytes"))
-                    or time.monotonic() > deadline):
-                break
-            time.sleep(0.2)
+        aggs = reported(pool, [target] + ([new_replica] if new_replica else []), "prefaulted_bytes")
+        stats, replica_stats = aggs[target], aggs.get(new_replica, {})
     # sum mode: two buffers per key; server mode: master copy, gradient accumulator, momentum
     assert stats["prefaulted_bytes"] >= (2 if mode == "sum" else 3) * nbytes, stats
     if new_replica is not None:
