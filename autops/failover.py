@@ -54,7 +54,7 @@ class Failover:
         self.failed_keys = 0
         self._acks = 0
         self._last_check: float | None = None
-        # new replicas making memory ready (``_when_ready``): aggregator -> {ack: go on}
+        # new replicas making memory ready (``when_ready``): aggregator -> {ack: go on}
         self._readying: dict[str, dict[tuple, Callable[..., None]]] = {}
 
     def check(self, now: float) -> list[str]:
@@ -218,7 +218,7 @@ class Failover:
                      "promoted on their replica" if promote else "rebuilt from the workers on", new_owner)
             settings = dict(job=job.job, secret=job.secret, world_size=job.world_size, mode=mode, average=average,
                             optimizer=optimizer, hp=json.loads(hp))
-            self._when_ready(job, self._by_replica(replicas), settings,
+            self.when_ready(job, self.by_replica(replicas), settings,
                              lambda o=new_owner, g=group, r=replicas, f=settings, p=promote: self._send(
                                  job, o, wire.FAILOVER, **f, promote=p, keys=[job.keys[k].to_wire() for k in g],
                                  replicas=r))
@@ -274,26 +274,27 @@ class Failover:
         for (owner, new, average, optimizer, hp), group in by_owner.items():
             settings = dict(job=job.job, secret=job.secret, world_size=job.world_size, mode="server",
                             average=average, optimizer=optimizer, hp=json.loads(hp))
-            self._when_ready(job, {new: group} if new else {}, settings,
+            self.when_ready(job, {new: group} if new else {}, settings,
                              lambda o=owner, n=new, g=group: self._send(
                                  job, o, wire.REPLICA_SET, job=job.job, keys=g,
                                  replica=replica_info(self.state, n) if n in self.state.aggs else None))
 
     @staticmethod
-    def _by_replica(replicas: dict[str, dict]) -> dict[str, list[str]]:
+    def by_replica(replicas: dict[str, dict]) -> dict[str, list[str]]:
         """``{key: replica info}`` as ``{replica: keys}``."""
         out: dict[str, list[str]] = {}
         for key, info in replicas.items():
             out.setdefault(info["agg"], []).append(key)
         return out
 
-    def _when_ready(self, job: JobInfo, readying: dict[str, list[str]], settings: dict,
-                    then: Callable[[], None]) -> None:
+    def when_ready(self, job: JobInfo, readying: dict[str, list[str]], settings: dict,
+                   then: Callable[[], None]) -> None:
         """``then()`` once each new replica in ``readying`` made the memory for its keys'
         state ready (``replica_prepare`` with ``settings``, at once), so that its serving
         thread does not fault that state in when the owner sends it -- or once it answered
         with an error, was lost, or did not answer: that only costs it the page faults. The
-        job's table waits meanwhile."""
+        job's table waits meanwhile. Used after a failure here and at a job's arrival by
+        pMaster."""
         if not readying:
             then()
             return

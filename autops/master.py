@@ -516,33 +516,13 @@ class Master:
             job.pending_acks.add(ack)
             replicas = self._replicas(job, agg_id, mode, specs)
             settings = dict(job=job.job, secret=job.secret, world_size=job.world_size, mode=mode, average=average,
-                            optimizer=optimizer, hp=json.loads(hp), keys=[s.to_wire() for s in specs])
+                            optimizer=optimizer, hp=json.loads(hp))
             self.outbox.send_agg(agg_id, wire.ASSIGN,
                                  lambda reply, a=agg_id, n=ack: self._assigned(job.job, a, n, reply),
-                                 **settings, replicas=replicas)
-            for replica in sorted({info["agg"] for info in replicas.values()}):
-                self._ready_replica(job, replica, settings)
-
-    def _ready_replica(self, job: JobInfo, replica: str, settings: dict) -> None:
-        """The replica of new server-mode keys makes the memory for their state ready
-        (``REPLICA_PREPARE``, at once) before the owner sends it, so that its serving thread
-        does not fault it in; the job's table waits for it as for ``ASSIGN``, but its error
-        or silence only costs those page faults."""
-        ack = next(self._acks)
-        job.pending_acks.add(ack)
-        self.outbox.send_agg(replica, wire.REPLICA_PREPARE,
-                             lambda reply, n=ack: self._replica_readied(job.job, replica, n, reply),
-                             **settings, at_once=True)
-
-    def _replica_readied(self, job_id: str, agg_id: str, ack: int, reply: wire.Message | None) -> None:
-        job = self.state.jobs.get(job_id)
-        if job is None:
-            return
-        job.pending_acks.discard(ack)
-        if reply is None or reply.op == wire.ERROR:
-            log.warning("job %s: replica %s did not make memory ready: %s", job_id, agg_id,
-                        reply["message"] if reply is not None else "no answer")
-        self._flush_parked(job)
+                                 **settings, keys=[s.to_wire() for s in specs], replicas=replicas)
+            # the replica makes the memory for the state ready before the owner sends it; the
+            # job's table waits for that too
+            self.failover.when_ready(job, Failover.by_replica(replicas), settings, lambda: None)
 
     def _replicas(self, job: JobInfo, owner: str, mode: str, specs: list[KeySpec]) -> dict:
         """Replicas for new server-mode keys of ``owner`` (``replication``), recorded in the job."""
