@@ -93,6 +93,11 @@ def default_advertise_host(bind_host: str) -> str:
         return "127.0.0.1"
 
 
+def _thread_faults() -> int:
+    """The calling thread's minor page faults so far."""
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+
+
 class Aggregator:
     """A keyed aggregation server; ``run()`` blocks until ``stop()`` or a signal."""
 
@@ -100,15 +105,21 @@ class Aggregator:
                  advertise_host: str | None = None, ipc: bool = True,
                  heartbeat_interval: float = 1.0, register_timeout: float = 30.0,
                  name: str | None = None, transport: str = "auto", security: Security | None = None,
-                 cluster_secret: bytes | None = None, prefault_share: float = PREFAULT_SHARE) -> None:
+                 cluster_secret: bytes | None = None, prefault_share: float = PREFAULT_SHARE,
+                 reserve: int = 0) -> None:
         """``security``: CURVE for every tcp socket (default: the key directory's);
         ``cluster_secret``: what it proves to pMaster (default: the key directory's);
         ``prefault_share``: at most this share of a core populates memory for keys migrating
         in (their buffers, and the heap their pushes will arrive in) where the host stays busy;
-        CPU the host has to spare it uses first (``prefault.Pace``)."""
+        CPU the host has to spare it uses first (``prefault.Pace``); ``reserve``: bytes of
+        heap populated once, at that pace, when the aggregator starts, and kept mapped
+        (``_warm_reserve``)."""
         self.master = master
         Pace(prefault_share)        # a share outside (0, 1] is refused here, not in a helper thread later
         self.prefault_share = prefault_share
+        if reserve < 0:
+            raise ValueError(f"reserve must be 0 or more bytes, not {reserve}")
+        self.reserve = int(reserve)
         self.security = security if security is not None else default_security()
         self.cluster_secret = cluster_secret if cluster_secret is not None else ensure_cluster_secret()
         self.session: clusterauth.ControlSession | None = None   # the control channel, once registered
@@ -117,7 +128,7 @@ class Aggregator:
         self.name = name
         self.agg_id: str | None = None
         self.agg_name: str | None = None     # the id pMaster gave, kept to register again
-        self.ctx = make_context(server=True)
+        self.ctx = make_context(server=True, keep=self.reserve)
         # the data path: listeners for agents and peers (tcp; ipc and shm for this host),
         # channels to peer aggregators, and the memory published values live in
         self.transport = Transport(self.ctx, transport, local=ipc, security=self.security)
@@ -147,6 +158,11 @@ class Aggregator:
                       # the same for keys a job waits for (its new keys, on the owner and the
                       # replica; a new replica after a failure), made ready at once
                       "at_once_prefaulted_bytes": 0, "at_once_prefault_cpu_s": 0.0,
+                      # and the helper threads' minor page faults doing either (a populated
+                      # page faults once; memory that was populated before, none)
+                      "prefault_faults": 0, "at_once_prefault_faults": 0,
+                      # the reserve: heap populated at start for what arrives later, and its CPU
+                      "reserve_bytes": self.reserve, "reserve_warmed_bytes": 0, "reserve_cpu_s": 0.0,
                       # server-mode state on the serving thread (seconds, the longest in ms, minor
                       # page faults): the old owner's snapshots sent ahead of a switch, their
                       # installs on a follower, the new owner's take-overs of the state that
@@ -279,6 +295,7 @@ class Aggregator:
         try:
             if self.agg_id is None:
                 self.register()
+            self._warm_reserve()
             self._loop()
         finally:
             self.close()
@@ -783,6 +800,7 @@ class Aggregator:
         then, on the loop, ``then((buffers, allocation error), private arrays or None)``."""
         def populate() -> None:
             background_priority()
+            faults = _thread_faults()
             pace = Pace() if at_once else Pace(self.prefault_share, load=HostLoad.of_this_host())
             made = self._allocate_incoming(sizes, job, pace)
             arrays, warmed = None, 0
@@ -795,11 +813,43 @@ class Aggregator:
             log.info("job %s: %d bytes populated and %d bytes of heap warmed in %.2f s of CPU (%.2f s of it "
                      "on CPU the host had to spare; %.2f s paused, %.2f s waiting for a busy host)", job, nbytes,
                      warmed, pace.cpu_s, pace.idle_cpu_s, pace.paused_s, pace.waited_s)
-            self._ready.append((self._prefaulted, (0 if made[1] else nbytes, warmed, pace, at_once)))
+            faults = _thread_faults() - faults
+            self._ready.append((self._prefaulted, (0 if made[1] else nbytes, warmed, pace, faults, at_once)))
             self._ready.append((then, (made, arrays)))
             self._waker.wake()
 
         threading.Thread(target=populate, name="autops-populate", daemon=True).start()
+
+    def _warm_reserve(self) -> None:
+        """Populate ``reserve`` bytes of this process's heap on a helper thread, at the
+        prefault pace, and free them: glibc keeps them mapped (the trim threshold was raised
+        by as much), so the memory later allocated from the heap -- server-mode keys'
+        accumulators and optimizer state, on arrival or migrating in, and the buffers the
+        workers' pushes are received in -- is ready without page faults and without
+        populating it then. Capped at half the memory available now."""
+        available = psutil.virtual_memory().available // 2
+        nbytes = min(self.reserve, available)
+        if nbytes < self.reserve:
+            log.warning("reserve of %d bytes capped at %d: half the memory available", self.reserve, nbytes)
+        if nbytes <= 0:
+            return
+
+        def warm() -> None:
+            background_priority()
+            pace = Pace(self.prefault_share, load=HostLoad.of_this_host())
+            try:
+                warmed = warm_heap(nbytes, pace)
+            except MemoryError:
+                warmed = 0
+            log.info("reserve: %d bytes of heap populated in %.2f s of CPU", warmed, pace.cpu_s)
+            self._ready.append((self._reserve_warmed, (warmed, pace.cpu_s)))
+            self._waker.wake()
+
+        threading.Thread(target=warm, name="autops-reserve", daemon=True).start()
+
+    def _reserve_warmed(self, warmed: int, cpu_s: float) -> None:
+        self.stats["reserve_warmed_bytes"] += warmed
+        self.stats["reserve_cpu_s"] = round(self.stats["reserve_cpu_s"] + cpu_s, 3)
 
     def _replica_prepare(self, msg: wire.Message) -> None:
         """A new replica of server-mode keys: the memory for their state (master copy,
@@ -846,21 +896,23 @@ class Aggregator:
     @contextlib.contextmanager
     def _timed(self, name: str) -> Iterator[None]:
         """Add the block's time and this thread's minor page faults to ``name``'s figures."""
-        started, faults = time.perf_counter(), resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        started, faults = time.perf_counter(), _thread_faults()
         try:
             yield
         finally:
             took = time.perf_counter() - started
             self.stats[f"{name}_s"] = round(self.stats[f"{name}_s"] + took, 4)
             self.stats[f"{name}_max_ms"] = max(self.stats[f"{name}_max_ms"], round(1e3 * took, 2))
-            self.stats[f"{name}_faults"] += resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - faults
+            self.stats[f"{name}_faults"] += _thread_faults() - faults
 
-    def _prefaulted(self, nbytes: int, warmed: int, pace: Pace, at_once: bool = False) -> None:
+    def _prefaulted(self, nbytes: int, warmed: int, pace: Pace, faults: int, at_once: bool = False) -> None:
         if at_once:
             self.stats["at_once_prefaulted_bytes"] += nbytes
             self.stats["at_once_prefault_cpu_s"] = round(self.stats["at_once_prefault_cpu_s"] + pace.cpu_s, 3)
+            self.stats["at_once_prefault_faults"] += faults
             return
         self.stats["prefaulted_bytes"] += nbytes
+        self.stats["prefault_faults"] += faults
         self.stats["heap_warmed_bytes"] += warmed
         for name, value in pace.figures().items():
             self.stats[f"prefault_{name}"] = round(self.stats[f"prefault_{name}"] + value, 3)

@@ -33,6 +33,7 @@ BENCHMARKS = {
     "failover": ("dlrt_bench.autops_failover", "what surviving an aggregator's loss costs: replication, pause"),
 }
 DEFAULT_MASTER = "127.0.0.1:5555"
+RESERVE_ENV = "AUTOPS_AGGREGATOR_RESERVE"     # the default of `autops aggregator --reserve`
 
 
 def _cmd_master(args: argparse.Namespace) -> int:
@@ -58,7 +59,7 @@ def _cmd_aggregator(args: argparse.Namespace) -> int:
     serve(args.master, bind_host=host.strip("[]"), port=port, advertise_host=args.advertise_host,
           ipc=not args.no_ipc, name=args.name, register_timeout=args.register_timeout,
           heartbeat_interval=args.heartbeat_interval, transport=args.transport,
-          prefault_share=args.prefault_share)
+          prefault_share=args.prefault_share, reserve=args.reserve)
     return 0
 
 
@@ -208,6 +209,11 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                    help="memory for keys migrating in is populated on this host's idle CPU; a host busy "
                         "for over a second gets it at this share of a core, so that the job's and its "
                         "neighbours' CPU is not taken (1: at once, without waiting for idle CPU)")
+    p.add_argument("--reserve", type=cli.size, default=os.environ.get(RESERVE_ENV) or "0", metavar="SIZE",
+                   help="populate this much memory when the aggregator starts (at the same pace) and keep it, "
+                        "so that jobs arriving and keys migrating in later find their server-mode state and "
+                        "received pushes' memory ready: their first moves do not wait for it (e.g. 3G; "
+                        f"default: ${RESERVE_ENV}, which the aggregators pMaster starts inherit, or 0)")
     p.set_defaults(func=_cmd_aggregator)
 
     p = cli.add_command(sub, "local", "run CMD against a master that starts aggregators on this machine",

@@ -32,7 +32,7 @@ import tempfile
 
 from dlrt.procs import stop_processes
 from infiniswap.frontend import Frontend
-from infiniswap.sizes import parse_size
+from dlrt.sizes import parse_size
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FUSECTL = "/sys/fs/fuse/connections"

@@ -27,6 +27,7 @@ from typing import Any, Callable, NoReturn, TextIO
 
 from .endpoints import endpoint
 from .messages import ProtocolError
+from .sizes import parse_size
 from .trace import NoValidJob
 
 __all__ = ["LOG_LEVELS", "UsageError", "HelpFormatter", "Parser", "parser", "add_commands", "add_command",
@@ -197,6 +198,14 @@ def share(text: str) -> float:
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"expected a number above 0 and at most 1, got {text!r}")
     return value
+
+
+def size(text: str) -> int:
+    """argparse type: a byte size as users write it (``4G``, ``512M``, ``4096``; ``dlrt.sizes``)."""
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def setup_logging(level: str, fmt: str = LOG_FORMAT) -> None:

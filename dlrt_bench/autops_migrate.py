@@ -86,7 +86,7 @@ def site(args: argparse.Namespace, master_args: list[str]) -> Iterator[tuple[str
     first aggregator, and the admin client's connection is made from inside pMaster's host."""
     if not args.emulate_hosts:
         with LocalPool(4, log_level=args.log_level, master_args=master_args,
-                       aggregator_args=["--prefault-share", str(args.prefault_share)]) as pool, \
+                       aggregator_args=aggregator_args(args)) as pool, \
                 AdminClient(pool.master, 10.0) as admin:
             yield pool.master, admin, {}
         return
@@ -95,7 +95,7 @@ def site(args: argparse.Namespace, master_args: list[str]) -> Iterator[tuple[str
     tb.up()
     try:
         with HostPool(tb, tb.hosts[:4], log_level=args.log_level, master_args=master_args,
-                      aggregator_args=["--prefault-share", str(args.prefault_share)]) as pool:
+                      aggregator_args=aggregator_args(args)) as pool:
             admin = in_netns(pool.master_host.netns, lambda: AdminClient(pool.master, 10.0))
             try:
                 yield pool.master, admin, {MAIN: tb.hosts[4:6], OTHER: tb.hosts[6:8]}
@@ -103,6 +103,24 @@ def site(args: argparse.Namespace, master_args: list[str]) -> Iterator[tuple[str
                 admin.close()
     finally:
         tb.down()
+
+
+def aggregator_args(args: argparse.Namespace) -> list[str]:
+    return ["--prefault-share", str(args.prefault_share), "--reserve", str(args.reserve)]
+
+
+def wait_reserves(admin: AdminClient, timeout: float) -> float | None:
+    """Seconds until every aggregator reports its ``--reserve`` populated (None: no reserve,
+    or not within ``timeout``): the jobs start on aggregators whose reserve is ready."""
+    started = time.monotonic()
+    while time.monotonic() < started + timeout:
+        aggs = admin.status()["aggregators"]
+        if not any(a.get("reserve_bytes") for a in aggs):
+            return None
+        if all(a.get("reserve_warmed_bytes") for a in aggs):
+            return round(time.monotonic() - started, 1)
+        time.sleep(0.5)
+    return None
 
 
 def in_netns(netns: str, make: Callable[[], Any]) -> Any:
@@ -139,6 +157,7 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
     seen_batches: set[int] = set()
     master_args = ["--static", "--heartbeat-timeout", str(args.heartbeat_timeout)]
     with site(args, master_args) as (master, admin, hosts):
+        reserve_wait_s = wait_reserves(admin, args.start_timeout) if args.reserve else None
         workers = Workers(master)
         try:
             workers.start_job(MAIN, job, tensors, mode=mode, optimizer=args.optimizer, compute_s=compute_s,
@@ -234,7 +253,7 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
         "benchmark": "migrate", "model": model, "mode": mode, "optimizer": args.optimizer if mode == "server" else None,
         "scale": args.scale, "transport": args.transport, "workers": 2, "aggregators": 4, "compute_s": compute_s,
         "site": "emulated" if args.emulate_hosts else "local", "link": args.link if args.emulate_hosts else None,
-        "prefault_share": args.prefault_share,
+        "prefault_share": args.prefault_share, "reserve": args.reserve, "reserve_wait_s": reserve_wait_s,
         "tensors": len(tensors), "model_bytes": tensor_bytes(tensors), "keys_moved": repeats[0]["keys"] if repeats else 0,
         "aggregators_before": placement.get(job),
         "repeats": len(repeats), "all_completed": all(r["done"] and not r["failed_keys"] for r in repeats),
@@ -246,8 +265,10 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
         "migrations_failed": final["migrations"]["failed"], "migrations_completed_keys": final["migrations"]["completed"],
         # memory made ready for the incoming keys, per aggregator: bytes, CPU s (of it on CPU
         # the host had to spare), s paused to keep the rest to --prefault-share, s waited for
-        # a busy host to have CPU to spare
-        "prefault": {a["id"]: {k: v for k, v in a.items() if k.startswith("prefault") or k == "heap_warmed_bytes"}
+        # a busy host to have CPU to spare, the helper threads' page faults; the same for
+        # keys a job waited for (at_once_*), and the --reserve populated at start
+        "prefault": {a["id"]: {k: v for k, v in a.items()
+                               if k.startswith(("prefault", "at_once_prefault", "reserve")) or k == "heap_warmed_bytes"}
                      for a in final["aggregators"]},
         # server mode: the serving threads' time and page faults copying state (the old
         # owners' snapshots, the followers' installs and take-overs, whole replica installs)
@@ -394,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefault-share", type=cli.share, default=PREFAULT_SHARE, metavar="SHARE",
                    help="the aggregators' --prefault-share: share of a core populating memory for keys "
                         "migrating in may take on a host busy for over a second (1: at once)")
+    p.add_argument("--reserve", type=cli.size, default="0", metavar="SIZE",
+                   help="the aggregators' --reserve: memory each populates when it starts and keeps for what "
+                        "arrives and migrates in; the jobs start once every reserve is ready (default 0)")
     p.add_argument("--migrate-timeout", type=float, default=60.0)
     p.add_argument("--start-timeout", type=float, default=120.0)
     p.add_argument("--agent-timeout", type=float, default=60.0)

@@ -53,7 +53,7 @@ import psutil
 
 from infiniswap.device import Device
 from infiniswap.local import LocalDaemons
-from infiniswap.sizes import format_size, parse_size
+from dlrt.sizes import format_size, parse_size
 from infiniswap.timings import summarize
 from dlrt import cli
 

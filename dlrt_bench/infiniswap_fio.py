@@ -33,7 +33,7 @@ import time
 from typing import Any, Callable
 
 from dlrt_bench import infiniswap_stack as demo
-from infiniswap.sizes import parse_size
+from dlrt.sizes import parse_size
 
 __all__ = ["TESTS", "fio", "run_all", "main"]
 

@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 from dlrt import cli
 from dlrt.cli import UsageError
 from dlrt.procs import die_with_parent
-from infiniswap.sizes import format_size, parse_size
+from dlrt.sizes import format_size, parse_size
 
 __all__ = ["main"]
 
@@ -47,11 +47,6 @@ FORWARDED = {
 }
 
 
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -422,10 +417,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _daemon_args(d: argparse.ArgumentParser) -> None:
     d.add_argument("--bind", type=cli.bind_address, default="127.0.0.1:7300", metavar="ADDR",
                    help="control endpoint, HOST:PORT or tcp://HOST:PORT (port 0 = any)")
-    d.add_argument("--headroom", type=_size, default="8G",
+    d.add_argument("--headroom", type=cli.size, default="8G",
                    help="free memory to keep for local applications")
-    d.add_argument("--slab-size", type=_size, default="1G")
-    d.add_argument("--capacity", type=_size, default=None,
+    d.add_argument("--slab-size", type=cli.size, default="1G")
+    d.add_argument("--capacity", type=cli.size, default=None,
                    help="most memory to lend (default: all of it above HeadRoom)")
     d.add_argument("--no-lock", action="store_true",
                    help="do not mlock slab memory (never on a host that swaps into Infiniswap)")
@@ -468,11 +463,11 @@ def _daemon_args(d: argparse.ArgumentParser) -> None:
 
 
 def _device_args(v: argparse.ArgumentParser) -> None:
-    v.add_argument("--size", type=_size, required=True, help="device size, e.g. 4G")
+    v.add_argument("--size", type=cli.size, required=True, help="device size, e.g. 4G")
     v.add_argument("--backup", required=True, help="backup file (created, size bytes)")
     v.add_argument("--daemons", type=cli.address_list, default=[], metavar="ADDR,...",
                    help="comma-separated daemon control addresses (HOST:PORT or tcp://HOST:PORT)")
-    v.add_argument("--slab-size", type=_size, default="1G")
+    v.add_argument("--slab-size", type=cli.size, default="1G")
     v.add_argument("--hot-slab", type=float, default=20.0,
                    help="page I/Os per second that make a slab hot")
     v.add_argument("--period", type=_positive(float), default=1.0, help="control loop period, seconds")
@@ -525,7 +520,7 @@ def _parser() -> argparse.ArgumentParser:
                         description="run CMD in a new memory-limited cgroup (it pages to whatever swap is "
                                     "active, e.g. an `infiniswap device --swap`); prints peak memory and "
                                     "swap-ins/outs on stderr at the end and exits with CMD's status")
-    r.add_argument("--memory", type=_size, required=True, help="memory limit of the cgroup, e.g. 64M")
+    r.add_argument("--memory", type=cli.size, required=True, help="memory limit of the cgroup, e.g. 64M")
     r.add_argument("--swappiness", type=int, default=None, metavar="N",
                    help="memory.swappiness of the cgroup (cgroup v1 only; 0..100)")
     r.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...")

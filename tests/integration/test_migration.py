@@ -7,6 +7,7 @@ must leave the result bit-identical to the same job trained without migrations, 
 from __future__ import annotations
 
 import itertools
+import mmap
 import threading
 import time
 
@@ -217,6 +218,36 @@ def test_a_server_mode_jobs_arrival_makes_its_state_ready_on_the_owner_and_the_r
     # at once: the migrations' paced figures are untouched
     for stats in (owner_stats, replica_stats):
         assert stats["at_once_prefault_cpu_s"] > 0 and stats["prefaulted_bytes"] == 0, stats
+
+
+@pytest.mark.parametrize("reserve", [0, 64 << 20])
+def test_an_aggregators_reserve_is_the_populated_memory_a_server_jobs_state_comes_from(reserve):
+    """``--reserve``: each aggregator populates that much heap when it starts and keeps it.
+    A server-mode job arriving afterwards gets its gradient accumulator and momentum (on the
+    owner) and its replica's momentum from that memory: readying them takes no page fault
+    there, only the master copies, in the shared memory the workers map, still fault in
+    (one per page). Without a reserve every page of the state faults once, as before."""
+    shape = (1_500_000,)                # 6 MiB per array: populated by a helper thread
+    pages = int(np.prod(shape)) * 4 // mmap.PAGESIZE
+    job = f"reserve-{reserve}-{next(_jobs)}"
+    args = ["--reserve", str(reserve)]
+    with LocalPool(2, master_args=["--static"], aggregator_args=args) as pool:
+        if reserve:
+            aggs = [a["id"] for a in pool.status()["aggregators"]]
+            warmed = reported(pool, aggs, "reserve_warmed_bytes")
+            assert len(aggs) == 2 and all(warmed[a]["reserve_warmed_bytes"] >= reserve for a in aggs), warmed
+        with ServerKeyJob(pool, job, shape) as run:
+            for it in range(1, 4):
+                run.step(it)
+            owner = run.owner()
+            replica = next(iter(holding(pool, job) - {owner}))
+        stats = reported(pool, [owner, replica], "at_once_prefaulted_bytes")
+    # the master copy (shared memory) faults in either way: one fault per page
+    owner_faults, replica_faults = stats[owner]["at_once_prefault_faults"], stats[replica]["at_once_prefault_faults"]
+    if reserve:       # the heap arrays (owner: accumulator, momentum; replica: momentum) were populated
+        assert owner_faults < pages * 1.25 and replica_faults < pages * 1.25, (owner_faults, replica_faults, pages)
+    else:
+        assert owner_faults >= pages * 2.75 and replica_faults >= pages * 1.75, (owner_faults, replica_faults, pages)
 
 
 @pytest.mark.parametrize("mode, aggregators", [("sum", 2), ("server", 2), ("server", 3)])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from infiniswap import cli
-from infiniswap.sizes import format_size, parse_size
+from dlrt.sizes import format_size, parse_size
 from infiniswap.timings import Timings, summarize
 
 

@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Any
 
-from dlrt import cli
+from dlrt import cli, sizes
 from dlrt.cli import UsageError
 from dlrt.endpoints import host_port
 
@@ -28,18 +28,15 @@ from .client import Client, read_token
 from .user_commands import add_user_commands
 
 DEFAULT_STATE = os.environ.get("TIRESIAS_STATE") or os.path.expanduser("~/.tiresias")
-SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
-
-
 def parse_size(text: str) -> int:
-    """``4G``, ``512MiB``, ``1000000`` -> bytes (binary units)."""
-    m = SIZE_RE.match(text)
-    if not m:
-        raise UsageError(f"size {text!r}: expected a number with an optional K/M/G/T suffix, e.g. 4G")
-    value = float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " ")
+    """``4G``, ``512MiB``, ``1000000`` -> bytes (binary units; ``dlrt.sizes``), at least one."""
+    try:
+        value = sizes.parse_size(text)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if value < 1:
         raise UsageError(f"size {text!r} must be at least one byte")
-    return int(value)
+    return value
 
 
 def parse_bind(text: str) -> tuple[str, int]:
