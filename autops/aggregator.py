@@ -112,8 +112,8 @@ class Aggregator:
         ``prefault_share``: at most this share of a core populates memory for keys migrating
         in (their buffers, and the heap their pushes will arrive in) where the host stays busy;
         CPU the host has to spare it uses first (``prefault.Pace``); ``reserve``: bytes of
-        heap populated once, at that pace, when the aggregator starts, and kept mapped
-        (``_warm_reserve``)."""
+        memory populated at that pace when the aggregator starts, for what arrives
+        later (``_keep_reserve``)."""
         self.master = master
         Pace(prefault_share)        # a share outside (0, 1] is refused here, not in a helper thread later
         self.prefault_share = prefault_share
@@ -161,7 +161,8 @@ class Aggregator:
                       # and the helper threads' minor page faults doing either (a populated
                       # page faults once; memory that was populated before, none)
                       "prefault_faults": 0, "at_once_prefault_faults": 0,
-                      # the reserve: heap populated at start for what arrives later, and its CPU
+                      # the reserve: memory made ready (at start, and shared segments again as
+                      # jobs take them) for what arrives later, and its CPU
                       "reserve_bytes": self.reserve, "reserve_warmed_bytes": 0, "reserve_cpu_s": 0.0,
                       # server-mode state on the serving thread (seconds, the longest in ms, minor
                       # page faults): the old owner's snapshots sent ahead of a switch, their
@@ -295,7 +296,7 @@ class Aggregator:
         try:
             if self.agg_id is None:
                 self.register()
-            self._warm_reserve()
+            self._keep_reserve()
             self._loop()
         finally:
             self.close()
@@ -820,35 +821,48 @@ class Aggregator:
 
         threading.Thread(target=populate, name="autops-populate", daemon=True).start()
 
-    def _warm_reserve(self) -> None:
-        """Populate ``reserve`` bytes of this process's heap on a helper thread, at the
-        prefault pace, and free them: glibc keeps them mapped (the trim threshold was raised
-        by as much), so the memory later allocated from the heap -- server-mode keys'
-        accumulators and optimizer state, on arrival or migrating in, and the buffers the
-        workers' pushes are received in -- is ready without page faults and without
-        populating it then. Capped at half the memory available now."""
-        available = psutil.virtual_memory().available // 2
-        nbytes = min(self.reserve, available)
+    def _keep_reserve(self) -> None:
+        """Make ``reserve`` bytes ready on a helper thread, at the prefault pace: a quarter of
+        it (where the transport's memory is lent: ``SegmentReserve``) as populated shared
+        segments that the keys' published buffers then come from, made again as jobs take
+        them; the rest as populated heap, freed at once and kept by glibc (its trim threshold
+        was raised by as much), which server-mode keys' accumulators and optimizer state and
+        the received pushes' buffers then come from. Jobs arriving and keys migrating in
+        find their memory ready, without page faults and without populating it then. Capped
+        at half the memory available now."""
+        nbytes = min(self.reserve, psutil.virtual_memory().available // 2)
         if nbytes < self.reserve:
             log.warning("reserve of %d bytes capped at %d: half the memory available", self.reserve, nbytes)
         if nbytes <= 0:
             return
+        pieces = self.memory.reserve
+        shared = nbytes // 4 if pieces is not None else 0
+        heap = nbytes - shared
 
-        def warm() -> None:
+        def keep() -> None:
             background_priority()
-            pace = Pace(self.prefault_share, load=HostLoad.of_this_host())
+            pace, reported_cpu = Pace(self.prefault_share, load=HostLoad.of_this_host()), 0.0
             try:
-                warmed = warm_heap(nbytes, pace)
-            except MemoryError:
-                warmed = 0
-            log.info("reserve: %d bytes of heap populated in %.2f s of CPU", warmed, pace.cpu_s)
-            self._ready.append((self._reserve_warmed, (warmed, pace.cpu_s)))
-            self._waker.wake()
+                made = warm_heap(heap, pace)
+                while True:
+                    if shared:
+                        made += pieces.fill(shared, pace)
+                    log.info("reserve: %d bytes made ready in %.2f s of CPU", made, pace.cpu_s - reported_cpu)
+                    self._ready.append((self._reserve_made, (made, pace.cpu_s - reported_cpu)))
+                    self._waker.wake()
+                    made, reported_cpu = 0, pace.cpu_s
+                    while shared and not self._stop.is_set() and not pieces.drawn.wait(1.0):
+                        pass
+                    if not shared or self._stop.is_set():
+                        return
+                    pieces.drawn.clear()
+            except (MemoryError, OSError) as exc:
+                log.warning("reserve: cannot make memory ready: %s", exc)
 
-        threading.Thread(target=warm, name="autops-reserve", daemon=True).start()
+        threading.Thread(target=keep, name="autops-reserve", daemon=True).start()
 
-    def _reserve_warmed(self, warmed: int, cpu_s: float) -> None:
-        self.stats["reserve_warmed_bytes"] += warmed
+    def _reserve_made(self, made: int, cpu_s: float) -> None:
+        self.stats["reserve_warmed_bytes"] += made
         self.stats["reserve_cpu_s"] = round(self.stats["reserve_cpu_s"] + cpu_s, 3)
 
     def _replica_prepare(self, msg: wire.Message) -> None:

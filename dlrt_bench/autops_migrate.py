@@ -65,6 +65,7 @@ from autops.admin import AdminClient
 from autops.local import LocalPool
 from autops.transport.prefault import PREFAULT_SHARE
 from dlrt import cli
+from dlrt.procs import exit_on_sigterm
 from dlrt.testbed import Testbed, available, cleanup, enter_netns
 
 from .autops_hosts import HostPool
@@ -430,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefix", default="apsm", help="emulated hosts: name prefix of the testbed")
     add_common_args(p)
     args = parse_args(p, argv)
+    exit_on_sigterm()                 # stopped by SIGTERM: the testbed and the processes still go
     if args.link.strip().lower() == "none":
         args.link = None
     if args.emulate_hosts:

@@ -56,6 +56,7 @@ from infiniswap.local import LocalDaemons
 from dlrt.sizes import format_size, parse_size
 from infiniswap.timings import summarize
 from dlrt import cli
+from dlrt.procs import exit_on_sigterm
 
 __all__ = ["run", "run_emulated", "format_table", "main"]
 
@@ -539,6 +540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli.add_log_level(ap, "WARNING")
     cli.add_json(ap, "also write the result as JSON to FILE ('-' for stdout instead of the table)")
     args = ap.parse_args(argv)
+    exit_on_sigterm()                 # stopped by SIGTERM: the testbed and the processes still go
     cli.setup_logging(args.log_level)
     return cli.run_main("infiniswap bench", _bench, args)
 

@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 from dlrt_bench import infiniswap_stack as demo
 from dlrt.sizes import parse_size
+from dlrt.procs import exit_on_sigterm
 
 __all__ = ["TESTS", "fio", "run_all", "main"]
 
@@ -187,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--delay", default=None, help="with --emulate-hosts: one-way link delay")
     ap.add_argument("--json", default=os.path.join("bench", "results", "infiniswap_fio.json"))
     args = ap.parse_args(argv)
+    exit_on_sigterm()                 # stopped by SIGTERM: the testbed and the processes still go
     why = demo.missing() or (None if shutil.which("fio") else "`fio` is not installed")
     if why:
         print(f"skipped: {why}")

@@ -142,6 +142,7 @@ class Memory(ABC):
     map them before the first message needs them (``premap``)."""
 
     lends: bool = False
+    reserve: Any = None     # where lendable memory can be made ahead: a ``shm.SegmentReserve``
 
     @abstractmethod
     def allocate(self, sizes: Sequence[tuple[int, str]], scope: str, pace: Any = None) -> list[Shared]:

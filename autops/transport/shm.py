@@ -7,7 +7,8 @@ slices (``Arena``). A peer on the same host maps a segment through
 a slice's reference is the handle plus its offset; the segment id guards against a reused
 pid, the scope (a job) says which memory is released together. ``SharedMemory`` is the
 ``Memory`` of the ``shm`` transport: what this process allocates to lend, and what it has
-mapped of its peers' (``Attachments``).
+mapped of its peers' (``Attachments``). An aggregator's ``--reserve`` keeps populated
+segments ready for it (``SegmentReserve``).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ log = logging.getLogger("autops.transport")
 
 ALIGN = 64
 PREFAULT_IN_BACKGROUND = 4 << 20    # allocations with more bytes are populated by a helper thread
+RESERVE_PIECE = 16 << 20            # bytes per segment a SegmentReserve makes ahead
 
 
 def available() -> bool:
@@ -108,6 +110,70 @@ class Segment:
                 pass
 
 
+def _aligned(numel: int, dtype: str) -> int:
+    return -(-int(numel) * np.dtype(dtype).itemsize // ALIGN) * ALIGN
+
+
+class SegmentReserve:
+    """Populated segments of ``piece`` bytes made ahead (``fill``), each handed whole to one
+    scope (``take``), so memory lent to a job's peers is ready without page faults. A piece
+    is never given back: it goes with its scope, as a segment created for it would, and
+    ``fill`` makes new ones -- memory one job's workers mapped is never another job's."""
+
+    def __init__(self, label: str = "autops-reserve", piece: int = RESERVE_PIECE) -> None:
+        self.label, self.piece = label, max(ALIGN, int(piece))
+        self.drawn = threading.Event()      # set when ``take`` handed pieces out
+        self._pieces: list[Segment] = []
+        self._lock = threading.Lock()
+
+    @property
+    def held(self) -> int:
+        """Bytes ready now."""
+        with self._lock:
+            return len(self._pieces) * self.piece
+
+    def fill(self, target: int, pace: Pace | None = None) -> int:
+        """Make populated pieces (at ``pace``) until at least ``target`` bytes are ready --
+        rounded down to whole pieces; returns the bytes made."""
+        made = 0
+        while self.held + self.piece <= target:
+            seg = Segment.create(self.piece, "", self.label, populate=True, pace=pace)
+            with self._lock:
+                self._pieces.append(seg)
+            made += self.piece
+        return made
+
+    def take(self, sizes: Sequence[tuple[int, str]], scope: str) -> list[tuple[Segment, list[int]]]:
+        """Pieces for as many of the arrays ``sizes`` as they hold, for ``scope``: ``[(piece,
+        indices of the arrays it is to hold)]``, arrays in order, each piece filled before
+        the next is taken. Arrays larger than a piece, and the rest once no piece is left,
+        are not in the answer."""
+        groups: list[list[int]] = []
+        used = self.piece
+        for i, (numel, dtype) in enumerate(sizes):
+            nbytes = _aligned(numel, dtype)
+            if nbytes > self.piece:
+                continue
+            if used + nbytes > self.piece:
+                groups.append([])
+                used = 0
+            groups[-1].append(i)
+            used += nbytes
+        with self._lock:
+            taken, self._pieces = self._pieces[:len(groups)], self._pieces[len(groups):]
+        for seg in taken:
+            seg.scope = scope
+        if taken:
+            self.drawn.set()
+        return list(zip(taken, groups))
+
+    def close(self) -> None:
+        with self._lock:
+            pieces, self._pieces = self._pieces, []
+        for seg in pieces:
+            seg.close()
+
+
 class Arena:
     """Aligned slices of segments created for one scope."""
 
@@ -120,7 +186,7 @@ class Arena:
         offsets, total = [], 0
         for numel, dtype in sizes:
             offsets.append(total)
-            total += -(-numel * np.dtype(dtype).itemsize // ALIGN) * ALIGN
+            total += _aligned(numel, dtype)
         return offsets, total
 
     def adopt(self, seg: Segment, sizes: Sequence[tuple[int, str]]) -> list[Shared]:
@@ -212,18 +278,31 @@ class SharedMemory(Memory):
         self.label = label
         self.arenas: dict[str, Arena] = {}
         self.attached = Attachments()
+        self.reserve = SegmentReserve(f"{label or 'autops'}-reserve")
         self._premapped: set[str] = set()
         self._lock = threading.Lock()
 
     def allocate(self, sizes: Sequence[tuple[int, str]], scope: str,
                  pace: Pace | None = None) -> list[Shared]:
+        """Arrays from the reserve's pieces while it has some, the others in a segment created
+        for them."""
         if not sizes:
             return []
-        _, total = Arena.layout(sizes)
-        seg = Segment.create(total, scope, self.label or f"autops-{scope}", populate=True, pace=pace)
-        with self._lock:
-            arena = self.arenas.setdefault(scope, Arena())
-            return arena.adopt(seg, sizes)
+        out: list[Shared | None] = [None] * len(sizes)
+        for seg, indices in self.reserve.take(sizes, scope):
+            with self._lock:
+                arena = self.arenas.setdefault(scope, Arena())
+                for i, buf in zip(indices, arena.adopt(seg, [sizes[i] for i in indices])):
+                    out[i] = buf
+        rest = [i for i, buf in enumerate(out) if buf is None]
+        if rest:
+            _, total = Arena.layout([sizes[i] for i in rest])
+            seg = Segment.create(total, scope, self.label or f"autops-{scope}", populate=True, pace=pace)
+            with self._lock:
+                arena = self.arenas.setdefault(scope, Arena())
+                for i, buf in zip(rest, arena.adopt(seg, [sizes[i] for i in rest])):
+                    out[i] = buf
+        return out
 
     def slow_to_allocate(self, nbytes: int) -> bool:
         return nbytes >= PREFAULT_IN_BACKGROUND
@@ -269,6 +348,7 @@ class SharedMemory(Memory):
 
     def close(self) -> None:
         self.attached.close()
+        self.reserve.close()
         with self._lock:
             arenas, self.arenas = list(self.arenas.values()), {}
         for arena in arenas:

@@ -11,7 +11,7 @@ import zmq
 from autops import wire
 from autops.transport import PayloadError, Shared, Transport, TransportError
 from autops.transport.cma import available as cma_available
-from autops.transport.shm import available as shm_available
+from autops.transport.shm import SegmentReserve, SharedMemory, available as shm_available
 from autops.transport.shm_channel import ShmFraming
 from dlrt.hostid import host_id
 
@@ -45,6 +45,55 @@ def listener_of(transport: Transport, kind: str):
 
 def as_bytes(buf) -> bytes:
     return bytes(wire.payload_view(buf))
+
+
+@needs_shm
+def test_a_segment_reserve_hands_whole_populated_pieces_to_one_scope_each():
+    piece = 1 << 20
+    reserve = SegmentReserve(piece=piece)
+    try:
+        assert reserve.fill(3 * piece + piece // 2) == 3 * piece and reserve.held == 3 * piece   # whole pieces
+        assert reserve.fill(3 * piece) == 0                                                      # already there
+        # 256 KiB arrays: four to a piece; the 2 MiB one fits none and is left out
+        sizes = [(65536, "float32")] * 5 + [(524288, "float32")] + [(65536, "float32")] * 2
+        taken = reserve.take(sizes, "job-a")
+        assert [indices for _, indices in taken] == [[0, 1, 2, 3], [4, 6, 7]]
+        assert all(seg.scope == "job-a" for seg, _ in taken) and reserve.drawn.is_set()
+        assert reserve.held == piece
+        rest = reserve.take([(65536, "float32")] * 9, "job-b")      # one piece left: four arrays
+        assert [indices for _, indices in rest] == [[0, 1, 2, 3]] and reserve.held == 0
+        assert reserve.take([(16, "float32")], "job-c") == []
+        for seg, _ in taken + rest:
+            seg.close()
+    finally:
+        reserve.close()
+
+
+@needs_shm
+def test_shared_memory_takes_arrays_from_its_reserve_and_creates_the_rest():
+    memory = SharedMemory()
+    piece = memory.reserve.piece
+    try:
+        memory.reserve.fill(piece)
+        numel = piece // 4 // 3 - 64                  # three float32 arrays to a piece, aligned
+        sizes = [(numel, "float32"), (numel, "float32"), (numel, "float32"), (numel, "float32"), (10, "int64")]
+        bufs = memory.allocate(sizes, "job")
+        assert [b.array.size for b in bufs] == [numel] * 4 + [10]
+        assert [str(b.array.dtype) for b in bufs] == ["float32"] * 4 + ["int64"]
+        reserved = {b.ref[1] for b in bufs[:3]}
+        assert len(reserved) == 1 and bufs[3].ref[1] not in reserved and bufs[4].ref[1] == bufs[3].ref[1]
+        assert all(b.ref[0] == "job" for b in bufs)                  # the pieces now carry the job's scope
+        assert all(not b.array.any() for b in bufs)                  # zero, as a new segment
+        for i, b in enumerate(bufs):
+            b.array[:] = i + 1
+        assert [int(b.array[0]) for b in bufs] == [1, 2, 3, 4, 5]    # no two arrays overlap
+        assert [int(b.array[-1]) for b in bufs] == [1, 2, 3, 4, 5]
+        assert len(memory.handles_of(bufs)) == 2
+        del bufs
+        memory.release("job")
+        assert memory.reserve.held == 0                              # a piece is never handed back
+    finally:
+        memory.close()
 
 
 @pytest.mark.parametrize("preference, host, offered, kind", [
