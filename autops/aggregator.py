@@ -128,7 +128,7 @@ class Aggregator:
         self.name = name
         self.agg_id: str | None = None
         self.agg_name: str | None = None     # the id pMaster gave, kept to register again
-        self.ctx = make_context(server=True, keep=self.reserve)
+        self.ctx = make_context(server=True)
         # the data path: listeners for agents and peers (tcp; ipc and shm for this host),
         # channels to peer aggregators, and the memory published values live in
         self.transport = Transport(self.ctx, transport, local=ipc, security=self.security)
@@ -825,8 +825,8 @@ class Aggregator:
         """Make ``reserve`` bytes ready on a helper thread, at the prefault pace: a quarter of
         it (where the transport's memory is lent: ``SegmentReserve``) as populated shared
         segments that the keys' published buffers then come from, made again as jobs take
-        them; the rest as populated heap, freed at once and kept by glibc (its trim threshold
-        was raised by as much), which server-mode keys' accumulators and optimizer state and
+        them; the rest as populated heap, freed below a block left allocated so that glibc
+        keeps it mapped (``warm_heap(fence=True)``), which server-mode keys' accumulators and optimizer state and
         the received pushes' buffers then come from. Jobs arriving and keys migrating in
         find their memory ready, without page faults and without populating it then. Capped
         at half the memory available now."""
@@ -843,7 +843,7 @@ class Aggregator:
             background_priority()
             pace, reported_cpu = Pace(self.prefault_share, load=HostLoad.of_this_host()), 0.0
             try:
-                made = warm_heap(heap, pace)
+                made = warm_heap(heap, pace, fence=True)
                 while True:
                     if shared:
                         made += pieces.fill(shared, pace)

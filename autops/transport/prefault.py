@@ -193,6 +193,7 @@ def _can_populate(libc: ctypes.CDLL | None) -> bool:
 
 
 _LIBC = _libc()
+_FENCES: list[int] = []         # blocks warm_heap(fence=True) left allocated (never freed)
 CAN_POPULATE = _can_populate(_LIBC)
 
 
@@ -215,12 +216,17 @@ def populate_buffer(buffer: mmap.mmap, pace: Pace | None = None) -> bool:
     return populate(_address(buffer), len(buffer), pace)
 
 
-def warm_heap(nbytes: int, pace: Pace | None = None) -> int:
+def warm_heap(nbytes: int, pace: Pace | None = None, fence: bool = False) -> int:
     """Grow this process's heap by about ``nbytes`` of populated pages and free them again, so
     that the next allocations of that much (received messages) find pages already mapped.
     Only worth it where glibc keeps freed memory (``keep_freed_buffers``: chunks of
     ``HEAP_CHUNK`` stay below its mmap threshold, and fewer bytes than its trim threshold are
-    freed at once). Returns the bytes populated."""
+    freed at once). Returns the bytes populated.
+
+    ``fence``: the last block stays allocated, for good. The blocks freed below it then do
+    not join the free top of the heap, the only part glibc gives back to the system (past
+    its trim threshold), so they stay mapped however many they are: a reserve, which later
+    allocations take before the heap grows, and which what they free joins again."""
     if not CAN_POPULATE or nbytes <= 0:
         return 0
     pace = pace or Pace()
@@ -238,6 +244,8 @@ def warm_heap(nbytes: int, pace: Pace | None = None) -> int:
                 break
             warmed += length
     finally:
+        if fence and blocks:
+            _FENCES.append(blocks.pop(max(range(len(blocks)), key=blocks.__getitem__)))
         for block in reversed(blocks):
             _LIBC.free(block)
     return warmed

@@ -24,18 +24,17 @@ from dlrt.curve import Security, default_security
 from .base import Channel, Inbound, Listener, buffer_of
 
 _NO_LENT: frozenset = frozenset()
-TRIM_THRESHOLD = 1 << 30    # freed heap glibc keeps mapped once tuned (its top beyond this is returned)
+_C_INT_MAX = (1 << 31) - 1
 _heap_kept = 0      # bytes glibc keeps of what every thread frees (one arena, trim threshold), once tuned
 
 
-def make_context(server: bool = False, keep: int = 0) -> zmq.Context:
+def make_context(server: bool = False) -> zmq.Context:
     """The process's ZeroMQ context. ``server``: a service process of this runtime (an
     aggregator) that receives many large messages at once; its received buffers are kept in
     one glibc heap (``keep_freed_buffers(one_arena=True)``), set before the context starts
-    the I/O thread that allocates them. ``keep``: bytes of freed heap kept beyond the
-    default (an aggregator's reserve of populated memory)."""
+    the I/O thread that allocates them."""
     if server:
-        keep_freed_buffers(trim_threshold=TRIM_THRESHOLD + max(0, int(keep)), one_arena=True)
+        keep_freed_buffers(one_arena=True)
     ctx = zmq.Context()
     ctx.setsockopt(zmq.LINGER, 0)
     return ctx
@@ -52,7 +51,7 @@ def bound_address(sock: zmq.Socket) -> str:
     return sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
 
-def keep_freed_buffers(mmap_threshold: int = 64 << 20, trim_threshold: int = TRIM_THRESHOLD,
+def keep_freed_buffers(mmap_threshold: int = 64 << 20, trim_threshold: int = 1 << 30,
                        one_arena: bool = False) -> bool:
     """Let glibc reuse freed message buffers instead of unmapping them.
 
@@ -72,6 +71,9 @@ def keep_freed_buffers(mmap_threshold: int = 64 << 20, trim_threshold: int = TRI
     Returns False where mallopt is not available (not glibc). ``AUTOPS_MALLOC_TUNING=0``
     turns it off.
     """
+    for value in (mmap_threshold, trim_threshold):
+        if not 0 <= value <= _C_INT_MAX:        # mallopt takes a C int: ctypes would silently truncate
+            raise ValueError(f"malloc threshold {value} is outside 0..{_C_INT_MAX}")
     if os.environ.get("AUTOPS_MALLOC_TUNING", "1") == "0":
         return False
     try:

@@ -252,6 +252,46 @@ def test_a_warmed_heap_serves_received_buffers_without_page_faults():
     assert faults < cold // 16, (faults, cold)
 
 
+FENCE_PROBE = textwrap.dedent("""
+    import resource, sys
+    import numpy as np
+    from autops.transport import prefault
+    from autops.transport.zmq import keep_freed_buffers
+    assert keep_freed_buffers(trim_threshold=16 << 20, one_arena=True)   # glibc keeps 16 MiB of free top
+    warmed = prefault.warm_heap(96 << 20, fence=sys.argv[1] == "fence")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    arrays = [np.zeros(4 << 20, np.uint8) for _ in range(16)]         # 64 MiB, as a job's state
+    for a in arrays:
+        a[::4096] = 1
+    print(warmed, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+""")
+
+
+@pytest.mark.parametrize("fence", [True, False])
+def test_a_fenced_warm_heap_stays_mapped_beyond_the_trim_threshold(fence):
+    """``warm_heap(fence=True)``, an aggregator's reserve: with one block left allocated above
+    them, the freed blocks stay mapped although they are far more than glibc's trim threshold,
+    and a job's arrays allocated next take no page fault. Without the fence they join the
+    heap's top and glibc gives them back: every page faults again."""
+    needs_populate()
+    done = subprocess.run([sys.executable, "-c", FENCE_PROBE, "fence" if fence else "none"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    warmed, faults = map(int, done.stdout.split())
+    pages = (64 << 20) // mmap.PAGESIZE
+    assert warmed >= 96 << 20
+    if fence:
+        assert faults < pages // 16, (faults, pages)
+    else:
+        assert faults >= pages // 8, (faults, pages)
+
+
+def test_a_malloc_threshold_beyond_a_c_int_is_refused_not_truncated():
+    from autops.transport.zmq import keep_freed_buffers
+    with pytest.raises(ValueError, match="outside"):
+        keep_freed_buffers(trim_threshold=4 << 30)
+
+
 def test_zeroed_arrays_are_zero_private_and_populated():
     """Large arrays are populated (touching them does not fault); all are zero-filled,
     writable and of the asked shape."""
