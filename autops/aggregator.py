@@ -826,10 +826,10 @@ class Aggregator:
         it (where the transport's memory is lent: ``SegmentReserve``) as populated shared
         segments that the keys' published buffers then come from, made again as jobs take
         them; the rest as populated heap, freed below a block left allocated so that glibc
-        keeps it mapped (``warm_heap(fence=True)``), which server-mode keys' accumulators and optimizer state and
-        the received pushes' buffers then come from. Jobs arriving and keys migrating in
-        find their memory ready, without page faults and without populating it then. Capped
-        at half the memory available now."""
+        keeps it mapped (``warm_heap(fence=True)``), which server-mode keys' accumulators
+        and optimizer state and the received pushes' buffers then come from. Jobs arriving
+        and keys migrating in find their memory ready, without page faults and without
+        populating it then. Capped at half the memory available now."""
         nbytes = min(self.reserve, psutil.virtual_memory().available // 2)
         if nbytes < self.reserve:
             log.warning("reserve of %d bytes capped at %d: half the memory available", self.reserve, nbytes)
@@ -837,25 +837,28 @@ class Aggregator:
             return
         pieces = self.memory.reserve
         shared = nbytes // 4 if pieces is not None else 0
-        heap = nbytes - shared
+
+        def taken() -> bool:
+            """Wait until jobs took shared segments (True) or the aggregator stops (False)."""
+            while not self._stop.is_set():
+                if pieces.drawn.wait(1.0):
+                    pieces.drawn.clear()
+                    return True
+            return False
 
         def keep() -> None:
             background_priority()
-            pace, reported_cpu = Pace(self.prefault_share, load=HostLoad.of_this_host()), 0.0
+            pace, reported = Pace(self.prefault_share, load=HostLoad.of_this_host()), 0.0
             try:
-                made = warm_heap(heap, pace, fence=True)
+                made = warm_heap(nbytes - shared, pace, fence=True)
                 while True:
-                    if shared:
-                        made += pieces.fill(shared, pace)
-                    log.info("reserve: %d bytes made ready in %.2f s of CPU", made, pace.cpu_s - reported_cpu)
-                    self._ready.append((self._reserve_made, (made, pace.cpu_s - reported_cpu)))
+                    made += pieces.fill(shared, pace) if shared else 0
+                    log.info("reserve: %d bytes made ready in %.2f s of CPU", made, pace.cpu_s - reported)
+                    self._ready.append((self._reserve_made, (made, pace.cpu_s - reported)))
                     self._waker.wake()
-                    made, reported_cpu = 0, pace.cpu_s
-                    while shared and not self._stop.is_set() and not pieces.drawn.wait(1.0):
-                        pass
-                    if not shared or self._stop.is_set():
+                    made, reported = 0, pace.cpu_s
+                    if not shared or not taken():
                         return
-                    pieces.drawn.clear()
             except (MemoryError, OSError) as exc:
                 log.warning("reserve: cannot make memory ready: %s", exc)
 
