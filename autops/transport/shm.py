@@ -289,19 +289,19 @@ class SharedMemory(Memory):
         if not sizes:
             return []
         out: list[Shared | None] = [None] * len(sizes)
-        for seg, indices in self.reserve.take(sizes, scope):
+
+        def adopt(seg: Segment, indices: list[int]) -> None:
             with self._lock:
                 arena = self.arenas.setdefault(scope, Arena())
                 for i, buf in zip(indices, arena.adopt(seg, [sizes[i] for i in indices])):
                     out[i] = buf
+
+        for seg, indices in self.reserve.take(sizes, scope):
+            adopt(seg, indices)
         rest = [i for i, buf in enumerate(out) if buf is None]
         if rest:
             _, total = Arena.layout([sizes[i] for i in rest])
-            seg = Segment.create(total, scope, self.label or f"autops-{scope}", populate=True, pace=pace)
-            with self._lock:
-                arena = self.arenas.setdefault(scope, Arena())
-                for i, buf in zip(rest, arena.adopt(seg, [sizes[i] for i in rest])):
-                    out[i] = buf
+            adopt(Segment.create(total, scope, self.label or f"autops-{scope}", populate=True, pace=pace), rest)
         return out
 
     def slow_to_allocate(self, nbytes: int) -> bool:
