@@ -107,6 +107,7 @@ def site(args: argparse.Namespace, master_args: list[str]) -> Iterator[tuple[str
 
 
 def aggregator_args(args: argparse.Namespace) -> list[str]:
+    """The options this benchmark gives every aggregator."""
     return ["--prefault-share", str(args.prefault_share), "--reserve", str(args.reserve)]
 
 
