@@ -65,7 +65,8 @@ from .precopy import Follower, Precopies
 from .spare import SpareBuffers
 from .store import JobState, KeyState, SecretMismatch, Store, StoreError
 from .transport import Channel, Inbound, Sender, Shared, Transport, background_priority, make_context
-from .transport.prefault import PREFAULT_SHARE, HostLoad, Pace, warm_heap, zeroed_arrays
+from .transport.prefault import PREFAULT_SHARE, HostLoad, Pace, heap_free, warm_heap, zeroed_arrays
+from .transport.shm import RESERVE_SHARED
 from .transport.zmq import heap_kept
 
 # serving-thread work timed in ``stats`` (``Aggregator._timed``)
@@ -106,20 +107,24 @@ class Aggregator:
                  heartbeat_interval: float = 1.0, register_timeout: float = 30.0,
                  name: str | None = None, transport: str = "auto", security: Security | None = None,
                  cluster_secret: bytes | None = None, prefault_share: float = PREFAULT_SHARE,
-                 reserve: int = 0) -> None:
+                 reserve: int = 0, reserve_shared: float = RESERVE_SHARED) -> None:
         """``security``: CURVE for every tcp socket (default: the key directory's);
         ``cluster_secret``: what it proves to pMaster (default: the key directory's);
         ``prefault_share``: at most this share of a core populates memory for keys migrating
         in (their buffers, and the heap their pushes will arrive in) where the host stays busy;
         CPU the host has to spare it uses first (``prefault.Pace``); ``reserve``: bytes of
         memory populated at that pace when the aggregator starts, for what arrives
-        later (``_keep_reserve``)."""
+        later (``_keep_reserve``), ``reserve_shared`` of it as shared segments where the
+        transport lends memory."""
         self.master = master
         Pace(prefault_share)        # a share outside (0, 1] is refused here, not in a helper thread later
         self.prefault_share = prefault_share
         if reserve < 0:
             raise ValueError(f"reserve must be 0 or more bytes, not {reserve}")
         self.reserve = int(reserve)
+        if not 0 < reserve_shared <= 1:
+            raise ValueError(f"reserve_shared must be above 0 and at most 1, not {reserve_shared}")
+        self.reserve_shared = reserve_shared
         self.security = security if security is not None else default_security()
         self.cluster_secret = cluster_secret if cluster_secret is not None else ensure_cluster_secret()
         self.session: clusterauth.ControlSession | None = None   # the control channel, once registered
@@ -210,12 +215,16 @@ class Aggregator:
         except (OSError, MemoryError) as exc:
             raise StoreError(f"job {job!r}: cannot allocate {need} bytes for its keys: {exc}") from None
 
-    @staticmethod
-    def _check_room(job: str, need: int) -> None:
-        """``StoreError`` when this machine has not ``need`` bytes of memory available."""
+    def _check_room(self, job: str, need: int) -> None:
+        """``StoreError`` when this machine has not ``need`` bytes of memory available, counting
+        what this process holds ready as available: its heap's free bytes (the reserve's
+        warmed heap, freed buffers) and the reserve's shared segments -- memory the reserve
+        took from ``available`` to give to jobs like this one."""
         available = psutil.virtual_memory().available
-        if need > available:
-            raise StoreError(f"job {job!r}: its keys need {need} bytes, this machine has {available} available")
+        ready = heap_free() + (self.memory.reserve.held if self.memory.reserve is not None else 0)
+        if need > available + ready:
+            raise StoreError(f"job {job!r}: its keys need {need} bytes, this machine has {available} available"
+                             f" and this aggregator {ready} ready")
 
     # --- lifecycle ------------------------------------------------------------------
     def stop(self) -> None:
@@ -822,8 +831,8 @@ class Aggregator:
         threading.Thread(target=populate, name="autops-populate", daemon=True).start()
 
     def _keep_reserve(self) -> None:
-        """Make ``reserve`` bytes ready on a helper thread, at the prefault pace: a quarter of
-        it (where the transport's memory is lent: ``SegmentReserve``) as populated shared
+        """Make ``reserve`` bytes ready on a helper thread, at the prefault pace:
+        ``reserve_shared`` of it (where the transport's memory is lent: ``SegmentReserve``) as populated shared
         segments that the keys' published buffers then come from, made again as jobs take
         them; the rest as populated heap, freed below a block left allocated so that glibc
         keeps it mapped (``warm_heap(fence=True)``), which server-mode keys' accumulators
@@ -836,7 +845,7 @@ class Aggregator:
         if nbytes <= 0:
             return
         pieces = self.memory.reserve
-        shared = nbytes // 4 if pieces is not None else 0
+        shared = int(nbytes * self.reserve_shared) if pieces is not None else 0
 
         def taken() -> bool:
             """Wait until jobs took shared segments (True) or the aggregator stops (False)."""

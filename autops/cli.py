@@ -23,6 +23,7 @@ from dlrt.endpoints import DEFAULT_BIND_HOST, host_port
 
 from .jobauth import ENV as SECRET_ENV, default_state_dir, new_job_secret
 from .transport.prefault import PREFAULT_SHARE
+from .transport.shm import RESERVE_SHARED
 
 # name -> (module, help); the module's ``main(argv)`` parses the benchmark's own options
 BENCHMARKS = {
@@ -34,6 +35,7 @@ BENCHMARKS = {
 }
 DEFAULT_MASTER = "127.0.0.1:5555"
 RESERVE_ENV = "AUTOPS_AGGREGATOR_RESERVE"     # the default of `autops aggregator --reserve`
+RESERVE_SHARED_ENV = "AUTOPS_AGGREGATOR_RESERVE_SHARED"     # and of its --reserve-shared
 
 
 def _cmd_master(args: argparse.Namespace) -> int:
@@ -59,7 +61,7 @@ def _cmd_aggregator(args: argparse.Namespace) -> int:
     serve(args.master, bind_host=host.strip("[]"), port=port, advertise_host=args.advertise_host,
           ipc=not args.no_ipc, name=args.name, register_timeout=args.register_timeout,
           heartbeat_interval=args.heartbeat_interval, transport=args.transport,
-          prefault_share=args.prefault_share, reserve=args.reserve)
+          prefault_share=args.prefault_share, reserve=args.reserve, reserve_shared=args.reserve_shared)
     return 0
 
 
@@ -214,6 +216,12 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                         "so that jobs arriving and keys migrating in later find their server-mode state and "
                         "received pushes' memory ready: their first moves do not wait for it (e.g. 3G; "
                         f"default: ${RESERVE_ENV}, which the aggregators pMaster starts inherit, or 0)")
+    p.add_argument("--reserve-shared", type=cli.share, metavar="SHARE",
+                   default=os.environ.get(RESERVE_SHARED_ENV) or str(RESERVE_SHARED),
+                   help="the share of --reserve made as shared memory, which the keys' published buffers come "
+                        "from where workers on this host read them in place; the rest is heap, for server-mode "
+                        f"state and received pushes (default: ${RESERVE_SHARED_ENV} or {RESERVE_SHARED}, for "
+                        "server mode with Adam; 0.67 suits sum mode)")
     p.set_defaults(func=_cmd_aggregator)
 
     p = cli.add_command(sub, "local", "run CMD against a master that starts aggregators on this machine",

@@ -64,6 +64,7 @@ import numpy as np
 from autops.admin import AdminClient
 from autops.local import LocalPool
 from autops.transport.prefault import PREFAULT_SHARE
+from autops.transport.shm import RESERVE_SHARED
 from dlrt import cli
 from dlrt.procs import exit_on_sigterm
 from dlrt.testbed import Testbed, available, cleanup, enter_netns
@@ -108,7 +109,8 @@ def site(args: argparse.Namespace, master_args: list[str]) -> Iterator[tuple[str
 
 def aggregator_args(args: argparse.Namespace) -> list[str]:
     """The options this benchmark gives every aggregator."""
-    return ["--prefault-share", str(args.prefault_share), "--reserve", str(args.reserve)]
+    return ["--prefault-share", str(args.prefault_share), "--reserve", str(args.reserve),
+            "--reserve-shared", str(args.reserve_shared)]
 
 
 def wait_reserves(admin: AdminClient, timeout: float) -> float | None:
@@ -255,7 +257,8 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
         "benchmark": "migrate", "model": model, "mode": mode, "optimizer": args.optimizer if mode == "server" else None,
         "scale": args.scale, "transport": args.transport, "workers": 2, "aggregators": 4, "compute_s": compute_s,
         "site": "emulated" if args.emulate_hosts else "local", "link": args.link if args.emulate_hosts else None,
-        "prefault_share": args.prefault_share, "reserve": args.reserve, "reserve_wait_s": reserve_wait_s,
+        "prefault_share": args.prefault_share, "reserve": args.reserve,
+        "reserve_shared": args.reserve_shared, "reserve_wait_s": reserve_wait_s,
         "tensors": len(tensors), "model_bytes": tensor_bytes(tensors), "keys_moved": repeats[0]["keys"] if repeats else 0,
         "aggregators_before": placement.get(job),
         "repeats": len(repeats), "all_completed": all(r["done"] and not r["failed_keys"] for r in repeats),
@@ -420,6 +423,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reserve", type=cli.size, default="0", metavar="SIZE",
                    help="the aggregators' --reserve: memory each populates when it starts and keeps for what "
                         "arrives and migrates in; the jobs start once every reserve is ready (default 0)")
+    p.add_argument("--reserve-shared", type=cli.share, default=RESERVE_SHARED, metavar="SHARE",
+                   help=f"the aggregators' --reserve-shared: the share of it made as shared memory for the keys' "
+                        f"published buffers (default {RESERVE_SHARED}; 0.67 suits sum mode)")
     p.add_argument("--migrate-timeout", type=float, default=60.0)
     p.add_argument("--start-timeout", type=float, default=120.0)
     p.add_argument("--agent-timeout", type=float, default=60.0)

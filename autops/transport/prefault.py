@@ -174,6 +174,23 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def heap_free() -> int:
+    """Bytes this process's glibc heaps hold free (``mallinfo2``'s ``fordblks``, every arena):
+    memory already mapped -- a warmed heap's, freed buffers' -- that the next allocations
+    take before asking the system for more. 0 where glibc has no ``mallinfo2`` (before 2.33)."""
+    call = getattr(_LIBC, "mallinfo2", None) if _LIBC is not None else None
+    if call is None:
+        return 0
+    call.argtypes, call.restype = [], _MallInfo2
+    return int(call().fordblks)
+
+
 def _address(buffer: mmap.mmap) -> int:
     """Where a mapping starts (the ctypes view is dropped at once, so it can still be closed)."""
     anchor = ctypes.c_char.from_buffer(buffer)

@@ -453,3 +453,62 @@ def test_memory_the_helper_thread_cannot_make_comes_back_as_an_allocation_error(
         assert agg.stats["prefaulted_bytes"] == agg.stats["at_once_prefaulted_bytes"] == 0
     finally:
         agg.close()
+
+
+def test_the_room_check_counts_the_memory_an_aggregator_holds_ready(monkeypatch):
+    """A reserve takes memory from what the machine reports available in order to give it
+    to jobs: a job it can hold is accepted, on a machine that now reports less than the job
+    needs; one larger than the memory available plus what is held ready is refused."""
+    from types import SimpleNamespace
+
+    from autops import aggregator as aggregator_mod
+    from autops.store import StoreError
+
+    available = 100 << 20
+    monkeypatch.setattr(aggregator_mod.psutil, "virtual_memory", lambda: SimpleNamespace(available=available))
+    monkeypatch.setattr(aggregator_mod, "heap_free", lambda: 24 << 20)
+    agg = aggregator_mod.Aggregator("tcp://127.0.0.1:1", transport="shm", register_timeout=0.1)
+    try:
+        piece = agg.memory.reserve.piece
+        agg.memory.reserve.fill(2 * piece)
+        held = agg.memory.reserve.held
+        assert held == 2 * piece
+        agg._check_room("fits", available + (24 << 20) + held)
+        with pytest.raises(StoreError, match=rf"'too-big'.* {available} available and this aggregator "
+                                             rf"{(24 << 20) + held} ready"):
+            agg._check_room("too-big", available + (24 << 20) + held + 1)
+        agg.memory.reserve.take([(piece, "uint8")] * 2, "fits")     # handed to a job: ready no more
+        with pytest.raises(StoreError):
+            agg._check_room("next", available + (24 << 20) + 1)
+    finally:
+        agg.close()
+
+
+@pytest.mark.parametrize("shared, pieces", [(0.25, 1), (0.5, 2)])
+def test_the_reserve_makes_its_shared_share_as_segments(shared, pieces):
+    """``reserve_shared`` of the reserve becomes shared segments (whole pieces), the rest heap."""
+    from autops import aggregator as aggregator_mod
+
+    agg = aggregator_mod.Aggregator("tcp://127.0.0.1:1", transport="shm", register_timeout=0.1,
+                                    reserve=64 << 20, reserve_shared=shared)
+    try:
+        piece = agg.memory.reserve.piece
+        assert piece == 16 << 20
+        agg._keep_reserve()
+        deadline = time.monotonic() + 30
+        while not agg._ready and time.monotonic() < deadline:      # the helper thread's figures
+            time.sleep(0.01)
+        agg._run_ready()
+        assert agg.memory.reserve.held == pieces * piece
+        assert agg.stats["reserve_warmed_bytes"] >= pieces * piece
+    finally:
+        agg.close()
+
+
+def test_a_reserve_share_outside_0_to_1_is_refused():
+    from autops import aggregator as aggregator_mod
+
+    for shared in (0.0, 1.5):
+        with pytest.raises(ValueError, match="reserve_shared"):
+            aggregator_mod.Aggregator("tcp://127.0.0.1:1", transport="shm", register_timeout=0.1, reserve=1,
+                                      reserve_shared=shared)

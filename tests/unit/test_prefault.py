@@ -259,11 +259,12 @@ FENCE_PROBE = textwrap.dedent("""
     from autops.transport.zmq import keep_freed_buffers
     assert keep_freed_buffers(trim_threshold=16 << 20, one_arena=True)   # glibc keeps 16 MiB of free top
     warmed = prefault.warm_heap(96 << 20, fence=sys.argv[1] == "fence")
+    free = prefault.heap_free()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     arrays = [np.zeros(4 << 20, np.uint8) for _ in range(16)]         # 64 MiB, as a job's state
     for a in arrays:
         a[::4096] = 1
-    print(warmed, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    print(warmed, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before, free, prefault.heap_free())
 """)
 
 
@@ -277,13 +278,16 @@ def test_a_fenced_warm_heap_stays_mapped_beyond_the_trim_threshold(fence):
     done = subprocess.run([sys.executable, "-c", FENCE_PROBE, "fence" if fence else "none"], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    warmed, faults = map(int, done.stdout.split())
+    warmed, faults, free, free_after = map(int, done.stdout.split())
     pages = (64 << 20) // mmap.PAGESIZE
     assert warmed >= 96 << 20
     if fence:
         assert faults < pages // 16, (faults, pages)
+        # heap_free, which the room check counts, sees the fenced blocks, and the arrays taken from them
+        assert free >= 80 << 20 and free - free_after >= 60 << 20, (free, free_after)
     else:
         assert faults >= pages // 8, (faults, pages)
+        assert free <= 17 << 20, free           # no more than the trim threshold stayed
 
 
 def test_a_malloc_threshold_beyond_a_c_int_is_refused_not_truncated():
