@@ -5,7 +5,10 @@ interface only, in the manner of ps-lite's ``Van``. A message is one header (byt
 caller packed, see ``autops.wire``) plus zero or more payload buffers (tensor bytes, never
 copied on the way). The kinds behind it:
 
-* ``tcp`` and ``ipc`` (``zmq.py``): payloads travel as ZeroMQ frames;
+* ``tcp`` (``zmq.py``): payloads travel as ZeroMQ frames;
+* ``ipc`` (``stream.py``): a unix stream socket of this project's own records; large
+  payloads are spliced from the sender's pages (no copy into the kernel) and read straight
+  into the receiver's arrays;
 * ``shm`` (``shm_channel.py`` over ``shm.py``): a same-host peer; a payload that lies in
   memory this process can lend (``Memory.allocate``) travels as a reference and the
   receiver reads it in place, every other payload as a frame.

@@ -7,9 +7,10 @@ aggregator registers with pMaster). With the preference ``auto`` a peer on this 
 else over ``ipc``; any other peer over ``tcp``. ``tcp``, ``ipc`` and ``shm`` force a kind
 (``ipc`` and ``shm`` only to a peer on this host); so does ``rdma`` (``rdma.py``: it opens
 the device at once, fails with ``RdmaUnavailable`` where there is none, and also listens on
-rdma). ``cma`` is the rdma transport's protocol between processes of this host, its READs
-done by ``process_vm_readv`` (``cma.py``): one copy of each payload instead of a socket's
-two; asked for explicitly, only to peers on this host. ``auto`` never picks rdma (that
+rdma). ``ipc`` is ``stream.py`` (unix stream sockets, large payloads spliced), not
+ZeroMQ; the ``shm`` kind's control messages still go over ZeroMQ ipc. ``cma`` is the rdma
+transport's protocol between processes of this host, its READs done by
+``process_vm_readv`` (``cma.py``): one copy of each payload; asked for explicitly, only to peers on this host. ``auto`` never picks rdma (that
 path has not run on hardware yet) nor cma (on one host shm moves fewer bytes still).
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .rdma_memory import RdmaMemory
 from .rdma_verbs import PyverbsNic, Verbs
 from .shm import SharedMemory, available as shm_available
 from .shm_channel import ShmFraming
+from .stream import StreamChannel, StreamListener
 from .zmq import ZmqChannel, ZmqListener, ipc_address, keep_freed_buffers
 
 TRANSPORTS = ("auto", "tcp", "ipc", "shm", "rdma", "cma")
@@ -131,10 +133,12 @@ class Transport:
                 channel = ZmqChannel(self.ctx, address, kind, ShmFraming(self.memory), security=self.security)
             elif kind in ONE_SIDED:
                 channel = RdmaChannel(self.verbs, self.memory, address, kind=kind)
+            elif kind == "ipc":
+                self._tune()
+                channel = StreamChannel(address)
             else:
                 self._tune()
-                channel = ZmqChannel(self.ctx, address, kind, lanes=tcp_lanes() if kind == "tcp" else 1,
-                                     security=self.security)
+                channel = ZmqChannel(self.ctx, address, kind, lanes=tcp_lanes(), security=self.security)
             self.channels[address] = channel
         return channel
 
@@ -152,7 +156,7 @@ class Transport:
         elif self.verbs is not None:
             self.listeners.append(RdmaListener(self.verbs, self.memory, bind_host.strip("[]"), 0, advertise_host))
         if self.local:
-            self.listeners.append(ZmqListener(self.ctx, ipc_address("agg"), "ipc", security=self.security))
+            self.listeners.append(StreamListener(ipc_address("agg")))
             if isinstance(self.memory, SharedMemory):
                 self.listeners.append(ZmqListener(self.ctx, ipc_address("agg-shm"), "shm",
                                                   framing=ShmFraming(self.memory), security=self.security))

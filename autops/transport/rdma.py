@@ -36,7 +36,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import select
 import socket
 import time
 from collections import deque
@@ -45,13 +44,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from dlrt.endpoints import host_port
-from dlrt.waker import Waker
-
 from .base import Channel, Inbound, Listener, PayloadError, Shared, TransportError, buffer_of
 from .rdma_layout import (DATA, DONE, HELLO, INLINE_MAX, Descriptor, LayoutError, RecordReader,
                           decode_data, decode_done, decode_hello, encode_data, encode_done, encode_hello)
 from .rdma_memory import NotRegistrable, RdmaMemory, locate
 from .rdma_verbs import QueuePair, ReadOp, Verbs
+from .sockpoll import SocketPoll, first_n
 
 __all__ = ["RdmaChannel", "RdmaListener", "Link", "CONNECT_TIMEOUT", "parse_address"]
 
@@ -213,7 +211,7 @@ class Link:
         out = self.out
         while out and self.broken is None:
             try:
-                sent = self.sock.sendmsg(list(_first(out, _IOV_MAX)))
+                sent = self.sock.sendmsg(list(first_n(out, _IOV_MAX)))
             except (BlockingIOError, InterruptedError):
                 return True
             except OSError as exc:
@@ -329,49 +327,6 @@ class Link:
         self.sock.close()
 
 
-def _first(items: deque, n: int):
-    for i, item in enumerate(items):
-        if i == n:
-            return
-        yield item
-
-
-class _Poll:
-    """An epoll descriptor over sockets (readable, and writable while output waits) and a
-    waker: what ``zmq.Poller`` watches for a channel or a listener."""
-
-    def __init__(self) -> None:
-        self.epoll = select.epoll()
-        self.waker = Waker()
-        self.epoll.register(self.waker.fd, select.EPOLLIN)
-        self._writing: set[int] = set()
-
-    def fileno(self) -> int:
-        return self.epoll.fileno()
-
-    def add(self, fd: int) -> None:
-        self.epoll.register(fd, select.EPOLLIN)
-
-    def remove(self, fd: int) -> None:
-        self._writing.discard(fd)
-        try:
-            self.epoll.unregister(fd)
-        except (OSError, ValueError):
-            pass
-
-    def want_write(self, fd: int, pending: bool) -> None:
-        if pending != (fd in self._writing):
-            (self._writing.add if pending else self._writing.discard)(fd)
-            self.epoll.modify(fd, select.EPOLLIN | (select.EPOLLOUT if pending else 0))
-
-    def ready(self) -> set[int]:
-        return {fd for fd, _ in self.epoll.poll(0)}
-
-    def close(self) -> None:
-        self.epoll.close()
-        self.waker.close()
-
-
 class RdmaChannel(Channel):
     """A connection to one peer's ``rdma://HOST:PORT`` listener; replies come back on it.
     ``kind``: ``cma`` over ``cma.CmaVerbs`` (endpoints ``cma://HOST:PORT``)."""
@@ -383,7 +338,7 @@ class RdmaChannel(Channel):
         self.verbs, self.memory, self.address, self.kind = verbs, memory, address, kind
         self.host, self.port = parse_address(address, kind)
         self.timeout = timeout
-        self.poll = _Poll()
+        self.poll = SocketPoll()
         self.link: Link | None = None
 
     @property
@@ -464,7 +419,7 @@ class RdmaListener(Listener):
         self.sock.setblocking(False)
         host = advertise_host or bind_host
         self.address = f"{kind}://{f'[{host}]' if ':' in host else host}:{self.sock.getsockname()[1]}"
-        self.poll = _Poll()
+        self.poll = SocketPoll()
         self.poll.add(self.sock.fileno())
         self.links: dict[int, Link] = {}
         self._senders: dict[int, _PeerLink] = {}

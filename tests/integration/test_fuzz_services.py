@@ -20,7 +20,9 @@ from __future__ import annotations
 import itertools
 import os
 import resource
+import select
 import threading
+import time
 
 import msgpack
 import numpy as np
@@ -33,6 +35,7 @@ from autops import wire
 from autops.admin import query_status
 from autops.agent import Agent, AutoPSError
 from autops.local import LocalPool
+from autops.transport.stream import StreamChannel
 from autops_testlib import secret_for
 
 pytestmark = pytest.mark.timeout(240)
@@ -135,24 +138,61 @@ class Target:
         self.sock.connect(address)
         self.probe_fields = probe
 
+    def send(self, frames: list[bytes]) -> None:
+        self.sock.send_multipart(frames)
+
+    def receive(self, timeout: float) -> list | None:
+        return self.sock.recv_multipart() if self.sock.poll(int(timeout * 1000)) else None
+
     def exchange(self, messages: list[list[bytes]]) -> list[wire.Message]:
         """Send ``messages`` (each a list of frames), then a probe; the replies that came
         before the probe's."""
         for frames in messages:
-            self.sock.send_multipart(frames)
+            self.send(frames)
         req = f"probe-{next(self._probes)}"
-        self.sock.send_multipart(wire.encode(req=req, **self.probe_fields))
+        self.send(wire.encode(req=req, **self.probe_fields))
         replies = []
-        for _ in range(int(PROBE_TIMEOUT / 0.1)):
+        deadline = time.monotonic() + PROBE_TIMEOUT
+        while time.monotonic() < deadline:
             dead = [f"{p.args[3]} (exit status {p.returncode})" for p in self.procs if p.poll() is not None]
             assert not dead, f"{', '.join(dead)} died after {messages!r:.600}"
-            if not self.sock.poll(100):
+            frames = self.receive(0.1)
+            if frames is None:
                 continue
-            msg = wire.decode(self.sock.recv_multipart())
+            msg = wire.decode(frames)
             if msg.get("req") == req:
                 return replies
             replies.append(msg)
         raise AssertionError(f"{self.name} did not answer a probe within {PROBE_TIMEOUT:g} s after {messages!r:.600}")
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+
+class StreamTarget(Target):
+    """The same over the aggregator's ipc endpoint (``stream.py``): the first frame is the
+    message's header, the others its payloads."""
+
+    def __init__(self, name: str, address: str, probe: dict, procs: list) -> None:
+        self.name, self.procs, self.probe_fields = name, procs, probe
+        self.channel = StreamChannel(address)
+
+    def send(self, frames: list[bytes]) -> None:
+        self.channel.send(frames[0], frames[1:])
+
+    def receive(self, timeout: float) -> list | None:
+        deadline = time.monotonic() + timeout
+        while True:
+            inbound = self.channel.recv()
+            if inbound is not None:
+                return [inbound.header, *map(bytes, inbound.payloads)]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            select.select([self.channel.pollable], [], [], left)
+
+    def close(self) -> None:
+        self.channel.close()
 
 
 @pytest.fixture(scope="module")
@@ -414,9 +454,10 @@ def test_malformed_frames_get_an_error_or_nothing_and_another_job_trains_unaffec
     zctx = zmq.Context()
     unknown_pull = dict(op=wire.PULL, job="nobody", secret="", rank=0, items=[])
     targets = {"master": Target(zctx, "pMaster", pool.master, dict(op=wire.STATUS), pool.procs)}
-    for kind in ("tcp", "ipc", "shm"):
+    for kind in ("tcp", "shm"):
         targets[f"agg-{kind}"] = Target(zctx, f"aggregator ({kind})", agg["endpoints"][kind], unknown_pull,
                                         pool.procs)
+    targets["agg-ipc"] = StreamTarget("aggregator (ipc)", agg["endpoints"]["ipc"], unknown_pull, pool.procs)
 
     progress = threading.Condition()
     sent = [0]
@@ -465,7 +506,7 @@ def test_malformed_frames_get_an_error_or_nothing_and_another_job_trains_unaffec
             progress.notify_all()
         runner.join(180)
         for t in targets.values():
-            t.sock.close(0)
+            t.close()
         zctx.term()
         os.close(memfd)
     assert not runner.is_alive(), "the victim job hung"

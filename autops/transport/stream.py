@@ -1,0 +1,557 @@
+"""The ``ipc`` transport: messages over unix stream sockets, large payloads spliced.
+
+A connection is one ``AF_UNIX`` stream socket. Each message is a DATA record: a fixed
+prefix (op, header bytes, payload count, sequence number), the payloads' lengths, the
+header, then the payloads' bytes back to back. Over a socket every byte is usually copied
+twice, into the kernel and out again; ZeroMQ adds a third copy where the receiver takes a
+payload out of its frame. Here:
+
+* a payload of ``SPLICE_MIN`` bytes or more is not copied into the kernel: ``vmsplice(2)``
+  puts references to its pages into a pipe and ``splice(2)`` moves them on into the socket
+  (since Linux 6.5 a unix socket takes spliced pages as they are, ``MSG_SPLICE_PAGES``;
+  older kernels copy there, as a send would). The receiver's read is the one copy. Until
+  then the socket holds the sender's pages themselves, so the sender keeps the payload --
+  unchanged, as every payload until the peer answered -- until the receiver's DONE record
+  says it read the message (the rule of the rdma transport's READs). Where ``vmsplice``
+  fails (a sandbox that forbids it) the link sends by copying from then on.
+* the receiver reads each payload straight into an array of its own, which the message
+  then hands on (``Inbound.lent`` is empty); headers and small payloads come through a
+  read-ahead buffer.
+
+Nothing blocks on a peer: sockets are non-blocking, output waits in a queue that the
+service's poll loop flushes when the socket is writable (``SocketPoll``), and a channel
+whose connection broke drops what it is given (with a warning) and connects again on its
+next ``send`` -- the callers' request timeouts take over, as with any peer that is down.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import logging
+import os
+import socket
+import struct
+from collections import deque
+from typing import Sequence
+
+import numpy as np
+
+from .base import Channel, Inbound, Listener, TransportError, buffer_of
+from .sockpoll import SocketPoll, first_n
+
+__all__ = ["StreamChannel", "StreamListener", "StreamLink", "SPLICE_MIN", "socket_path"]
+
+log = logging.getLogger("autops.transport")
+
+SPLICE_MIN = 64 << 10           # payloads this large go by vmsplice + splice, smaller ones are copied
+PIPE_BYTES = 1 << 20            # the splicing pipe's size (pipe-max-size's default)
+SOCKET_BUFFER = 4 << 20         # a connection's send buffer, asked for (the kernel caps it at wmem_max)
+CONNECT_TIMEOUT = 5.0
+DATA, DONE = 1, 2
+_PREFIX = struct.Struct("<BxxxIIQ")     # op, header bytes, payloads, sequence number (0: no DONE wanted)
+MAX_HEADER = 64 << 20
+MAX_PAYLOADS = 1 << 16
+MAX_PAYLOAD = 1 << 40
+_READ_AHEAD = 256 << 10         # the read-ahead buffer for prefixes, headers and small payloads
+_DIRECT_MIN = 32 << 10          # a payload's rest this large is read straight into its array
+_RECV_BYTES = 64 << 20          # at most this much read per pump (other connections get their turn)
+_IOV_MAX = 512
+_NO_LENT: frozenset = frozenset()
+_F_SETPIPE_SZ = 1031
+
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+def _libc_vmsplice():
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).vmsplice
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_uint]
+    fn.restype = ctypes.c_ssize_t
+    return fn
+
+
+_VMSPLICE = _libc_vmsplice()
+
+
+def socket_path(address: str) -> str:
+    """The path of an ``ipc://PATH`` endpoint."""
+    if not address.startswith("ipc://") or len(address) <= len("ipc://"):
+        raise TransportError(f"not an ipc endpoint: {address!r} (expected ipc://PATH)")
+    return address[len("ipc://"):]
+
+
+class _Splice:
+    """A payload going out by vmsplice: its bytes (kept until DONE) and how far it got."""
+
+    __slots__ = ("view", "address", "offset")
+
+    def __init__(self, view: memoryview) -> None:
+        self.view = view
+        self.address = np.frombuffer(view, np.uint8).ctypes.data
+        self.offset = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.view.nbytes - self.offset
+
+
+class _Pipe:
+    """The pipe a link splices through."""
+
+    def __init__(self) -> None:
+        self.r, self.w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            self.capacity = fcntl.fcntl(self.w, _F_SETPIPE_SZ, PIPE_BYTES)
+        except OSError:
+            self.capacity = fcntl.fcntl(self.w, fcntl.F_GETPIPE_SZ) if hasattr(fcntl, "F_GETPIPE_SZ") else 65536
+
+    def close(self) -> None:
+        os.close(self.r)
+        os.close(self.w)
+
+
+class _Incoming:
+    """A DATA record being read: its header, and its payloads' arrays as they fill."""
+
+    __slots__ = ("header", "lengths", "seq", "arrays", "got")
+
+    def __init__(self, header: bytes, lengths: tuple, seq: int) -> None:
+        self.header, self.lengths, self.seq = header, lengths, seq
+        self.arrays: list[np.ndarray] = []
+        self.got = 0                # bytes of the current payload (the last of ``arrays``) read
+
+    def current(self) -> memoryview | None:
+        """The current payload's array, as bytes (allocated when it starts); None when all are read."""
+        if self.arrays and self.got < self.arrays[-1].nbytes:
+            return memoryview(self.arrays[-1])
+        while len(self.arrays) < len(self.lengths):
+            self.arrays.append(np.empty(self.lengths[len(self.arrays)], np.uint8))
+            self.got = 0
+            if self.arrays[-1].nbytes:
+                return memoryview(self.arrays[-1])
+        return None
+
+
+class StreamLink:
+    """One connection: queued output (sent by ``flush``), what the peer still reads of
+    ours (``kept`` until its DONE), and what arrived (``pump`` reads, ``next_message``
+    hands out). A failure of the peer or the stream marks it ``broken`` and closes it."""
+
+    def __init__(self, sock: socket.socket, name: str) -> None:
+        sock.setblocking(False)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
+        except OSError:
+            pass
+        self.sock, self.fd, self.name = sock, sock.fileno(), name
+        self.out: deque = deque()
+        self.kept: dict[int, list] = {}
+        self.seq = 0
+        self.splicing = _VMSPLICE is not None
+        self.pipe: _Pipe | None = None
+        self.piped = 0                  # bytes of the current splice in the pipe, not yet in the socket
+        self.broken: str | None = None
+        self.eof = False
+        self.buf = bytearray(_READ_AHEAD)
+        self.start = self.end = 0       # the unparsed bytes of ``buf``
+        self.incoming: _Incoming | None = None
+        self.ready: deque = deque()     # (header, payloads) read whole
+
+    @classmethod
+    def dial(cls, path: str, timeout: float = CONNECT_TIMEOUT) -> "StreamLink":
+        """Connect to a listener's socket (OSError when none is there)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(path)
+        except BaseException:
+            sock.close()
+            raise
+        return cls(sock, path)
+
+    # --- sending ----------------------------------------------------------------------
+    def send(self, header: bytes, payloads: Sequence = ()) -> None:
+        if self.broken is not None:
+            log.warning("ipc: dropped a message to %s: %s", self.name, self.broken)
+            return
+        parts, lengths, keep = [], [], []
+        for payload in payloads:
+            view = memoryview(buffer_of(payload))
+            if view.format != "B" or view.ndim != 1:
+                view = view.cast("B")
+            lengths.append(view.nbytes)
+            if self.splicing and view.nbytes >= SPLICE_MIN:
+                parts.append(_Splice(view))
+                keep.append(view)
+            else:
+                parts.append(view)
+        if len(header) > MAX_HEADER or len(lengths) > MAX_PAYLOADS:
+            raise TransportError(f"ipc: a message of {len(header)} header bytes and {len(lengths)} payloads is "
+                                 f"over the limits ({MAX_HEADER}, {MAX_PAYLOADS})")
+        seq = 0
+        if keep:
+            self.seq += 1
+            seq = self.seq
+            self.kept[seq] = keep
+        head = _PREFIX.pack(DATA, len(header), len(lengths), seq) + struct.pack(f"<{len(lengths)}Q", *lengths)
+        self.out.append(memoryview(head + bytes(header)))
+        self.out.extend(parts)
+        self.flush()
+
+    def flush(self) -> bool:
+        """Write what the socket takes now; whether output still waits."""
+        out = self.out
+        while out and self.broken is None:
+            try:
+                if type(out[0]) is _Splice:
+                    if self._splice(out[0]):
+                        out.popleft()
+                    continue
+                views = []
+                for item in first_n(out, _IOV_MAX):
+                    if type(item) is _Splice:
+                        break
+                    views.append(item)
+                sent = self.sock.sendmsg(views)
+            except (BlockingIOError, InterruptedError):
+                return True
+            except OSError as exc:
+                self.fail(f"connection lost ({exc.strerror or exc})")
+                return False
+            while out and type(out[0]) is not _Splice and sent >= out[0].nbytes:      # empty buffers go too
+                sent -= out.popleft().nbytes
+            if sent:
+                out[0] = out[0][sent:]
+        return bool(out) and self.broken is None
+
+    def _splice(self, item: _Splice) -> bool:
+        """Move ``item`` into the socket through the pipe: True when all of it is there,
+        BlockingIOError while the socket is full. A ``vmsplice`` this process may not make
+        puts the rest in ``item``'s place as a plain buffer (False), and copies from then on."""
+        if self.pipe is None:
+            self.pipe = _Pipe()
+        pipe = self.pipe
+        while True:
+            if self.piped:
+                moved = os.splice(pipe.r, self.fd, self.piped, flags=os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK)
+                if moved <= 0:
+                    raise OSError(errno.EPIPE, "the pipe ran dry")
+                self.piped -= moved
+                continue
+            left = item.nbytes
+            if not left:
+                return True
+            iov = _IoVec(item.address + item.offset, min(pipe.capacity, left))
+            moved = _VMSPLICE(pipe.w, ctypes.byref(iov), 1, os.SPLICE_F_NONBLOCK)
+            if moved < 0:
+                err = ctypes.get_errno()
+                if err == errno.EINTR:
+                    continue
+                if err == errno.EAGAIN:
+                    raise BlockingIOError(err, "the pipe is full")
+                log.warning("ipc: vmsplice refused (%s): sending by copy from now on", os.strerror(err))
+                self.splicing = False
+                self.out[0] = item.view[item.offset:]
+                return False
+            item.offset += moved
+            self.piped += moved
+
+    # --- receiving --------------------------------------------------------------------
+    def pump(self) -> None:
+        """Flush output and read what arrived, up to ``_RECV_BYTES`` (never blocks)."""
+        self.flush()
+        budget = _RECV_BYTES
+        while budget > 0 and self.broken is None and not self.eof and not self.ready:
+            try:
+                got = self._read()
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                self.fail(f"connection lost ({exc.strerror or exc})")
+                return
+            if not got:
+                self.eof = True         # what arrived before it is still delivered
+                break
+            budget -= got
+        if self.out:
+            self.flush()                # the DONE records of what was read
+
+    def _read(self) -> int:
+        """One read: straight into the current payload's array when what is left of it is
+        large and nothing is buffered, else into the read-ahead buffer (then parsed)."""
+        inc = self.incoming
+        if inc is not None and self.start == self.end:
+            view = inc.current()
+            if view is not None and view.nbytes - inc.got >= _DIRECT_MIN:
+                got = self.sock.recv_into(view[inc.got:])
+                inc.got += got
+                if got:
+                    self._parse()
+                return got
+        if self.start == self.end:
+            self.start = self.end = 0
+        elif len(self.buf) - self.end < _DIRECT_MIN:
+            self._compact(max(len(self.buf), self.end - self.start + _DIRECT_MIN))
+        got = self.sock.recv_into(memoryview(self.buf)[self.end:])
+        self.end += got
+        if got:
+            self._parse()
+        return got
+
+    def _compact(self, capacity: int) -> None:
+        """Move the unparsed bytes to the front of a buffer of at least ``capacity`` bytes."""
+        rest = self.buf[self.start:self.end]
+        if capacity > len(self.buf):
+            self.buf = bytearray(capacity)
+        self.buf[:len(rest)] = rest
+        self.start, self.end = 0, len(rest)
+
+    def _parse(self) -> None:
+        """Turn the buffered bytes into messages (and the peer's DONEs into released payloads)."""
+        while self.broken is None:
+            if self.incoming is None and not self._record():
+                return
+            inc = self.incoming
+            while True:
+                view = inc.current()
+                if view is None:
+                    break
+                take = min(view.nbytes - inc.got, self.end - self.start)
+                if take:
+                    view[inc.got:inc.got + take] = memoryview(self.buf)[self.start:self.start + take]
+                    self.start += take
+                    inc.got += take
+                if inc.got < view.nbytes:
+                    return
+            self.incoming = None
+            self.ready.append((inc.header, [memoryview(a) for a in inc.arrays]))
+            if inc.seq:
+                self.out.append(memoryview(_PREFIX.pack(DONE, 0, 0, inc.seq)))
+
+    def _record(self) -> bool:
+        """Read the next record's prefix and header from the buffer: a DONE is acted on, a
+        DATA becomes ``incoming``; False while its bytes have not all arrived."""
+        while True:
+            avail = self.end - self.start
+            if avail < _PREFIX.size:
+                return False
+            op, header_len, count, seq = _PREFIX.unpack_from(self.buf, self.start)
+            if op == DONE:
+                self.kept.pop(seq, None)
+                self.start += _PREFIX.size
+                continue
+            if op != DATA or header_len > MAX_HEADER or count > MAX_PAYLOADS:
+                self.fail(f"a malformed record (op {op}, {header_len} header bytes, {count} payloads)")
+                return False
+            meta = _PREFIX.size + 8 * count + header_len
+            if avail < meta:
+                if meta > len(self.buf) - self.start:
+                    self._compact(max(meta, len(self.buf)))
+                return False
+            lengths = struct.unpack_from(f"<{count}Q", self.buf, self.start + _PREFIX.size)
+            if any(n > MAX_PAYLOAD for n in lengths):
+                self.fail(f"a payload of {max(lengths)} bytes announced")
+                return False
+            header = bytes(self.buf[self.start + meta - header_len:self.start + meta])
+            self.start += meta
+            self.incoming = _Incoming(header, lengths, seq)
+            return True
+
+    def next_message(self) -> tuple[bytes, list] | None:
+        """The next message read whole; ``None`` when none (an EOF then ends the link)."""
+        if self.ready:
+            return self.ready.popleft()
+        if self.eof and self.broken is None:
+            self.fail("the peer closed the connection",
+                      orderly=not self.kept and not self.out and self.incoming is None)
+        return None
+
+    @property
+    def wants_write(self) -> bool:
+        return self.broken is None and bool(self.out)
+
+    # --- the end ----------------------------------------------------------------------
+    def fail(self, reason: str, orderly: bool = False) -> None:
+        if self.broken is None:
+            self.broken = reason
+            log.log(logging.INFO if orderly else logging.WARNING, "ipc: connection to %s %s: %s",
+                    self.name, "closed" if orderly else "broken", reason)
+            self.close()
+
+    def close(self) -> None:
+        self.kept.clear()
+        self.out.clear()
+        self.ready.clear()
+        self.incoming = None
+        if self.pipe is not None:
+            self.pipe.close()
+            self.pipe = None
+        self.sock.close()
+
+
+class StreamChannel(Channel):
+    """A connection to one peer's ``ipc://PATH`` listener; replies come back on it."""
+
+    kind = "ipc"
+    lends = False
+
+    def __init__(self, address: str, timeout: float = CONNECT_TIMEOUT) -> None:
+        self.address = address
+        self.path = socket_path(address)
+        self.timeout = timeout
+        self.poll = SocketPoll()
+        self.link: StreamLink | None = None
+
+    @property
+    def pollable(self) -> int:
+        return self.poll.fileno()
+
+    def send(self, header: bytes, payloads: Sequence = ()) -> None:
+        link = self.link
+        if link is None or link.broken is not None:
+            self._forget()
+            try:
+                link = StreamLink.dial(self.path, self.timeout)
+            except OSError as exc:
+                log.warning("ipc: dropped a message to %s (cannot connect: %s)", self.address, exc)
+                return
+            self.link = link
+            self.poll.add(link.fd)
+        link.send(header, payloads)
+        self._track(link)
+
+    def recv(self) -> Inbound | None:
+        link = self.link
+        if link is None:
+            self.poll.waker.clear()
+            return None
+        if not link.ready:
+            link.pump()
+        message = link.next_message()
+        self._track(link)
+        if message is None:
+            self.poll.waker.clear()
+            return None
+        if link.ready:
+            self.poll.waker.wake()
+        return Inbound(message[0], message[1], _NO_LENT, self)
+
+    def _track(self, link: StreamLink) -> None:
+        if link.broken is None:
+            self.poll.want_write(link.fd, link.wants_write)
+
+    def _forget(self) -> None:
+        if self.link is not None:
+            self.poll.remove(self.link.fd)
+            self.link.close()
+            self.link = None
+
+    def close(self) -> None:
+        self._forget()
+        self.poll.close()
+
+
+class _PeerLink:
+    """The sender of one message at a listener: replies go back on its connection."""
+
+    __slots__ = ("listener", "link")
+
+    def __init__(self, listener: "StreamListener", link: StreamLink) -> None:
+        self.listener, self.link = listener, link
+
+    def send(self, header: bytes, payloads: Sequence = ()) -> None:
+        self.link.send(header, payloads)
+        self.listener.track(self.link)
+
+
+class StreamListener(Listener):
+    """A unix stream socket at ``ipc://PATH`` that many peers connect to (removed on close)."""
+
+    kind = "ipc"
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.path = socket_path(address)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.sock.bind(self.path)
+            self.sock.listen(128)
+        except BaseException:
+            self.sock.close()
+            raise
+        self.sock.setblocking(False)
+        self.poll = SocketPoll()
+        self.poll.add(self.sock.fileno())
+        self.links: dict[int, StreamLink] = {}
+        self._senders: dict[int, _PeerLink] = {}
+
+    @property
+    def pollable(self) -> int:
+        return self.poll.fileno()
+
+    def recv(self) -> Inbound | None:
+        ready = self.poll.ready()
+        if self.sock.fileno() in ready:
+            self._accept()
+        for fd, link in list(self.links.items()):
+            if link.broken is None and (fd in ready or link.out or link.ready or link.eof):
+                if not link.ready:
+                    link.pump()
+                message = link.next_message()
+                self.track(link)
+                if message is not None:
+                    sender = self._senders[fd]
+                    del self.links[fd]             # to the back of the queue: fair to the others
+                    self.links[fd] = link
+                    if link.ready:
+                        self.poll.waker.wake()     # messages wait that no descriptor will announce
+                    return Inbound(message[0], message[1], _NO_LENT, sender)
+            if link.broken is not None:
+                self._drop(fd)
+        self.poll.waker.clear()
+        return None
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    log.warning("ipc: cannot accept a connection: %s", exc)
+                    return
+                raise
+            link = StreamLink(sock, f"{self.path} peer {sock.fileno()}")
+            fd = link.fd
+            self._drop(fd)                          # a closed link whose number was reused
+            self.links[fd] = link
+            self._senders[fd] = _PeerLink(self, link)
+            self.poll.add(fd)
+
+    def track(self, link: StreamLink) -> None:
+        if link.broken is None:
+            self.poll.want_write(link.fd, link.wants_write)
+
+    def _drop(self, fd: int) -> None:
+        self.poll.remove(fd)
+        self.links.pop(fd, None)
+        self._senders.pop(fd, None)
+
+    def close(self) -> None:
+        for fd, link in list(self.links.items()):
+            self.poll.remove(fd)
+            link.close()
+        self.links.clear()
+        self._senders.clear()
+        self.sock.close()
+        self.poll.close()
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass

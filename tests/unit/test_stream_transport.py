@@ -1,0 +1,189 @@
+"""The ipc transport (``autops/transport/stream.py``): messages over a unix stream socket,
+large payloads spliced from the sender's pages, read straight into the receiver's arrays."""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import platform
+import select
+import socket
+import struct
+import time
+
+import numpy as np
+import pytest
+
+from autops.transport import stream
+from autops.transport.stream import SPLICE_MIN, StreamChannel, StreamListener
+
+
+@pytest.fixture
+def pair(tmp_path):
+    listener = StreamListener(f"ipc://{tmp_path}/agg.sock")
+    channel = StreamChannel(listener.address)
+    try:
+        yield listener, channel
+    finally:
+        channel.close()
+        listener.close()
+
+
+def wait(target, *others, timeout: float = 10.0):
+    """The next message ``target`` receives; ``others`` are served meanwhile (their output
+    flushed, the DONE records they get read), as a service's poll loop would."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = target.recv()
+        if got is not None:
+            return got
+        for other in others:
+            assert other.recv() is None
+        select.select([target.pollable, *(o.pollable for o in others)], [], [], 0.05)
+    raise AssertionError("no message within the timeout")
+
+
+def settle(*ends, rounds: int = 20) -> None:
+    for _ in range(rounds):
+        for end in ends:
+            assert end.recv() is None
+        time.sleep(0.005)
+
+
+def kernel_at_least(major: int, minor: int) -> bool:
+    parts = platform.release().split(".")
+    try:
+        return (int(parts[0]), int(parts[1].split("-")[0])) >= (major, minor)
+    except (IndexError, ValueError):
+        return False
+
+
+def test_a_message_arrives_whole_and_the_reply_comes_back_on_its_connection(pair):
+    listener, channel = pair
+    big = np.arange(3 << 20, dtype=np.float32)             # 12 MiB: spliced
+    small = np.arange(100, dtype=np.float64)               # copied
+    channel.send(b"header", [big, small, b""])
+    got = wait(listener, channel)
+    assert got.header == b"header" and got.lent == frozenset()
+    assert np.array_equal(np.frombuffer(got.payloads[0], np.float32), big)
+    assert np.array_equal(np.frombuffer(got.payloads[1], np.float64), small)
+    assert len(got.payloads[2]) == 0
+    got.reply.send(b"reply", [got.payloads[0]])
+    back = wait(channel, listener)
+    assert back.header == b"reply" and np.array_equal(np.frombuffer(back.payloads[0], np.float32), big)
+    settle(listener, channel)
+    # every spliced payload was released by the peer's DONE, on both sides
+    assert channel.link.kept == {} and all(link.kept == {} for link in listener.links.values())
+
+
+def test_messages_sent_back_to_back_arrive_in_order_and_intact(pair):
+    listener, channel = pair
+    rng = np.random.default_rng(7)
+    sent = []
+    for i in range(24):
+        size = int(rng.choice([0, 100, SPLICE_MIN - 1, SPLICE_MIN, 1 << 20, 3 << 20]))
+        payload = rng.integers(0, 255, size, dtype=np.uint8)
+        sent.append((f"m{i}".encode(), payload))
+        channel.send(sent[-1][0], [payload, payload[: size // 3]])
+    for header, payload in sent:
+        got = wait(listener, channel)
+        assert got.header == header
+        assert bytes(got.payloads[0]) == payload.tobytes()
+        assert bytes(got.payloads[1]) == payload[: len(payload) // 3].tobytes()
+
+
+def test_a_header_larger_than_the_read_ahead_buffer_arrives(pair):
+    listener, channel = pair
+    header = os.urandom(stream._READ_AHEAD * 3 + 5)
+    channel.send(header, [np.ones(10, np.uint8)])
+    channel.send(b"next", [])
+    assert wait(listener, channel).header == header
+    assert wait(listener, channel).header == b"next"
+
+
+@pytest.mark.skipif(not kernel_at_least(6, 5), reason="unix sockets take spliced pages as they are from Linux 6.5")
+def test_a_spliced_payload_is_the_senders_pages_until_the_receiver_reads_it(pair):
+    """What makes the send zero-copy, and why the sender keeps a payload until DONE: a
+    change to the sender's array after ``send`` but before the receiver's read shows up at
+    the receiver (a copied send would deliver the old bytes)."""
+    listener, channel = pair
+    payload = np.zeros(SPLICE_MIN * 2, np.uint8)      # fits the socket's buffer: all of it is sent at once
+    channel.send(b"h", [payload])
+    assert not channel.link.out, "the payload did not go into the socket at once"
+    assert len(channel.link.kept) == 1                 # kept until the receiver's DONE
+    payload[:] = 7                                     # the caller breaks the rule: the receiver sees it
+    got = wait(listener, channel)
+    assert set(bytes(got.payloads[0])) == {7}
+    settle(listener, channel)
+    assert channel.link.kept == {}
+
+
+def test_where_vmsplice_is_refused_the_link_sends_by_copy(pair, monkeypatch):
+    def refused(fd, iov, count, flags):
+        ctypes.set_errno(errno.EPERM)
+        return -1
+
+    monkeypatch.setattr(stream, "_VMSPLICE", refused)
+    listener, channel = pair
+    payload = np.arange(1 << 20, dtype=np.uint32)
+    channel.send(b"a", [payload])
+    channel.send(b"b", [payload])
+    for header in (b"a", b"b"):
+        got = wait(listener, channel)
+        assert got.header == header and np.array_equal(np.frombuffer(got.payloads[0], np.uint32), payload)
+    assert channel.link.splicing is False
+
+
+def raw_connection(listener: StreamListener) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(listener.path)
+    return sock
+
+
+@pytest.mark.parametrize("garbage", [
+    struct.pack("<BxxxIIQ", 9, 0, 0, 0),                        # an unknown record
+    struct.pack("<BxxxIIQ", 1, stream.MAX_HEADER + 1, 0, 0),     # a header over the limit
+    struct.pack("<BxxxIIQ", 1, 0, 1, 0) + struct.pack("<Q", 1 << 50),   # a payload over the limit
+])
+def test_a_malformed_record_ends_that_connection_only(pair, garbage):
+    listener, channel = pair
+    rogue = raw_connection(listener)
+    try:
+        rogue.sendall(garbage)
+        settle(listener)
+        assert not listener.links or all(link.broken is None for link in listener.links.values())
+        rogue.settimeout(5)
+        assert rogue.recv(16) == b""                   # the listener closed it
+    finally:
+        rogue.close()
+    channel.send(b"still served", [np.ones(SPLICE_MIN, np.uint8)])
+    assert wait(listener, channel).header == b"still served"
+
+
+def test_a_peer_gone_mid_message_delivers_nothing_of_it(pair):
+    listener, _ = pair
+    rogue = raw_connection(listener)
+    rogue.sendall(struct.pack("<BxxxIIQ", 1, 1, 1, 0) + struct.pack("<Q", 1000) + b"h" + b"x" * 10)
+    rogue.close()
+    settle(listener)
+    assert listener.recv() is None and not listener.links
+
+
+def test_a_channel_connects_again_after_its_connection_broke(tmp_path):
+    address = f"ipc://{tmp_path}/agg.sock"
+    listener = StreamListener(address)
+    channel = StreamChannel(address)
+    try:
+        channel.send(b"one", [])
+        assert wait(listener, channel).header == b"one"
+        listener.close()                                  # the peer restarts at the same address
+        settle(channel)
+        assert channel.link.broken is not None
+        channel.send(b"lost", [])                         # no listener: dropped (the caller's timeout takes over)
+        listener = StreamListener(address)
+        channel.send(b"two", [])
+        assert wait(listener, channel).header == b"two"
+    finally:
+        channel.close()
+        listener.close()
+    assert not os.path.exists(str(tmp_path / "agg.sock"))
