@@ -115,6 +115,11 @@ class _Pipe:
         os.close(self.w)
 
 
+def new_array(nbytes: int) -> np.ndarray:
+    """Where a received payload lands (MemoryError when this process cannot hold it)."""
+    return np.empty(nbytes, np.uint8)
+
+
 class _Incoming:
     """A DATA record being read: its header, and its payloads' arrays as they fill."""
 
@@ -130,7 +135,7 @@ class _Incoming:
         if self.arrays and self.got < self.arrays[-1].nbytes:
             return memoryview(self.arrays[-1])
         while len(self.arrays) < len(self.lengths):
-            self.arrays.append(np.empty(self.lengths[len(self.arrays)], np.uint8))
+            self.arrays.append(new_array(self.lengths[len(self.arrays)]))
             self.got = 0
             if self.arrays[-1].nbytes:
                 return memoryview(self.arrays[-1])
@@ -285,14 +290,13 @@ class StreamLink:
         """One read: straight into the current payload's array when what is left of it is
         large and nothing is buffered, else into the read-ahead buffer (then parsed)."""
         inc = self.incoming
-        if inc is not None and self.start == self.end:
-            view = inc.current()
-            if view is not None and view.nbytes - inc.got >= _DIRECT_MIN:
-                got = self.sock.recv_into(view[inc.got:])
-                inc.got += got
-                if got:
-                    self._parse()
-                return got
+        if inc is not None and self.start == self.end and inc.arrays \
+                and inc.arrays[-1].nbytes - inc.got >= _DIRECT_MIN:
+            got = self.sock.recv_into(memoryview(inc.arrays[-1])[inc.got:])
+            inc.got += got
+            if got:
+                self._parse()
+            return got
         if self.start == self.end:
             self.start = self.end = 0
         elif len(self.buf) - self.end < _DIRECT_MIN:
@@ -318,7 +322,11 @@ class StreamLink:
                 return
             inc = self.incoming
             while True:
-                view = inc.current()
+                try:
+                    view = inc.current()
+                except MemoryError:
+                    self.fail(f"no memory for a payload of {inc.lengths[len(inc.arrays)]} bytes")
+                    return
                 if view is None:
                     break
                 take = min(view.nbytes - inc.got, self.end - self.start)

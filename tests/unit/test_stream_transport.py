@@ -187,3 +187,24 @@ def test_a_channel_connects_again_after_its_connection_broke(tmp_path):
         channel.close()
         listener.close()
     assert not os.path.exists(str(tmp_path / "agg.sock"))
+
+
+def test_a_payload_this_process_cannot_hold_ends_that_connection_only(pair, monkeypatch):
+    listener, channel = pair
+
+    def no_memory(nbytes):
+        if nbytes > 1 << 30:
+            raise MemoryError
+        return np.empty(nbytes, np.uint8)
+
+    monkeypatch.setattr(stream, "new_array", no_memory)
+    rogue = raw_connection(listener)
+    try:
+        rogue.sendall(struct.pack("<BxxxIIQ", 1, 1, 1, 0) + struct.pack("<Q", 1 << 39) + b"h")
+        settle(listener)
+        rogue.settimeout(5)
+        assert rogue.recv(16) == b""
+    finally:
+        rogue.close()
+    channel.send(b"still served", [np.ones(SPLICE_MIN, np.uint8)])
+    assert wait(listener, channel).header == b"still served"
