@@ -9,7 +9,8 @@ payload out of its frame. Here:
 * a payload of ``SPLICE_MIN`` bytes or more is not copied into the kernel: ``vmsplice(2)``
   puts references to its pages into a pipe and ``splice(2)`` moves them on into the socket
   (since Linux 6.5 a unix socket takes spliced pages as they are, ``MSG_SPLICE_PAGES``;
-  older kernels copy there, as a send would). The receiver's read is the one copy. Until
+  older kernels would copy there, so on them the link sends as usual). The receiver's read
+  is the one copy. Until
   then the socket holds the sender's pages themselves, so the sender keeps the payload --
   unchanged, as every payload until the peer answered -- until the receiver's DONE record
   says it read the message (the rule of the rdma transport's READs). Where ``vmsplice``
@@ -30,6 +31,8 @@ import errno
 import fcntl
 import logging
 import os
+import platform
+import re
 import socket
 import struct
 from collections import deque
@@ -76,6 +79,19 @@ def _libc_vmsplice():
 
 
 _VMSPLICE = _libc_vmsplice()
+
+
+def splices_pages(release: str | None = None) -> bool:
+    """Whether this kernel (``release``: ``uname -r``) takes spliced pages into a unix socket
+    as they are (Linux 6.5+). Older ones copy them there: a plain send is then as good."""
+    parts = (release or platform.release()).split(".")
+    try:
+        return (int(parts[0]), int(re.match(r"\d+", parts[1]).group())) >= (6, 5)
+    except (IndexError, ValueError, AttributeError):
+        return False
+
+
+SPLICING = _VMSPLICE is not None and splices_pages()
 
 
 def socket_path(address: str) -> str:
@@ -157,7 +173,7 @@ class StreamLink:
         self.out: deque = deque()
         self.kept: dict[int, list] = {}
         self.seq = 0
-        self.splicing = _VMSPLICE is not None
+        self.splicing = SPLICING
         self.pipe: _Pipe | None = None
         self.piped = 0                  # bytes of the current splice in the pipe, not yet in the socket
         self.broken: str | None = None

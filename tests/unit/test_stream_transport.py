@@ -50,12 +50,10 @@ def settle(*ends, rounds: int = 20) -> None:
         time.sleep(0.005)
 
 
-def kernel_at_least(major: int, minor: int) -> bool:
-    parts = platform.release().split(".")
-    try:
-        return (int(parts[0]), int(parts[1].split("-")[0])) >= (major, minor)
-    except (IndexError, ValueError):
-        return False
+def test_spliced_pages_are_taken_as_they_are_from_linux_6_5():
+    assert stream.splices_pages("6.18.44-fc-v669") and stream.splices_pages("6.5.0") and stream.splices_pages("7.0")
+    assert not stream.splices_pages("6.4.16-generic") and not stream.splices_pages("5.15.0-91-generic")
+    assert not stream.splices_pages("weird")
 
 
 def test_a_message_arrives_whole_and_the_reply_comes_back_on_its_connection(pair):
@@ -101,7 +99,8 @@ def test_a_header_larger_than_the_read_ahead_buffer_arrives(pair):
     assert wait(listener, channel).header == b"next"
 
 
-@pytest.mark.skipif(not kernel_at_least(6, 5), reason="unix sockets take spliced pages as they are from Linux 6.5")
+@pytest.mark.skipif(not stream.SPLICING, reason="unix sockets take spliced pages as they are from Linux 6.5 "
+                    f"(this kernel: {platform.release()})")
 def test_a_spliced_payload_is_the_senders_pages_until_the_receiver_reads_it(pair):
     """What makes the send zero-copy, and why the sender keeps a payload until DONE: a
     change to the sender's array after ``send`` but before the receiver's read shows up at
