@@ -44,12 +44,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from dlrt.endpoints import host_port
+
 from .base import Channel, Inbound, Listener, PayloadError, Shared, TransportError, buffer_of
 from .rdma_layout import (DATA, DONE, HELLO, INLINE_MAX, Descriptor, LayoutError, RecordReader,
                           decode_data, decode_done, decode_hello, encode_data, encode_done, encode_hello)
 from .rdma_memory import NotRegistrable, RdmaMemory, locate
 from .rdma_verbs import QueuePair, ReadOp, Verbs
-from .sockpoll import SocketPoll, first_n
+from .sockpoll import PeerLink, SocketPoll, first_n
 
 __all__ = ["RdmaChannel", "RdmaListener", "Link", "CONNECT_TIMEOUT", "parse_address"]
 
@@ -390,19 +391,6 @@ class RdmaChannel(Channel):
         self.poll.close()
 
 
-class _PeerLink:
-    """The sender of one message at a listener: replies go back on its connection."""
-
-    __slots__ = ("listener", "link")
-
-    def __init__(self, listener: "RdmaListener", link: Link) -> None:
-        self.listener, self.link = listener, link
-
-    def send(self, header: bytes, payloads: Sequence = ()) -> None:
-        self.link.send(header, payloads)
-        self.listener.track(self.link)
-
-
 class RdmaListener(Listener):
     """A TCP socket on ``bind_host:port`` whose connections each get a queue pair;
     ``address`` is ``KIND://ADVERTISE_HOST:PORT`` (``rdma``, or ``cma`` over ``cma.CmaVerbs``)."""
@@ -422,7 +410,7 @@ class RdmaListener(Listener):
         self.poll = SocketPoll()
         self.poll.add(self.sock.fileno())
         self.links: dict[int, Link] = {}
-        self._senders: dict[int, _PeerLink] = {}
+        self._senders: dict[int, PeerLink] = {}
 
     @property
     def pollable(self) -> int:
@@ -466,7 +454,7 @@ class RdmaListener(Listener):
             fd = link.fd
             self._drop(fd)                          # a closed link whose number was reused
             self.links[fd] = link
-            self._senders[fd] = _PeerLink(self, link)
+            self._senders[fd] = PeerLink(self, link)
             self.poll.add(fd)
 
     def track(self, link: Link) -> None:

@@ -1,9 +1,11 @@
-"""What a service's ``zmq.Poller`` watches for a channel or listener over plain sockets
-(``rdma.py``, ``stream.py``): an epoll descriptor over the connection sockets and a waker."""
+"""Channels and listeners over plain sockets (``rdma.py``, ``stream.py``): what a service's
+``zmq.Poller`` watches for them (an epoll descriptor over the connection sockets and a
+waker), and the sender a listener's message replies to."""
 from __future__ import annotations
 
 import select
 from collections import deque
+from typing import Any, Sequence
 
 from dlrt.waker import Waker
 
@@ -50,3 +52,17 @@ class SocketPoll:
     def close(self) -> None:
         self.epoll.close()
         self.waker.close()
+
+
+class PeerLink:
+    """The sender of one message at a listener over such sockets: replies go back on its
+    connection (``link``), and the listener watches it for writing while output waits."""
+
+    __slots__ = ("listener", "link")
+
+    def __init__(self, listener: Any, link: Any) -> None:
+        self.listener, self.link = listener, link
+
+    def send(self, header: bytes, payloads: Sequence = ()) -> None:
+        self.link.send(header, payloads)
+        self.listener.track(self.link)

@@ -41,7 +41,7 @@ from typing import Sequence
 import numpy as np
 
 from .base import Channel, Inbound, Listener, TransportError, buffer_of
-from .sockpoll import SocketPoll, first_n
+from .sockpoll import PeerLink, SocketPoll, first_n
 
 __all__ = ["StreamChannel", "StreamListener", "StreamLink", "SPLICE_MIN", "socket_path"]
 
@@ -480,19 +480,6 @@ class StreamChannel(Channel):
         self.poll.close()
 
 
-class _PeerLink:
-    """The sender of one message at a listener: replies go back on its connection."""
-
-    __slots__ = ("listener", "link")
-
-    def __init__(self, listener: "StreamListener", link: StreamLink) -> None:
-        self.listener, self.link = listener, link
-
-    def send(self, header: bytes, payloads: Sequence = ()) -> None:
-        self.link.send(header, payloads)
-        self.listener.track(self.link)
-
-
 class StreamListener(Listener):
     """A unix stream socket at ``ipc://PATH`` that many peers connect to (removed on close)."""
 
@@ -512,7 +499,7 @@ class StreamListener(Listener):
         self.poll = SocketPoll()
         self.poll.add(self.sock.fileno())
         self.links: dict[int, StreamLink] = {}
-        self._senders: dict[int, _PeerLink] = {}
+        self._senders: dict[int, PeerLink] = {}
 
     @property
     def pollable(self) -> int:
@@ -555,7 +542,7 @@ class StreamListener(Listener):
             fd = link.fd
             self._drop(fd)                          # a closed link whose number was reused
             self.links[fd] = link
-            self._senders[fd] = _PeerLink(self, link)
+            self._senders[fd] = PeerLink(self, link)
             self.poll.add(fd)
 
     def track(self, link: StreamLink) -> None:
