@@ -407,15 +407,7 @@ class Aggregator:
         elif msg.op == wire.REPLICA_SET:
             self._replica_set(msg)
         elif msg.op == wire.MIGRATE_DROP:
-            # a new replica of a move that failed: what it readied goes to the spares
-            self.spare.keep(msg["job"], self.store.take_readied(msg["job"], list(msg["keys"])))
-            for ks in self.store.drop_keys(msg["job"], list(msg["keys"])):
-                self.spare.keep(ks.job, ks.buffer_refs if ks.mode == "sum" else [ks.param_ref])
-                for pending in self.waiters.pop(id(ks), []):
-                    if not pending.finished:
-                        pending.finished = True
-                        self._send_error(pending.reply, pending.req,
-                                         f"key {ks.spec.key!r} moved to another aggregator")
+            self._migrate_drop(msg)
         elif msg.op in (wire.OK, wire.ERROR):
             if msg.op == wire.ERROR:
                 log.warning("master: %s", msg["message"])
@@ -829,6 +821,21 @@ class Aggregator:
             self._waker.wake()
 
         threading.Thread(target=populate, name="autops-populate", daemon=True).start()
+
+    def _migrate_drop(self, msg: wire.Message) -> None:
+        """Forget keys that moved away, or -- a new replica of a move that failed -- what was
+        readied for them and the backups the state sent ahead made (``backups``): all of it
+        goes to the job's spares."""
+        self.spare.keep(msg["job"], self.store.take_readied(msg["job"], list(msg["keys"])))
+        if msg.get("backups") is True:
+            self.spare.keep(msg["job"], [rks.param_ref for rks in self.store.drop_replicas(msg["job"],
+                                                                                         list(msg["keys"]))])
+        for ks in self.store.drop_keys(msg["job"], list(msg["keys"])):
+            self.spare.keep(ks.job, ks.buffer_refs if ks.mode == "sum" else [ks.param_ref])
+            for pending in self.waiters.pop(id(ks), []):
+                if not pending.finished:
+                    pending.finished = True
+                    self._send_error(pending.reply, pending.req, f"key {ks.spec.key!r} moved to another aggregator")
 
     def _keep_reserve(self) -> None:
         """Make ``reserve`` bytes ready on a helper thread, at the prefault pace:

@@ -323,10 +323,11 @@ class Migrations:
             batch.on_done(batch, False)
 
     def _drop_readied(self, batch: Batch, keys: list[str], skip: str | None = None) -> None:
-        """``MIGRATE_DROP`` of ``keys`` to their new replicas (never the old owner: see
-        ``_followers``), but ``skip``: they free the memory readied for the keys' state."""
+        """``MIGRATE_DROP`` of ``keys`` to their new replicas (never the old owner nor the
+        keys' current replica: see ``_followers``), but ``skip``: they free the memory readied
+        for the keys' state, and the backups the state sent ahead became there (``backups``)."""
         for agg in sorted({a for key in keys for a in batch.followers.get(key, ()) if a not in (batch.dst, skip)}):
-            self.outbox.send_agg(agg, wire.MIGRATE_DROP, None, job=batch.job, keys=keys)
+            self.outbox.send_agg(agg, wire.MIGRATE_DROP, None, job=batch.job, keys=keys, backups=True)
 
     def _end(self, batch: Batch) -> list[str]:
         """Forget an unfinished batch; returns its keys that did not move."""

@@ -601,6 +601,14 @@ class Store:
             return []
         return [ks for ks in (state.keys.pop(k, None) for k in keys) if ks is not None]
 
+    def drop_replicas(self, job: str, keys: list[str]) -> list[KeyState]:
+        """Forget the backups of ``keys`` held here (a move that would have made this their
+        replica did not complete); returns them."""
+        state = self.jobs.get(job)
+        if state is None:
+            return []
+        return [rks for rks in (state.replicas.pop(k, None) for k in keys) if rks is not None]
+
     def take_readied(self, job: str, keys: list[str]) -> list[Any]:
         """Forget memory readied here for replicas of ``keys`` by a migration that did not
         complete; returns their master copies' references (as allocated) for reuse."""

@@ -360,6 +360,24 @@ def test_a_replica_takes_the_owners_steps_and_can_be_promoted():
     assert promoted is rks and state.keys["p"].completed == 3 and not state.replicas
 
 
+def test_a_backup_left_by_a_move_that_did_not_complete_is_dropped_and_only_it():
+    """The state a move sent ahead to a new replica made a backup there; when the move is
+    abandoned, MIGRATE_DROP with ``backups`` frees it -- not the keys this aggregator owns."""
+    spec, other = KeySpec("p", "p", 0, 8, "float32", False), KeySpec("q", "q", 0, 8, "float32", False)
+    owner = Store()
+    owner.assign("j", "s", 1, "server", [spec], optimizer="adam", hp={"lr": 0.1})
+    ks = owner.jobs["j"].keys["p"]
+    owner.init(owner.jobs["j"], "p", np.linspace(0, 1, 8, dtype=np.float32))
+    backup = Store()
+    backup.assign("j", "s", 1, "server", [other], optimizer="adam", hp={"lr": 0.1})
+    state = backup.jobs["j"]
+    meta, arrays = owner.export_key(ks)
+    rks = backup.install_replica(state, spec, "server", True, "adam", {"lr": 0.1}, meta, [a.copy() for a in arrays])
+    assert backup.drop_replicas("j", ["p", "q"]) == [rks]
+    assert not state.replicas and list(state.keys) == ["q"]
+    assert backup.drop_replicas("j", ["p"]) == [] and backup.drop_replicas("nobody", ["p"]) == []
+
+
 def test_a_replica_installs_its_state_in_memory_made_ready_for_it():
     """``ready_replica`` keeps arrays for a key's coming backup (``private_sizes`` without an
     accumulator: Adam's two slots); ``install_replica`` fills them, steps in them as in its

@@ -298,7 +298,7 @@ def test_a_failed_move_tells_the_new_replica_to_free_what_it_readied():
     agg, sent, callback, _ = outbox.waiting.pop(0)
     assert sent == wire.MIGRATE_PREPARE
     callback(message(wire.ERROR, message="out of memory"))
-    assert ("c", {"job": "J", "keys": ["w"]}) in outbox.to(wire.MIGRATE_DROP)
+    assert ("c", {"job": "J", "keys": ["w"], "backups": True}) in outbox.to(wire.MIGRATE_DROP)
     assert job.table["w"] == "a" and not migrations.batches
 
 
@@ -319,7 +319,7 @@ def test_a_move_abandoned_for_a_lost_aggregator_frees_the_new_replicas_memory_un
         migrations.copy_done(message(wire.TENSOR_COPY_DONE, mid=mid, job="J", keys=["w"]))
     migrations.abandon(migrations.batches[mid], lost)
     drops = outbox.to(wire.MIGRATE_DROP)
-    assert drops == ([("c", {"job": "J", "keys": ["w"]})] if dropped else [])
+    assert drops == ([("c", {"job": "J", "keys": ["w"], "backups": True})] if dropped else [])
     assert not migrations.batches and not migrations.moving
 
 
@@ -512,3 +512,23 @@ def test_a_reserve_share_outside_0_to_1_is_refused():
         with pytest.raises(ValueError, match="reserve_shared"):
             aggregator_mod.Aggregator("tcp://127.0.0.1:1", transport="shm", register_timeout=0.1, reserve=1,
                                       reserve_shared=shared)
+
+
+@pytest.mark.parametrize("backups", [True, False])
+def test_a_new_replicas_backup_goes_to_the_spares_when_its_move_is_abandoned(backups):
+    """MIGRATE_DROP with ``backups`` (pMaster's, to the new replica of a move that did not
+    complete) frees the backup the state sent ahead made there; without it (to an old owner
+    after a move, or to a new owner that is the key's current replica) backups stay."""
+    from autops import aggregator as aggregator_mod
+
+    src, old, _ = owner()
+    meta, arrays = Store.export_key(old)
+    agg = aggregator_mod.Aggregator("tcp://127.0.0.1:1", transport="tcp", register_timeout=0.1)
+    try:
+        state = agg.store.ensure_job("j", "secret", 2, "server", True, "adam", {"lr": 0.1})
+        agg.store.install_replica(state, SPEC, "server", True, "adam", {"lr": 0.1}, meta, [a.copy() for a in arrays])
+        agg._migrate_drop(message(wire.MIGRATE_DROP, job="j", keys=["w"], **({"backups": True} if backups else {})))
+        assert ("w" in state.replicas) is not backups
+        assert (agg.spare.take("j", [(SPEC.numel, SPEC.dtype)]) is not None) is backups
+    finally:
+        agg.close()
