@@ -69,6 +69,7 @@ from .transport.prefault import PREFAULT_SHARE, HostLoad, Pace, heap_free, warm_
 from .transport.shm import RESERVE_SHARED
 from .transport.zmq import heap_kept
 
+RESERVE_MOVE_POLL_S = 0.5   # how often the reserve's thread looks whether a move it waits out is over
 # serving-thread work timed in ``stats`` (``Aggregator._timed``)
 TIMED = ("state_snapshot", "state_install", "state_takeover", "replica_install")
 
@@ -201,6 +202,7 @@ class Aggregator:
         self.timers: list[tuple[float, str]] = []
         # work finished by helper threads (memory populated for an incoming migration)
         self._ready: list = []
+        self._readying = 0              # helper threads readying memory for keys, not done on the loop yet
         self.held = HeldMessages()      # pMaster's messages after an ASSIGN still allocating
         self._waker = Waker()
 
@@ -817,9 +819,14 @@ class Aggregator:
                      warmed, pace.cpu_s, pace.idle_cpu_s, pace.paused_s, pace.waited_s)
             faults = _thread_faults() - faults
             self._ready.append((self._prefaulted, (0 if made[1] else nbytes, warmed, pace, faults, at_once)))
-            self._ready.append((then, (made, arrays)))
+            self._ready.append((readied, (made, arrays)))
             self._waker.wake()
 
+        def readied(made: tuple, arrays: list | None) -> None:
+            self._readying -= 1
+            then(made, arrays)
+
+        self._readying += 1
         threading.Thread(target=populate, name="autops-populate", daemon=True).start()
 
     def _migrate_drop(self, msg: wire.Message) -> None:
@@ -841,7 +848,7 @@ class Aggregator:
         """Make ``reserve`` bytes ready on a helper thread, at the prefault pace:
         ``reserve_shared`` of it (where the transport's memory is lent: ``SegmentReserve``) as populated shared
         segments that the keys' published buffers then come from, made again as jobs take
-        them; the rest as populated heap, freed below a block left allocated so that glibc
+        them (once the moves under way here are over); the rest as populated heap, freed below a block left allocated so that glibc
         keeps it mapped (``warm_heap(fence=True)``), which server-mode keys' accumulators
         and optimizer state and the received pushes' buffers then come from. Jobs arriving
         and keys migrating in find their memory ready, without page faults and without
@@ -855,11 +862,15 @@ class Aggregator:
         shared = int(nbytes * self.reserve_shared) if pieces is not None else 0
 
         def taken() -> bool:
-            """Wait until jobs took shared segments (True) or the aggregator stops (False)."""
+            """Wait until jobs took shared segments and no key moves here or away any more
+            (True; the segments are made again after a move, not in its window) or the
+            aggregator stops (False)."""
             while not self._stop.is_set():
                 if pieces.drawn.wait(1.0):
+                    while self._moves_under_way() and not self._stop.wait(RESERVE_MOVE_POLL_S):
+                        pass
                     pieces.drawn.clear()
-                    return True
+                    return not self._stop.is_set()
             return False
 
         def keep() -> None:
@@ -879,6 +890,18 @@ class Aggregator:
                 log.warning("reserve: cannot make memory ready: %s", exc)
 
         threading.Thread(target=keep, name="autops-reserve", daemon=True).start()
+
+    def _moves_under_way(self) -> bool:
+        """Whether a key of this aggregator is migrating in or out, or memory is being readied
+        for keys arriving (read from a helper thread: a snapshot of the tables, never changed
+        from here)."""
+        if self._readying:
+            return True
+        for state in list(self.store.jobs.values()):
+            for ks in list(state.keys.values()):
+                if ks.incoming is not None or ks.moving is not None:
+                    return True
+        return False
 
     def _reserve_made(self, made: int, cpu_s: float) -> None:
         self.stats["reserve_warmed_bytes"] += made

@@ -532,3 +532,44 @@ def test_a_new_replicas_backup_goes_to_the_spares_when_its_move_is_abandoned(bac
         assert (agg.spare.take("j", [(SPEC.numel, SPEC.dtype)]) is not None) is backups
     finally:
         agg.close()
+
+
+@pytest.mark.parametrize("under_way", ["key moving in", "key moving out", "memory being readied"])
+def test_the_reserve_makes_its_segments_again_only_once_the_moves_here_are_over(under_way):
+    """Segments a job took are made again on idle CPU, but not while a key moves in or out
+    of this aggregator, nor while a helper thread readies memory for keys arriving (which
+    took the segments): that work would land in the move's window."""
+    from autops import aggregator as aggregator_mod
+
+    agg = aggregator_mod.Aggregator("tcp://127.0.0.1:1", transport="shm", register_timeout=0.1,
+                                    reserve=64 << 20, reserve_shared=0.5)
+    try:
+        reserve = agg.memory.reserve
+        agg._keep_reserve()
+        deadline = time.monotonic() + 30
+        while reserve.held < 32 << 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert reserve.held == 32 << 20
+        state = agg.store.ensure_job("j", "secret", 2, "server", True, "adam", {"lr": 0.1})
+        key = type("Key", (), {"incoming": None, "moving": None})()
+        state.keys["w"] = key
+        if under_way == "key moving in":
+            key.incoming = 5
+        elif under_way == "key moving out":
+            key.moving = {"mid": 1}
+        else:
+            agg._readying = 1
+        reserve.take([(reserve.piece, "uint8")], "j")
+        assert reserve.held == 16 << 20
+        waited = time.monotonic() + 3 * aggregator_mod.RESERVE_MOVE_POLL_S
+        while time.monotonic() < waited:
+            assert reserve.held == 16 << 20, "made again during the move"
+            time.sleep(0.05)
+        key.incoming, key.moving, agg._readying = None, None, 0                   # the move is over
+        deadline = time.monotonic() + 30
+        while reserve.held < 32 << 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert reserve.held == 32 << 20
+    finally:
+        agg.stop()
+        agg.close()
