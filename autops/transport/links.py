@@ -10,8 +10,9 @@ the device at once, fails with ``RdmaUnavailable`` where there is none, and also
 rdma). ``ipc`` is ``stream.py`` (unix stream sockets, large payloads spliced), not
 ZeroMQ; the ``shm`` kind's control messages still go over ZeroMQ ipc. ``cma`` is the rdma
 transport's protocol between processes of this host, its READs done by
-``process_vm_readv`` (``cma.py``): one copy of each payload; asked for explicitly, only to peers on this host. ``auto`` never picks rdma (that
-path has not run on hardware yet) nor cma (on one host shm moves fewer bytes still).
+``process_vm_readv`` (``cma.py``): one copy of each payload; asked for explicitly, only
+to peers on this host. ``auto`` never picks rdma (that path has not run on hardware yet)
+nor cma (on one host shm moves fewer bytes still).
 """
 from __future__ import annotations
 

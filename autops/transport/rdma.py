@@ -45,19 +45,18 @@ import numpy as np
 
 from dlrt.endpoints import host_port
 
-from .base import Channel, Inbound, Listener, PayloadError, Shared, TransportError, buffer_of
+from .base import PayloadError, Shared, TransportError, buffer_of
 from .rdma_layout import (DATA, DONE, HELLO, INLINE_MAX, Descriptor, LayoutError, RecordReader,
                           decode_data, decode_done, decode_hello, encode_data, encode_done, encode_hello)
 from .rdma_memory import NotRegistrable, RdmaMemory, locate
 from .rdma_verbs import QueuePair, ReadOp, Verbs
-from .sockpoll import PeerLink, SocketPoll, first_n
+from .sockpoll import LinkChannel, LinkListener, first_n
 
 __all__ = ["RdmaChannel", "RdmaListener", "Link", "CONNECT_TIMEOUT", "parse_address"]
 
 log = logging.getLogger("autops.transport")
 
 CONNECT_TIMEOUT = 5.0
-_NO_LENT: frozenset = frozenset()
 _IOV_MAX = 512
 _RECV_CHUNK = 1 << 20
 _RECV_ROUNDS = 16
@@ -306,6 +305,10 @@ class Link:
     def has_records(self) -> bool:
         return (self.reader.buffered > 0 or self.eof) and self.broken is None
 
+    @property
+    def wants_pump(self) -> bool:
+        return bool(self.out) or self.has_records or self.late
+
     # --- the end ----------------------------------------------------------------------
     def fail(self, reason: str, orderly: bool = False) -> None:
         if self.broken is None:
@@ -328,7 +331,7 @@ class Link:
         self.sock.close()
 
 
-class RdmaChannel(Channel):
+class RdmaChannel(LinkChannel):
     """A connection to one peer's ``rdma://HOST:PORT`` listener; replies come back on it.
     ``kind``: ``cma`` over ``cma.CmaVerbs`` (endpoints ``cma://HOST:PORT``)."""
 
@@ -336,62 +339,16 @@ class RdmaChannel(Channel):
 
     def __init__(self, verbs: Verbs, memory: RdmaMemory, address: str,
                  timeout: float = CONNECT_TIMEOUT, kind: str = "rdma") -> None:
+        super().__init__()
         self.verbs, self.memory, self.address, self.kind = verbs, memory, address, kind
         self.host, self.port = parse_address(address, kind)
         self.timeout = timeout
-        self.poll = SocketPoll()
-        self.link: Link | None = None
 
-    @property
-    def pollable(self) -> int:
-        return self.poll.fileno()
-
-    def send(self, header: bytes, payloads: Sequence = ()) -> None:
-        link = self.link
-        if link is None or link.broken is not None:
-            self._forget()
-            try:
-                link = Link.dial(self.host, self.port, self.verbs, self.memory, self.address, self.timeout)
-            except (OSError, TransportError) as exc:
-                log.warning("rdma: dropped a message to %s (cannot connect: %s)", self.address, exc)
-                return
-            self.link = link
-            if link.broken is None:
-                self.poll.add(link.fd)
-        link.send(header, payloads)
-        self._track(link)
-
-    def recv(self) -> Inbound | None:
-        link = self.link
-        if link is None:
-            self.poll.waker.clear()
-            return None
-        link.pump()
-        message = link.next_message()
-        self._track(link)
-        if message is None:
-            self.poll.waker.clear()
-            return None
-        if link.has_records:
-            self.poll.waker.wake()
-        return Inbound(message[0], message[1], _NO_LENT, self)
-
-    def _track(self, link: Link) -> None:
-        if link.broken is None:
-            self.poll.want_write(link.fd, link.wants_write)
-
-    def _forget(self) -> None:
-        if self.link is not None:
-            self.poll.remove(self.link.fd)
-            self.link.close()
-            self.link = None
-
-    def close(self) -> None:
-        self._forget()
-        self.poll.close()
+    def _dial(self) -> Link:
+        return Link.dial(self.host, self.port, self.verbs, self.memory, self.address, self.timeout)
 
 
-class RdmaListener(Listener):
+class RdmaListener(LinkListener):
     """A TCP socket on ``bind_host:port`` whose connections each get a queue pair;
     ``address`` is ``KIND://ADVERTISE_HOST:PORT`` (``rdma``, or ``cma`` over ``cma.CmaVerbs``)."""
 
@@ -400,77 +357,15 @@ class RdmaListener(Listener):
         self.verbs, self.memory, self.kind = verbs, memory, kind
         bind_host = "0.0.0.0" if bind_host in ("*", "") else bind_host
         family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((bind_host, port))
-        self.sock.listen(128)
-        self.sock.setblocking(False)
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((bind_host, port))
+        sock.listen(128)
+        super().__init__(sock)
         host = advertise_host or bind_host
-        self.address = f"{kind}://{f'[{host}]' if ':' in host else host}:{self.sock.getsockname()[1]}"
-        self.poll = SocketPoll()
-        self.poll.add(self.sock.fileno())
-        self.links: dict[int, Link] = {}
-        self._senders: dict[int, PeerLink] = {}
+        self.address = f"{kind}://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}"
 
-    @property
-    def pollable(self) -> int:
-        return self.poll.fileno()
-
-    def recv(self) -> Inbound | None:
-        ready = self.poll.ready()
-        if self.sock.fileno() in ready:
-            self._accept()
-        for fd, link in list(self.links.items()):
-            if link.broken is None and (fd in ready or link.out or link.has_records or link.late):
-                link.pump()
-                message = link.next_message()
-                self.track(link)
-                if message is not None:
-                    sender = self._senders[fd]
-                    del self.links[fd]             # to the back of the queue: fair to the others
-                    self.links[fd] = link
-                    if link.has_records:
-                        self.poll.waker.wake()     # records wait that no descriptor will announce
-                    return Inbound(message[0], message[1], _NO_LENT, sender)
-            if link.broken is not None:
-                self._drop(fd)
-        self.poll.waker.clear()
-        return None
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                sock, peer = self.sock.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    log.warning("rdma: cannot accept a connection: %s", exc)
-                    return
-                raise
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            link = Link(sock, self.verbs, self.memory, f"{peer[0]}:{peer[1]}")
-            fd = link.fd
-            self._drop(fd)                          # a closed link whose number was reused
-            self.links[fd] = link
-            self._senders[fd] = PeerLink(self, link)
-            self.poll.add(fd)
-
-    def track(self, link: Link) -> None:
-        if link.broken is None:
-            self.poll.want_write(link.fd, link.wants_write)
-
-    def _drop(self, fd: int) -> None:
-        self.poll.remove(fd)
-        self.links.pop(fd, None)
-        self._senders.pop(fd, None)
-
-    def close(self) -> None:
-        for fd, link in list(self.links.items()):
-            self.poll.remove(fd)
-            link.close()
-        self.links.clear()
-        self._senders.clear()
-        self.sock.close()
-        self.poll.close()
+    def _link_for(self, sock: socket.socket, peer: Any) -> Link:
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return Link(sock, self.verbs, self.memory, f"{peer[0]}:{peer[1]}")

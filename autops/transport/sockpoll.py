@@ -1,13 +1,30 @@
 """Channels and listeners over plain sockets (``rdma.py``, ``stream.py``): what a service's
 ``zmq.Poller`` watches for them (an epoll descriptor over the connection sockets and a
-waker), and the sender a listener's message replies to."""
+waker), the sender a listener's message replies to, and the channel and listener over
+connections (*links*) that each transport makes its own way.
+
+A link has ``fd``, ``broken`` (None, or why it failed and closed), ``wants_write``,
+``send(header, payloads)``, ``pump()`` (flush output, read what arrived; never blocks),
+``next_message()`` (``(header, payloads)`` or None), ``has_records`` (messages may be
+waiting that no descriptor will announce), ``wants_pump`` (worth pumping without a
+readable descriptor) and ``close()``.
+"""
 from __future__ import annotations
 
+import errno
+import logging
 import select
+import socket
 from collections import deque
 from typing import Any, Sequence
 
 from dlrt.waker import Waker
+
+from .base import Channel, Inbound, Listener, TransportError
+
+log = logging.getLogger("autops.transport")
+
+_NO_LENT: frozenset = frozenset()
 
 
 def first_n(items: deque, n: int):
@@ -66,3 +83,143 @@ class PeerLink:
     def send(self, header: bytes, payloads: Sequence = ()) -> None:
         self.link.send(header, payloads)
         self.listener.track(self.link)
+
+
+class LinkChannel(Channel):
+    """A connection to one peer's listener, made by ``_dial`` on the first ``send`` and
+    again after it broke (a message it cannot send then is dropped with a warning: the
+    caller's request timeouts take over); replies come back on it."""
+
+    def __init__(self) -> None:
+        self.poll = SocketPoll()
+        self.link: Any = None
+
+    def _dial(self) -> Any:
+        """A new link to the peer (OSError or TransportError when it cannot be reached)."""
+        raise NotImplementedError
+
+    @property
+    def pollable(self) -> int:
+        return self.poll.fileno()
+
+    def send(self, header: bytes, payloads: Sequence = ()) -> None:
+        link = self.link
+        if link is None or link.broken is not None:
+            self._forget()
+            try:
+                link = self._dial()
+            except (OSError, TransportError) as exc:
+                log.warning("%s: dropped a message to %s (cannot connect: %s)", self.kind, self.address, exc)
+                return
+            self.link = link
+            if link.broken is None:
+                self.poll.add(link.fd)
+        link.send(header, payloads)
+        self._track(link)
+
+    def recv(self) -> Inbound | None:
+        link = self.link
+        if link is None:
+            self.poll.waker.clear()
+            return None
+        link.pump()
+        message = link.next_message()
+        self._track(link)
+        if message is None:
+            self.poll.waker.clear()
+            return None
+        if link.has_records:
+            self.poll.waker.wake()
+        return Inbound(message[0], message[1], _NO_LENT, self)
+
+    def _track(self, link: Any) -> None:
+        if link.broken is None:
+            self.poll.want_write(link.fd, link.wants_write)
+
+    def _forget(self) -> None:
+        if self.link is not None:
+            self.poll.remove(self.link.fd)
+            self.link.close()
+            self.link = None
+
+    def close(self) -> None:
+        self._forget()
+        self.poll.close()
+
+
+class LinkListener(Listener):
+    """A bound, listening ``sock`` whose connections each become a link (``_link_for``);
+    messages are taken from the links in turn, each answered on its own."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self.poll = SocketPoll()
+        self.poll.add(sock.fileno())
+        self.links: dict[int, Any] = {}
+        self._senders: dict[int, PeerLink] = {}
+
+    def _link_for(self, sock: socket.socket, peer: Any) -> Any:
+        """The link over an accepted connection."""
+        raise NotImplementedError
+
+    @property
+    def pollable(self) -> int:
+        return self.poll.fileno()
+
+    def recv(self) -> Inbound | None:
+        ready = self.poll.ready()
+        if self.sock.fileno() in ready:
+            self._accept()
+        for fd, link in list(self.links.items()):
+            if link.broken is None and (fd in ready or link.wants_pump):
+                link.pump()
+                message = link.next_message()
+                self.track(link)
+                if message is not None:
+                    sender = self._senders[fd]
+                    del self.links[fd]             # to the back of the queue: fair to the others
+                    self.links[fd] = link
+                    if link.has_records:
+                        self.poll.waker.wake()     # messages wait that no descriptor will announce
+                    return Inbound(message[0], message[1], _NO_LENT, sender)
+            if link.broken is not None:
+                self._drop(fd)
+        self.poll.waker.clear()
+        return None
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, peer = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    log.warning("%s: cannot accept a connection: %s", self.kind, exc)
+                    return
+                raise
+            link = self._link_for(sock, peer)
+            fd = link.fd
+            self._drop(fd)                          # a closed link whose number was reused
+            self.links[fd] = link
+            self._senders[fd] = PeerLink(self, link)
+            self.poll.add(fd)
+
+    def track(self, link: Any) -> None:
+        if link.broken is None:
+            self.poll.want_write(link.fd, link.wants_write)
+
+    def _drop(self, fd: int) -> None:
+        self.poll.remove(fd)
+        self.links.pop(fd, None)
+        self._senders.pop(fd, None)
+
+    def close(self) -> None:
+        for fd, link in list(self.links.items()):
+            self.poll.remove(fd)
+            link.close()
+        self.links.clear()
+        self._senders.clear()
+        self.sock.close()
+        self.poll.close()

@@ -40,8 +40,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .base import Channel, Inbound, Listener, TransportError, buffer_of
-from .sockpoll import PeerLink, SocketPoll, first_n
+from .base import TransportError, buffer_of
+from .sockpoll import LinkChannel, LinkListener, first_n
 
 __all__ = ["StreamChannel", "StreamListener", "StreamLink", "SPLICE_MIN", "socket_path"]
 
@@ -60,7 +60,6 @@ _READ_AHEAD = 256 << 10         # the read-ahead buffer for prefixes, headers an
 _DIRECT_MIN = 32 << 10          # a payload's rest this large is read straight into its array
 _RECV_BYTES = 64 << 20          # at most this much read per pump (other connections get their turn)
 _IOV_MAX = 512
-_NO_LENT: frozenset = frozenset()
 _F_SETPIPE_SZ = 1031
 
 
@@ -399,6 +398,15 @@ class StreamLink:
     def wants_write(self) -> bool:
         return self.broken is None and bool(self.out)
 
+    @property
+    def has_records(self) -> bool:
+        """Messages read whole wait, or an EOF that ends the link once they are handed out."""
+        return (bool(self.ready) or self.eof) and self.broken is None
+
+    @property
+    def wants_pump(self) -> bool:
+        return bool(self.out) or self.has_records
+
     # --- the end ----------------------------------------------------------------------
     def fail(self, reason: str, orderly: bool = False) -> None:
         if self.broken is None:
@@ -418,69 +426,23 @@ class StreamLink:
         self.sock.close()
 
 
-class StreamChannel(Channel):
+class StreamChannel(LinkChannel):
     """A connection to one peer's ``ipc://PATH`` listener; replies come back on it."""
 
     kind = "ipc"
     lends = False
 
     def __init__(self, address: str, timeout: float = CONNECT_TIMEOUT) -> None:
+        super().__init__()
         self.address = address
         self.path = socket_path(address)
         self.timeout = timeout
-        self.poll = SocketPoll()
-        self.link: StreamLink | None = None
 
-    @property
-    def pollable(self) -> int:
-        return self.poll.fileno()
-
-    def send(self, header: bytes, payloads: Sequence = ()) -> None:
-        link = self.link
-        if link is None or link.broken is not None:
-            self._forget()
-            try:
-                link = StreamLink.dial(self.path, self.timeout)
-            except OSError as exc:
-                log.warning("ipc: dropped a message to %s (cannot connect: %s)", self.address, exc)
-                return
-            self.link = link
-            self.poll.add(link.fd)
-        link.send(header, payloads)
-        self._track(link)
-
-    def recv(self) -> Inbound | None:
-        link = self.link
-        if link is None:
-            self.poll.waker.clear()
-            return None
-        if not link.ready:
-            link.pump()
-        message = link.next_message()
-        self._track(link)
-        if message is None:
-            self.poll.waker.clear()
-            return None
-        if link.ready:
-            self.poll.waker.wake()
-        return Inbound(message[0], message[1], _NO_LENT, self)
-
-    def _track(self, link: StreamLink) -> None:
-        if link.broken is None:
-            self.poll.want_write(link.fd, link.wants_write)
-
-    def _forget(self) -> None:
-        if self.link is not None:
-            self.poll.remove(self.link.fd)
-            self.link.close()
-            self.link = None
-
-    def close(self) -> None:
-        self._forget()
-        self.poll.close()
+    def _dial(self) -> StreamLink:
+        return StreamLink.dial(self.path, self.timeout)
 
 
-class StreamListener(Listener):
+class StreamListener(LinkListener):
     """A unix stream socket at ``ipc://PATH`` that many peers connect to (removed on close)."""
 
     kind = "ipc"
@@ -488,80 +450,20 @@ class StreamListener(Listener):
     def __init__(self, address: str) -> None:
         self.address = address
         self.path = socket_path(address)
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self.sock.bind(self.path)
-            self.sock.listen(128)
+            sock.bind(self.path)
+            sock.listen(128)
         except BaseException:
-            self.sock.close()
+            sock.close()
             raise
-        self.sock.setblocking(False)
-        self.poll = SocketPoll()
-        self.poll.add(self.sock.fileno())
-        self.links: dict[int, StreamLink] = {}
-        self._senders: dict[int, PeerLink] = {}
+        super().__init__(sock)
 
-    @property
-    def pollable(self) -> int:
-        return self.poll.fileno()
-
-    def recv(self) -> Inbound | None:
-        ready = self.poll.ready()
-        if self.sock.fileno() in ready:
-            self._accept()
-        for fd, link in list(self.links.items()):
-            if link.broken is None and (fd in ready or link.out or link.ready or link.eof):
-                if not link.ready:
-                    link.pump()
-                message = link.next_message()
-                self.track(link)
-                if message is not None:
-                    sender = self._senders[fd]
-                    del self.links[fd]             # to the back of the queue: fair to the others
-                    self.links[fd] = link
-                    if link.ready:
-                        self.poll.waker.wake()     # messages wait that no descriptor will announce
-                    return Inbound(message[0], message[1], _NO_LENT, sender)
-            if link.broken is not None:
-                self._drop(fd)
-        self.poll.waker.clear()
-        return None
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                sock, _ = self.sock.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    log.warning("ipc: cannot accept a connection: %s", exc)
-                    return
-                raise
-            link = StreamLink(sock, f"{self.path} peer {sock.fileno()}")
-            fd = link.fd
-            self._drop(fd)                          # a closed link whose number was reused
-            self.links[fd] = link
-            self._senders[fd] = PeerLink(self, link)
-            self.poll.add(fd)
-
-    def track(self, link: StreamLink) -> None:
-        if link.broken is None:
-            self.poll.want_write(link.fd, link.wants_write)
-
-    def _drop(self, fd: int) -> None:
-        self.poll.remove(fd)
-        self.links.pop(fd, None)
-        self._senders.pop(fd, None)
+    def _link_for(self, sock: socket.socket, peer: object) -> StreamLink:
+        return StreamLink(sock, f"{self.path} peer {sock.fileno()}")
 
     def close(self) -> None:
-        for fd, link in list(self.links.items()):
-            self.poll.remove(fd)
-            link.close()
-        self.links.clear()
-        self._senders.clear()
-        self.sock.close()
-        self.poll.close()
+        super().close()
         try:
             os.unlink(self.path)
         except OSError:
