@@ -846,11 +846,12 @@ class Aggregator:
 
     def _keep_reserve(self) -> None:
         """Make ``reserve`` bytes ready on a helper thread, at the prefault pace:
-        ``reserve_shared`` of it (where the transport's memory is lent: ``SegmentReserve``) as populated shared
-        segments that the keys' published buffers then come from, made again as jobs take
-        them (once the moves under way here are over); the rest as populated heap, freed below a block left allocated so that glibc
-        keeps it mapped (``warm_heap(fence=True)``), which server-mode keys' accumulators
-        and optimizer state and the received pushes' buffers then come from. Jobs arriving
+        ``reserve_shared`` of it (where the transport's memory is lent: ``SegmentReserve``) as
+        populated shared segments that the keys' published buffers then come from, made again
+        as jobs take them (once the moves under way here are over); the rest as populated
+        heap, freed below a block left allocated so that glibc keeps it mapped
+        (``warm_heap(fence=True)``), which server-mode keys' accumulators and optimizer state
+        and the received pushes' buffers then come from. Jobs arriving
         and keys migrating in find their memory ready, without page faults and without
         populating it then. Capped at half the memory available now."""
         nbytes = min(self.reserve, psutil.virtual_memory().available // 2)
