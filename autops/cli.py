@@ -192,7 +192,9 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                    help="pMaster address, e.g. 10.0.0.1:5555")
     p.add_argument("--bind", type=_aggregator_bind, default=None, metavar="HOST[:PORT]",
                    help="where workers reach this aggregator over TCP (no port or port 0: any free "
-                        f"port; default {DEFAULT_BIND_HOST}; 0.0.0.0 for every interface)")
+                        f"port; default {DEFAULT_BIND_HOST}; 0.0.0.0 for every interface). Without CURVE it "
+                        "also listens on PORT+1 (a free port for 0), its plaintext stream endpoint, which "
+                        "peers prefer ($AUTOPS_TCP_STREAM=0: ZeroMQ's only)")
     p.add_argument("--bind-host", default=None, help=argparse.SUPPRESS)       # older spelling of --bind
     p.add_argument("--port", type=cli.port, default=0, help=argparse.SUPPRESS)     # older spelling of --bind
     p.add_argument("--advertise-host", default=None,

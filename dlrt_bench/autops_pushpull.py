@@ -16,7 +16,10 @@ hosts the bytes that crossed the worker and aggregator hosts' links per iteratio
 systems' processes would not fit in memory together, each runs alone (``interleaved``:
 false). ``--curve off on`` runs each configuration twice, plaintext and with CURVE on every
 tcp channel (a fresh cluster key directory, ``dlrt.keys.temporary_cluster``), and reports
-``curve_cost``: AutoPS's time with CURVE over its time without. ``--json FILE`` writes one
+``curve_cost``: AutoPS's time with CURVE over its time without. ``--tcp stream zeromq`` runs
+each plaintext configuration with tcp over the aggregators' ``stream`` endpoints and over
+ZeroMQ's (``AUTOPS_TCP_STREAM``), the second row with ``stream_gain``: ZeroMQ's time over the
+stream's (and ``stream_cpu_gain``). ``--json FILE`` writes one
 object per configuration (``-``: stdout). Model shapes come from ``autops.models``.
 """
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Any
 import psutil
 
 from autops.agent import PARTITION_ENV
+from autops.transport.links import TCP_STREAM_ENV
 from autops.jobauth import ENV as SECRET_ENV, new_job_secret
 from autops.partition import DEFAULT_PARTITION_BYTES
 from dlrt.keys import temporary_cluster
@@ -306,10 +310,14 @@ def summary(row: dict) -> str:
     ratio = f"{row['ratio']:.2f}x" if row["ratio"] is not None else "-"
     gloo_ms = f"{row['gloo_s'] * 1e3:8.1f}" if row["gloo_s"] else "       -"
     where = f"{row['site']} {row['link'] or ''}{' curve' if row.get('curve') else ''}".strip()
+    if row.get("tcp") == "zeromq" and not row.get("curve"):
+        where += " zeromq"
     text = (f"{row['model']:>9} W={row['workers']} A={row['aggregators']} {row['transport']:<4} {row['mode']:<6} "
             f"[{where}] autops {row['autops_s'] * 1e3:8.1f} ms  gloo {gloo_ms} ms  ratio {ratio}  "
             f"cpu/iter {row['autops_cpu_s'] * 1e3:.0f}"
             + (f" vs {row['gloo_cpu_s'] * 1e3:.0f} ms" if row["gloo_cpu_s"] is not None else " ms"))
+    if "stream_gain" in row:
+        text += f"  ZeroMQ tcp takes {row['stream_gain']:.2f}x the stream's time, {row['stream_cpu_gain']:.2f}x CPU"
     if "curve_cost" in row:
         text += f"  CURVE costs {row['curve_cost']:.2f}x time, {row['curve_cpu_cost']:.2f}x CPU"
     if "autops_workers_sent_over_model" in row:
@@ -361,6 +369,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="CURVE on the ZeroMQ tcp channels (a fresh cluster key directory per "
                              "configuration); 'off on' measures both, one after the other, and reports "
                              "curve_cost = AutoPS time with / without")
+    parser.add_argument("--tcp", nargs="+", default=["stream"], choices=["stream", "zeromq"],
+                        help="plaintext tcp over the aggregators' stream endpoints (stream.py) or over "
+                             "ZeroMQ; 'stream zeromq' measures both and reports stream_gain = ZeroMQ's time "
+                             "over the stream's (CURVE always runs over ZeroMQ)")
     cli.add_log_level(parser, "WARNING")
     cli.add_json(parser, "write JSON lines, one per configuration, to FILE ('-' for stdout; the "
                          "progress lines then go to stderr)")
@@ -369,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     exit_on_sigterm()                 # stopped by SIGTERM: the sites still stop their processes
     if args.partition_bytes is not None:
         os.environ[PARTITION_ENV] = str(args.partition_bytes)     # the workers inherit it
-    transports = args.transport or (["auto"] if args.emulate_hosts else ["ipc", "tcp"])
+    transports = args.transport = args.transport or (["auto"] if args.emulate_hosts else ["ipc", "tcp"])
     if args.emulate_hosts:
         if any(t in ("ipc", "shm") for t in transports):
             parser.error("--emulate-hosts: ipc and shm cannot reach another host; use auto or tcp")
@@ -388,6 +400,23 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
 
+    saved_framing = os.environ.get(TCP_STREAM_ENV)
+    try:
+        rows = measure_all(args, shapes, out)
+    finally:
+        if saved_framing is None:
+            os.environ.pop(TCP_STREAM_ENV, None)
+        else:
+            os.environ[TCP_STREAM_ENV] = saved_framing
+    if args.json == "-":
+        cli.write_json(args.json, rows, lines=True)
+    elif args.json:
+        print(f"wrote {len(rows)} configurations to {args.json}")
+    return 0
+
+
+def measure_all(args: Any, shapes: dict, out: Any) -> list[dict]:
+    """Every configuration the arguments ask for, each printed (and written) as it ends."""
     rows = []
     links = [None if link == "none" else link for link in args.link] if args.emulate_hosts else [None]
     for model in args.model:
@@ -395,10 +424,12 @@ def main(argv: list[str] | None = None) -> int:
         for world in args.workers:
             aggregators = world if args.aggregators == "same" else args.aggregators
             for link in links:
-                for transport in transports:
+                for transport in args.transport:
                     for mode in args.mode:
-                        plain = None
-                        for curve in args.curve:
+                        plain = streamed = None
+                        for framing, curve in [(f, c) for f in args.tcp for c in args.curve
+                                               if not (c == "on" and f == "stream" and "zeromq" in args.tcp)]:
+                            os.environ[TCP_STREAM_ENV] = "1" if framing == "stream" else "0"   # before the site
                             with temporary_cluster(curve=curve == "on"):     # before the site: its env
                                 if args.emulate_hosts:
                                     site = EmulatedSite(world, aggregators, link, args.delay, args.prefix,
@@ -412,8 +443,14 @@ def main(argv: list[str] | None = None) -> int:
                                     row = run_config(site, args, model, world, aggregators, transport, mode,
                                                      model_bytes, len(shapes[model]))
                             row["curve"] = curve == "on"
+                            row["tcp"] = "zeromq" if curve == "on" else framing
+                            if curve == "off" and framing == "stream":
+                                streamed = row
+                            elif curve == "off" and streamed is not None:
+                                row["stream_gain"] = row["autops_s"] / streamed["autops_s"]
+                                row["stream_cpu_gain"] = row["autops_cpu_s"] / streamed["autops_cpu_s"]
                             if curve == "off":
-                                plain = row
+                                plain = plain or row
                             elif plain is not None:
                                 row["curve_cost"] = row["autops_s"] / plain["autops_s"]
                                 row["curve_cpu_cost"] = row["autops_cpu_s"] / plain["autops_cpu_s"]
@@ -421,11 +458,7 @@ def main(argv: list[str] | None = None) -> int:
                             print(summary(row), file=out, flush=True)
                         if args.json and args.json != "-":
                             cli.write_json(args.json, rows, lines=True)   # kept if a later one fails
-    if args.json == "-":
-        cli.write_json(args.json, rows, lines=True)
-    elif args.json:
-        print(f"wrote {len(rows)} configurations to {args.json}")
-    return 0
+    return rows
 
 
 if __name__ == "__main__":

@@ -4,7 +4,11 @@
 peer is described by ``{"endpoints": {kind: address}, "host": host id}`` (what an
 aggregator registers with pMaster). With the preference ``auto`` a peer on this host
 (same ``dlrt.hostid.host_id()``) is reached over ``shm`` when both sides can share memory,
-else over ``ipc``; any other peer over ``tcp``. ``tcp``, ``ipc`` and ``shm`` force a kind
+else over ``ipc``; any other peer over ``tcp``. Plain tcp (CURVE off) goes over the peer's
+``stream`` endpoint: ``stream.py``'s framing on a TCP connection, large payloads spliced
+and read straight into the receiver's arrays (about half the CPU of ZeroMQ's tcp, which
+copies each payload into the kernel and out again on another thread); with CURVE on, or
+``AUTOPS_TCP_STREAM=0``, over ZeroMQ's ``tcp`` endpoint. ``tcp``, ``ipc`` and ``shm`` force a kind
 (``ipc`` and ``shm`` only to a peer on this host); so does ``rdma`` (``rdma.py``: it opens
 the device at once, fails with ``RdmaUnavailable`` where there is none, and also listens on
 rdma). ``ipc`` is ``stream.py`` (unix stream sockets, large payloads spliced), not
@@ -35,13 +39,15 @@ from .zmq import ZmqChannel, ZmqListener, ipc_address, keep_freed_buffers
 
 TRANSPORTS = ("auto", "tcp", "ipc", "shm", "rdma", "cma")
 ONE_SIDED = ("rdma", "cma")      # the kinds whose receiver READs the sender's memory (rdma.py)
-# connections per tcp peer ($AUTOPS_TCP_LANES). One: several connections share a link fairly,
-# so every key crossing it advances at once and all complete late, where one connection
+# connections per ZeroMQ tcp peer ($AUTOPS_TCP_LANES; a stream endpoint gets one). One:
+# several connections share a link fairly, so every key crossing it advances at once and all complete late, where one connection
 # delivers keys one after the other and the aggregators answer the first ones while the
 # rest are still coming (measured on emulated 200 Mbit/s hosts, W = A = 4: 4.6 s per
 # iteration with one, 5.3 s with two). More help where one connection cannot fill a link
 # (a long round trip).
 TCP_LANES = 1
+TCP_STREAM = True               # plain tcp over stream.py's framing ($AUTOPS_TCP_STREAM=0: over ZeroMQ)
+TCP_STREAM_ENV = "AUTOPS_TCP_STREAM"
 
 
 def tcp_lanes() -> int:
@@ -52,6 +58,13 @@ def tcp_lanes() -> int:
         return TCP_LANES
 
 
+def tcp_stream() -> bool:
+    """Whether plain tcp goes over ``stream`` endpoints: ``$AUTOPS_TCP_STREAM`` (0 or 1),
+    else ``TCP_STREAM``."""
+    value = os.environ.get(TCP_STREAM_ENV, "").strip()
+    return TCP_STREAM if value not in ("0", "1") else value == "1"
+
+
 class Transport:
     """Channels to peers (one per address, kept open), listeners, and lendable memory.
 
@@ -59,7 +72,8 @@ class Transport:
     it this process's memory is plain and it listens on tcp only. ``label`` names the
     shared-memory segments (visible in ``/proc/<pid>/fd``). ``verbs``: the RDMA device
     for ``rdma`` (default: pyverbs' first device, opened here). ``security``: CURVE on the
-    ZeroMQ tcp channels and listeners (default: the key directory's, ``dlrt.curve``).
+    ZeroMQ tcp channels and listeners (default: the key directory's, ``dlrt.curve``); without
+    CURVE tcp peers are reached over their ``stream`` endpoint (``tcp_stream()``).
     For ``cma`` the ``verbs`` default to ``cma.CmaVerbs``."""
 
     def __init__(self, ctx: zmq.Context, preference: str = "auto", local: bool = True,
@@ -70,6 +84,7 @@ class Transport:
         self.security = security if security is not None else default_security()
         self.preference = preference
         self.local = local
+        self.streams = not self.security.curve and tcp_stream()
         self.verbs = (verbs or PyverbsNic()) if preference == "rdma" else \
             (verbs or CmaVerbs()) if preference == "cma" else None
         self.memory: Memory = (RdmaMemory(self.verbs) if self.verbs is not None
@@ -100,6 +115,8 @@ class Transport:
             return "ipc"
         if want == "ipc" and not same_host:
             raise TransportError(f"transport ipc asked for, but the peer runs on another host ({host})")
+        if self.streams and "stream" in endpoints:
+            return "stream"
         if "tcp" not in endpoints:
             raise TransportError(f"the peer offers no tcp endpoint: {endpoints}")
         return "tcp"
@@ -134,7 +151,7 @@ class Transport:
                 channel = ZmqChannel(self.ctx, address, kind, ShmFraming(self.memory), security=self.security)
             elif kind in ONE_SIDED:
                 channel = RdmaChannel(self.verbs, self.memory, address, kind=kind)
-            elif kind == "ipc":
+            elif kind in ("ipc", "stream"):
                 self._tune()
                 channel = StreamChannel(address)
             else:
@@ -144,13 +161,19 @@ class Transport:
         return channel
 
     def listen(self, bind_host: str, port: int, advertise_host: str) -> dict[str, str]:
-        """Bind tcp on ``bind_host:port``, rdma on a free port of ``bind_host`` when this
-        transport is ``rdma`` (cma on one of 127.0.0.1 for ``cma``), and, when ``local``, ipc
-        and shm endpoints; returns the endpoints (kind -> address) peers connect to. The
-        listeners are in ``self.listeners``."""
+        """Bind tcp on ``bind_host:port``; without CURVE the ``stream`` endpoint on the next
+        port (``port + 1``; a free one when ``port`` is 0); rdma on a free port of
+        ``bind_host`` when this transport is ``rdma`` (cma on one of 127.0.0.1 for ``cma``);
+        and, when ``local``, ipc and shm endpoints. Returns the endpoints (kind -> address)
+        peers connect to. The listeners are in ``self.listeners``."""
         self._tune()
         self.listeners.append(ZmqListener(self.ctx, f"tcp://{bind_host}:{port}", "tcp", advertise_host,
                                           security=self.security))
+        if self.streams:
+            stream_port = port + 1 if port else 0
+            if stream_port > 65535:
+                raise TransportError(f"port {port}: the stream endpoint needs the next port free too (at most 65534)")
+            self.listeners.append(StreamListener(f"tcp://{bind_host}:{stream_port}", advertise_host))
         if self.preference == "cma":
             # its peers are on this host: loopback only, whatever the tcp endpoint's interface
             self.listeners.append(RdmaListener(self.verbs, self.memory, "127.0.0.1", 0, "127.0.0.1", kind="cma"))

@@ -1,6 +1,8 @@
-"""The ``ipc`` transport: messages over unix stream sockets, large payloads spliced.
+"""Messages over stream sockets, large payloads spliced: ``ipc`` and plaintext ``tcp``.
 
-A connection is one ``AF_UNIX`` stream socket. Each message is a DATA record: a fixed
+A connection is one stream socket: ``AF_UNIX`` for an ``ipc://PATH`` endpoint (the ``ipc``
+transport), TCP for a ``tcp://HOST:PORT`` one (the ``stream`` endpoint an aggregator
+offers next to its ZeroMQ one when CURVE is off, ``links.py``). Each message is a DATA record: a fixed
 prefix (op, header bytes, payload count, sequence number), the payloads' lengths, the
 header, then the payloads' bytes back to back. Over a socket every byte is usually copied
 twice, into the kernel and out again; ZeroMQ adds a third copy where the receiver takes a
@@ -9,8 +11,8 @@ payload out of its frame. Here:
 * a payload of ``SPLICE_MIN`` bytes or more is not copied into the kernel: ``vmsplice(2)``
   puts references to its pages into a pipe and ``splice(2)`` moves them on into the socket
   (since Linux 6.5 a unix socket takes spliced pages as they are, ``MSG_SPLICE_PAGES``;
-  older kernels would copy there, so on them the link sends as usual). The receiver's read
-  is the one copy. Until
+  older kernels would copy there, so on them the link sends as usual; TCP sends spliced
+  pages without copying them as well). The receiver's read is the one copy. Until
   then the socket holds the sender's pages themselves, so the sender keeps the payload --
   unchanged, as every payload until the peer answered -- until the receiver's DONE record
   says it read the message (the rule of the rdma transport's READs). Where ``vmsplice``
@@ -40,16 +42,19 @@ from typing import Sequence
 
 import numpy as np
 
+from dlrt.endpoints import host_port
+
 from .base import TransportError, buffer_of
 from .sockpoll import LinkChannel, LinkListener, first_n
 
-__all__ = ["StreamChannel", "StreamListener", "StreamLink", "SPLICE_MIN", "socket_path"]
+__all__ = ["StreamChannel", "StreamListener", "StreamLink", "SPLICE_MIN", "socket_path", "stream_kind"]
 
 log = logging.getLogger("autops.transport")
 
 SPLICE_MIN = 64 << 10           # payloads this large go by vmsplice + splice, smaller ones are copied
 PIPE_BYTES = 1 << 20            # the splicing pipe's size (pipe-max-size's default)
-SOCKET_BUFFER = 4 << 20         # a connection's send buffer, asked for (the kernel caps it at wmem_max)
+SOCKET_BUFFER = 4 << 20         # a unix connection's send buffer, asked for (the kernel caps it at wmem_max;
+                                # TCP keeps the kernel's autotuning, which a fixed size would turn off)
 CONNECT_TIMEOUT = 5.0
 DATA, DONE = 1, 2
 _PREFIX = struct.Struct("<BxxxIIQ")     # op, header bytes, payloads, sequence number (0: no DONE wanted)
@@ -98,6 +103,23 @@ def socket_path(address: str) -> str:
     if not address.startswith("ipc://") or len(address) <= len("ipc://"):
         raise TransportError(f"not an ipc endpoint: {address!r} (expected ipc://PATH)")
     return address[len("ipc://"):]
+
+
+def stream_kind(address: str) -> str:
+    """``ipc`` for an ``ipc://PATH`` endpoint, ``tcp`` for a ``tcp://HOST:PORT`` one."""
+    if address.startswith("ipc://"):
+        return "ipc"
+    if address.startswith("tcp://"):
+        return "tcp"
+    raise TransportError(f"not a stream endpoint: {address!r} (expected ipc://PATH or tcp://HOST:PORT)")
+
+
+def _tcp_host_port(address: str, bind: bool = False) -> tuple[str, int]:
+    try:
+        host, port = host_port(address, bind=bind)
+    except ValueError as exc:
+        raise TransportError(str(exc)) from None
+    return host.strip("[]"), port
 
 
 class _Splice:
@@ -164,8 +186,12 @@ class StreamLink:
 
     def __init__(self, sock: socket.socket, name: str) -> None:
         sock.setblocking(False)
+        self.kind = "ipc" if sock.family == socket.AF_UNIX else "tcp"
         try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
+            if self.kind == "ipc":
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
+            else:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)    # a DONE or reply goes at once
         except OSError:
             pass
         self.sock, self.fd, self.name = sock, sock.fileno(), name
@@ -183,21 +209,25 @@ class StreamLink:
         self.ready: deque = deque()     # (header, payloads) read whole
 
     @classmethod
-    def dial(cls, path: str, timeout: float = CONNECT_TIMEOUT) -> "StreamLink":
-        """Connect to a listener's socket (OSError when none is there)."""
+    def dial(cls, address: str, timeout: float = CONNECT_TIMEOUT) -> "StreamLink":
+        """Connect to a listener at ``ipc://PATH`` or ``tcp://HOST:PORT`` (OSError when none
+        is there)."""
+        if stream_kind(address) == "tcp":
+            sock = socket.create_connection(_tcp_host_port(address), timeout=timeout)
+            return cls(sock, address)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(timeout)
-            sock.connect(path)
+            sock.connect(socket_path(address))
         except BaseException:
             sock.close()
             raise
-        return cls(sock, path)
+        return cls(sock, address)
 
     # --- sending ----------------------------------------------------------------------
     def send(self, header: bytes, payloads: Sequence = ()) -> None:
         if self.broken is not None:
-            log.warning("ipc: dropped a message to %s: %s", self.name, self.broken)
+            log.warning("%s: dropped a message to %s: %s", self.kind, self.name, self.broken)
             return
         parts, lengths, keep = [], [], []
         for payload in payloads:
@@ -211,8 +241,8 @@ class StreamLink:
             else:
                 parts.append(view)
         if len(header) > MAX_HEADER or len(lengths) > MAX_PAYLOADS:
-            raise TransportError(f"ipc: a message of {len(header)} header bytes and {len(lengths)} payloads is "
-                                 f"over the limits ({MAX_HEADER}, {MAX_PAYLOADS})")
+            raise TransportError(f"{self.kind}: a message of {len(header)} header bytes and {len(lengths)} "
+                                 f"payloads is over the limits ({MAX_HEADER}, {MAX_PAYLOADS})")
         seq = 0
         if keep:
             self.seq += 1
@@ -274,7 +304,7 @@ class StreamLink:
                     continue
                 if err == errno.EAGAIN:
                     raise BlockingIOError(err, "the pipe is full")
-                log.warning("ipc: vmsplice refused (%s): sending by copy from now on", os.strerror(err))
+                log.warning("%s: vmsplice refused (%s): sending by copy from now on", self.kind, os.strerror(err))
                 self.splicing = False
                 self.out[0] = item.view[item.offset:]
                 return False
@@ -411,8 +441,8 @@ class StreamLink:
     def fail(self, reason: str, orderly: bool = False) -> None:
         if self.broken is None:
             self.broken = reason
-            log.log(logging.INFO if orderly else logging.WARNING, "ipc: connection to %s %s: %s",
-                    self.name, "closed" if orderly else "broken", reason)
+            log.log(logging.INFO if orderly else logging.WARNING, "%s: connection to %s %s: %s",
+                    self.kind, self.name, "closed" if orderly else "broken", reason)
             self.close()
 
     def close(self) -> None:
@@ -427,44 +457,63 @@ class StreamLink:
 
 
 class StreamChannel(LinkChannel):
-    """A connection to one peer's ``ipc://PATH`` listener; replies come back on it."""
+    """A connection to one peer's ``ipc://PATH`` or ``tcp://HOST:PORT`` listener; replies
+    come back on it."""
 
-    kind = "ipc"
     lends = False
 
     def __init__(self, address: str, timeout: float = CONNECT_TIMEOUT) -> None:
+        self.kind = stream_kind(address)
+        if self.kind == "tcp":
+            _tcp_host_port(address)
+        else:
+            socket_path(address)
         super().__init__()
         self.address = address
-        self.path = socket_path(address)
         self.timeout = timeout
 
     def _dial(self) -> StreamLink:
-        return StreamLink.dial(self.path, self.timeout)
+        return StreamLink.dial(self.address, self.timeout)
 
 
 class StreamListener(LinkListener):
-    """A unix stream socket at ``ipc://PATH`` that many peers connect to (removed on close)."""
+    """A stream socket that many peers connect to: a unix one at ``ipc://PATH`` (removed on
+    close), or TCP bound to ``tcp://HOST:PORT`` (port 0: a free one), whose ``address``
+    then names ``advertise_host`` and the port bound. ``kind``, the endpoint's name in what
+    a service registers: ``ipc``, or ``stream`` for TCP (``tcp`` is its ZeroMQ endpoint)."""
 
-    kind = "ipc"
-
-    def __init__(self, address: str) -> None:
-        self.address = address
-        self.path = socket_path(address)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    def __init__(self, address: str, advertise_host: str | None = None) -> None:
+        self.path: str | None = None
+        self.kind = "stream" if stream_kind(address) == "tcp" else "ipc"
+        if self.kind == "stream":
+            host, port = _tcp_host_port(address, bind=True)
+            sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            bind_to: object = (host, port)
+        else:
+            self.path = socket_path(address)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            bind_to = self.path
         try:
-            sock.bind(self.path)
+            sock.bind(bind_to)
             sock.listen(128)
         except BaseException:
             sock.close()
             raise
+        if self.path is None:
+            shown = advertise_host or host
+            self.address = f"tcp://{f'[{shown}]' if ':' in shown else shown}:{sock.getsockname()[1]}"
+        else:
+            self.address = address
         super().__init__(sock)
 
     def _link_for(self, sock: socket.socket, peer: object) -> StreamLink:
-        return StreamLink(sock, f"{self.path} peer {sock.fileno()}")
+        return StreamLink(sock, f"{self.path or self.address} peer {peer if self.path is None else sock.fileno()}")
 
     def close(self) -> None:
         super().close()
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
+        if self.path is not None:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass

@@ -146,7 +146,7 @@ def test_auto_never_picks_rdma(ctx, server):
     _, peer, _ = server
     plain = Transport(ctx, "auto")
     try:
-        assert plain.kind_for(peer) == "tcp"
+        assert plain.kind_for(peer) == "stream"          # plain tcp (CURVE off), never rdma
     finally:
         plain.close()
 

@@ -1,5 +1,6 @@
-"""The ipc transport (``autops/transport/stream.py``): messages over a unix stream socket,
-large payloads spliced from the sender's pages, read straight into the receiver's arrays."""
+"""Stream sockets (``autops/transport/stream.py``): messages over a unix (``ipc``) or a TCP
+stream socket (plain ``tcp``), large payloads spliced from the sender's pages, read straight
+into the receiver's arrays. Most tests run over both."""
 from __future__ import annotations
 
 import ctypes
@@ -14,14 +15,15 @@ import time
 import numpy as np
 import pytest
 
-from autops.transport import stream
+from autops.transport import TransportError, stream
 from autops.transport.stream import SPLICE_MIN, StreamChannel, StreamListener
 
 
-@pytest.fixture
-def pair(tmp_path):
-    listener = StreamListener(f"ipc://{tmp_path}/agg.sock")
+@pytest.fixture(params=["ipc", "tcp"])
+def pair(request, tmp_path):
+    listener = StreamListener(f"ipc://{tmp_path}/agg.sock" if request.param == "ipc" else "tcp://127.0.0.1:0")
     channel = StreamChannel(listener.address)
+    assert channel.kind == request.param
     try:
         yield listener, channel
     finally:
@@ -134,6 +136,8 @@ def test_where_vmsplice_is_refused_the_link_sends_by_copy(pair, monkeypatch):
 
 
 def raw_connection(listener: StreamListener) -> socket.socket:
+    if listener.path is None:
+        return socket.create_connection(("127.0.0.1", int(listener.address.rsplit(":", 1)[1])), timeout=5)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(listener.path)
     return sock
@@ -207,3 +211,30 @@ def test_a_payload_this_process_cannot_hold_ends_that_connection_only(pair, monk
         rogue.close()
     channel.send(b"still served", [np.ones(SPLICE_MIN, np.uint8)])
     assert wait(listener, channel).header == b"still served"
+
+
+def test_a_tcp_listener_advertises_the_host_it_is_reached_at_and_the_port_it_bound():
+    listener = StreamListener("tcp://127.0.0.1:0", advertise_host="localhost")
+    try:
+        host, port = listener.address[len("tcp://"):].rsplit(":", 1)
+        assert listener.kind == "stream" and host == "localhost" and int(port) > 0
+        channel = StreamChannel(listener.address)
+        try:
+            assert channel.kind == "tcp"
+            payload = np.arange(SPLICE_MIN, dtype=np.uint8)
+            channel.send(b"over tcp", [payload])
+            got = wait(listener, channel)
+            assert got.header == b"over tcp" and bytes(got.payloads[0]) == payload.tobytes()
+            link = next(iter(listener.links.values()))
+            assert link.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)       # replies go at once
+            assert channel.link.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        finally:
+            channel.close()
+    finally:
+        listener.close()
+
+
+@pytest.mark.parametrize("address", ["udp://h:1", "tcp://nohost", "tcp://h:notaport", "ipc://"])
+def test_bad_stream_addresses_are_refused(address):
+    with pytest.raises(TransportError):
+        StreamChannel(address)

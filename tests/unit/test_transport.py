@@ -100,8 +100,10 @@ def test_shared_memory_takes_arrays_from_its_reserve_and_creates_the_rest():
     ("auto", "here", ("tcp", "ipc", "shm"), "shm"),
     ("auto", "here", ("tcp", "ipc"), "ipc"),
     ("auto", "elsewhere", ("tcp", "ipc", "shm"), "tcp"),
+    ("auto", "elsewhere", ("tcp", "stream", "ipc", "shm"), "stream"),
     ("ipc", "here", ("tcp", "ipc", "shm"), "ipc"),
     ("tcp", "here", ("tcp", "ipc", "shm"), "tcp"),
+    ("tcp", "here", ("tcp", "stream", "ipc", "shm"), "stream"),
     ("shm", "here", ("tcp", "ipc", "shm"), "shm"),
 ])
 def test_the_kind_follows_host_and_preference(ctx, preference, host, offered, kind):
@@ -112,6 +114,24 @@ def test_the_kind_follows_host_and_preference(ctx, preference, host, offered, ki
     try:
         assert transport.kind_for(peer) == kind
         assert transport.lends_to(peer) == (kind == "shm")
+    finally:
+        transport.close()
+
+
+def test_with_curve_tcp_stays_on_zeromq_and_no_stream_endpoint_is_offered(ctx, tmp_path, monkeypatch):
+    """The stream endpoint is plaintext: with the cluster's CURVE keys a service offers only
+    ZeroMQ's tcp, and a client reaches a peer over it even where the peer offers a stream."""
+    from dlrt.curve import Security
+    from dlrt.keys import Keys, init_keys
+
+    security = Security(Keys.load(init_keys(tmp_path / "keys")))
+    assert security.curve
+    monkeypatch.setenv("AUTOPS_TCP_STREAM", "1")
+    transport = Transport(ctx, "auto", local=False, security=security)
+    try:
+        endpoints = transport.listen("127.0.0.1", 0, "127.0.0.1")
+        assert set(endpoints) == {"tcp"}
+        assert transport.kind_for({"endpoints": {"tcp": "tcp://x:1", "stream": "tcp://x:2"}, "host": "h"}) == "tcp"
     finally:
         transport.close()
 
@@ -135,19 +155,24 @@ def test_unknown_preference_is_refused(ctx):
         Transport(ctx, "carrier-pigeon")
 
 
-@pytest.mark.parametrize("preference", ["tcp", "ipc"])
-def test_socket_kinds_carry_every_payload_by_value_both_ways(ctx, server, preference):
+@pytest.mark.parametrize("preference, zmq_tcp, endpoint", [("tcp", False, "stream"), ("tcp", True, "tcp"),
+                                                           ("ipc", False, "ipc")])
+def test_socket_kinds_carry_every_payload_by_value_both_ways(ctx, server, monkeypatch, preference, zmq_tcp,
+                                                             endpoint):
     agg, peer = server
+    assert peer["endpoints"]["stream"].startswith("tcp://127.0.0.1:")    # offered next to ZeroMQ's, CURVE off
+    monkeypatch.setenv("AUTOPS_TCP_STREAM", "0" if zmq_tcp else "1")
     client = Transport(ctx, preference)
     try:
         channel = client.connect(peer)
         assert channel.kind == preference and not channel.lends
+        assert channel.address == peer["endpoints"][endpoint]
         assert client.connect(peer) is channel                      # one channel per address
         shared = client.memory.allocate([(4, "float64")], "job")[0]
         shared.array[:] = 2.5
         plain = np.arange(10, dtype=np.float32)
         channel.send(b"head", [plain, shared])
-        inbound = wait_recv(listener_of(agg, preference))
+        inbound = wait_recv(listener_of(agg, endpoint))
         assert as_bytes(inbound.header) == b"head" and inbound.lent == frozenset()
         assert as_bytes(inbound.payloads[0]) == plain.tobytes()
         assert as_bytes(inbound.payloads[1]) == shared.array.tobytes()
@@ -243,6 +268,7 @@ def test_a_malformed_descriptor_fails_the_payloads_not_the_receiver():
 
 def test_tcp_lanes_spread_messages_over_connections_and_replies_come_back(ctx, server, monkeypatch):
     monkeypatch.setenv("AUTOPS_TCP_LANES", "3")
+    monkeypatch.setenv("AUTOPS_TCP_STREAM", "0")          # lanes are ZeroMQ's tcp
     agg, peer = server
     client = Transport(ctx, "tcp")
     try:
