@@ -238,3 +238,37 @@ def test_a_tcp_listener_advertises_the_host_it_is_reached_at_and_the_port_it_bou
 def test_bad_stream_addresses_are_refused(address):
     with pytest.raises(TransportError):
         StreamChannel(address)
+
+
+def test_over_tcp_the_reader_wakes_for_a_payloads_rest_not_for_every_piece():
+    """SO_RCVLOWAT follows the payload being read: while its rest is awaited the socket is
+    not readable for a few bytes more, and after the message it is at the first byte again."""
+    import fcntl
+    import termios
+
+    listener = StreamListener("tcp://127.0.0.1:0")
+    sender = raw_connection(listener)
+    size = 4 * stream.RECV_LOWAT
+    try:
+        sender.sendall(struct.pack("<BxxxIIQ", 1, 1, 1, 0) + struct.pack("<Q", size) + b"h" + b"a" * (size // 2))
+        deadline = time.monotonic() + 10
+        while not listener.links or next(iter(listener.links.values())).incoming is None \
+                or next(iter(listener.links.values())).incoming.got < size // 2:
+            assert listener.recv() is None and time.monotonic() < deadline
+            select.select([listener.pollable], [], [], 0.05)
+        link = next(iter(listener.links.values()))
+        assert link.lowat == stream.RECV_LOWAT
+        assert link.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == stream.RECV_LOWAT
+        sender.sendall(b"a" * 1000)
+        queued = bytearray(4)
+        while int.from_bytes(queued, "little") < 1000:          # arrived, not yet read
+            fcntl.ioctl(link.fd, termios.FIONREAD, queued)
+            assert time.monotonic() < deadline
+        assert select.select([link.fd], [], [], 0)[0] == []      # ... and no wake-up for it
+        sender.sendall(b"a" * (size - size // 2 - 1000))
+        got = wait(listener)
+        assert got.header == b"h" and bytes(got.payloads[0]) == b"a" * size
+        assert link.lowat == 1 and link.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
+    finally:
+        sender.close()
+        listener.close()
