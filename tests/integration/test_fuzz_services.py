@@ -170,8 +170,8 @@ class Target:
 
 
 class StreamTarget(Target):
-    """The same over the aggregator's ipc endpoint (``stream.py``): the first frame is the
-    message's header, the others its payloads."""
+    """The same over the aggregator's ipc or stream endpoint (``stream.py``): the first
+    frame is the message's header, the others its payloads."""
 
     def __init__(self, name: str, address: str, probe: dict, procs: list) -> None:
         self.name, self.procs, self.probe_fields = name, procs, probe
@@ -420,9 +420,9 @@ def shm_descriptor(draw, ctx):
 
 def messages(ctx) -> st.SearchStrategy:
     """(target name, frames) of one malformed message."""
-    agg = st.sampled_from(["agg-tcp", "agg-ipc", "agg-shm"])
+    agg = st.sampled_from(["agg-tcp", "agg-stream", "agg-ipc", "agg-shm"])
     return st.one_of(
-        st.tuples(st.sampled_from(["master", "agg-tcp", "agg-ipc", "agg-shm"]), raw_bytes()),
+        st.tuples(st.sampled_from(["master", "agg-tcp", "agg-stream", "agg-ipc", "agg-shm"]), raw_bytes()),
         st.tuples(st.sampled_from(["master", "agg-tcp", "agg-shm"]), not_a_message()),
         st.tuples(st.sampled_from(["master", "agg-tcp"]), bad_envelope()),
         st.tuples(st.just("master"), unknown_op(MASTER_OPS + (wire.STATUS, wire.ERROR))),
@@ -457,7 +457,9 @@ def test_malformed_frames_get_an_error_or_nothing_and_another_job_trains_unaffec
     for kind in ("tcp", "shm"):
         targets[f"agg-{kind}"] = Target(zctx, f"aggregator ({kind})", agg["endpoints"][kind], unknown_pull,
                                         pool.procs)
-    targets["agg-ipc"] = StreamTarget("aggregator (ipc)", agg["endpoints"]["ipc"], unknown_pull, pool.procs)
+    for kind in ("ipc", "stream"):      # stream: tcp without CURVE
+        targets[f"agg-{kind}"] = StreamTarget(f"aggregator ({kind})", agg["endpoints"][kind], unknown_pull,
+                                              pool.procs)
 
     progress = threading.Condition()
     sent = [0]
