@@ -40,11 +40,11 @@ from .zmq import ZmqChannel, ZmqListener, ipc_address, keep_freed_buffers
 TRANSPORTS = ("auto", "tcp", "ipc", "shm", "rdma", "cma")
 ONE_SIDED = ("rdma", "cma")      # the kinds whose receiver READs the sender's memory (rdma.py)
 # connections per ZeroMQ tcp peer ($AUTOPS_TCP_LANES; a stream endpoint gets one). One:
-# several connections share a link fairly, so every key crossing it advances at once and all complete late, where one connection
-# delivers keys one after the other and the aggregators answer the first ones while the
-# rest are still coming (measured on emulated 200 Mbit/s hosts, W = A = 4: 4.6 s per
-# iteration with one, 5.3 s with two). More help where one connection cannot fill a link
-# (a long round trip).
+# several connections share a link fairly, so every key crossing it advances at once and
+# all complete late, where one connection delivers keys one after the other and the
+# aggregators answer the first ones while the rest are still coming (measured on emulated
+# 200 Mbit/s hosts, W = A = 4: 4.6 s per iteration with one, 5.3 s with two). More help
+# where one connection cannot fill a link (a long round trip).
 TCP_LANES = 1
 TCP_STREAM = True               # plain tcp over stream.py's framing ($AUTOPS_TCP_STREAM=0: over ZeroMQ)
 TCP_STREAM_ENV = "AUTOPS_TCP_STREAM"
@@ -173,7 +173,11 @@ class Transport:
             stream_port = port + 1 if port else 0
             if stream_port > 65535:
                 raise TransportError(f"port {port}: the stream endpoint needs the next port free too (at most 65534)")
-            self.listeners.append(StreamListener(f"tcp://{bind_host}:{stream_port}", advertise_host))
+            try:
+                self.listeners.append(StreamListener(f"tcp://{bind_host}:{stream_port}", advertise_host))
+            except OSError as exc:
+                raise TransportError(f"cannot listen on {bind_host}:{stream_port} for the stream endpoint "
+                                     f"({exc.strerror or exc}); free that port or set {TCP_STREAM_ENV}=0") from None
         if self.preference == "cma":
             # its peers are on this host: loopback only, whatever the tcp endpoint's interface
             self.listeners.append(RdmaListener(self.verbs, self.memory, "127.0.0.1", 0, "127.0.0.1", kind="cma"))

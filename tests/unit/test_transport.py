@@ -136,6 +136,34 @@ def test_with_curve_tcp_stays_on_zeromq_and_no_stream_endpoint_is_offered(ctx, t
         transport.close()
 
 
+def test_the_stream_endpoint_listens_on_the_next_port_and_says_so_when_it_is_taken(ctx):
+    import socket
+
+    for _ in range(20):
+        taken = socket.socket()
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1] - 1
+        transport = Transport(ctx, "auto", local=False)
+        try:
+            with pytest.raises(TransportError, match="AUTOPS_TCP_STREAM=0"):
+                transport.listen("127.0.0.1", port, "127.0.0.1")
+        except zmq.ZMQError:
+            continue                         # the port below was not free either: another pair
+        finally:
+            transport.close()
+            taken.close()
+        break
+    else:
+        pytest.fail("no free port with a taken one above it")
+    transport = Transport(ctx, "auto", local=False)
+    try:
+        endpoints = transport.listen("127.0.0.1", port, "127.0.0.1")       # its neighbour is free again
+        assert endpoints == {"tcp": f"tcp://127.0.0.1:{port}", "stream": f"tcp://127.0.0.1:{port + 1}"}
+    finally:
+        transport.close()
+
+
 @pytest.mark.parametrize("preference, text", [("shm", "transport shm asked for"), ("ipc", "another host"),
                                               ("cma", "another host")])
 def test_same_host_kinds_refuse_a_peer_elsewhere(ctx, preference, text):
