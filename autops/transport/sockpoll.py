@@ -15,6 +15,7 @@ import errno
 import logging
 import select
 import socket
+from abc import abstractmethod
 from collections import deque
 from typing import Any, Sequence
 
@@ -94,9 +95,9 @@ class LinkChannel(Channel):
         self.poll = SocketPoll()
         self.link: Any = None
 
+    @abstractmethod
     def _dial(self) -> Any:
         """A new link to the peer (OSError or TransportError when it cannot be reached)."""
-        raise NotImplementedError
 
     @property
     def pollable(self) -> int:
@@ -159,9 +160,9 @@ class LinkListener(Listener):
         self.links: dict[int, Any] = {}
         self._senders: dict[int, PeerLink] = {}
 
+    @abstractmethod
     def _link_for(self, sock: socket.socket, peer: Any) -> Any:
         """The link over an accepted connection."""
-        raise NotImplementedError
 
     @property
     def pollable(self) -> int:

@@ -187,8 +187,12 @@ class ZmqListener(Listener):
         self.kind = kind
         self.framing = framing or PlainFraming()
         self.sock = ctx.socket(zmq.ROUTER)
-        (security if security is not None else default_security()).server(self.sock, bind)
-        self.sock.bind(bind)
+        try:
+            (security if security is not None else default_security()).server(self.sock, bind)
+            self.sock.bind(bind)
+        except BaseException:
+            self.sock.close(0)      # an open socket would keep the context from terminating
+            raise
         bound = bound_address(self.sock)
         if kind == "tcp" and advertise_host:
             bound = f"tcp://{advertise_host}:{int(bound.rsplit(':', 1)[1])}"
