@@ -34,6 +34,9 @@ Figures, per repeat; over repeats their maximum (``max_*``) and median (``median
   ``redirects``: requests the workers had to resend because they reached the old owner after
   the switch (each a round trip and a resend). Unlike the excesses these are free of the
   machine's noise, and they leave out what the copy in the background costs.
+* ``worker_end_skew_ms_median`` / ``_p90``: how far apart the two workers' iterations end
+  (whoever ends later starts later, and the other then waits for its pushes): a spread the
+  excesses inherit, migration or not.
 * ``other_job``: the second job's communication and iteration times in its iterations that
   overlap a migration against those that do not, and their ratio (the copy's cost to a
   neighbour).
@@ -244,6 +247,7 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
     per_rank = {r: results[(MAIN, r)]["records"] for r in range(2)}
     windows = [(rec.pop("t_call"), rec.pop("t_done")) for rec in repeats]
     summary = pauses(per_rank, repeats, windows, args.skip, args.gap)
+    summary.update(end_skew(per_rank, args.skip))
     waits = [rec["handover_wait_ms"] for rec in repeats if rec["handover_wait_ms"] is not None]
     summary.update(max_handover_wait_ms=max(waits, default=None),
                    median_handover_wait_ms=statistics.median(waits) if waits else None,
@@ -371,6 +375,24 @@ def pauses(per_rank: dict[int, list[Record]], repeats: list[dict], windows: list
         "baseline_comm_ms_p90": round(1e3 * float(np.percentile(base, 90)), 2) if base else None}
 
 
+def end_skew(per_rank: dict[int, list[Record]], skip: int) -> dict:
+    """How far apart the workers' iterations end (the latest minus the earliest end of each
+    iteration after the first ``skip`` that every rank recorded), median and p90 in ms. The
+    worker that ends an iteration later starts the next one later, and the others' next
+    communication then includes waiting for its pushes: the excesses, and so the pause
+    (their maximum over the workers), inherit this spread with or without a migration."""
+    ends: dict[int, list[float]] = {}
+    for records in per_rank.values():
+        for it, _, _, e in records:
+            if it > skip:
+                ends.setdefault(it, []).append(e)
+    skews = [max(e) - min(e) for e in ends.values() if len(e) == len(per_rank) > 1]
+    if not skews:
+        return {"worker_end_skew_ms_median": None, "worker_end_skew_ms_p90": None}
+    return {"worker_end_skew_ms_median": round(1e3 * statistics.median(skews), 2),
+            "worker_end_skew_ms_p90": round(1e3 * float(np.percentile(skews, 90)), 2)}
+
+
 def neighbour_cost(records: list[list[Record]], windows: list[tuple[float, float | None]], skip: int) -> dict:
     """The neighbour job's median communication and iteration times in its iterations that
     overlap a migration against the others (after its first ``skip``), and the ratios."""
@@ -459,7 +481,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{model:>9} {mode:<6} {row['keys_moved']} keys ({row['model_bytes'] / 1e6:.0f} MB): pause max "
                   f"{fmt(row['max_pause_ms'])} ms, median {fmt(row['median_pause_ms'])} ms (per repeat "
                   f"{row['pause_ms_per_repeat']}; without a migration: median "
-                  f"{fmt(row['quiet_pause_ms_median'])}, p90 {fmt(row['quiet_pause_ms_p90'])} ms); whole window max {fmt(row['max_window_excess_ms'])} ms, median "
+                  f"{fmt(row['quiet_pause_ms_median'])}, p90 {fmt(row['quiet_pause_ms_p90'])} ms; the workers' "
+                  f"iterations end {fmt(row['worker_end_skew_ms_median'])} ms apart, p90 "
+                  f"{fmt(row['worker_end_skew_ms_p90'])}); whole window max {fmt(row['max_window_excess_ms'])} ms, "
+                  f"median "
                   f"{fmt(row['median_window_excess_ms'])} ms; hand-over wait max {fmt(row['max_handover_wait_ms'])} "
                   f"ms, median {fmt(row['median_handover_wait_ms'])} ms, {row['redirects']} redirects; "
                   f"baseline comm {row['baseline_comm_ms']:.1f} ms; "

@@ -47,7 +47,8 @@ def test_migrate_moves_every_key_and_reports_the_pause(tmp_path):
                        "--warmup", "3", "--gap", "3", "--json", str(out)])
     assert rc == 0
     row = json.loads(out.read_text().splitlines()[0])
-    for key in ("model", "mode", "max_pause_ms", "median_pause_ms", "migration_s", "keys_moved", "baseline_comm_ms"):
+    for key in ("model", "mode", "max_pause_ms", "median_pause_ms", "migration_s", "keys_moved", "baseline_comm_ms",
+                "worker_end_skew_ms_median"):
         assert key in row, key
     assert row["model"] == "alexnet" and row["mode"] == "sum"
     assert row["all_completed"] and row["migrations_failed"] == 0

@@ -410,6 +410,18 @@ def test_the_noise_alone_gives_the_same_statistic_over_iterations_without_a_migr
     assert got["quiet_pause_ms_p90"] == pytest.approx(90.0)
 
 
+def test_the_end_skew_is_how_far_apart_the_workers_iterations_end():
+    from dlrt_bench.autops_migrate import end_skew
+    late = {it: 0.2 for it in range(1, 12)}
+    late.update({5: 0.23, 6: 0.25, 7: 0.21, 8: 0.29})      # ends 30, 50, 10, 90 ms after the other
+    got = end_skew({0: records({it: 0.2 for it in range(1, 12)}), 1: records(late)}, skip=2)
+    # iterations 3..11: skews 0 0 30 50 10 90 0 0 0 ms
+    assert got["worker_end_skew_ms_median"] == pytest.approx(0.0)
+    assert got["worker_end_skew_ms_p90"] == pytest.approx(58.0)
+    one_rank = end_skew({0: records({1: 0.2, 2: 0.2, 3: 0.2})}, skip=0)
+    assert one_rank == {"worker_end_skew_ms_median": None, "worker_end_skew_ms_p90": None}
+
+
 def test_the_neighbour_cost_compares_its_iterations_during_and_outside_migrations():
     from dlrt_bench.autops_migrate import neighbour_cost
     comm = {it: (0.1 if 5 <= it <= 6 else 0.05) for it in range(1, 13)}
