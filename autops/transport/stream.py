@@ -3,8 +3,8 @@
 A connection is one stream socket: ``AF_UNIX`` for an ``ipc://PATH`` endpoint (the ``ipc``
 transport), TCP for a ``tcp://HOST:PORT`` one (the ``stream`` endpoint an aggregator
 offers next to its ZeroMQ one when CURVE is off, ``links.py``). Each message is a DATA
-record: a fixed prefix (op, header bytes, payload count, sequence number), the payloads' lengths, the
-header, then the payloads' bytes back to back. Over a socket every byte is usually copied
+record: a fixed prefix (op, header bytes, payload count, sequence number), the payloads'
+lengths, the header, then the payloads' bytes back to back. Over a socket every byte is usually copied
 twice, into the kernel and out again; ZeroMQ adds a third copy where the receiver takes a
 payload out of its frame. Here:
 
