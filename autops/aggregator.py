@@ -70,6 +70,9 @@ from .transport.shm import RESERVE_SHARED
 from .transport.zmq import heap_kept
 
 RESERVE_MOVE_POLL_S = 0.5   # how often the reserve's thread looks whether a move it waits out is over
+# memory made ready in the background waits for this long without a job's message (the gap
+# between the jobs' communication phases) before each step, for at most the pace's patience
+DATA_QUIET_S = 0.02
 # serving-thread work timed in ``stats`` (``Aggregator._timed``)
 TIMED = ("state_snapshot", "state_install", "state_takeover", "replica_install")
 
@@ -203,6 +206,7 @@ class Aggregator:
         # work finished by helper threads (memory populated for an incoming migration)
         self._ready: list = []
         self._readying = 0              # helper threads readying memory for keys, not done on the loop yet
+        self._data_at = 0.0             # when the loop last took the jobs' messages (time.monotonic)
         self.held = HeldMessages()      # pMaster's messages after an ASSIGN still allocating
         self._waker = Waker()
 
@@ -356,7 +360,10 @@ class Aggregator:
 
     def _drain(self, source) -> None:
         """What is queued at a listener (requests) or a peer channel (replies to our copies)."""
-        on_message = self._on_peer if isinstance(source, Channel) else self._on_data
+        if isinstance(source, Channel):
+            on_message = self._on_peer
+        else:
+            on_message, self._data_at = self._on_data, time.monotonic()
         for _ in range(64):
             inbound = source.recv()
             if inbound is None:
@@ -805,7 +812,7 @@ class Aggregator:
         def populate() -> None:
             background_priority()
             faults = _thread_faults()
-            pace = Pace() if at_once else Pace(self.prefault_share, load=HostLoad.of_this_host())
+            pace = Pace() if at_once else self._background_pace()
             made = self._allocate_incoming(sizes, job, pace)
             arrays, warmed = None, 0
             if made[1] is None:
@@ -876,7 +883,7 @@ class Aggregator:
 
         def keep() -> None:
             background_priority()
-            pace, reported = Pace(self.prefault_share, load=HostLoad.of_this_host()), 0.0
+            pace, reported = self._background_pace(), 0.0
             try:
                 made = warm_heap(nbytes - shared, pace, fence=True)
                 while True:
@@ -891,6 +898,16 @@ class Aggregator:
                 log.warning("reserve: cannot make memory ready: %s", exc)
 
         threading.Thread(target=keep, name="autops-reserve", daemon=True).start()
+
+    def _background_pace(self) -> Pace:
+        """The pace of memory made ready in the background: the host's idle CPU first, else
+        ``prefault_share`` of a core, and in the gaps between the jobs' communication phases
+        here (``DATA_QUIET_S`` without their messages)."""
+        return Pace(self.prefault_share, load=HostLoad.of_this_host(), quiet=self._quiet)
+
+    def _quiet(self) -> bool:
+        """Whether the loop took no job's message for ``DATA_QUIET_S`` (read from helper threads)."""
+        return time.monotonic() - self._data_at >= DATA_QUIET_S
 
     def _moves_under_way(self) -> bool:
         """Whether a key of this aggregator is migrating in or out, or memory is being readied

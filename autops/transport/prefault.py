@@ -15,7 +15,11 @@ proportion to the CPU time it took, so the work uses at most ``share`` of a core
 ``HostLoad`` it goes to idle CPU first: at full speed while the host has a CPU to spare (no
 task lately waited for one: the kernel's CPU pressure, PSI), not at all while tasks wait --
 between a job's communication phases an aggregator's host is mostly idle, and in them busy
--- and at ``share`` again only on a host busy for longer than ``BUSY_PATIENCE_S``.
+-- and at ``share`` again only on a host busy for longer than ``BUSY_PATIENCE_S``. Given a
+quiet probe (an aggregator: no job's message for a moment) it also keeps to the gaps between
+the service's own jobs' communication phases, for up to ``QUIET_PATIENCE_S`` of a stretch
+without one: on a host whose other cores are busy anyway (or a machine emulating several
+hosts) those phases are where its CPU and memory bandwidth cost the jobs time.
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ LOAD_WINDOW_S = 0.1     # how far back HostLoad looks
 STALL_FREE = 0.05       # the share of that time tasks may have waited for a CPU on a host with a core to spare
 BUSY_PATIENCE_S = 1.0   # how long Pace waits for a busy host to have a CPU to spare before it goes at its share
 BUSY_POLL_S = 0.02      # and how often it looks
+QUIET_PATIENCE_S = 5.0  # how long Pace waits for its service to be quiet before it goes at its share
 CPU_PRESSURE = "/proc/pressure/cpu"
 
 
@@ -106,19 +111,27 @@ class Pace:
     while no task waited for a CPU is not paused for, and while tasks do wait the next step
     waits (polls every ``poll`` s) until they stop -- a job's communication phase, say --
     for at most ``patience`` seconds of that busy stretch; a host busy for longer gets the
-    steps at ``share`` again, so the work always progresses."""
+    steps at ``share`` again, so the work always progresses.
+
+    With ``quiet`` (whether the service doing the work has nothing of its own to do now: no
+    job's messages lately) a step also waits for that, for at most ``quiet_patience`` seconds
+    of a stretch without it: the work then fills the gaps between its jobs' communication
+    phases instead of taking CPU and memory bandwidth from them."""
 
     def __init__(self, share: float = 1.0, sleep: Callable[[float], None] = time.sleep,
                  cpu: Callable[[], float] = time.thread_time, load: HostLoad | None = None,
                  clock: Callable[[], float] = time.monotonic, patience: float = BUSY_PATIENCE_S,
-                 poll: float = BUSY_POLL_S) -> None:
+                 poll: float = BUSY_POLL_S, quiet: Callable[[], bool] | None = None,
+                 quiet_patience: float = QUIET_PATIENCE_S) -> None:
         if not 0 < share <= 1:
             raise ValueError(f"pace share must be in (0, 1], not {share}")
         self.share = share
         self.load = load if share < 1 else None
-        self.patience, self.poll = patience, poll
+        self.quiet = quiet if share < 1 else None
+        self.patience, self.poll, self.quiet_patience = patience, poll, quiet_patience
         self._sleep, self._cpu, self._clock = sleep, cpu, clock
         self._busy_since: float | None = None
+        self._noisy_since: float | None = None
         self.cpu_s = 0.0            # CPU the steps took
         self.idle_cpu_s = 0.0       # of which in steps started while the host had a CPU to spare
         self.paused_s = 0.0         # the pauses that kept the others to ``share``
@@ -142,13 +155,24 @@ class Pace:
     def _patient(self) -> bool:
         return self._busy_since is not None and self._clock() - self._busy_since < self.patience
 
+    def _waits_for_quiet(self) -> bool:
+        """Whether the service is busy with its own work and has been for less than
+        ``quiet_patience`` (tracks since when)."""
+        if self.quiet():
+            self._noisy_since = None
+            return False
+        if self._noisy_since is None:
+            self._noisy_since = self._clock()
+        return self._clock() - self._noisy_since < self.quiet_patience
+
     def step(self, work: Callable[[], object]) -> object:
         spare = False
-        if self.load is not None:
-            while self._host_busy() and self._patient():
+        if self.load is not None or self.quiet is not None:
+            while (self.quiet is not None and self._waits_for_quiet()) or \
+                    (self.load is not None and self._host_busy() and self._patient()):
                 self.waited_s += self.poll
                 self._sleep(self.poll)
-            spare = self._busy_since is None
+            spare = self.load is not None and self._busy_since is None
         start = self._cpu()
         result = work()
         used = max(0.0, self._cpu() - start)

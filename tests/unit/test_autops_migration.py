@@ -585,3 +585,32 @@ def test_the_reserve_makes_its_segments_again_only_once_the_moves_here_are_over(
     finally:
         agg.stop()
         agg.close()
+
+
+def test_memory_made_ready_in_the_background_waits_for_a_gap_in_the_jobs_messages(monkeypatch):
+    """The reserve's and incoming keys' memory is populated between the jobs' communication
+    phases: the pace's quiet probe says no while the loop took a job's message within
+    ``DATA_QUIET_S``, yes after that; pMaster's messages and peers' replies do not count."""
+    from autops import aggregator as aggregator_mod
+
+    class Requests:                         # a listener with nothing queued
+        def recv(self):
+            return None
+
+    now = [100.0]
+    agg = aggregator_mod.Aggregator("tcp://127.0.0.1:1", transport="tcp", register_timeout=0.1)
+    try:
+        with monkeypatch.context() as patched:
+            patched.setattr(aggregator_mod.time, "monotonic", lambda: now[0])
+            pace = agg._background_pace()
+            assert pace.quiet is not None and pace.quiet()
+            agg._drain(Requests())
+            assert not pace.quiet()
+            now[0] += aggregator_mod.DATA_QUIET_S / 2
+            assert not pace.quiet()
+            now[0] += aggregator_mod.DATA_QUIET_S / 2
+            assert pace.quiet()
+            agg._drain_master()             # nothing from pMaster either: still quiet
+            assert pace.quiet()
+    finally:
+        agg.close()

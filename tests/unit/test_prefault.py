@@ -147,6 +147,44 @@ def test_a_host_busy_for_longer_than_the_patience_gets_the_steps_at_the_share():
     assert pace.idle_cpu_s == 0.0 and pace.paused_s == pytest.approx(3 * pace.cpu_s)
 
 
+def test_with_a_quiet_probe_steps_wait_for_the_gap_between_communication_phases():
+    """The service's own jobs communicate from 0.1 to 0.6 s: a step asked for in that phase
+    runs only once it is over, while the host (busy all along) gets it at the share."""
+    world = FakeWorld()
+    world.busy.append((0.0, float("inf")))
+    phases = [(0.1, 0.6)]
+    quiet = lambda: not any(start <= world.now < end for start, end in phases)     # noqa: E731
+    pace = prefault.Pace(0.25, sleep=world.sleep, cpu=lambda: world.cpu, clock=lambda: world.now,
+                         poll=0.02, quiet=quiet, quiet_patience=5.0)
+    world.advance(0.1)
+    began = []
+    pace.step(lambda: (began.append(world.now), world.work(0.01)()))
+    assert 0.6 - 1e-9 <= began[0] <= 0.6 + 0.02         # it began in the gap after the phase
+    assert pace.waited_s == pytest.approx(0.5, abs=0.021)
+    assert world.slept[-1] == pytest.approx(0.03)      # and was paused for the others' sake
+    pace.step(world.work(0.01))                         # in the gap: no wait
+    assert pace.waited_s == pytest.approx(0.5, abs=0.021) and pace.idle_cpu_s == 0.0
+
+
+def test_a_service_never_quiet_for_longer_than_the_patience_still_gets_its_steps():
+    world = FakeWorld()
+    pace = prefault.Pace(0.5, sleep=world.sleep, cpu=lambda: world.cpu, clock=lambda: world.now,
+                         poll=0.02, quiet=lambda: False, quiet_patience=2.0)
+    pace.step(world.work(0.01))
+    assert pace.waited_s == pytest.approx(2.0)
+    for _ in range(5):                      # the patience is spent for this stretch: no more waits
+        pace.step(world.work(0.01))
+    assert pace.waited_s == pytest.approx(2.0) and pace.cpu_s == pytest.approx(0.06)
+
+
+def test_a_pace_at_a_whole_core_neither_waits_for_quiet_nor_pauses():
+    world = FakeWorld()
+    pace = prefault.Pace(1.0, sleep=world.sleep, cpu=lambda: world.cpu, clock=lambda: world.now,
+                         quiet=lambda: False)
+    pace.step(world.work(0.01))
+    assert world.slept == [] and pace.waited_s == 0.0
+
+
 def test_this_hosts_cpu_pressure_counts_processes_waiting_for_a_cpu():
     """Two spinning processes more than the host has cores: at any moment some wait, so the
     stall time grows by about the time they spin (half of it is asked)."""
