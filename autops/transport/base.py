@@ -116,6 +116,11 @@ class Channel(ABC):
     def recv(self) -> Inbound | None:
         """The next message, or ``None`` when none is waiting (never blocks)."""
 
+    def open(self) -> None:
+        """Connect now, ahead of the first ``send`` (a peer about to be needed); a channel
+        that connects on its own (ZeroMQ's, in the background) has nothing to do. Never
+        raises: a peer it cannot reach now is tried again by ``send``."""
+
     @abstractmethod
     def close(self) -> None: ...
 

@@ -94,6 +94,7 @@ class LinkChannel(Channel):
     def __init__(self) -> None:
         self.poll = SocketPoll()
         self.link: Any = None
+        self._dial_error: Exception | None = None
 
     @abstractmethod
     def _dial(self) -> Any:
@@ -104,19 +105,34 @@ class LinkChannel(Channel):
         return self.poll.fileno()
 
     def send(self, header: bytes, payloads: Sequence = ()) -> None:
+        link = self._connected()
+        if link is None:
+            log.warning("%s: dropped a message to %s (cannot connect: %s)", self.kind, self.address,
+                        self._dial_error)
+            return
+        link.send(header, payloads)
+        self._track(link)
+
+    def open(self) -> None:
+        if self._connected() is None:
+            log.info("%s: cannot connect to %s ahead (%s); sending will try again", self.kind, self.address,
+                     self._dial_error)
+
+    def _connected(self) -> Any:
+        """The link, dialled now if there is none or it broke; None when the peer cannot be
+        reached (why: ``_dial_error``)."""
         link = self.link
         if link is None or link.broken is not None:
             self._forget()
             try:
                 link = self._dial()
             except (OSError, TransportError) as exc:
-                log.warning("%s: dropped a message to %s (cannot connect: %s)", self.kind, self.address, exc)
-                return
+                self._dial_error = exc
+                return None
             self.link = link
             if link.broken is None:
                 self.poll.add(link.fd)
-        link.send(header, payloads)
-        self._track(link)
+        return link
 
     def recv(self) -> Inbound | None:
         link = self.link

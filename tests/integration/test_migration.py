@@ -195,6 +195,41 @@ def test_every_tensor_moves_and_the_job_ends_where_it_was_sent(pool3, references
     assert all(now > then for now, then in zip(ahead_counts(pool3), before)), (before, ahead_counts(pool3))
 
 
+def test_the_agents_connect_to_a_new_owner_before_the_switch_needs_it(pool3, references, monkeypatch):
+    """A move's lead iterations tell the agents the new owner: they connect to it then (off
+    the switch iteration's path), and the switch's requests go over that connection."""
+    from autops.transport.sockpoll import LinkChannel
+
+    dials: list[tuple[str, str]] = []          # (address, "ahead" | "on send")
+    connected, opened = LinkChannel._connected, LinkChannel.open
+    ahead = threading.local()
+
+    def record(self):
+        had = self.link is not None and self.link.broken is None
+        link = connected(self)
+        if link is not None and not had:
+            dials.append((self.address, "ahead" if getattr(ahead, "on", False) else "on send"))
+        return link
+
+    def open_ahead(self):
+        ahead.on = True
+        try:
+            opened(self)
+        finally:
+            ahead.on = False
+
+    monkeypatch.setattr(LinkChannel, "_connected", record)
+    monkeypatch.setattr(LinkChannel, "open", open_ahead)
+    got = train(pool3.master, "sum", {3: [([], "agg-2")], 9: [([], "agg-1")]}, transport="tcp",
+                settle_at=frozenset({9}))
+    check_same(got, references["sum"])
+    assert got["redirects"] == 0
+    made_ahead = {address for address, how in dials if how == "ahead"}
+    assert made_ahead, dials                   # at least one move went to an aggregator not yet connected
+    # never dialled again on send: the connections made ahead were the ones used
+    assert not made_ahead & {address for address, how in dials if how == "on send"}, dials
+
+
 # --- memory made ready ahead, at a pace ----------------------------------------------------------
 def test_a_server_mode_jobs_arrival_makes_its_state_ready_on_the_owner_and_the_replica():
     """A server-mode job's new key, large enough to be populated off the loops: its owner

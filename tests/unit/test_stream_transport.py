@@ -192,6 +192,40 @@ def test_a_channel_connects_again_after_its_connection_broke(tmp_path):
     assert not os.path.exists(str(tmp_path / "agg.sock"))
 
 
+def test_open_connects_ahead_and_the_first_send_uses_that_connection(pair):
+    listener, channel = pair
+    assert channel.link is None
+    channel.open()
+    link = channel.link
+    assert link is not None and link.broken is None
+    deadline = time.monotonic() + 10
+    while not listener.links and time.monotonic() < deadline:        # accepted before any message
+        assert listener.recv() is None
+        time.sleep(0.005)
+    assert len(listener.links) == 1
+    channel.open()                                                     # connected: nothing to do
+    channel.send(b"first", [np.arange(SPLICE_MIN, dtype=np.uint8)])
+    assert channel.link is link
+    got = wait(listener, channel)
+    assert got.header == b"first" and len(listener.links) == 1
+
+
+def test_open_to_a_peer_not_there_yet_does_not_raise_and_send_tries_again(tmp_path):
+    address = f"ipc://{tmp_path}/agg.sock"
+    channel = StreamChannel(address)
+    try:
+        channel.open()
+        assert channel.link is None
+        listener = StreamListener(address)
+        try:
+            channel.send(b"late", [])
+            assert wait(listener, channel).header == b"late"
+        finally:
+            listener.close()
+    finally:
+        channel.close()
+
+
 def test_a_payload_this_process_cannot_hold_ends_that_connection_only(pair, monkeypatch):
     listener, channel = pair
 
