@@ -569,8 +569,7 @@ class _IOLoop:
         # received frame) stands in for it: a RECOVER carries it, so no push is copied
         self.keeps_aggregates = agent.fault_tolerant and agent.mode == "sum"
         self.staged_busy: dict[str, int] = {}                      # key -> iteration not yet pulled
-        self.premap_queue: list[dict] = []                         # aggregators whose buffers to map ahead
-        self.connect_queue: set[str] = set()                       # aggregators to connect to ahead
+        self.ahead: set[str] = set()                               # aggregators keys move to: prepared ahead
         self.running = True
         self.master = MasterClient(agent.ctx, agent.master, agent.timeout, agent.security)
         # profiling: (iteration, time) of the first push of each new iteration this period
@@ -684,26 +683,24 @@ class _IOLoop:
             self.master_replies()
             if (self.inflight or self.kept) and time.monotonic() >= self.next_probe and not agent._done:
                 self.probe()
-            if (self.premap_queue or self.connect_queue) and not self.inflight:
-                # connect to new owners and map their published buffers before a request
-                # needs them, once this iteration's requests are all answered (mapping on a
-                # low-priority helper thread)
-                self.connect_ahead()
-                for info in self.premap_queue:
-                    self.transport.premap(info)
-                self.premap_queue = []
+            if self.ahead and not self.inflight:
+                self.prepare_ahead()        # once this iteration's requests are all answered
             if time.monotonic() >= self.next_profile:
                 self.profile()
 
-    def connect_ahead(self) -> None:
-        """Open the channels to the aggregators keys are moving to: the switch iteration's
-        first requests then find the connection made (a TCP handshake, an RDMA queue pair)."""
-        for agg in sorted(self.connect_queue):
+    def prepare_ahead(self) -> None:
+        """Connect to the aggregators keys are moving to and map their published buffers (on
+        a low-priority helper thread): the switch iteration's first requests then find the
+        connection made (a TCP handshake, an RDMA queue pair) and the memory mapped."""
+        for agg in sorted(self.ahead):
             try:
                 self.channel_for(agg).open()
             except AutoPSError as exc:
                 log.info("cannot connect to %s ahead of a move: %s", agg, exc)
-        self.connect_queue.clear()
+            info = self.table.aggs.get(agg)
+            if info is not None:
+                self.transport.premap(info)
+        self.ahead.clear()
 
     def profile(self) -> None:
         """One PROFILE record per period: iterations started and their mean duration."""
@@ -1045,8 +1042,7 @@ class _IOLoop:
         self.table.learn(move.key, move.to, move.first, move.info)
         self.small = {}
         self.forget_routes(move.to)
-        self.premap_queue.append(move.info)
-        self.connect_queue.add(move.to)
+        self.ahead.add(move.to)
 
     def redirect(self, request: Request, msg: wire.Message) -> None:
         """The key moved: learn where from the reply (or, without details, from pMaster's

@@ -94,7 +94,6 @@ class LinkChannel(Channel):
     def __init__(self) -> None:
         self.poll = SocketPoll()
         self.link: Any = None
-        self._dial_error: Exception | None = None
 
     @abstractmethod
     def _dial(self) -> Any:
@@ -105,30 +104,27 @@ class LinkChannel(Channel):
         return self.poll.fileno()
 
     def send(self, header: bytes, payloads: Sequence = ()) -> None:
-        link = self._connected()
-        if link is None:
-            log.warning("%s: dropped a message to %s (cannot connect: %s)", self.kind, self.address,
-                        self._dial_error)
+        try:
+            link = self._connected()
+        except (OSError, TransportError) as exc:
+            log.warning("%s: dropped a message to %s (cannot connect: %s)", self.kind, self.address, exc)
             return
         link.send(header, payloads)
         self._track(link)
 
     def open(self) -> None:
-        if self._connected() is None:
-            log.info("%s: cannot connect to %s ahead (%s); sending will try again", self.kind, self.address,
-                     self._dial_error)
+        try:
+            self._connected()
+        except (OSError, TransportError) as exc:
+            log.info("%s: cannot connect to %s ahead (%s); sending will try again", self.kind, self.address, exc)
 
     def _connected(self) -> Any:
-        """The link, dialled now if there is none or it broke; None when the peer cannot be
-        reached (why: ``_dial_error``)."""
+        """The link, dialled now if there is none or it broke (OSError or TransportError when
+        the peer cannot be reached)."""
         link = self.link
         if link is None or link.broken is not None:
             self._forget()
-            try:
-                link = self._dial()
-            except (OSError, TransportError) as exc:
-                self._dial_error = exc
-                return None
+            link = self._dial()
             self.link = link
             if link.broken is None:
                 self.poll.add(link.fd)

@@ -4,9 +4,9 @@ A connection is one stream socket: ``AF_UNIX`` for an ``ipc://PATH`` endpoint (t
 transport), TCP for a ``tcp://HOST:PORT`` one (the ``stream`` endpoint an aggregator
 offers next to its ZeroMQ one when CURVE is off, ``links.py``). Each message is a DATA
 record: a fixed prefix (op, header bytes, payload count, sequence number), the payloads'
-lengths, the header, then the payloads' bytes back to back. Over a socket every byte is usually copied
-twice, into the kernel and out again; ZeroMQ adds a third copy where the receiver takes a
-payload out of its frame. Here:
+lengths, the header, then the payloads' bytes back to back. Over a socket every byte is
+usually copied twice, into the kernel and out again; ZeroMQ adds a third copy where the
+receiver takes a payload out of its frame. Here:
 
 * a payload of ``SPLICE_MIN`` bytes or more is not copied into the kernel: ``vmsplice(2)``
   puts references to its pages into a pipe and ``splice(2)`` moves them on into the socket
