@@ -352,7 +352,8 @@ class _DistributedMixin:
         _declare(ctx, entries)
         for p in names:
             if mode == "server":        # where pulled parameters land (pinned host memory for a GPU's)
-                self._aps_staging[p] = (ctx.stager().buffer(names[p], "params", p.data) if _on_device(p.data) else
+                self._aps_staging[p] = (ctx.stager().buffer(names[p], "params", p.data).view(p.shape)
+                                        if _on_device(p.data) else
                                         torch.empty_like(p.data, memory_format=torch.contiguous_format))
             p.register_post_accumulate_grad_hook(self._aps_hook)
 

@@ -44,22 +44,31 @@ class CudaOps:
 
     def to_host(self, src: torch.Tensor, dst: torch.Tensor) -> Any:
         """Queue ``dst <- src`` after the current stream's work; returns an event to wait on."""
-        self.stream.wait_stream(torch.cuda.current_stream(src.device))
-        with torch.cuda.stream(self.stream):
-            dst.copy_(src.detach().reshape(-1), non_blocking=True)
-            src.record_stream(self.stream)       # src's memory is not reused before the copy ran
-            event = torch.cuda.Event()
-            event.record(self.stream)
-        return event
+        current = torch.cuda.current_stream(src.device)
+        self.stream.wait_stream(current)
+        self._on_side_stream(current, dst, src.detach().reshape(-1))
+        src.record_stream(self.stream)       # src's memory is not reused before the copy ran
+        return self.stream.record_event()
 
     def wait_event(self, event: Any) -> None:
-        event.synchronize()
+        # a copy that is done already costs no sleep, and keeps the GIL: taking it back after a
+        # blocking wait is what staging many small tensors from two threads mostly spent
+        if not event.query():
+            event.synchronize()
 
     def to_device(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Queue ``dst <- src`` and make the current stream wait for it."""
-        with torch.cuda.stream(self.stream):
-            dst.view(-1).copy_(src, non_blocking=True)
-        torch.cuda.current_stream(dst.device).wait_stream(self.stream)
+        current = torch.cuda.current_stream(dst.device)
+        self._on_side_stream(current, dst.view(-1), src)
+        current.wait_stream(self.stream)
+
+    def _on_side_stream(self, current: Any, dst: torch.Tensor, src: torch.Tensor) -> None:
+        # set_stream directly: torch.cuda.stream()'s context costs as much again as the copy's launch
+        torch.cuda.set_stream(self.stream)
+        try:
+            dst.copy_(src, non_blocking=True)
+        finally:
+            torch.cuda.set_stream(current)
 
 
 class StagedHandle:

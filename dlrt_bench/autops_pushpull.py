@@ -243,8 +243,9 @@ def run_config(site: Any, args: Any, model: str, world: int, aggregators: int, t
         schedule = [s for s in systems for _ in range(args.rounds)]
     job = f"bench-{uuid.uuid4().hex[:6]}"
     extra = {"autops": ["--master", site.master, "--job", job, "--aggregators", str(aggregators),
-                        "--transport", transport, "--mode", mode, "--optimizer", args.optimizer],
-             "gloo": ["--init", site.gloo_init()]}
+                        "--transport", transport, "--mode", mode, "--optimizer", args.optimizer,
+                        "--device", args.device],
+             "gloo": ["--init", site.gloo_init(), "--device", args.device]}
     job_env = {"autops": {SECRET_ENV: new_job_secret()}, "gloo": {}}      # as a launcher gives every rank
     services = site.service_pids()
     idle_rss = sum(_peak_rss(pid) for pid in services)
@@ -276,7 +277,7 @@ def run_config(site: Any, args: Any, model: str, world: int, aggregators: int, t
         for group in groups.values():
             group.close()
     return {"model": model, "workers": world, "aggregators": aggregators, "transport": transport, "mode": mode,
-            "optimizer": args.optimizer if mode == "server" else None,
+            "optimizer": args.optimizer if mode == "server" else None, "device": args.device,
             "site": site.kind, "link": site.link, "delay": site.delay, "congestion": site.congestion,
             "partition_bytes": partition,       # set, or pMaster's choice
             "tensors": tensors, "model_bytes": model_bytes,
@@ -310,6 +311,8 @@ def summary(row: dict) -> str:
     ratio = f"{row['ratio']:.2f}x" if row["ratio"] is not None else "-"
     gloo_ms = f"{row['gloo_s'] * 1e3:8.1f}" if row["gloo_s"] else "       -"
     where = f"{row['site']} {row['link'] or ''}{' curve' if row.get('curve') else ''}".strip()
+    if row.get("device") == "cuda":
+        where += " cuda"
     if row.get("tcp") == "zeromq" and not row.get("curve"):
         where += " zeromq"
     text = (f"{row['model']:>9} W={row['workers']} A={row['aggregators']} {row['transport']:<4} {row['mode']:<6} "
@@ -346,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--aggregators", type=aggregator_count, default=2, metavar="N|same",
                         help="aggregators of the pool (same: as many as workers)")
     parser.add_argument("--compare", choices=["gloo", "none"], default="gloo")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where the workers' gradients live (cuda: staged through pinned host buffers "
+                             "as autops.torch does; gloo all-reduces the CUDA tensors)")
     parser.add_argument("--iters", type=int, default=12, help="measured iterations of each system")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--rounds", type=cli.positive(int), default=3,
@@ -394,6 +400,10 @@ def main(argv: list[str] | None = None) -> int:
     if "cma" in transports:
         from autops.transport.cma import require_cma
         require_cma()
+    if args.device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            raise RuntimeError("--device cuda: no CUDA device here (torch.cuda.is_available() is False)")
     out = cli.text_out(args.json)
     try:
         shapes = {model: model_tensors(model, args.shapes) for model in args.model}

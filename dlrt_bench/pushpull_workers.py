@@ -15,6 +15,13 @@ An AutoPS iteration pushes and pulls every tensor, last layer first as backward 
 them, with one ``push_pull`` per tensor; the first iteration of ``sum`` mode checks the
 aggregate. A gloo iteration is DDP's: the tensors in reverse order in 25 MB buckets, each
 copied into a flat buffer, all-reduced asynchronously, averaged and copied back.
+
+``--device cuda`` keeps the gradients (and gloo's buckets) on a GPU (rank r on GPU r modulo
+the GPUs there are). AutoPS then stages them as ``autops.torch``'s optimizer does
+(``DeviceStager``: the copy to a pinned host buffer on a side stream, the push once it is
+there, the result copied back into the device tensor; in ``server`` mode the parameters
+pulled into pinned buffers and copied to the device), and gloo all-reduces the CUDA buckets
+itself. Both iterations end when the device has the results (``torch.cuda.synchronize``).
 """
 from __future__ import annotations
 
@@ -57,8 +64,19 @@ def seed_parameters(agent, rank: int, tensors, outs: dict) -> None:
         h.wait()
 
 
+def cuda_device(rank: int):
+    """The GPU of ``rank``: one per rank while there are enough, else shared round-robin."""
+    import torch
+    if not torch.cuda.is_available():
+        raise RuntimeError("--device cuda: no CUDA device (torch.cuda.is_available() is False)")
+    device = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
 # --- AutoPS ----------------------------------------------------------------------------------
-def autops_worker(args: argparse.Namespace, tensors: list) -> None:
+def declared_agent(args: argparse.Namespace, tensors: list):
+    """This rank's agent, joined to the job with the model's tensors declared."""
     from autops.agent import Agent
     opts = {"mode": args.mode, "average": True}
     if args.mode == "server":
@@ -68,6 +86,17 @@ def autops_worker(args: argparse.Namespace, tensors: list) -> None:
                   timeout=120)
     try:
         agent.declare([(n, s, d, opts) for n, s, d in tensors])
+    except BaseException:
+        agent.close()
+        raise
+    return agent
+
+
+def autops_worker(args: argparse.Namespace, tensors: list) -> None:
+    if args.device == "cuda":
+        return autops_cuda_worker(args, tensors)
+    agent = declared_agent(args, tensors)
+    try:
         grads = {n: np.full(s, args.rank + 1, dtype=d) for n, s, d in tensors}
         outs = {n: np.empty(s, dtype=d) for n, s, d in tensors}
         if args.mode == "server":
@@ -94,6 +123,62 @@ def autops_worker(args: argparse.Namespace, tensors: list) -> None:
         agent.close()
 
 
+def autops_cuda_worker(args: argparse.Namespace, tensors: list) -> None:
+    """``autops_worker`` with the gradients on a GPU, staged like ``autops.torch``'s optimizer."""
+    import torch
+    from autops.torch_device import DeviceStager, host_array
+    device = cuda_device(args.rank)
+    agent = declared_agent(args, tensors)
+    stager = DeviceStager()
+    try:
+        grads = {n: torch.full(s, float(args.rank + 1), dtype=getattr(torch, d), device=device)
+                 for n, s, d in tensors}
+        params: dict = {}
+        staged: dict = {}
+        if args.mode == "server":          # parameters on the GPU, pulled into pinned buffers
+            params = {n: torch.zeros_like(g) for n, g in grads.items()}
+            staged = {n: stager.buffer(n, "params", g) for n, g in grads.items()}
+            seed_parameters(agent, args.rank, tensors, {n: host_array(b).reshape(grads[n].shape)
+                                                        for n, b in staged.items()})
+        order = list(reversed(tensors))
+        iteration = 0
+
+        def one() -> float:
+            nonlocal iteration
+            iteration += 1
+            it = iteration
+            torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            handles = []
+            for n, _, _ in order:
+                if args.mode == "sum":
+                    handles.append(stager.submit(n, grads[n], lambda a, n=n: agent.push_pull(n, a, a, it),
+                                                 result=grads[n]))
+                else:
+                    out = host_array(staged[n])
+                    handles.append(stager.submit(n, grads[n], lambda a, n=n, out=out: agent.push_pull(n, a, out, it)))
+            for h in handles:
+                h.submitted()          # every staged push reached the agent before it flushes
+            agent.flush()
+            for h in handles:
+                h.wait()
+            for n, p in params.items():
+                p.copy_(staged[n].view(p.shape), non_blocking=True)
+            torch.cuda.synchronize(device)
+            took = time.perf_counter() - start
+            if iteration == 1 and args.mode == "sum":
+                check_mean({n: g.cpu().numpy() for n, g in grads.items()}, args.world)
+            for g in grads.values():
+                g.fill_(float(args.rank + 1))
+            return took
+
+        serve(one, ready={"partition_bytes": agent.partition_bytes, "device": str(device)})
+        agent.job_done()
+    finally:
+        stager.close()
+        agent.close()
+
+
 def check_mean(outs: dict, world: int) -> None:
     """Rank r pushed r + 1 everywhere: the mean of the ranks' pushes is (W + 1) / 2."""
     expected = (world + 1) / 2
@@ -108,9 +193,14 @@ def gloo_worker(args: argparse.Namespace, tensors: list) -> None:
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
+    device = cuda_device(args.rank) if args.device == "cuda" else torch.device("cpu")
+
+    def synchronize() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
     dist.init_process_group("gloo", init_method=args.init, rank=args.rank, world_size=args.world)
     try:
-        grads = [torch.full(s, float(args.rank + 1)) for _, s, _ in reversed(tensors)]
+        grads = [torch.full(s, float(args.rank + 1), device=device) for _, s, _ in reversed(tensors)]
         buckets, current, size = [], [], 0        # DDP: reverse order, 25 MB buckets
         for g in grads:
             current.append(g)
@@ -120,16 +210,19 @@ def gloo_worker(args: argparse.Namespace, tensors: list) -> None:
                 current, size = [], 0
         if current:
             buckets.append(current)
-        flats = [torch.empty(sum(g.numel() for g in b)) for b in buckets]
+        flats = [torch.empty(sum(g.numel() for g in b), device=device) for b in buckets]
 
         def reduce_only() -> float:
+            synchronize()
             dist.barrier()
             start = time.perf_counter()
             for flat in flats:
                 dist.all_reduce(flat)
+            synchronize()
             return time.perf_counter() - start
 
         def one() -> float:
+            synchronize()
             dist.barrier()
             start = time.perf_counter()
             works = []
@@ -143,6 +236,7 @@ def gloo_worker(args: argparse.Namespace, tensors: list) -> None:
                 for g in bucket:
                     g.view(-1).copy_(flat[offset:offset + g.numel()])
                     offset += g.numel()
+            synchronize()
             took = time.perf_counter() - start
             for g in grads:
                 g.fill_(float(args.rank + 1))
@@ -180,6 +274,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--mode", default="sum", choices=["sum", "server"])
     parser.add_argument("--optimizer", default="adam")
     parser.add_argument("--init", help="gloo: tcp://HOST:PORT of rank 0")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the gradients live")
     return parser.parse_args(argv)
 
 

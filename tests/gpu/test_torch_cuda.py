@@ -1,10 +1,13 @@
 """autops.torch with CUDA tensors: two worker processes train a model on the GPU through the
 pool (gradients staged through pinned host buffers) and end where single-process training on
-the concatenated batch ends, in both modes. Skipped without a CUDA device."""
+the concatenated batch ends, in both modes; and the pushpull benchmark's CUDA workers (both
+systems) check their aggregate. Skipped without a CUDA device."""
 from __future__ import annotations
 
+import json
 import os
 import pathlib
+import subprocess
 import sys
 
 import pytest
@@ -37,3 +40,14 @@ def test_push_pull_of_a_cuda_tensor_in_place_and_broadcast(pool1):
         assert torch.equal(params["w"].cpu(), torch.full((4,), 3.0))
     finally:
         aps.shutdown()
+
+
+def test_the_pushpull_benchmark_runs_both_systems_on_cuda_tensors(tmp_path):
+    out = tmp_path / "rows.json"
+    run = subprocess.run([sys.executable, "-m", "autops.cli", "bench", "pushpull", "--device", "cuda",
+                          "--model", "flat64m", "--workers", "2", "--transport", "ipc", "--iters", "2",
+                          "--rounds", "2", "--warmup", "1", "--json", str(out)],
+                         cwd=pathlib.Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr
+    row = json.loads(out.read_text().splitlines()[0])
+    assert row["device"] == "cuda" and row["autops_s"] > 0 and row["gloo_s"] > 0   # AutoPS checked the mean

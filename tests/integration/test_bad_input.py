@@ -206,6 +206,16 @@ def test_autops_usage_errors_are_one_line_and_exit_2(bad_trace, args, text):
     assert "Traceback" not in out.stderr
 
 
+def test_bench_pushpull_on_cuda_without_a_gpu_fails_at_once_with_one_line():
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: tests/gpu runs the benchmark on it instead")
+    out = run_module("autops.cli", "bench", "pushpull", "--device", "cuda", "--model", "flat64m", "--workers", "2")
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines() == [
+        "autops bench: error: --device cuda: no CUDA device here (torch.cuda.is_available() is False)"]
+
+
 def test_the_same_bad_trace_exits_2_from_autops_simulate_and_tiresias(bad_trace):
     autops = run_module("autops.cli", "simulate", "--trace", str(bad_trace), "--no-progress")
     tiresias = run_module("tiresias.cli", "simulate", "--trace", str(bad_trace), "--cluster", "2x4")
