@@ -1,6 +1,7 @@
 """Staging of device tensors (``autops.torch_device``) with fake device operations on CPU
 tensors: the push sees the tensor's bytes only after its copy to the host finished, pushes
-leave in the order they were staged, the result is copied back on ``wait()``, and errors
+leave in the order they were staged (from the caller's thread when it comes back to the
+stager, else from the stager thread), the result is copied back on ``wait()``, and errors
 reach the caller. (The real CUDA path runs in tests/gpu.)"""
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ class FakeOps:
             event.set()
         self.events.append(event)
         return event
+
+    def done(self, event):
+        return event.is_set()
 
     def wait_event(self, event):
         assert event.wait(10)
@@ -96,4 +100,43 @@ def test_an_error_of_the_push_reaches_wait():
     handle = stager.submit("w", torch.ones(2), start, result=torch.ones(2))
     with pytest.raises(RuntimeError, match="refused"):
         handle.wait(5)
+    stager.close()
+
+
+def test_a_finished_copy_is_handed_over_by_the_caller_at_its_next_call():
+    ops = FakeOps(hold=True)
+    stager = DeviceStager(ops, grace=60.0)      # the stager thread would wait a minute
+    threads = []
+
+    def start(arr):
+        threads.append(threading.current_thread().name)
+        return Done()
+
+    first = stager.submit("a", torch.ones(2), start)
+    ops.events[0].set()                          # a's copy is done; b's is not
+    second = stager.submit("b", torch.ones(2), start)
+    assert threads == [threading.current_thread().name], "staging b handed a over, not b"
+    ops.events[1].set()
+    second.wait(5)
+    first.wait(5)
+    assert threads == [threading.current_thread().name] * 2
+    stager.close()
+
+
+def test_the_stager_thread_hands_over_what_no_caller_came_back_for():
+    ops = FakeOps(hold=True)
+    stager = DeviceStager(ops, grace=0.0)
+    started = threading.Event()
+    threads = []
+
+    def start(arr):
+        threads.append(threading.current_thread().name)
+        started.set()
+        return Done()
+
+    stager.submit("a", torch.ones(2), start)
+    assert not started.is_set()
+    ops.events[0].set()
+    assert started.wait(10), "the copy is done and nobody calls: the stager thread pushes"
+    assert threads == ["autops-stager"]
     stager.close()
