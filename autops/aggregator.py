@@ -70,6 +70,10 @@ from .transport.shm import RESERVE_SHARED
 from .transport.zmq import heap_kept
 
 RESERVE_MOVE_POLL_S = 0.5   # how often the reserve's thread looks whether a move it waits out is over
+RESERVE_MOVE_WAIT_S = 60.0  # the longest it waits for the moves here to be over before making segments
+# the reserve's segments, once being made again, wait out a move here and the jobs' messages for
+# this long at most per stretch (longer than memory for arrivals: nothing waits for the reserve)
+RESERVE_QUIET_PATIENCE_S = 30.0
 # memory made ready in the background waits for this long without a job's message (the gap
 # between the jobs' communication phases) before each step, for at most the pace's patience
 DATA_QUIET_S = 0.02
@@ -871,11 +875,13 @@ class Aggregator:
 
         def taken() -> bool:
             """Wait until jobs took shared segments and no key moves here or away any more
-            (True; the segments are made again after a move, not in its window) or the
-            aggregator stops (False)."""
+            (True; the segments are made again after a move, not in its window; after
+            ``RESERVE_MOVE_WAIT_S`` at most) or the aggregator stops (False)."""
             while not self._stop.is_set():
                 if pieces.drawn.wait(1.0):
-                    while self._moves_under_way() and not self._stop.wait(RESERVE_MOVE_POLL_S):
+                    until = time.monotonic() + RESERVE_MOVE_WAIT_S
+                    while self._moves_under_way() and time.monotonic() < until \
+                            and not self._stop.wait(RESERVE_MOVE_POLL_S):
                         pass
                     pieces.drawn.clear()
                     return not self._stop.is_set()
@@ -883,7 +889,7 @@ class Aggregator:
 
         def keep() -> None:
             background_priority()
-            pace, reported = self._background_pace(), 0.0
+            pace, reported = self._background_pace(wait_out_moves=True), 0.0
             try:
                 made = warm_heap(nbytes - shared, pace, fence=True)
                 while True:
@@ -899,25 +905,33 @@ class Aggregator:
 
         threading.Thread(target=keep, name="autops-reserve", daemon=True).start()
 
-    def _background_pace(self) -> Pace:
+    def _background_pace(self, wait_out_moves: bool = False) -> Pace:
         """The pace of memory made ready in the background: the host's idle CPU first, else
         ``prefault_share`` of a core, and in the gaps between the jobs' communication phases
-        here (``DATA_QUIET_S`` without their messages)."""
-        return Pace(self.prefault_share, load=HostLoad.of_this_host(), quiet=self._quiet)
+        here (``DATA_QUIET_S`` without their messages). ``wait_out_moves`` (the reserve's
+        segments made again): also not while a move here is under way -- one that starts
+        while they are being made stops them until it is over (at most
+        ``RESERVE_QUIET_PATIENCE_S`` per stretch)."""
+        if not wait_out_moves:
+            return Pace(self.prefault_share, load=HostLoad.of_this_host(), quiet=self._quiet)
+        return Pace(self.prefault_share, load=HostLoad.of_this_host(),
+                    quiet=lambda: self._quiet() and not self._moves_under_way(),
+                    quiet_patience=RESERVE_QUIET_PATIENCE_S)
 
     def _quiet(self) -> bool:
         """Whether the loop took no job's message for ``DATA_QUIET_S`` (read from helper threads)."""
         return time.monotonic() - self._data_at >= DATA_QUIET_S
 
     def _moves_under_way(self) -> bool:
-        """Whether a key of this aggregator is migrating in or out, or memory is being readied
+        """Whether a key of this aggregator is migrating in or out -- in until its first
+        iteration here completed (the workers' switch iteration) -- or memory is being readied
         for keys arriving (read from a helper thread: a snapshot of the tables, never changed
         from here)."""
         if self._readying:
             return True
         for state in list(self.store.jobs.values()):
             for ks in list(state.keys.values()):
-                if ks.incoming is not None or ks.moving is not None:
+                if ks.incoming is not None or ks.moving is not None or ks.awaiting_workers is not None:
                     return True
         return False
 

@@ -546,11 +546,13 @@ def test_a_new_replicas_backup_goes_to_the_spares_when_its_move_is_abandoned(bac
         agg.close()
 
 
-@pytest.mark.parametrize("under_way", ["key moving in", "key moving out", "memory being readied"])
+@pytest.mark.parametrize("under_way", ["key moving in", "key moving out", "memory being readied",
+                                       "key moved in, its first iteration here not done"])
 def test_the_reserve_makes_its_segments_again_only_once_the_moves_here_are_over(under_way):
     """Segments a job took are made again on idle CPU, but not while a key moves in or out
-    of this aggregator, nor while a helper thread readies memory for keys arriving (which
-    took the segments): that work would land in the move's window."""
+    of this aggregator (in: until its first iteration here, the workers' switch, is done),
+    nor while a helper thread readies memory for keys arriving (which took the segments):
+    that work would land in the move's window."""
     from autops import aggregator as aggregator_mod
 
     agg = aggregator_mod.Aggregator("tcp://127.0.0.1:1", transport="shm", register_timeout=0.1,
@@ -563,27 +565,53 @@ def test_the_reserve_makes_its_segments_again_only_once_the_moves_here_are_over(
             time.sleep(0.01)
         assert reserve.held == 32 << 20
         state = agg.store.ensure_job("j", "secret", 2, "server", True, "adam", {"lr": 0.1})
-        key = type("Key", (), {"incoming": None, "moving": None})()
+        key = type("Key", (), {"incoming": None, "moving": None, "awaiting_workers": None})()
         state.keys["w"] = key
         if under_way == "key moving in":
             key.incoming = 5
         elif under_way == "key moving out":
             key.moving = {"mid": 1}
-        else:
+        elif under_way == "memory being readied":
             agg._readying = 1
+        else:
+            key.awaiting_workers = (5, 12, 0.0)
         reserve.take([(reserve.piece, "uint8")], "j")
         assert reserve.held == 16 << 20
         waited = time.monotonic() + 3 * aggregator_mod.RESERVE_MOVE_POLL_S
         while time.monotonic() < waited:
             assert reserve.held == 16 << 20, "made again during the move"
             time.sleep(0.05)
-        key.incoming, key.moving, agg._readying = None, None, 0                   # the move is over
+        key.incoming, key.moving, key.awaiting_workers, agg._readying = None, None, None, 0   # the move is over
         deadline = time.monotonic() + 30
         while reserve.held < 32 << 20 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert reserve.held == 32 << 20
     finally:
         agg.stop()
+        agg.close()
+
+
+def test_the_reserves_segments_being_made_again_stop_while_a_move_here_is_under_way(monkeypatch):
+    """A move that starts while the segments a job took are being made again makes their
+    pace wait (its quiet probe says no) until it is over; memory readied for arriving keys
+    does not wait for moves (it is part of one)."""
+    from autops import aggregator as aggregator_mod
+
+    now = [100.0]
+    agg = aggregator_mod.Aggregator("tcp://127.0.0.1:1", transport="tcp", register_timeout=0.1)
+    try:
+        with monkeypatch.context() as patched:
+            patched.setattr(aggregator_mod.time, "monotonic", lambda: now[0])
+            refill, arrivals = agg._background_pace(wait_out_moves=True), agg._background_pace()
+            assert refill.quiet() and arrivals.quiet()
+            assert refill.quiet_patience == aggregator_mod.RESERVE_QUIET_PATIENCE_S
+            state = agg.store.ensure_job("j", "secret", 2, "sum", True, None, {})
+            key = type("Key", (), {"incoming": None, "moving": {"mid": 1}, "awaiting_workers": None})()
+            state.keys["w"] = key
+            assert not refill.quiet() and arrivals.quiet()
+            key.moving = None
+            assert refill.quiet()
+    finally:
         agg.close()
 
 
