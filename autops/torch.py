@@ -39,7 +39,8 @@ checkpoint rank 0 writes).
 
 GPU tensors. Parameters, gradients and tensors may live on a CUDA device: each is staged
 through a pinned host buffer (``autops.torch_device``). A gradient's copy to the host starts
-in its autograd hook on a side stream and its push leaves once the copy is done, so the copy
+in its autograd hook on a side stream and its push leaves once the copy is done (handed to
+the agent by the next hook or wait, else by the stager's thread 2 ms later), so the copy
 overlaps the rest of backward and the other tensors' communication; results are copied back
 into the device tensors when ``step()``/``synchronize()`` waits for them.
 """
