@@ -40,6 +40,11 @@ Figures, per repeat; over repeats their maximum (``max_*``) and median (``median
 * ``other_job``: the second job's communication and iteration times in its iterations that
   overlap a migration against those that do not, and their ratio (the copy's cost to a
   neighbour).
+* ``tcp_switch`` / ``tcp_lead`` per repeat and ``tcp_quiet`` (``--emulate-hosts`` only): the
+  emulated hosts' TCP loss (``dlrt_bench.tcp_loss``: retransmitted segments, retransmission
+  timeouts, tail-loss probes, backlog drops) over the switch iterations and the iteration
+  before them, and per iteration without a migration (``per_iteration`` lists every one), so
+  a pause can be told apart from a loss the emulated links made.
 * the migration duration, MIGRATE call to done (status polled every ``--poll`` s), and per
   aggregator and worker process CPU seconds and minor page faults during the migration and
   per iteration before and after it.
@@ -73,6 +78,7 @@ from dlrt.procs import exit_on_sigterm
 from dlrt.testbed import Testbed, available, cleanup, enter_netns
 
 from .autops_hosts import HostPool
+from .tcp_loss import TcpLossSampler
 
 from .autops_elastic import (ITERATION_S, Workers, add_common_args, all_cpu, background_cpu, counter_delta,
                              parse_args, proc_counters, scaled_tensors, tensor_bytes, warn_background,
@@ -162,6 +168,7 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
     others = all_cpu()
     repeats: list[dict] = []
     seen_batches: set[int] = set()
+    loss: TcpLossSampler | None = None
     master_args = ["--static", "--heartbeat-timeout", str(args.heartbeat_timeout)]
     with site(args, master_args) as (master, admin, hosts):
         reserve_wait_s = wait_reserves(admin, args.start_timeout) if args.reserve else None
@@ -180,6 +187,8 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
             pids = {a["id"]: a["pid"] for a in status["aggregators"]}
             pids.update({p.name.rsplit("-", 1)[1]: p.pid for p in workers.procs})
             placement = {j["job"]: sorted(j["keys_per_aggregator"]) for j in status["jobs"]}
+            if args.emulate_hosts:            # every process a host of its own
+                loss = TcpLossSampler(pids, args.tcp_sample).start()
             seen_batches.update(b["mid"] for b in status["migrations"].get("recent") or ())
             mark = (proc_counters(pids), workers.iteration(MAIN))
             wait_iterations(workers, MAIN, mark[1] + args.gap)   # a steady stretch, measured
@@ -244,10 +253,14 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
             results = workers.finish()
         finally:
             workers.close()
+            if loss is not None:
+                loss.stop()
     per_rank = {r: results[(MAIN, r)]["records"] for r in range(2)}
     windows = [(rec.pop("t_call"), rec.pop("t_done")) for rec in repeats]
     summary = pauses(per_rank, repeats, windows, args.skip, args.gap)
     summary.update(end_skew(per_rank, args.skip))
+    if loss is not None:
+        summary["tcp_quiet"] = tcp_loss(loss, per_rank, repeats, windows, args.skip)
     waits = [rec["handover_wait_ms"] for rec in repeats if rec["handover_wait_ms"] is not None]
     summary.update(max_handover_wait_ms=max(waits, default=None),
                    median_handover_wait_ms=statistics.median(waits) if waits else None,
@@ -307,20 +320,28 @@ def wait_iterations(workers: Workers, tag: int, target: int, timeout: float | No
         time.sleep(0.05)
 
 
-def pauses(per_rank: dict[int, list[Record]], repeats: list[dict], windows: list[tuple[float, float | None]],
-           skip: int, gap: int) -> dict:
-    """The pause figures (module docstring) over ``per_rank`` records; adds each repeat's
-    ``pause_ms``, ``window_excess_ms``, ``baseline_comm_ms`` and ``excess_ms`` to its record
-    in ``repeats``."""
-    in_window: dict[int, list[set[int]]] = {r: [] for r in per_rank}    # rank -> per repeat
+def migration_iterations(per_rank: dict[int, list[Record]],
+                         windows: list[tuple[float, float | None]]) -> dict[int, list[set[int]]]:
+    """rank -> per migration window, the iterations of that rank that overlap it, and the first
+    one after it (on the new aggregators)."""
+    in_window: dict[int, list[set[int]]] = {r: [] for r in per_rank}
     for t_call, t_done in windows:
         t_end = t_done if t_done is not None else float("inf")
         for r, records in per_rank.items():
             its = {it for it, _, s, e in records if e >= t_call and s <= t_end}
             after = [it for it, _, s, _ in records if s > t_end]
             if after:
-                its.add(min(after))          # the first iteration after done, on the new aggregators
+                its.add(min(after))
             in_window[r].append(its)
+    return in_window
+
+
+def pauses(per_rank: dict[int, list[Record]], repeats: list[dict], windows: list[tuple[float, float | None]],
+           skip: int, gap: int) -> dict:
+    """The pause figures (module docstring) over ``per_rank`` records; adds each repeat's
+    ``pause_ms``, ``window_excess_ms``, ``baseline_comm_ms`` and ``excess_ms`` to its record
+    in ``repeats``."""
+    in_window = migration_iterations(per_rank, windows)
     excluded = {r: set().union(*sets) if sets else set() for r, sets in in_window.items()}
     base = [e - s for r, records in per_rank.items() for it, _, s, e in records
             if it > skip and it not in excluded[r]]
@@ -373,6 +394,40 @@ def pauses(per_rank: dict[int, list[Record]], repeats: list[dict], windows: list
         "quiet_pause_ms_p90": round(1e3 * float(np.percentile(quiet_pauses, 90)), 2) if quiet_pauses else None,
         "baseline_comm_ms": round(1e3 * baseline, 2),
         "baseline_comm_ms_p90": round(1e3 * float(np.percentile(base, 90)), 2) if base else None}
+
+
+def tcp_loss(sampler: TcpLossSampler, per_rank: dict[int, list[Record]], repeats: list[dict],
+             windows: list[tuple[float, float | None]], skip: int) -> dict:
+    """TCP loss on the emulated hosts (``tcp_loss.TcpLossSampler``) in the communication phases
+    of the migrating job: adds to each repeat's record ``tcp_switch`` (over its switch
+    iterations) and ``tcp_lead`` (the iteration before them, the old owners' last); returns the
+    same per iteration over the iterations outside every migration (after the first ``skip``):
+    the iterations counted, retransmitted segments median / p90 / max, and the iterations with
+    a retransmission timeout; and ``per_iteration``, every iteration's figures."""
+    spans: dict[int, tuple[float, float]] = {}          # iteration -> both workers' communication
+    for records in per_rank.values():
+        for it, _, s, e in records:
+            a, b = spans.get(it, (s, e))
+            spans[it] = (min(a, s), max(b, e))
+    for rec in repeats:
+        switch = rec.get("switch_iterations")
+        if switch is None or switch[0] not in spans or switch[1] not in spans:
+            continue
+        rec["tcp_switch"] = sampler.window(spans[switch[0]][0], spans[switch[1]][1])
+        if switch[0] - 1 in spans:
+            rec["tcp_lead"] = sampler.window(*spans[switch[0] - 1])
+    busy = set().union(*(its for sets in migration_iterations(per_rank, windows).values() for its in sets))
+    each = {it: sampler.window(*span) for it, span in sorted(spans.items()) if it > skip}
+    quiet = [w for it, w in each.items() if it not in busy]
+    # every iteration's [iteration, retransmitted segments, timeouts, in a migration (0/1)]
+    per_iteration = [[it, w["RetransSegs"], w["TCPTimeouts"], int(it in busy)] for it, w in each.items()]
+    if not quiet:
+        return {"iterations": 0, "per_iteration": per_iteration}
+    retrans = [q["RetransSegs"] for q in quiet]
+    return {"iterations": len(quiet), "retrans_median": statistics.median(retrans),
+            "retrans_p90": float(np.percentile(retrans, 90)), "retrans_max": max(retrans),
+            "iterations_with_timeout": sum(1 for q in quiet if q["TCPTimeouts"]),
+            "softnet_drops": sum(q["softnet_drops"] for q in quiet), "per_iteration": per_iteration}
 
 
 def end_skew(per_rank: dict[int, list[Record]], skip: int) -> dict:
@@ -458,6 +513,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="every aggregator and worker on an emulated host of its own (root; dlrt.testbed)")
     p.add_argument("--link", default="10gbit", help="emulated hosts: link rate (none: unshaped)")
     p.add_argument("--prefix", default="apsm", help="emulated hosts: name prefix of the testbed")
+    p.add_argument("--tcp-sample", type=float, default=0.02, metavar="S",
+                   help="emulated hosts: interval of sampling each host's TCP loss counters, seconds")
     add_common_args(p)
     args = parse_args(p, argv)
     exit_on_sigterm()                 # stopped by SIGTERM: the testbed and the processes still go
@@ -493,6 +550,14 @@ def main(argv: list[str] | None = None) -> int:
                      f"during migrations; " if nbr else "")
                   + f"{'all completed' if row['all_completed'] else 'INCOMPLETE'}, {row['wall_s']:.0f}s",
                   file=out, flush=True)
+            quiet = row.get("tcp_quiet")
+            if quiet and quiet.get("iterations"):
+                switch = [r.get("tcp_switch") or {} for r in row["per_repeat"]]
+                print(f"{'':>9} tcp: switch iterations retransmitted {[t.get('RetransSegs') for t in switch]} "
+                      f"segments, timeouts {[t.get('TCPTimeouts') for t in switch]}; without a migration per "
+                      f"iteration median {quiet['retrans_median']:.0f}, p90 {quiet['retrans_p90']:.0f}, "
+                      f"timeouts in {quiet['iterations_with_timeout']} of {quiet['iterations']}",
+                      file=out, flush=True)
             warn_background(row, out)
             write_rows([row], args.json, append=args.append or len(rows) > 1)
     return 0

@@ -113,3 +113,6 @@ def test_the_migration_benchmark_across_emulated_hosts_moves_the_job_and_reports
     assert row["keys_moved"] > 0 and row["per_repeat"][0]["switch_iterations"]
     assert set(row["per_repeat"][0]["to"]).isdisjoint(row["per_repeat"][0]["from"])
     assert row["max_pause_ms"] is not None and row["median_pause_ms"] is not None
+    # every host's TCP counters were sampled: the switch iteration's pushes and pulls crossed them
+    assert row["tcp_quiet"]["iterations"] > 0
+    assert row["per_repeat"][0]["tcp_switch"]["OutSegs"] > 0
