@@ -441,6 +441,33 @@ def test_each_repeat_is_measured_against_the_iterations_around_it():
     assert repeats[0]["pause_ms"] == pytest.approx(50.0)
 
 
+def test_tcp_loss_is_attributed_to_the_switch_the_lead_and_each_quiet_iteration():
+    from dlrt_bench.autops_migrate import tcp_loss
+    from dlrt_bench.tcp_loss import window_delta
+
+    class Sampler:
+        """One host's counters stepping at given times: retransmissions, and a timeout at 9.7."""
+        events = {4.6: 10, 9.7: 400, 10.85: 50, 14.7: 7}      # 10.85: only rank 1 still communicates
+
+        def window(self, t0, t1):
+            seen = lambda t: {"h": {"RetransSegs": sum(n for at, n in self.events.items() if at <= t),  # noqa: E731
+                                    "TCPTimeouts": int(t >= 9.7)}}
+            return window_delta(seen(t0), seen(t1))
+
+    comm = {it: 0.3 for it in range(1, 17)}
+    per_rank = {0: records(comm), 1: records({**comm, 10: 0.4})}      # comm phases [i + .5, i + .8]
+    repeats = [{"switch_iterations": [10, 10]}]
+    got = tcp_loss(Sampler(), per_rank, repeats, [(7.6, 10.6)], skip=2)
+    assert repeats[0]["tcp_switch"]["RetransSegs"] == 50 and repeats[0]["tcp_switch"]["TCPTimeouts"] == 0
+    assert repeats[0]["tcp_lead"]["RetransSegs"] == 400 and repeats[0]["tcp_lead"]["TCPTimeouts"] == 1
+    assert repeats[0]["tcp_lead"]["by_host"] == {"h": {"RetransSegs": 400, "TCPTimeouts": 1}}
+    # iterations 3..16 less 7..11 (the window and the first one after it): 9 quiet, two lost segments
+    assert got["iterations"] == 9 and got["retrans_max"] == 10 and got["retrans_median"] == 0
+    assert got["iterations_with_timeout"] == 0
+    assert [it for it, n, _, busy in got["per_iteration"] if n] == [4, 9, 10, 14]
+    assert [it for it, *_, busy in got["per_iteration"] if busy] == [7, 8, 9, 10, 11]
+
+
 @pytest.mark.parametrize("at_once", [False, True])
 def test_memory_the_helper_thread_cannot_make_comes_back_as_an_allocation_error(monkeypatch, at_once):
     """A helper thread that runs out of memory readying a key's arrays hands the loop an
