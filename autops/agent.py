@@ -95,6 +95,7 @@ class Handle:
         self._event = threading.Event()
         self.error: BaseException | None = None
         self.batched = False     # has parts waiting in a small-key batch
+        self.done_at: float | None = None    # time.monotonic() when it completed
 
     def _add(self, n: int = 1) -> None:
         with self._lock:
@@ -106,12 +107,17 @@ class Handle:
                 self.error = error
             self._pending -= 1
             if self._pending <= 0:
-                self._event.set()
+                self._complete()
 
     def _seal(self) -> None:
         with self._lock:
             if self._pending <= 0:
-                self._event.set()
+                self._complete()
+
+    def _complete(self) -> None:
+        if self.done_at is None:
+            self.done_at = time.monotonic()
+        self._event.set()
 
     def done(self) -> bool:
         return self._event.is_set()

@@ -75,7 +75,8 @@ def _worker(master: str, job: str, tag: int, rank: int, world: int, tensors: lis
     ``gate`` before it registers), then the last iteration completed. With ``target_s`` set,
     the sleep is recalibrated after ``calib_iters`` iterations to ``target_s`` minus the median
     communication time of iterations 3..calib_iters.
-    Puts ``("ok", tag, rank, {"records": [(it, begin, comm_start, comm_end)], "compute_s", "redirects"})``.
+    Puts ``("ok", tag, rank, {"records": [(it, begin, comm_start, comm_end)], "first_replies": [(it, when
+    its first push_pull completed)], "compute_s", "redirects"})``.
     """
     agent = None
     try:
@@ -102,6 +103,7 @@ def _worker(master: str, job: str, tag: int, rank: int, world: int, tensors: lis
             seed_parameters(agent, rank, tensors, outs)
         order = list(reversed(tensors))
         records: list[tuple[int, float, float, float]] = []
+        first_replies: list[tuple[int, float]] = []      # iteration, when its first operation completed
         it = 0
         while it + 1 <= stop_at.value:
             it += 1
@@ -115,11 +117,13 @@ def _worker(master: str, job: str, tag: int, rank: int, world: int, tensors: lis
                 h.wait()
             end = time.monotonic()
             records.append((it, begin, start, end))
+            first_replies.append((it, min((h.done_at for h in handles if h.done_at is not None), default=end)))
             progress.value = it
             if target_s is not None and it == calib_iters:
                 comm = [r[3] - r[2] for r in records[2:]] or [r[3] - r[2] for r in records]
                 compute_s = max(0.0, target_s - statistics.median(comm))
-        results.put(("ok", tag, rank, {"records": records, "compute_s": compute_s, "redirects": agent.redirects}))
+        results.put(("ok", tag, rank, {"records": records, "first_replies": first_replies,
+                                         "compute_s": compute_s, "redirects": agent.redirects}))
     except BaseException as exc:  # report, never hang the parent
         results.put(("error", tag, rank, f"{exc.__class__.__name__}: {exc}"))
     finally:

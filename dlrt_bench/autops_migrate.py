@@ -40,6 +40,10 @@ Figures, per repeat; over repeats their maximum (``max_*``) and median (``median
 * ``other_job``: the second job's communication and iteration times in its iterations that
   overlap a migration against those that do not, and their ratio (the copy's cost to a
   neighbour).
+* ``first_reply_ms`` per repeat (``first_reply_ms_per_repeat``): how long after both workers
+  started the switch iteration's communication the first of their operations completed, with
+  ``first_reply_ms_quiet_median`` / ``_p90`` over the iterations without a migration: a switch
+  that starts late shows here, one whose transfers are slower does not.
 * ``tcp_switch`` / ``tcp_lead`` per repeat and ``tcp_quiet`` (``--emulate-hosts`` only): the
   emulated hosts' TCP loss (``dlrt_bench.tcp_loss``: retransmitted segments, retransmission
   timeouts, tail-loss probes, backlog drops) over the switch iterations and the iteration
@@ -259,6 +263,8 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
     windows = [(rec.pop("t_call"), rec.pop("t_done")) for rec in repeats]
     summary = pauses(per_rank, repeats, windows, args.skip, args.gap)
     summary.update(end_skew(per_rank, args.skip))
+    summary.update(first_reply(per_rank, {r: results[(MAIN, r)]["first_replies"] for r in range(2)}, repeats,
+                               windows, args.skip))
     if loss is not None:
         summary["tcp_quiet"] = tcp_loss(loss, per_rank, repeats, windows, args.skip)
     waits = [rec["handover_wait_ms"] for rec in repeats if rec["handover_wait_ms"] is not None]
@@ -430,6 +436,33 @@ def tcp_loss(sampler: TcpLossSampler, per_rank: dict[int, list[Record]], repeats
             "softnet_drops": sum(q["softnet_drops"] for q in quiet), "per_iteration": per_iteration}
 
 
+def first_reply(per_rank: dict[int, list[Record]], firsts: dict[int, list[tuple[int, float]]],
+                repeats: list[dict], windows: list[tuple[float, float | None]], skip: int) -> dict:
+    """How long after both workers started an iteration's communication the first of their
+    operations completed (the aggregators' first reply; ms): adds each repeat's
+    ``first_reply_ms`` (its first switch iteration) to its record, and returns them with the
+    median and p90 over the iterations outside every migration (after the first ``skip``).
+    A switch that starts late shows here; one whose transfers are slower does not."""
+    starts: dict[int, list[float]] = {}
+    for records in per_rank.values():
+        for it, _, s, _ in records:
+            starts.setdefault(it, []).append(s)
+    earliest: dict[int, list[float]] = {}
+    for pairs in firsts.values():
+        for it, t in pairs:
+            earliest.setdefault(it, []).append(t)
+    delay = {it: 1e3 * (min(earliest[it]) - max(s)) for it, s in starts.items()
+             if len(s) == len(per_rank) and len(earliest.get(it, ())) == len(per_rank)}
+    for rec in repeats:
+        switch = rec.get("switch_iterations")
+        rec["first_reply_ms"] = round(delay[switch[0]], 2) if switch and switch[0] in delay else None
+    busy = set().union(*(its for sets in migration_iterations(per_rank, windows).values() for its in sets))
+    quiet = [d for it, d in delay.items() if it > skip and it not in busy]
+    return {"first_reply_ms_per_repeat": [rec["first_reply_ms"] for rec in repeats],
+            "first_reply_ms_quiet_median": round(statistics.median(quiet), 2) if quiet else None,
+            "first_reply_ms_quiet_p90": round(float(np.percentile(quiet, 90)), 2) if quiet else None}
+
+
 def end_skew(per_rank: dict[int, list[Record]], skip: int) -> dict:
     """How far apart the workers' iterations end (the latest minus the earliest end of each
     iteration after the first ``skip`` that every rank recorded), median and p90 in ms. The
@@ -550,6 +583,9 @@ def main(argv: list[str] | None = None) -> int:
                      f"during migrations; " if nbr else "")
                   + f"{'all completed' if row['all_completed'] else 'INCOMPLETE'}, {row['wall_s']:.0f}s",
                   file=out, flush=True)
+            print(f"{'':>9} first reply after both workers started: switch {row['first_reply_ms_per_repeat']} ms; "
+                  f"without a migration median {fmt(row['first_reply_ms_quiet_median'])}, p90 "
+                  f"{fmt(row['first_reply_ms_quiet_p90'])} ms", file=out, flush=True)
             quiet = row.get("tcp_quiet")
             if quiet and quiet.get("iterations"):
                 switch = [r.get("tcp_switch") or {} for r in row["per_repeat"]]

@@ -57,3 +57,6 @@ def test_migrate_moves_every_key_and_reports_the_pause(tmp_path):
     assert rep["done"] and set(rep["to"]).isdisjoint(rep["from"])
     assert len(row["migration_s"]) == 1 and row["migration_s"][0] > 0
     assert row["max_pause_ms"] is not None and row["baseline_comm_ms"] > 0
+    # the first reply of an iteration comes after both workers started it
+    assert rep["first_reply_ms"] is not None and rep["first_reply_ms"] > 0
+    assert row["first_reply_ms_quiet_median"] > 0

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -104,8 +105,13 @@ def test_mean_is_default_and_push_pull_separately(pool1):
         outs = [np.empty(1000, np.float32) for _ in agents]
 
         def work(r, agent):
-            agent.push("w", np.full(1000, float(r + 1), np.float32), 1).wait()
-            agent.pull("w", outs[r], 1).wait()
+            before = time.monotonic()
+            pushed = agent.push("w", np.full(1000, float(r + 1), np.float32), 1)
+            pushed.wait()
+            pulled = agent.pull("w", outs[r], 1)
+            pulled.wait()
+            # each handle says when it completed
+            assert before <= pushed.done_at <= pulled.done_at <= time.monotonic()
 
         run_workers(agents, work)
         for out in outs:

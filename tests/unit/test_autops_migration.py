@@ -441,6 +441,25 @@ def test_each_repeat_is_measured_against_the_iterations_around_it():
     assert repeats[0]["pause_ms"] == pytest.approx(50.0)
 
 
+def test_the_first_reply_counts_from_the_later_workers_start():
+    from dlrt_bench.autops_migrate import first_reply
+    comm = {it: 0.3 for it in range(1, 17)}
+    late = [(it, b, s + (0.02 if it == 10 else 0.0), e) for it, b, s, e in records(comm)]    # rank 1 starts 10 late
+    per_rank = {0: records(comm), 1: late}
+    # the first operation completes 40 ms after the start (60 ms in iteration 14); in the
+    # switch (10), 100 ms after rank 1's later start
+    first = {it: it + 0.5 + (0.06 if it == 14 else 0.04) for it in range(1, 17)}
+    first[10] = 10.62
+    firsts = {0: list(first.items()), 1: [(it, t + 0.01) for it, t in first.items()]}
+    repeats = [{"switch_iterations": [10, 10]}]
+    got = first_reply(per_rank, firsts, repeats, [(7.6, 10.6)], skip=2)
+    assert repeats[0]["first_reply_ms"] == pytest.approx(100.0)
+    assert got["first_reply_ms_per_repeat"] == [pytest.approx(100.0)]
+    # quiet: 3..6 and 12..16 -- eight at 40 ms, one at 60
+    assert got["first_reply_ms_quiet_median"] == pytest.approx(40.0)
+    assert got["first_reply_ms_quiet_p90"] == pytest.approx(44.0)
+
+
 def test_tcp_loss_is_attributed_to_the_switch_the_lead_and_each_quiet_iteration():
     from dlrt_bench.autops_migrate import tcp_loss
     from dlrt_bench.tcp_loss import window_delta
