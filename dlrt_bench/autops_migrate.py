@@ -342,6 +342,11 @@ def migration_iterations(per_rank: dict[int, list[Record]],
     return in_window
 
 
+def busy_iterations(per_rank: dict[int, list[Record]], windows: list[tuple[float, float | None]]) -> set[int]:
+    """The iterations that some rank had in a migration window (``migration_iterations``)."""
+    return set().union(*(its for sets in migration_iterations(per_rank, windows).values() for its in sets))
+
+
 def pauses(per_rank: dict[int, list[Record]], repeats: list[dict], windows: list[tuple[float, float | None]],
            skip: int, gap: int) -> dict:
     """The pause figures (module docstring) over ``per_rank`` records; adds each repeat's
@@ -422,7 +427,7 @@ def tcp_loss(sampler: TcpLossSampler, per_rank: dict[int, list[Record]], repeats
         rec["tcp_switch"] = sampler.window(spans[switch[0]][0], spans[switch[1]][1])
         if switch[0] - 1 in spans:
             rec["tcp_lead"] = sampler.window(*spans[switch[0] - 1])
-    busy = set().union(*(its for sets in migration_iterations(per_rank, windows).values() for its in sets))
+    busy = busy_iterations(per_rank, windows)
     each = {it: sampler.window(*span) for it, span in sorted(spans.items()) if it > skip}
     quiet = [w for it, w in each.items() if it not in busy]
     # every iteration's [iteration, retransmitted segments, timeouts, in a migration (0/1)]
@@ -456,7 +461,7 @@ def first_reply(per_rank: dict[int, list[Record]], firsts: dict[int, list[tuple[
     for rec in repeats:
         switch = rec.get("switch_iterations")
         rec["first_reply_ms"] = round(delay[switch[0]], 2) if switch and switch[0] in delay else None
-    busy = set().union(*(its for sets in migration_iterations(per_rank, windows).values() for its in sets))
+    busy = busy_iterations(per_rank, windows)
     quiet = [d for it, d in delay.items() if it > skip and it not in busy]
     return {"first_reply_ms_per_repeat": [rec["first_reply_ms"] for rec in repeats],
             "first_reply_ms_quiet_median": round(statistics.median(quiet), 2) if quiet else None,

@@ -17,7 +17,7 @@ import time
 SNMP = {"Tcp": ("RetransSegs", "OutSegs")}
 NETSTAT = {"TcpExt": ("TCPTimeouts", "TCPLossProbes", "TCPSlowStartRetrans")}
 SOFTNET_DROPS = "softnet_drops"
-FIELDS = ("RetransSegs", "OutSegs", "TCPTimeouts", "TCPLossProbes", "TCPSlowStartRetrans")
+FIELDS = tuple(name for table in (SNMP, NETSTAT) for names in table.values() for name in names)
 
 Counters = dict[str, int]
 
