@@ -56,6 +56,10 @@ PROBE_AFTER = float(os.environ.get("AUTOPS_PROBE_AFTER", "1.0"))
 PARTITION_ENV = "AUTOPS_PARTITION_BYTES"   # the job's partition size where the caller sets none
 # "0": each large key's push goes as a message of its own, also within a burst (``coalesce``)
 COALESCE_ENV = "AUTOPS_COALESCE"
+# bytes carried to a move's new owner and back over each TCP connection opened for the move,
+# before its switch (``_IOLoop.warm``); "0" turns it off
+WARM_ENV = "AUTOPS_WARM_BYTES"
+WARM_BYTES = 32 << 20
 
 
 class AutoPSError(RuntimeError):
@@ -308,7 +312,8 @@ class Agent:
                  num_aggregators: int = 0, average: bool = True, optimizer: str | None = None,
                  hp: dict | None = None, timeout: float = DEFAULT_TIMEOUT, transport: str = "auto",
                  partition_bytes: int | None = None, small_bytes: int | None = None,
-                 secret: str | None = None, fault_tolerant: bool = True, security: Security | None = None) -> None:
+                 secret: str | None = None, fault_tolerant: bool = True, security: Security | None = None,
+                 warm_bytes: int | None = None) -> None:
         """``secret``: the job's secret, the same for every rank (default ``$AUTOPS_JOB_SECRET``;
         the launcher makes it: ``autops local``, the Tiresias master, ``autops secret``).
         ``fault_tolerant``: the job survives the loss of an aggregator -- each worker keeps
@@ -319,7 +324,10 @@ class Agent:
         ``security``: CURVE for the sockets (default: the key directory's).
         ``partition_bytes``: tensors larger than this are split into keys of about this size
         (default ``$AUTOPS_PARTITION_BYTES``, else pMaster chooses at the job's first
-        declaration of a tensor over 1 MiB: ``autops.partition.auto_partition_bytes``, 1 to 4 MiB)."""
+        declaration of a tensor over 1 MiB: ``autops.partition.auto_partition_bytes``, 1 to 4 MiB).
+        ``warm_bytes``: how much each TCP connection opened for a move carries to the new owner
+        and back before the move's switch (default ``$AUTOPS_WARM_BYTES``, else ``WARM_BYTES``;
+        0: none, at most ``wire.MAX_WARM_BYTES``)."""
         secret = secret_from_env(secret)
         if partition_bytes is None and os.environ.get(PARTITION_ENV):
             partition_bytes = int(os.environ[PARTITION_ENV])
@@ -334,6 +342,13 @@ class Agent:
         self.mode = mode
         self.timeout = timeout
         self.fault_tolerant = fault_tolerant
+        if warm_bytes is None:
+            warm_bytes = int(os.environ.get(WARM_ENV) or WARM_BYTES)
+        if not 0 <= warm_bytes <= wire.MAX_WARM_BYTES:
+            raise AutoPSError(f"warm_bytes {warm_bytes} outside 0..{wire.MAX_WARM_BYTES}")
+        self.warm_bytes = warm_bytes
+        # connections warmed ahead of a move (``_IOLoop.warm``): answers that came back
+        self.warmed = 0
         if transport not in TRANSPORTS:
             raise AutoPSError(f"unknown transport {transport!r} (one of {', '.join(TRANSPORTS)})")
         if transport == "rdma":
@@ -698,15 +713,34 @@ class _IOLoop:
         """Connect to the aggregators keys are moving to and map their published buffers (on
         a low-priority helper thread): the switch iteration's first requests then find the
         connection made (a TCP handshake, an RDMA queue pair) and the memory mapped."""
+        payload = None
         for agg in sorted(self.ahead):
+            known = len(self.channel_agg)
             try:
-                self.channel_for(agg).open()
+                channel = self.channel_for(agg)
+                channel.open()
             except AutoPSError as exc:
                 log.info("cannot connect to %s ahead of a move: %s", agg, exc)
+            else:
+                if len(self.channel_agg) > known and channel.kind == "tcp" and self.agent.warm_bytes:
+                    payload = self.warm(channel, payload)
             info = self.table.aggs.get(agg)
             if info is not None:
                 self.transport.premap(info)
         self.ahead.clear()
+
+    def warm(self, channel: Channel, payload: np.ndarray | None) -> np.ndarray:
+        """Carry ``warm_bytes`` to the new owner and back over a TCP connection just opened
+        for a move. A fresh connection's first large transfer starts from the kernel's initial
+        socket buffers and an unbounded slow-start threshold: it overshoots the link's queue,
+        loses a burst and drains slowly (measured: it made a job's first move onto new
+        aggregators its longest pause). Here that happens in the lead iterations' idle time,
+        and the switch finds the connection grown. Returns the payload (one for every
+        connection warmed at once; the channel keeps it until the peer has read it)."""
+        if payload is None:
+            payload = np.ones(self.agent.warm_bytes, np.uint8)     # filled: no shared zero pages to splice
+        channel.send(wire.header(wire.WARM), [payload])
+        return payload
 
     def profile(self) -> None:
         """One PROFILE record per period: iterations started and their mean duration."""
@@ -950,6 +984,9 @@ class _IOLoop:
             msg = wire.parse(inbound.header, inbound.payloads, inbound.lent)
         except wire.ProtocolError as exc:
             log.warning("bad reply from aggregator %s: %s", self.channel_agg.get(channel), exc)
+            return
+        if msg.op == wire.WARM:
+            self.agent.warmed += 1
             return
         request = self.inflight.pop(msg.get("req"), None)
         if request is None:

@@ -155,12 +155,12 @@ class Aggregator:
         self._data_ops = {wire.PUSH: self._push, wire.PUSH_PULL: self._push, wire.PULL: self._pull,
                           wire.INIT: self._init, wire.BCAST_PUT: self._bcast_put, wire.BCAST_GET: self._bcast_get,
                           wire.TENSOR_COPY: self._tensor_copy, wire.STATE_GET: self._state_get,
-                          wire.RECOVER: self._recover, wire.REPLICATE: self._replicate_in}
+                          wire.RECOVER: self._recover, wire.REPLICATE: self._replicate_in, wire.WARM: self._warm}
         self.ctrl = self.ctx.socket(zmq.DEALER)
         self.security.client(self.ctrl, master)
         self.ctrl.connect(master)
         self.proc = psutil.Process()
-        self.stats = {"pushes": 0, "pulls": 0, "errors": 0, "bytes_in": 0, "bytes_out": 0,
+        self.stats = {"pushes": 0, "pulls": 0, "errors": 0, "bytes_in": 0, "bytes_out": 0, "warm_bytes": 0,
                       "late": 0, "postponed": 0, "migrated_in": 0, "migrated_out": 0,
                       "states_sent_ahead": 0, "taken_over_ahead": 0, "auth_refusals": 0, "ctrl_refusals": 0,
                       # memory made ready for keys migrating in: bytes populated, heap warmed, the
@@ -1582,6 +1582,19 @@ class Aggregator:
         waiting = self.waiters.pop(("bcast", msg["job"], msg["name"], msg["seq"]), [])
         for pending_reply, pending_req in waiting:
             self._answer_bcast(state, msg["name"], msg["seq"], pending_reply, pending_req)
+
+    def _warm(self, reply: Sender, msg: wire.Message) -> None:
+        """WARM: an agent's connection to this aggregator, opened for a move's switch, carries
+        the payload here and back before the switch does (``_IOLoop.prepare_ahead``). Echoed,
+        so an answer never costs more than its request; by value only, at most
+        ``wire.MAX_WARM_BYTES``."""
+        if msg.lent:
+            raise wire.ProtocolError("warm: the payload must come by value, not lent")
+        nbytes = sum(memoryview(p).nbytes for p in msg.payloads)
+        if nbytes > wire.MAX_WARM_BYTES:
+            raise wire.ProtocolError(f"warm: {nbytes} bytes, more than {wire.MAX_WARM_BYTES}")
+        self.stats["warm_bytes"] += nbytes
+        reply.send(wire.header(wire.WARM, req=msg.get("req")), list(msg.payloads))
 
     def _bcast_get(self, reply: Sender, msg: wire.Message) -> None:
         state = self.store.job(msg["job"], msg["secret"])

@@ -66,6 +66,7 @@ INIT = "init"
 BCAST_PUT = "bcast_put"
 BCAST_GET = "bcast_get"
 STATE_GET = "state_get"               # server-side state of keys after an iteration (checkpoints)
+WARM = "warm"                         # a move's new owner, ahead of its switch: answered with the payload
 # replies
 OK = "ok"
 ERROR = "error"
@@ -115,6 +116,7 @@ SCHEMA: dict[str, dict[str, tuple]] = {
     BCAST_PUT: {"job": _str, "secret": _str, "rank": _int, "name": _str, "seq": _int, "dtype": _str, "shape": _list},
     BCAST_GET: {"job": _str, "secret": _str, "rank": _int, "name": _str, "seq": _int},
     STATE_GET: {"job": _str, "secret": _str, "rank": _int, "items": _list},
+    WARM: {},
     OK: {},
     ERROR: {"message": _str},
     PUSH_ACK: {"items": _list},
@@ -366,6 +368,9 @@ class TableEntry(NamedTuple):
 
 
 # --- limits of a declaration ----------------------------------------------------------------
+# the most a WARM carries (each way): enough to take a TCP connection through slow start and
+# grow its socket buffers (32 MiB by default, ``autops.agent.WARM_BYTES``)
+MAX_WARM_BYTES = 64 << 20
 MAX_TENSOR_BYTES = 1 << 40      # one declared tensor (and any one of its dimensions)
 MAX_TENSOR_DIMS = 32            # numpy's limit
 MAX_JOB_KEYS = 1 << 18          # aggregation keys of one job (a 1 TiB tensor in 4 MiB partitions)

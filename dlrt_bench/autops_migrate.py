@@ -64,6 +64,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 import threading
@@ -74,6 +75,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from autops.admin import AdminClient
+from autops.agent import WARM_BYTES, WARM_ENV
 from autops.local import LocalPool
 from autops.transport.prefault import PREFAULT_SHARE
 from autops.transport.shm import RESERVE_SHARED
@@ -282,6 +284,10 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
         "site": "emulated" if args.emulate_hosts else "local", "link": args.link if args.emulate_hosts else None,
         "prefault_share": args.prefault_share, "reserve": args.reserve,
         "reserve_shared": args.reserve_shared, "reserve_wait_s": reserve_wait_s,
+        "warm_bytes": int(os.environ.get(WARM_ENV) or WARM_BYTES),
+        # echoed by the aggregators (as their last heartbeats reported it): 2 workers x the
+        # connections each opened for a move x warm_bytes
+        "warmed_bytes": sum(a.get("warm_bytes", 0) for a in final["aggregators"]),
         "tensors": len(tensors), "model_bytes": tensor_bytes(tensors), "keys_moved": repeats[0]["keys"] if repeats else 0,
         "aggregators_before": placement.get(job),
         "repeats": len(repeats), "all_completed": all(r["done"] and not r["failed_keys"] for r in repeats),
@@ -541,6 +547,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reserve-shared", type=cli.share, default=RESERVE_SHARED, metavar="SHARE",
                    help=f"the aggregators' --reserve-shared: the share of it made as shared memory for the keys' "
                         f"published buffers (default {RESERVE_SHARED}; 0.67 suits sum mode)")
+    p.add_argument("--warm-bytes", type=cli.size, default=None, metavar="SIZE",
+                   help="the workers' $AUTOPS_WARM_BYTES: what each TCP connection opened for a move carries "
+                        f"to the new owner and back before the switch (default {WARM_BYTES >> 20}M; 0: nothing)")
     p.add_argument("--migrate-timeout", type=float, default=60.0)
     p.add_argument("--start-timeout", type=float, default=120.0)
     p.add_argument("--agent-timeout", type=float, default=60.0)
@@ -564,6 +573,8 @@ def main(argv: list[str] | None = None) -> int:
         reason = available()
         if reason:
             raise RuntimeError(f"--emulate-hosts: emulated hosts unavailable here: {reason}")
+    if args.warm_bytes is not None:
+        os.environ[WARM_ENV] = str(args.warm_bytes)      # the workers inherit it
     out = cli.text_out(args.json)
 
     rows = []

@@ -63,12 +63,12 @@ def moved(master: str, job: str) -> bool:
 
 
 def train(master: str, mode: str, schedule: dict[int, list], transport: str = "auto",
-          settle_at: frozenset = frozenset()) -> dict:
+          settle_at: frozenset = frozenset(), **agent_kw) -> dict:
     """Run one W=2 job; at iteration i rank 0 first asks for the migrations schedule[i]
     (after those under way finished, when i is in ``settle_at``)."""
     job = f"mig-{mode}-{next(_jobs)}"
     kw = dict(mode=mode, average=mode == "server", num_aggregators=1, timeout=20, transport=transport,
-              partition_bytes=256 << 10, secret=secret_for(job))
+              partition_bytes=256 << 10, secret=secret_for(job), **agent_kw)
     if mode == "server":
         kw.update(optimizer="adam", hp={"lr": 0.05})
     agents = [Agent(master, job, r, W, **kw) for r in range(W)]
@@ -114,7 +114,8 @@ def train(master: str, mode: str, schedule: dict[int, list], transport: str = "a
     finally:
         for a in agents:
             a.close()
-    return {"results": results, "placement": placement, "redirects": sum(a.redirects for a in agents)}
+    return {"results": results, "placement": placement, "redirects": sum(a.redirects for a in agents),
+            "warmed": sum(a.warmed for a in agents)}
 
 
 @pytest.fixture(scope="module")
@@ -195,9 +196,11 @@ def test_every_tensor_moves_and_the_job_ends_where_it_was_sent(pool3, references
     assert all(now > then for now, then in zip(ahead_counts(pool3), before)), (before, ahead_counts(pool3))
 
 
-def test_the_agents_connect_to_a_new_owner_before_the_switch_needs_it(pool3, references, monkeypatch):
+@pytest.mark.parametrize("warm_bytes", [1 << 20, 0])
+def test_the_agents_connect_to_a_new_owner_before_the_switch_needs_it(pool3, references, monkeypatch, warm_bytes):
     """A move's lead iterations tell the agents the new owner: they connect to it then (off
-    the switch iteration's path), and the switch's requests go over that connection."""
+    the switch iteration's path), carry ``warm_bytes`` over each new connection and back
+    (``warm``), and the switch's requests go over that connection."""
     from autops.transport.sockpoll import LinkChannel
 
     dials: list[tuple[str, str]] = []          # (address, "ahead" | "on send")
@@ -220,14 +223,73 @@ def test_the_agents_connect_to_a_new_owner_before_the_switch_needs_it(pool3, ref
 
     monkeypatch.setattr(LinkChannel, "_connected", record)
     monkeypatch.setattr(LinkChannel, "open", open_ahead)
+    echoed = warm_total(pool3)
     got = train(pool3.master, "sum", {3: [([], "agg-2")], 9: [([], "agg-1")]}, transport="tcp",
-                settle_at=frozenset({9}))
+                settle_at=frozenset({9}), warm_bytes=warm_bytes)
     check_same(got, references["sum"])
     assert got["redirects"] == 0
-    made_ahead = {address for address, how in dials if how == "ahead"}
+    made_ahead = [how for _, how in dials].count("ahead")
     assert made_ahead, dials                   # at least one move went to an aggregator not yet connected
     # never dialled again on send: the connections made ahead were the ones used
-    assert not made_ahead & {address for address, how in dials if how == "on send"}, dials
+    assert not {a for a, how in dials if how == "ahead"} & {a for a, how in dials if how == "on send"}, dials
+    # each connection made ahead was warmed, once: the answers came back to the agents, and the
+    # aggregators report what they echoed (with their next heartbeat)
+    assert got["warmed"] == (made_ahead if warm_bytes else 0), (got["warmed"], dials)
+    deadline = time.monotonic() + 10
+    while warm_total(pool3) - echoed < made_ahead * warm_bytes and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert warm_total(pool3) - echoed == made_ahead * warm_bytes
+
+
+def test_a_moves_new_zeromq_tcp_connections_are_warmed_too(pool3, references, monkeypatch):
+    """Over ZeroMQ's tcp (``AUTOPS_TCP_STREAM=0``; with CURVE the only tcp) as over the stream
+    endpoints: each agent warms its connection to the new owner, and the result is exact."""
+    monkeypatch.setenv("AUTOPS_TCP_STREAM", "0")
+    echoed = warm_total(pool3)
+    got = train(pool3.master, "sum", {3: [([], "agg-2")], 9: [([], "agg-1")]}, transport="tcp",
+                settle_at=frozenset({9}), warm_bytes=1 << 20)
+    check_same(got, references["sum"])
+    assert got["warmed"] >= W, got["warmed"]       # every agent, at least the first move
+    deadline = time.monotonic() + 10
+    while warm_total(pool3) - echoed < got["warmed"] << 20 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert warm_total(pool3) - echoed == got["warmed"] << 20
+
+
+def warm_total(pool: LocalPool) -> int:
+    return sum(a.get("warm_bytes", 0) for a in pool.status()["aggregators"])
+
+
+def test_an_aggregator_echoes_a_warm_by_value_up_to_its_limit(pool3):
+    """``warm``: the payload comes back as it was sent; one over ``wire.MAX_WARM_BYTES`` gets
+    an error, never an answer larger than what was asked with."""
+    from autops import wire
+    from autops.transport.stream import StreamChannel
+
+    agg = next(a for a in pool3.status()["aggregators"] if "stream" in a["endpoints"])
+    channel = StreamChannel(agg["endpoints"]["stream"])
+    try:
+        payload = np.arange(3 << 20, dtype=np.uint8)
+        channel.send(wire.header(wire.WARM, req=7), [payload, payload[:1000]])
+        msg = next_message(channel)
+        assert msg.op == wire.WARM and msg.get("req") == 7
+        assert [bytes(p) for p in msg.payloads] == [payload.tobytes(), payload[:1000].tobytes()]
+        channel.send(wire.header(wire.WARM, req=8), [np.zeros(wire.MAX_WARM_BYTES + 1, np.uint8)])
+        msg = next_message(channel)
+        assert msg.op == wire.ERROR and msg.get("req") == 8 and "more than" in msg["message"], msg
+    finally:
+        channel.close()
+
+
+def next_message(channel, timeout: float = 20.0):
+    from autops import wire
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        inbound = channel.recv()
+        if inbound is not None:
+            return wire.parse(inbound.header, inbound.payloads, inbound.lent)
+        time.sleep(0.005)
+    raise AssertionError("no answer within the timeout")
 
 
 # --- memory made ready ahead, at a pace ----------------------------------------------------------
