@@ -197,7 +197,7 @@ def test_every_tensor_moves_and_the_job_ends_where_it_was_sent(pool3, references
 
 
 @pytest.mark.parametrize("warm_bytes", [1 << 20, 0])
-def test_the_agents_connect_to_a_new_owner_before_the_switch_needs_it(pool3, references, monkeypatch, warm_bytes):
+def test_the_agents_connect_to_a_new_owner_before_the_switch_needs_it(references, monkeypatch, warm_bytes):
     """A move's lead iterations tell the agents the new owner: they connect to it then (off
     the switch iteration's path), carry ``warm_bytes`` over each new connection and back
     (``warm``), and the switch's requests go over that connection."""
@@ -223,9 +223,10 @@ def test_the_agents_connect_to_a_new_owner_before_the_switch_needs_it(pool3, ref
 
     monkeypatch.setattr(LinkChannel, "_connected", record)
     monkeypatch.setattr(LinkChannel, "open", open_ahead)
-    echoed = warm_total(pool3)
-    got = train(pool3.master, "sum", {3: [([], "agg-2")], 9: [([], "agg-1")]}, transport="tcp",
-                settle_at=frozenset({9}), warm_bytes=warm_bytes)
+    with LocalPool(3, master_args=["--static"]) as pool:      # its own: no other job's warm counted
+        got = train(pool.master, "sum", {3: [([], "agg-2")], 9: [([], "agg-1")]}, transport="tcp",
+                    settle_at=frozenset({9}), warm_bytes=warm_bytes)
+        echoed = echoed_by(pool, got["warmed"] * warm_bytes)
     check_same(got, references["sum"])
     assert got["redirects"] == 0
     made_ahead = [how for _, how in dials].count("ahead")
@@ -235,29 +236,31 @@ def test_the_agents_connect_to_a_new_owner_before_the_switch_needs_it(pool3, ref
     # each connection made ahead was warmed, once: the answers came back to the agents, and the
     # aggregators report what they echoed (with their next heartbeat)
     assert got["warmed"] == (made_ahead if warm_bytes else 0), (got["warmed"], dials)
-    deadline = time.monotonic() + 10
-    while warm_total(pool3) - echoed < made_ahead * warm_bytes and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert warm_total(pool3) - echoed == made_ahead * warm_bytes
+    assert echoed == made_ahead * warm_bytes
 
 
-def test_a_moves_new_zeromq_tcp_connections_are_warmed_too(pool3, references, monkeypatch):
+def test_a_moves_new_zeromq_tcp_connections_are_warmed_too(references, monkeypatch):
     """Over ZeroMQ's tcp (``AUTOPS_TCP_STREAM=0``; with CURVE the only tcp) as over the stream
     endpoints: each agent warms its connection to the new owner, and the result is exact."""
     monkeypatch.setenv("AUTOPS_TCP_STREAM", "0")
-    echoed = warm_total(pool3)
-    got = train(pool3.master, "sum", {3: [([], "agg-2")], 9: [([], "agg-1")]}, transport="tcp",
-                settle_at=frozenset({9}), warm_bytes=1 << 20)
+    with LocalPool(3, master_args=["--static"]) as pool:
+        got = train(pool.master, "sum", {3: [([], "agg-2")], 9: [([], "agg-1")]}, transport="tcp",
+                    settle_at=frozenset({9}), warm_bytes=1 << 20)
+        echoed = echoed_by(pool, got["warmed"] << 20)
     check_same(got, references["sum"])
     assert got["warmed"] >= W, got["warmed"]       # every agent, at least the first move
-    deadline = time.monotonic() + 10
-    while warm_total(pool3) - echoed < got["warmed"] << 20 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert warm_total(pool3) - echoed == got["warmed"] << 20
+    assert echoed == got["warmed"] << 20
 
 
-def warm_total(pool: LocalPool) -> int:
-    return sum(a.get("warm_bytes", 0) for a in pool.status()["aggregators"])
+def echoed_by(pool: LocalPool, expected: int, timeout: float = 10.0) -> int:
+    """What the pool's aggregators report having echoed (``warm_bytes``), once it reached
+    ``expected`` (their heartbeats carry it) or ``timeout`` passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        total = sum(a.get("warm_bytes", 0) for a in pool.status()["aggregators"])
+        if total >= expected or time.monotonic() > deadline:
+            return total
+        time.sleep(0.1)
 
 
 def test_an_aggregator_echoes_a_warm_by_value_up_to_its_limit(pool3):
