@@ -79,6 +79,18 @@ class AuthRefused(AutoPSError):
     """pMaster refused a request for want of the right secret or token (the text says which)."""
 
 
+def warm_bytes_from_env() -> int:
+    """``$AUTOPS_WARM_BYTES``, else ``WARM_BYTES``: what an agent warms a move's new TCP
+    connections with when its caller says nothing."""
+    text = os.environ.get(WARM_ENV)
+    if not text:
+        return WARM_BYTES
+    try:
+        return int(text)
+    except ValueError:
+        raise AutoPSError(f"${WARM_ENV}={text!r} is not a number of bytes") from None
+
+
 class Handle:
     """Completion of one asynchronous operation on one tensor (all its keys)."""
 
@@ -343,7 +355,7 @@ class Agent:
         self.timeout = timeout
         self.fault_tolerant = fault_tolerant
         if warm_bytes is None:
-            warm_bytes = int(os.environ.get(WARM_ENV) or WARM_BYTES)
+            warm_bytes = warm_bytes_from_env()
         if not 0 <= warm_bytes <= wire.MAX_WARM_BYTES:
             raise AutoPSError(f"warm_bytes {warm_bytes} outside 0..{wire.MAX_WARM_BYTES}")
         self.warm_bytes = warm_bytes

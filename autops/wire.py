@@ -67,6 +67,9 @@ BCAST_PUT = "bcast_put"
 BCAST_GET = "bcast_get"
 STATE_GET = "state_get"               # server-side state of keys after an iteration (checkpoints)
 WARM = "warm"                         # a move's new owner, ahead of its switch: answered with the payload
+# the most a WARM carries (each way): enough to take a TCP connection through slow start and
+# grow its socket buffers (32 MiB by default, ``autops.agent.WARM_BYTES``)
+MAX_WARM_BYTES = 64 << 20
 # replies
 OK = "ok"
 ERROR = "error"
@@ -368,9 +371,6 @@ class TableEntry(NamedTuple):
 
 
 # --- limits of a declaration ----------------------------------------------------------------
-# the most a WARM carries (each way): enough to take a TCP connection through slow start and
-# grow its socket buffers (32 MiB by default, ``autops.agent.WARM_BYTES``)
-MAX_WARM_BYTES = 64 << 20
 MAX_TENSOR_BYTES = 1 << 40      # one declared tensor (and any one of its dimensions)
 MAX_TENSOR_DIMS = 32            # numpy's limit
 MAX_JOB_KEYS = 1 << 18          # aggregation keys of one job (a 1 TiB tensor in 4 MiB partitions)

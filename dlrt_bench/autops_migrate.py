@@ -75,7 +75,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from autops.admin import AdminClient
-from autops.agent import WARM_BYTES, WARM_ENV
+from autops.agent import WARM_BYTES, WARM_ENV, warm_bytes_from_env
 from autops.local import LocalPool
 from autops.transport.prefault import PREFAULT_SHARE
 from autops.transport.shm import RESERVE_SHARED
@@ -284,7 +284,7 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
         "site": "emulated" if args.emulate_hosts else "local", "link": args.link if args.emulate_hosts else None,
         "prefault_share": args.prefault_share, "reserve": args.reserve,
         "reserve_shared": args.reserve_shared, "reserve_wait_s": reserve_wait_s,
-        "warm_bytes": int(os.environ.get(WARM_ENV) or WARM_BYTES),
+        "warm_bytes": warm_bytes_from_env(),
         # echoed by the aggregators (as their last heartbeats reported it): 2 workers x the
         # connections each opened for a move x warm_bytes
         "warmed_bytes": sum(a.get("warm_bytes", 0) for a in final["aggregators"]),
