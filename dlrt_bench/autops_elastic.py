@@ -76,7 +76,7 @@ def _worker(master: str, job: str, tag: int, rank: int, world: int, tensors: lis
     the sleep is recalibrated after ``calib_iters`` iterations to ``target_s`` minus the median
     communication time of iterations 3..calib_iters.
     Puts ``("ok", tag, rank, {"records": [(it, begin, comm_start, comm_end)], "first_replies": [(it, when
-    its first push_pull completed)], "compute_s", "redirects"})``.
+    its first push_pull completed)], "compute_s", "redirects", "warmed"})``.
     """
     agent = None
     try:
@@ -123,7 +123,8 @@ def _worker(master: str, job: str, tag: int, rank: int, world: int, tensors: lis
                 comm = [r[3] - r[2] for r in records[2:]] or [r[3] - r[2] for r in records]
                 compute_s = max(0.0, target_s - statistics.median(comm))
         results.put(("ok", tag, rank, {"records": records, "first_replies": first_replies,
-                                         "compute_s": compute_s, "redirects": agent.redirects}))
+                                         "compute_s": compute_s, "redirects": agent.redirects,
+                                         "warmed": agent.warmed}))
     except BaseException as exc:  # report, never hang the parent
         results.put(("error", tag, rank, f"{exc.__class__.__name__}: {exc}"))
     finally:

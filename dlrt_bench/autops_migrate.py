@@ -49,6 +49,9 @@ Figures, per repeat; over repeats their maximum (``max_*``) and median (``median
   timeouts, tail-loss probes, backlog drops) over the switch iterations and the iteration
   before them, and per iteration without a migration (``per_iteration`` lists every one), so
   a pause can be told apart from a loss the emulated links made.
+* ``warm_bytes``: what each new TCP connection carried to the new owner and back before the
+  switch (``--warm-bytes``, the agents' ``$AUTOPS_WARM_BYTES``), and ``warmed_connections``:
+  how many the workers warmed, counted as the echoes came back.
 * the migration duration, MIGRATE call to done (status polled every ``--poll`` s), and per
   aggregator and worker process CPU seconds and minor page faults during the migration and
   per iteration before and after it.
@@ -285,9 +288,8 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
         "prefault_share": args.prefault_share, "reserve": args.reserve,
         "reserve_shared": args.reserve_shared, "reserve_wait_s": reserve_wait_s,
         "warm_bytes": warm_bytes_from_env(),
-        # echoed by the aggregators (as their last heartbeats reported it): 2 workers x the
-        # connections each opened for a move x warm_bytes
-        "warmed_bytes": sum(a.get("warm_bytes", 0) for a in final["aggregators"]),
+        # the workers' connections warmed ahead of a move, their echoes back
+        "warmed_connections": sum(results[(MAIN, r)].get("warmed", 0) for r in range(2)),
         "tensors": len(tensors), "model_bytes": tensor_bytes(tensors), "keys_moved": repeats[0]["keys"] if repeats else 0,
         "aggregators_before": placement.get(job),
         "repeats": len(repeats), "all_completed": all(r["done"] and not r["failed_keys"] for r in repeats),
