@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from autops import wire
 from autops.admin import AdminClient
 from autops.agent import Agent
 from autops.local import LocalPool
@@ -266,7 +267,6 @@ def echoed_by(pool: LocalPool, expected: int, timeout: float = 10.0) -> int:
 def test_an_aggregator_echoes_a_warm_by_value_up_to_its_limit(pool3):
     """``warm``: the payload comes back as it was sent; one over ``wire.MAX_WARM_BYTES`` gets
     an error, never an answer larger than what was asked with."""
-    from autops import wire
     from autops.transport.stream import StreamChannel
 
     agg = next(a for a in pool3.status()["aggregators"] if "stream" in a["endpoints"])
@@ -284,8 +284,7 @@ def test_an_aggregator_echoes_a_warm_by_value_up_to_its_limit(pool3):
         channel.close()
 
 
-def next_message(channel, timeout: float = 20.0):
-    from autops import wire
+def next_message(channel, timeout: float = 20.0) -> wire.Message:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         inbound = channel.recv()
