@@ -7,7 +7,7 @@ import pathlib
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tiresias.gittins import ServiceDistribution
@@ -16,13 +16,16 @@ YARN_1000 = pathlib.Path(__file__).resolve().parents[3] / "shared" / "data" / "t
 
 
 def brute_index(samples, a: float, q: float) -> float:
-    """Direct, O(n) reading of the paper's ratio (no prefix sums, no search)."""
+    """Direct, O(n) reading of the paper's ratio (no prefix sums, no search), over the
+    module's window ``a < s <= a + Δ`` -- in floating point ``s - a <= Δ`` can disagree with
+    it at the window's edge (``a = 0.999, Δ = 0.001, s = 1.0``)."""
     s = np.asarray(samples, dtype=np.float64)
     alive = s[s > a]
     if alive.size == 0:
         return 1.0 / q if math.isfinite(q) else 1.0 / max(a, float(s.max()))
-    p = np.mean(alive - a <= q)
-    e = np.mean(np.minimum(alive - a, q))
+    done = alive <= a + q
+    p = np.mean(done)
+    e = np.mean(np.where(done, alive - a, q))
     return float(p / e)
 
 
@@ -88,6 +91,7 @@ _samples = st.lists(
     quantum=st.floats(min_value=1e-3, max_value=2e6, allow_nan=False, allow_infinity=False)
     | st.just(math.inf),
 )
+@example(samples=[1.0], attained=[0.999], quantum=0.001)      # a sample on the window's edge
 def test_index_and_indices_agree(samples, attained, quantum):
     d = ServiceDistribution(samples)
     vec = d.indices(np.array(attained), quantum)
