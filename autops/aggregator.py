@@ -74,8 +74,9 @@ RESERVE_MOVE_WAIT_S = 60.0  # the longest it waits for the moves here to be over
 # the reserve's segments, once being made again, wait out a move here and the jobs' messages for
 # this long at most per stretch (longer than memory for arrivals: nothing waits for the reserve)
 RESERVE_QUIET_PATIENCE_S = 30.0
-# memory made ready in the background waits for this long without a job's message (the gap
-# between the jobs' communication phases) before each step, for at most the pace's patience
+# memory made ready in the background waits for this long without a job's message, and for
+# no reply waiting to be sent (the gap between the jobs' communication phases), before each
+# step, for at most the pace's patience
 DATA_QUIET_S = 0.02
 # serving-thread work timed in ``stats`` (``Aggregator._timed``)
 TIMED = ("state_snapshot", "state_install", "state_takeover", "replica_install")
@@ -908,10 +909,9 @@ class Aggregator:
     def _background_pace(self, wait_out_moves: bool = False) -> Pace:
         """The pace of memory made ready in the background: the host's idle CPU first, else
         ``prefault_share`` of a core, and in the gaps between the jobs' communication phases
-        here (``DATA_QUIET_S`` without their messages). ``wait_out_moves`` (the reserve's
-        segments made again): also not while a move here is under way -- one that starts
-        while they are being made stops them until it is over (at most
-        ``RESERVE_QUIET_PATIENCE_S`` per stretch)."""
+        here (``_quiet``). ``wait_out_moves`` (the reserve's segments made again): also not
+        while a move here is under way -- one that starts while they are being made stops
+        them until it is over (at most ``RESERVE_QUIET_PATIENCE_S`` per stretch)."""
         if not wait_out_moves:
             return Pace(self.prefault_share, load=HostLoad.of_this_host(), quiet=self._quiet)
         return Pace(self.prefault_share, load=HostLoad.of_this_host(),
@@ -919,8 +919,10 @@ class Aggregator:
                     quiet_patience=RESERVE_QUIET_PATIENCE_S)
 
     def _quiet(self) -> bool:
-        """Whether the loop took no job's message for ``DATA_QUIET_S`` (read from helper threads)."""
-        return time.monotonic() - self._data_at >= DATA_QUIET_S
+        """Whether the loop took no job's message for ``DATA_QUIET_S`` and no reply waits to
+        be sent (``Transport.sending``: a pull phase, the workers draining the replies, is
+        the communication phase too) -- read from helper threads."""
+        return time.monotonic() - self._data_at >= DATA_QUIET_S and not self.transport.sending()
 
     def _moves_under_way(self) -> bool:
         """Whether a key of this aggregator is migrating in or out -- in until its first

@@ -138,6 +138,11 @@ class Listener(ABC):
     @abstractmethod
     def recv(self) -> Inbound | None: ...
 
+    def sending(self) -> bool:
+        """Whether replies wait here to be sent (their bytes not yet all handed to the
+        kernel); False where the transport cannot tell (ZeroMQ keeps its queues to itself)."""
+        return False
+
     @abstractmethod
     def close(self) -> None: ...
 

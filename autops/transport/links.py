@@ -208,6 +208,11 @@ class Transport:
             # (process-wide glibc setting; AUTOPS_MALLOC_TUNING=0 turns it off)
             self._tuned = keep_freed_buffers()
 
+    def sending(self) -> bool:
+        """Whether replies wait at one of the listeners to be sent (``Listener.sending``;
+        safe to ask from another thread)."""
+        return any(listener.sending() for listener in list(self.listeners))
+
     def close(self) -> None:
         for channel in self.channels.values():
             channel.close()

@@ -67,6 +67,10 @@ class SocketPoll:
     def ready(self) -> set[int]:
         return {fd for fd, _ in self.epoll.poll(0)}
 
+    def writing(self) -> bool:
+        """Whether output waits on some socket (safe to ask from another thread)."""
+        return bool(self._writing)
+
     def close(self) -> None:
         self.epoll.close()
         self.waker.close()
@@ -222,6 +226,9 @@ class LinkListener(Listener):
     def track(self, link: Any) -> None:
         if link.broken is None:
             self.poll.want_write(link.fd, link.wants_write)
+
+    def sending(self) -> bool:
+        return self.poll.writing()
 
     def _drop(self, fd: int) -> None:
         self.poll.remove(fd)

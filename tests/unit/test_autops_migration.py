@@ -410,6 +410,42 @@ def test_the_noise_alone_gives_the_same_statistic_over_iterations_without_a_migr
     assert got["quiet_pause_ms_p90"] == pytest.approx(90.0)
 
 
+def test_the_goals_are_the_median_and_in_sum_mode_the_longest_pause():
+    from dlrt_bench.autops_migrate import targets_met
+    assert targets_met([10.0, 30.0, 0.0, 61.0], "sum") == {"median_pause_le_20ms": True, "max_pause_le_60ms": False}
+    assert targets_met([10.0, 30.0, 25.0, 60.0], "sum") == {"median_pause_le_20ms": False, "max_pause_le_60ms": True}
+    assert targets_met([90.0, 400.0, 100.0], "server") == {"median_pause_le_100ms": True}
+    assert targets_met([], "sum") == {"median_pause_le_20ms": False, "max_pause_le_60ms": False}
+
+
+def test_the_noise_alone_meets_the_goals_in_the_share_its_draws_allow():
+    from dlrt_bench.autops_migrate import noise_only_share
+    # every quiet value under both goals: every run without a pause meets them
+    assert noise_only_share([-5.0, 0.0, 10.0], 4, "sum") == {"median_pause_le_20ms": 1.0,
+                                                             "max_pause_le_60ms": 1.0, "all": 1.0}
+    # half the values above 60 ms: a run of 4 moves stays under it when all 4 draws do
+    # (1/16); its median (the mean of the middle two) is <= 20 when at least 3 of the 4 are
+    # low (5/16), or when 2 are (6/16) -- never, (0 + 100) / 2 > 20
+    got = noise_only_share([0.0, 100.0], 4, "sum", draws=200000)
+    assert got["max_pause_le_60ms"] == pytest.approx(1 / 16, abs=0.005)
+    assert got["median_pause_le_20ms"] == pytest.approx(5 / 16, abs=0.005)
+    assert got["all"] == pytest.approx(1 / 16, abs=0.005)
+    assert noise_only_share([0.0, 100.0], 4, "sum") == noise_only_share([0.0, 100.0], 4, "sum")   # a fixed seed
+    assert noise_only_share([150.0, 50.0], 1, "server") == {"median_pause_le_100ms": pytest.approx(0.5, abs=0.02),
+                                                            "all": pytest.approx(0.5, abs=0.02)}
+    assert noise_only_share([], 4, "sum") is None and noise_only_share([1.0], 0, "sum") is None
+
+
+def test_the_quiet_values_behind_the_noise_statistic_are_kept():
+    from dlrt_bench.autops_migrate import pauses
+    comm = {it: 0.2 for it in range(1, 21)}
+    comm[6] = 0.25
+    repeats = [{"switch_iterations": [10, 10]}]
+    got = pauses({0: records(comm)}, repeats, [(8.6, 9.6)], skip=2, gap=4)
+    # quiet: 4..7 before (6 is 50 ms over) and 11..14 after (8, 9 and 10, the first after it, are the window's)
+    assert sorted(got["quiet_pause_ms"]) == pytest.approx([0.0] * 7 + [50.0])
+
+
 def test_the_end_skew_is_how_far_apart_the_workers_iterations_end():
     from dlrt_bench.autops_migrate import end_skew
     late = {it: 0.2 for it in range(1, 12)}
@@ -664,7 +700,8 @@ def test_the_reserves_segments_being_made_again_stop_while_a_move_here_is_under_
 def test_memory_made_ready_in_the_background_waits_for_a_gap_in_the_jobs_messages(monkeypatch):
     """The reserve's and incoming keys' memory is populated between the jobs' communication
     phases: the pace's quiet probe says no while the loop took a job's message within
-    ``DATA_QUIET_S``, yes after that; pMaster's messages and peers' replies do not count."""
+    ``DATA_QUIET_S`` or replies wait to be sent, yes after that; pMaster's messages and
+    peers' replies do not count."""
     from autops import aggregator as aggregator_mod
 
     class Requests:                         # a listener with nothing queued
@@ -686,6 +723,20 @@ def test_memory_made_ready_in_the_background_waits_for_a_gap_in_the_jobs_message
             assert pace.quiet()
             agg._drain_master()             # nothing from pMaster either: still quiet
             assert pace.quiet()
+            patched.setattr(agg.transport, "sending", lambda: True)     # replies still being drained
+            assert not pace.quiet()
+    finally:
+        agg.close()
+
+
+def test_the_transport_is_sending_while_one_of_its_listeners_is():
+    from autops import aggregator as aggregator_mod
+
+    agg = aggregator_mod.Aggregator("tcp://127.0.0.1:1", transport="tcp", register_timeout=0.1)
+    try:
+        assert agg.transport.listeners and not agg.transport.sending()
+        agg.transport.listeners[-1].sending = lambda: True
+        assert agg.transport.sending()
     finally:
         agg.close()
 

@@ -76,6 +76,21 @@ def test_a_message_arrives_whole_and_the_reply_comes_back_on_its_connection(pair
     assert channel.link.kept == {} and all(link.kept == {} for link in listener.links.values())
 
 
+def test_a_listener_is_sending_while_a_reply_waits_for_its_reader(pair):
+    """What an aggregator's background work asks before each step: replies still queued
+    to be sent are the communication phase too."""
+    listener, channel = pair
+    channel.send(b"pull")
+    got = wait(listener, channel)
+    assert not listener.sending()
+    got.reply.send(b"reply", [np.ones(16 << 20, dtype=np.float32)])   # 64 MiB: more than the sockets hold
+    assert listener.sending()
+    assert listener.recv() is None and listener.sending()               # the reader has not read yet
+    back = wait(channel, listener)
+    assert back.header == b"reply" and len(back.payloads[0]) == 64 << 20
+    assert not listener.sending()
+
+
 def test_messages_sent_back_to_back_arrive_in_order_and_intact(pair):
     listener, channel = pair
     rng = np.random.default_rng(7)
