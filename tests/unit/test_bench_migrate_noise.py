@@ -1,0 +1,62 @@
+"""dlrt_bench.migrate_noise: the no-migration pause statistic rebuilt from a stored
+``autops bench migrate`` row, and how often a run without a pause would meet the goals."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dlrt_bench.migrate_noise import assess, quiet_pauses, read_rows, summarize
+
+
+def stored_row(comm_ms: list[float], moves: list[dict], mode: str = "sum", **extra) -> dict:
+    """A row as ``autops bench migrate`` writes it, with what these functions read."""
+    return {"benchmark": "migrate", "mode": mode, "site": "emulated", "comm_ms": [comm_ms, comm_ms],
+            "per_repeat": moves, "pause_ms_per_repeat": [m.pop("pause_ms") for m in moves],
+            "params": {"skip": 2, "gap": 4}, **extra}
+
+
+def test_the_quiet_statistic_is_rebuilt_from_the_iterations_of_each_move():
+    comm = [200.0] * 20
+    comm[4] = 250.0                  # iteration 5: noise before the move
+    comm[13] = 230.0                 # iteration 14: noise after it
+    comm[9] = 400.0                  # iteration 10: the switch (not quiet)
+    # the call came in iteration 8 (7 done), the move was done in iteration 9 (8 done), its
+    # keys switched in iteration 10: the window is 8..10, the quiet stretches 4..7 and 11..14
+    row = stored_row(comm, [{"iteration_at_call": 7, "iteration_at_done": 8, "switch_iterations": [10, 10],
+                             "pause_ms": 200.0}])
+    assert sorted(quiet_pauses(row)) == pytest.approx([0.0] * 6 + [30.0, 50.0])
+
+
+def test_a_row_that_kept_its_quiet_values_is_taken_as_it_is_and_one_without_switches_is_skipped():
+    row = stored_row([200.0] * 12, [{"iteration_at_call": 5, "iteration_at_done": 6, "switch_iterations": [7, 7],
+                                     "pause_ms": 5.0}], quiet_pause_ms=[1.0, 2.0])
+    assert quiet_pauses(row) == [1.0, 2.0]
+    old = stored_row([200.0] * 12, [{"iteration_at_call": 5, "iteration_at_done": 6, "switch_iterations": None,
+                                     "pause_ms": 5.0}])
+    assert quiet_pauses(old) is None and assess(old) is None
+    assert assess({"benchmark": "pushpull"}) is None
+
+
+def test_runs_are_summed_per_site_and_mode_against_what_no_pause_would_meet():
+    quiet_low = [0.0, 5.0]           # a run of this noise meets every goal without a pause
+    quiet_high = [0.0, 100.0]        # 1/16 of its four-move runs stay under 60 ms
+    moves = lambda: [{"iteration_at_call": 5, "iteration_at_done": 6,  # noqa: E731
+                      "switch_iterations": [7, 7], "pause_ms": p} for p in (10.0, 10.0, 70.0, 0.0)]
+    rows = [stored_row([200.0] * 12, moves(), quiet_pause_ms=quiet_low),
+            stored_row([200.0] * 12, moves(), quiet_pause_ms=quiet_high)]
+    got = summarize(a for a in map(assess, rows) if a is not None)
+    assert len(got) == 1 and got[0]["site"] == "emulated" and got[0]["mode"] == "sum" and got[0]["runs"] == 2
+    longest = got[0]["goals"]["max_pause_le_60ms"]
+    assert longest["met"] == 0                                  # 70 ms in both
+    assert longest["share_range"] == [pytest.approx(1 / 16, abs=0.01), 1.0]
+    assert longest["expected_without_pause"] == 1.1                  # 1 + 1/16, to a tenth
+    assert got[0]["goals"]["median_pause_le_20ms"]["met"] == 2
+    assert got[0]["goals"]["all"]["met"] == 0
+
+
+def test_result_files_are_read_as_json_lines_or_one_list(tmp_path):
+    lines, listed = tmp_path / "a.json", tmp_path / "b.json"
+    lines.write_text('{"x": 1}\n\n{"x": 2}\n')
+    listed.write_text(json.dumps([{"x": 3}]))
+    assert [r["x"] for r in read_rows([lines, listed])] == [1, 2, 3]
