@@ -47,13 +47,13 @@ def assess(row: dict) -> dict | None:
     if row.get("benchmark") != "migrate" or not row.get("pause_ms_per_repeat") or "comm_ms" not in row:
         return None
     quiet = quiet_pauses(row)
-    if quiet is None:
+    moves = len(row["pause_ms_per_repeat"])
+    shares = row.get("noise_only_targets_share") or (noise_only_share(quiet, moves, row["mode"]) if quiet else None)
+    if shares is None:                   # no iteration without a migration to draw from
         return None
     met = targets_met(row["pause_ms_per_repeat"], row["mode"])
     return {"site": row.get("site"), "mode": row["mode"], "order": row.get("order"), "code": row.get("code"),
-            "moves": len(row["pause_ms_per_repeat"]), "met": {**met, "all": all(met.values())},
-            "noise_only": row.get("noise_only_targets_share")
-            or noise_only_share(quiet, len(row["pause_ms_per_repeat"]), row["mode"])}
+            "moves": moves, "met": {**met, "all": all(met.values())}, "noise_only": shares}
 
 
 def summarize(assessed: Iterable[dict]) -> list[dict]:

@@ -35,6 +35,9 @@ def test_a_row_that_kept_its_quiet_values_is_taken_as_it_is_and_one_without_swit
     old = stored_row([200.0] * 12, [{"iteration_at_call": 5, "iteration_at_done": 6, "switch_iterations": None,
                                      "pause_ms": 5.0}])
     assert quiet_pauses(old) is None and assess(old) is None
+    no_quiet = stored_row([200.0] * 12, [{"iteration_at_call": 5, "iteration_at_done": 6, "switch_iterations": [7, 7],
+                                          "pause_ms": 5.0}], quiet_pause_ms=[])
+    assert assess(no_quiet) is None
     assert assess({"benchmark": "pushpull"}) is None
 
 
