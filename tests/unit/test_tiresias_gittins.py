@@ -15,15 +15,17 @@ from tiresias.gittins import ServiceDistribution
 YARN_1000 = pathlib.Path(__file__).resolve().parents[3] / "shared" / "data" / "tiresias" / "yarn-gput1000.csv"
 
 
-def brute_index(samples, a: float, q: float) -> float:
-    """Direct, O(n) reading of the paper's ratio (no prefix sums, no search), over the
-    module's window ``a < s <= a + Δ`` -- in floating point ``s - a <= Δ`` can disagree with
-    it at the window's edge (``a = 0.999, Δ = 0.001, s = 1.0``)."""
+def brute_index(samples, a: float, q: float, edge: str = "difference") -> float:
+    """Direct, O(n) reading of the paper's ratio (no prefix sums, no search). In floating
+    point a sample on the window's edge can be done by ``s - a <= Δ`` and not by
+    ``s <= a + Δ``, or the other way (``a = 0.999, Δ = 0.001, s = 1.0``): ``edge`` picks the
+    test of the code compared with -- ``"sum"`` for ``index`` (its window ``a < s <= a +
+    Δ``), ``"difference"`` where ``Δ`` is itself ``s_k - a`` (``sup_index``)."""
     s = np.asarray(samples, dtype=np.float64)
     alive = s[s > a]
     if alive.size == 0:
         return 1.0 / q if math.isfinite(q) else 1.0 / max(a, float(s.max()))
-    done = alive <= a + q
+    done = alive <= a + q if edge == "sum" else alive - a <= q
     p = np.mean(done)
     e = np.mean(np.where(done, alive - a, q))
     return float(p / e)
@@ -99,7 +101,7 @@ def test_index_and_indices_agree(samples, attained, quantum):
     assert np.all(np.isfinite(vec)) and np.all(vec >= 0)
     for a, g in zip(attained, vec):
         assert d.index(a, quantum) == g  # same code path -> bit-identical
-        ref = brute_index(samples, a, quantum)
+        ref = brute_index(samples, a, quantum, edge="sum")
         assert g == pytest.approx(ref, rel=1e-6, abs=1e-12)
 
 
@@ -143,6 +145,7 @@ def test_full_quantum_from_zero_is_inverse_mean(samples, extra):
 
 @settings(max_examples=100, deadline=None)
 @given(samples=_samples, a=st.floats(min_value=0, max_value=2e6, allow_nan=False))
+@example(samples=[262145.912753386], a=1.1152176864270587)   # a + (s - a) < s in floating point
 def test_sup_matches_brute_force(samples, a):
     d = ServiceDistribution(samples)
     s = np.sort(np.asarray(samples))
