@@ -13,7 +13,13 @@
   ``netem`` with half the delay (root) above the ``tbf`` (child), so two hosts are ``delay``
   apart one way and a ping between them shows about ``2 x delay``;
 - per host its TCP congestion control (``congestion``, default ``cubic``, the kernel's own
-  default: a namespace would otherwise inherit this machine's).
+  default: a namespace would otherwise inherit this machine's);
+- on both ends of every veth, receive packet steering over all CPUs (``rps_cpus``), so each
+  flow's packets are processed on one CPU, in order. Without it a veth hands each packet to
+  the backlog of whichever CPU sent it (or released it from ``tbf``), two CPUs process one
+  flow's packets at once, and the receiver sees them reordered, which no real link does: TCP
+  then retransmits in vain (nearly every retransmission answered by a D-SACK) and falls into
+  200 ms timeouts.
 
 ``Host.popen`` / ``Host.run`` start processes inside a host (``ip netns exec``; ``nsenter
 --net`` with ``mount_visible`` so a FUSE mount made inside stays visible outside) with
@@ -43,7 +49,7 @@ from .procs import signal_group
 
 __all__ = ["Testbed", "Host", "Counters", "TestbedError", "available", "cleanup", "enter_netns", "leftovers",
            "parse_rate", "parse_delay", "check_prefix", "subnet_of", "shaping_commands",
-           "congestion_controls", "DEFAULT_PREFIX", "DEFAULT_CONGESTION"]
+           "congestion_controls", "rps_mask", "DEFAULT_PREFIX", "DEFAULT_CONGESTION"]
 
 DEFAULT_PREFIX = "dlrt"
 NETNS_DIR = "/run/netns"
@@ -136,6 +142,23 @@ def _ip(*args: str, netns: str | None = None) -> str:
 
 def _tc(*args: str, netns: str | None = None) -> str:
     return _command(["tc", *(["-n", netns] if netns else []), *args])
+
+
+def rps_mask(cpus: int) -> str:
+    """The kernel's text for a mask of CPUs ``0 .. cpus-1``: hex, a comma every 32 bits."""
+    if cpus < 1:
+        raise ValueError(f"need at least one CPU, got {cpus}")
+    digits = format((1 << cpus) - 1, "x")
+    head = len(digits) % 8 or 8
+    return ",".join([digits[:head]] + [digits[i:i + 8] for i in range(head, len(digits), 8)])
+
+
+def _steer_receive(dev: str, mask: str, netns: str | None = None) -> None:
+    """Write ``mask`` to the ``rps_cpus`` of every receive queue of ``dev`` (the sysfs of
+    ``netns``, seen through ``ip netns exec``, which mounts that namespace's sysfs)."""
+    script = (f"for q in /sys/class/net/{dev}/queues/rx-*/rps_cpus; do "
+              f"[ -e \"$q\" ] || continue; echo {mask} > \"$q\" || exit 1; done")
+    _command([*(["ip", "netns", "exec", netns] if netns else []), "sh", "-c", script])
 
 
 def congestion_controls() -> list[str]:
@@ -502,6 +525,9 @@ class Testbed:
         # cubic where the machine allows only reno and bbr); a route's congctl has no such limit
         _ip("route", "replace", subnet_of(self.prefix), "dev", HOST_IFNAME, "proto", "kernel",
             "scope", "link", "src", host.addr, "congctl", self.congestion, netns=ns)
+        mask = rps_mask(os.cpu_count() or 1)
+        _steer_receive(HOST_IFNAME, mask, netns=ns)
+        _steer_receive(host.ifname, mask)
         half_delay = self.delay_us / 2 if self.delay_us is not None else None
         for args in shaping_commands(self.rate_bps, half_delay, HOST_IFNAME):
             _tc(*args, netns=ns)                       # the host's upload
