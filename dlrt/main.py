@@ -51,13 +51,13 @@ def describe(tb: Testbed, live: bool) -> dict[str, Any]:
             row.update(sent_bytes=sent, received_bytes=received, pids=tb.pids(host))
         hosts.append(row)
     return {"prefix": tb.prefix, "bridge": tb.bridge, "subnet": tb.subnet, "link": tb.link,
-            "delay": tb.delay, "congestion": tb.congestion, "hosts": hosts}
+            "delay": tb.delay, "congestion": tb.congestion, "rps": tb.rps, "hosts": hosts}
 
 
 def _table(data: dict[str, Any]) -> str:
     lines = [f"testbed {data['prefix']}: {len(data['hosts'])} hosts on bridge {data['bridge']} "
              f"({data['subnet']}), link {data['link'] or 'unshaped'}, delay {data['delay'] or 'none'}, "
-             f"TCP {data['congestion']}"]
+             f"TCP {data['congestion']}, receive steering {'on' if data['rps'] else 'off'}"]
     for row in data["hosts"]:
         line = f"  {row['name']:<14} {row['addr']:<15} link {row['ifname']:<14} DLRT_HOST_ID={row['host_id']}"
         if "sent_bytes" in row:
@@ -68,7 +68,8 @@ def _table(data: dict[str, Any]) -> str:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    tb = Testbed(args.hosts, link=args.link, delay=args.delay, prefix=args.prefix, congestion=args.congestion)
+    tb = Testbed(args.hosts, link=args.link, delay=args.delay, prefix=args.prefix, congestion=args.congestion,
+                 rps=args.rps == "on")
     _require_testbeds()
     tb.up()
     data = describe(tb, live=False)
@@ -133,6 +134,9 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--congestion", default=DEFAULT_CONGESTION, metavar="CC",
                     help="every host's TCP congestion control (cubic, bbr, reno: "
                          "/proc/sys/net/ipv4/tcp_available_congestion_control)")
+    up.add_argument("--rps", choices=("on", "off"), default="on",
+                    help="receive packet steering on every link, keeping each flow's packets in order "
+                         "(default on; off saves the CPU it costs, and links then reorder packets)")
     command("status", "show a testbed, its hosts' byte counters and processes", cmd_status,
             "write the status as JSON to FILE ('-': stdout)")
     command("down", "remove a testbed (also what a killed run left behind)", cmd_down,

@@ -14,12 +14,13 @@
   apart one way and a ping between them shows about ``2 x delay``;
 - per host its TCP congestion control (``congestion``, default ``cubic``, the kernel's own
   default: a namespace would otherwise inherit this machine's);
-- on both ends of every veth, receive packet steering over all CPUs (``rps_cpus``), so each
-  flow's packets are processed on one CPU, in order. Without it a veth hands each packet to
-  the backlog of whichever CPU sent it (or released it from ``tbf``), two CPUs process one
-  flow's packets at once, and the receiver sees them reordered, which no real link does: TCP
-  then retransmits in vain (nearly every retransmission answered by a D-SACK) and falls into
-  200 ms timeouts.
+- unless ``rps=False``, on both ends of every veth, receive packet steering over all CPUs
+  (``rps_cpus``), so each flow's packets are processed on one CPU, in order. Without it a
+  veth hands each packet to the backlog of whichever CPU sent it (or released it from
+  ``tbf``), two CPUs process one flow's packets at once, and the receiver sees them
+  reordered, which no real link does: TCP then retransmits in vain (nearly every
+  retransmission answered by a D-SACK) and falls into 200 ms timeouts. The steering costs
+  CPU (inter-processor interrupts), which on a small machine slows what runs on it.
 
 ``Host.popen`` / ``Host.run`` start processes inside a host (``ip netns exec``; ``nsenter
 --net`` with ``mount_visible`` so a FUSE mount made inside stays visible outside) with
@@ -446,13 +447,14 @@ class Host:
 
 class Testbed:
     """``hosts`` emulated hosts on one bridge, each link shaped to ``link`` (``None``:
-    unshaped) and ``delay`` (one way between two hosts; ``None``: none). A context manager:
+    unshaped) and ``delay`` (one way between two hosts; ``None``: none), each flow's packets
+    kept in order by receive packet steering unless ``rps=False``. A context manager:
     ``up()`` on entry, ``down()`` on exit."""
 
     __test__ = False  # not a pytest test class
 
     def __init__(self, hosts: int, link: str | None = "1gbit", delay: str | None = None,
-                 prefix: str = DEFAULT_PREFIX, congestion: str = DEFAULT_CONGESTION) -> None:
+                 prefix: str = DEFAULT_PREFIX, congestion: str = DEFAULT_CONGESTION, rps: bool = True) -> None:
         if isinstance(hosts, bool) or not isinstance(hosts, int) or not 1 <= hosts <= MAX_HOSTS:
             raise ValueError(f"bad number of hosts {hosts!r}: expected 1..{MAX_HOSTS}")
         if not re.fullmatch(r"[a-z0-9_]{1,16}", congestion or ""):
@@ -461,6 +463,7 @@ class Testbed:
         self.link = link
         self.delay = delay
         self.congestion = congestion
+        self.rps = rps
         self.rate_bps = parse_rate(link) if link is not None else None
         self.delay_us = parse_delay(delay) if delay is not None else None
         self.bridge = f"{prefix}-br"
@@ -470,7 +473,7 @@ class Testbed:
 
     def __repr__(self) -> str:
         return (f"Testbed(hosts={len(self.hosts)}, link={self.link!r}, delay={self.delay!r}, "
-                f"prefix={self.prefix!r}, congestion={self.congestion!r})")
+                f"prefix={self.prefix!r}, congestion={self.congestion!r}, rps={self.rps!r})")
 
     def __enter__(self) -> "Testbed":
         return self.up()
@@ -480,9 +483,10 @@ class Testbed:
 
     @property
     def description(self) -> str:
-        """What the bridge's alias records: ``hosts=N link=L delay=D cc=C`` (read back by ``attach``)."""
+        """What the bridge's alias records: ``hosts=N link=L delay=D cc=C rps=on|off`` (read back
+        by ``attach``)."""
         return (f"hosts={len(self.hosts)} link={self.link or 'none'} delay={self.delay or 'none'} "
-                f"cc={self.congestion}")
+                f"cc={self.congestion} rps={'on' if self.rps else 'off'}")
 
     def up(self) -> "Testbed":
         """Create the bridge, the hosts and the shaping. Refuses when anything named after the
@@ -525,9 +529,10 @@ class Testbed:
         # cubic where the machine allows only reno and bbr); a route's congctl has no such limit
         _ip("route", "replace", subnet_of(self.prefix), "dev", HOST_IFNAME, "proto", "kernel",
             "scope", "link", "src", host.addr, "congctl", self.congestion, netns=ns)
-        mask = rps_mask(os.cpu_count() or 1)
-        _steer_receive(HOST_IFNAME, mask, netns=ns)
-        _steer_receive(host.ifname, mask)
+        if self.rps:
+            mask = rps_mask(os.cpu_count() or 1)
+            _steer_receive(HOST_IFNAME, mask, netns=ns)
+            _steer_receive(host.ifname, mask)
         half_delay = self.delay_us / 2 if self.delay_us is not None else None
         for args in shaping_commands(self.rate_bps, half_delay, HOST_IFNAME):
             _tc(*args, netns=ns)                       # the host's upload
@@ -574,7 +579,7 @@ class Testbed:
         try:
             tb = cls(int(fields["hosts"]), link=None if fields["link"] == "none" else fields["link"],
                      delay=None if fields["delay"] == "none" else fields["delay"], prefix=prefix,
-                     congestion=fields.get("cc", DEFAULT_CONGESTION))
+                     congestion=fields.get("cc", DEFAULT_CONGESTION), rps=fields.get("rps") == "on")
         except (KeyError, ValueError):
             raise TestbedError(f"bridge {prefix}-br is not a testbed's (alias {fields})") from None
         if indices != list(range(len(tb.hosts))):

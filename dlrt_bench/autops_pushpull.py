@@ -279,6 +279,7 @@ def run_config(site: Any, args: Any, model: str, world: int, aggregators: int, t
     return {"model": model, "workers": world, "aggregators": aggregators, "transport": transport, "mode": mode,
             "optimizer": args.optimizer if mode == "server" else None, "device": args.device,
             "site": site.kind, "link": site.link, "delay": site.delay, "congestion": site.congestion,
+            "rps": site.rps,
             "partition_bytes": partition,       # set, or pMaster's choice
             "tensors": tensors, "model_bytes": model_bytes,
             **results(measured, world, model_bytes),
@@ -369,6 +370,9 @@ def main(argv: list[str] | None = None) -> int:
                              "at least 8 partitions per aggregator)")
     parser.add_argument("--congestion", default=DEFAULT_CONGESTION, metavar="CC",
                         help="emulated hosts: their TCP congestion control (cubic, bbr, reno)")
+    parser.add_argument("--rps", choices=("on", "off"), default="on",
+                        help="emulated hosts: receive packet steering, keeping each flow's packets in order "
+                             "(docs/testbed.md)")
     parser.add_argument("--shapes", default=None,
                         help="tensor shapes JSON (default: $AUTOPS_TENSOR_SHAPES, else shared/data/models)")
     parser.add_argument("--curve", nargs="+", default=["off"], choices=["off", "on"],
@@ -443,7 +447,7 @@ def measure_all(args: Any, shapes: dict, out: Any) -> list[dict]:
                             with temporary_cluster(curve=curve == "on"):     # before the site: its env
                                 if args.emulate_hosts:
                                     site = EmulatedSite(world, aggregators, link, args.delay, args.prefix,
-                                                        args.log_level, args.congestion)
+                                                        args.log_level, args.congestion, args.rps == "on")
                                 else:
                                     # with rdma (cma), the aggregators offer it too
                                     site = LocalSite(aggregators, args.log_level,

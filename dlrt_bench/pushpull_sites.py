@@ -38,6 +38,7 @@ class LocalSite:
     link = None
     delay = None
     congestion = None
+    rps = None
 
     def __init__(self, aggregators: int, log_level: str = "WARNING",
                  aggregator_args: Sequence[str] | None = None) -> None:
@@ -75,9 +76,11 @@ class EmulatedSite:
     kind = "emulated"
 
     def __init__(self, workers: int, aggregators: int, link: str | None, delay: str | None = None,
-                 prefix: str = "apsb", log_level: str = "WARNING", congestion: str = DEFAULT_CONGESTION) -> None:
-        self.link, self.delay, self.congestion = link, delay, congestion
-        self.tb = Testbed(aggregators + workers, link=link, delay=delay, prefix=prefix, congestion=congestion)
+                 prefix: str = "apsb", log_level: str = "WARNING", congestion: str = DEFAULT_CONGESTION,
+                 rps: bool = True) -> None:
+        self.link, self.delay, self.congestion, self.rps = link, delay, congestion, rps
+        self.tb = Testbed(aggregators + workers, link=link, delay=delay, prefix=prefix, congestion=congestion,
+                          rps=rps)
         self.aggregator_hosts = self.tb.hosts[:aggregators]
         self.worker_hosts = self.tb.hosts[aggregators:]
         self.pool = HostPool(self.tb, self.aggregator_hosts, log_level=log_level, master_args=MASTER_ARGS)

@@ -359,6 +359,7 @@ def test_both_ends_of_every_link_steer_received_packets_over_all_cpus(tb3):
         outside = [q.read_text() for q in pathlib.Path(f"/sys/class/net/{host.ifname}/queues").glob("rx-*/rps_cpus")]
         assert inside and outside
         assert {int(m.replace(",", ""), 16) for m in inside + outside} == {everyone}, host.name
+    assert tb3.rps and Testbed.attach(tb3.prefix).rps
 
 
 def test_links_keep_each_flows_packets_in_order_under_load(testbed):
@@ -476,7 +477,7 @@ def test_cli_round_trip():
     cleanup(prefix)
     try:
         up = _dlrt("up", "--hosts", "2", "--link", "1gbit", "--prefix", prefix, "--congestion", "reno",
-                   "--json", "-")
+                   "--rps", "off", "--json", "-")
         assert up.returncode == 0, up.stderr
         assert json.loads(up.stdout)["congestion"] == "reno"
         hosts = json.loads(up.stdout)["hosts"]
@@ -494,7 +495,10 @@ def test_cli_round_trip():
         assert status.returncode == 0, status.stderr
         data = json.loads(status.stdout)
         assert data["link"] == "1gbit" and [h["addr"] for h in data["hosts"]] == [h["addr"] for h in hosts]
-        assert data["congestion"] == "reno"      # read back from the bridge's alias
+        assert data["congestion"] == "reno" and data["rps"] is False    # read back from the bridge's alias
+        unsteered = _dlrt("exec", "h0", "--prefix", prefix, "--", "sh", "-c",
+                          "cat /sys/class/net/eth0/queues/rx-*/rps_cpus")
+        assert {int(m.replace(",", ""), 16) for m in unsteered.stdout.split()} == {0}
         assert all(h["pids"] == [] and h["sent_bytes"] >= 0 for h in data["hosts"])
         down = _dlrt("down", "--prefix", prefix, "--json", "-")
         assert down.returncode == 0 and f"netns {prefix}-h1" in json.loads(down.stdout)["removed"]
