@@ -113,7 +113,7 @@ def _local_remote(size: int, runtime: float, daemons: int) -> dict[str, Any]:
 
 
 def _emulated_remote(size: int, runtime: float, daemons: int, link: str,
-                     delay: str | None) -> dict[str, Any]:
+                     delay: str | None, rps: bool = True) -> dict[str, Any]:
     from dlrt.testbed import Testbed, available, cleanup
     from dlrt_bench.infiniswap_hosts import (DeviceProcess, HostCluster, link_delta,
                                              verify_with_a_daemon_killed)
@@ -125,7 +125,7 @@ def _emulated_remote(size: int, runtime: float, daemons: int, link: str,
     cleanup(prefix)
     workdir = tempfile.mkdtemp(prefix="infiniswap-fio-", dir=demo.DISK_DIR)
     try:
-        with Testbed(daemons + 1, link=link, delay=delay, prefix=prefix) as tb, \
+        with Testbed(daemons + 1, link=link, delay=delay, prefix=prefix, rps=rps) as tb, \
                 HostCluster(tb, slab_size=SLAB, capacity=size, headroom=0, period=0.2,
                             timeout=2.0, lock=True) as cluster, \
                 DeviceProcess(cluster, size, SLAB, workdir, hot_slab=1.0) as device:
@@ -137,7 +137,8 @@ def _emulated_remote(size: int, runtime: float, daemons: int, link: str,
 
             links0 = cluster.links()
             result: dict[str, Any] = {
-                "link": link, "delay": delay, "congestion": tb.congestion, "device_host": cluster.device_host.name,
+                "link": link, "delay": delay, "congestion": tb.congestion, "rps": tb.rps,
+                "device_host": cluster.device_host.name,
                 "daemon_hosts": {h.name: d.address for h, d in zip(cluster.daemon_hosts,
                                                                    cluster.daemons)},
                 "slabs_mapped": f"{st['slabs_mapped']}/{st['num_slabs']}",
@@ -186,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="daemons and the device on emulated hosts, over TCP (root)")
     ap.add_argument("--link", default="10gbit", help="with --emulate-hosts: link rate")
     ap.add_argument("--delay", default=None, help="with --emulate-hosts: one-way link delay")
+    ap.add_argument("--rps", choices=("on", "off"), default="on",
+                    help="with --emulate-hosts: receive packet steering, each flow's packets kept in order "
+                         "(docs/testbed.md)")
     ap.add_argument("--json", default=os.path.join("bench", "results", "infiniswap_fio.json"))
     args = ap.parse_args(argv)
     exit_on_sigterm()                 # stopped by SIGTERM: the testbed and the processes still go
@@ -198,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                     "time": time.strftime("%Y-%m-%d %H:%M:%S"), "devices": {}}
     if args.emulate_hosts:
         result["remote"] = _emulated_remote(size, args.runtime, args.num_daemons, args.link,
-                                            args.delay)
+                                            args.delay, args.rps == "on")
     else:
         result["remote"] = _local_remote(size, args.runtime, args.num_daemons)
     result["devices"]["remote"] = result["remote"]["tests"]
