@@ -16,7 +16,8 @@ from typing import Any, Sequence
 
 from . import cli
 from .keys_cli import add_keys_commands
-from .testbed import DEFAULT_CONGESTION, DEFAULT_PREFIX, Testbed, TestbedError, available, check_prefix, cleanup
+from .testbed import (DEFAULT_CONGESTION, DEFAULT_PREFIX, Testbed, TestbedError, add_rps_option, available,
+                      check_prefix, cleanup)
 
 PROG = "dlrt"
 
@@ -69,7 +70,7 @@ def _table(data: dict[str, Any]) -> str:
 
 def cmd_up(args: argparse.Namespace) -> int:
     tb = Testbed(args.hosts, link=args.link, delay=args.delay, prefix=args.prefix, congestion=args.congestion,
-                 rps=args.rps == "on")
+                 rps=args.rps)
     _require_testbeds()
     tb.up()
     data = describe(tb, live=False)
@@ -134,9 +135,7 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--congestion", default=DEFAULT_CONGESTION, metavar="CC",
                     help="every host's TCP congestion control (cubic, bbr, reno: "
                          "/proc/sys/net/ipv4/tcp_available_congestion_control)")
-    up.add_argument("--rps", choices=("on", "off"), default="on",
-                    help="receive packet steering on every link, keeping each flow's packets in order "
-                         "(default on; off saves the CPU it costs, and links then reorder packets)")
+    add_rps_option(up)
     command("status", "show a testbed, its hosts' byte counters and processes", cmd_status,
             "write the status as JSON to FILE ('-': stdout)")
     command("down", "remove a testbed (also what a killed run left behind)", cmd_down,

@@ -32,6 +32,7 @@ a testbed whose owner died (found by name prefix). ``available()`` says why none
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import json
@@ -50,7 +51,7 @@ from .procs import signal_group
 
 __all__ = ["Testbed", "Host", "Counters", "TestbedError", "available", "cleanup", "enter_netns", "leftovers",
            "parse_rate", "parse_delay", "check_prefix", "subnet_of", "shaping_commands",
-           "congestion_controls", "rps_mask", "DEFAULT_PREFIX", "DEFAULT_CONGESTION"]
+           "congestion_controls", "rps_mask", "add_rps_option", "DEFAULT_PREFIX", "DEFAULT_CONGESTION"]
 
 DEFAULT_PREFIX = "dlrt"
 NETNS_DIR = "/run/netns"
@@ -152,6 +153,20 @@ def rps_mask(cpus: int) -> str:
     digits = format((1 << cpus) - 1, "x")
     head = len(digits) % 8 or 8
     return ",".join([digits[:head]] + [digits[i:i + 8] for i in range(head, len(digits), 8)])
+
+
+def _on_off(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+    return text == "on"
+
+
+def add_rps_option(parser: argparse.ArgumentParser, scope: str = "") -> None:
+    """``--rps on|off`` (default on), parsed to the bool ``Testbed(rps=...)`` takes; ``scope``
+    starts its help (``"emulated hosts: "``)."""
+    parser.add_argument("--rps", type=_on_off, default="on", metavar="on|off",
+                        help=f"{scope}receive packet steering on every link, keeping each flow's packets in "
+                             "order; off saves the CPU it costs, and links then reorder packets (docs/testbed.md)")
 
 
 def _steer_receive(dev: str, mask: str, netns: str | None = None) -> None:

@@ -90,7 +90,7 @@ from autops.transport.prefault import PREFAULT_SHARE
 from autops.transport.shm import RESERVE_SHARED
 from dlrt import cli
 from dlrt.procs import exit_on_sigterm
-from dlrt.testbed import Testbed, available, cleanup, enter_netns
+from dlrt.testbed import Testbed, add_rps_option, available, cleanup, enter_netns
 
 from .autops_hosts import HostPool
 from .tcp_loss import TcpLossSampler
@@ -116,7 +116,7 @@ def site(args: argparse.Namespace, master_args: list[str]) -> Iterator[tuple[str
                 AdminClient(pool.master, 10.0) as admin:
             yield pool.master, admin, {}
         return
-    tb = Testbed(8, link=args.link, prefix=args.prefix, rps=args.rps == "on")
+    tb = Testbed(8, link=args.link, prefix=args.prefix, rps=args.rps)
     cleanup(tb.prefix)                      # what a killed earlier run left behind
     tb.up()
     try:
@@ -291,7 +291,7 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
         "benchmark": "migrate", "model": model, "mode": mode, "optimizer": args.optimizer if mode == "server" else None,
         "scale": args.scale, "transport": args.transport, "workers": 2, "aggregators": 4, "compute_s": compute_s,
         "site": "emulated" if args.emulate_hosts else "local", "link": args.link if args.emulate_hosts else None,
-        "rps": args.rps == "on" if args.emulate_hosts else None,
+        "rps": args.rps if args.emulate_hosts else None,
         "prefault_share": args.prefault_share, "reserve": args.reserve,
         "reserve_shared": args.reserve_shared, "reserve_wait_s": reserve_wait_s,
         "warm_bytes": warm_bytes_from_env(),
@@ -599,9 +599,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="every aggregator and worker on an emulated host of its own (root; dlrt.testbed)")
     p.add_argument("--link", default="10gbit", help="emulated hosts: link rate (none: unshaped)")
     p.add_argument("--prefix", default="apsm", help="emulated hosts: name prefix of the testbed")
-    p.add_argument("--rps", choices=("on", "off"), default="on",
-                   help="emulated hosts: receive packet steering, keeping each flow's packets in order "
-                        "(docs/testbed.md)")
+    add_rps_option(p, "emulated hosts: ")
     p.add_argument("--tcp-sample", type=float, default=0.02, metavar="S",
                    help="emulated hosts: interval of sampling each host's TCP loss counters, seconds")
     add_common_args(p)

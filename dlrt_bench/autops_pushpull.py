@@ -46,7 +46,7 @@ from dlrt.keys import temporary_cluster
 from autops.models import model_tensors
 from dlrt import cli
 from dlrt.procs import exit_on_sigterm, stop_processes
-from dlrt.testbed import DEFAULT_CONGESTION
+from dlrt.testbed import DEFAULT_CONGESTION, add_rps_option
 
 from .pushpull_sites import EmulatedSite, LocalSite, emulation_unavailable
 from .pushpull_workers import seed_parameters
@@ -370,9 +370,7 @@ def main(argv: list[str] | None = None) -> int:
                              "at least 8 partitions per aggregator)")
     parser.add_argument("--congestion", default=DEFAULT_CONGESTION, metavar="CC",
                         help="emulated hosts: their TCP congestion control (cubic, bbr, reno)")
-    parser.add_argument("--rps", choices=("on", "off"), default="on",
-                        help="emulated hosts: receive packet steering, keeping each flow's packets in order "
-                             "(docs/testbed.md)")
+    add_rps_option(parser, "emulated hosts: ")
     parser.add_argument("--shapes", default=None,
                         help="tensor shapes JSON (default: $AUTOPS_TENSOR_SHAPES, else shared/data/models)")
     parser.add_argument("--curve", nargs="+", default=["off"], choices=["off", "on"],
@@ -447,7 +445,7 @@ def measure_all(args: Any, shapes: dict, out: Any) -> list[dict]:
                             with temporary_cluster(curve=curve == "on"):     # before the site: its env
                                 if args.emulate_hosts:
                                     site = EmulatedSite(world, aggregators, link, args.delay, args.prefix,
-                                                        args.log_level, args.congestion, args.rps == "on")
+                                                        args.log_level, args.congestion, args.rps)
                                 else:
                                     # with rdma (cma), the aggregators offer it too
                                     site = LocalSite(aggregators, args.log_level,

@@ -35,6 +35,7 @@ from typing import Any, Callable
 from dlrt_bench import infiniswap_stack as demo
 from dlrt.sizes import parse_size
 from dlrt.procs import exit_on_sigterm
+from dlrt.testbed import add_rps_option
 
 __all__ = ["TESTS", "fio", "run_all", "main"]
 
@@ -187,9 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="daemons and the device on emulated hosts, over TCP (root)")
     ap.add_argument("--link", default="10gbit", help="with --emulate-hosts: link rate")
     ap.add_argument("--delay", default=None, help="with --emulate-hosts: one-way link delay")
-    ap.add_argument("--rps", choices=("on", "off"), default="on",
-                    help="with --emulate-hosts: receive packet steering, each flow's packets kept in order "
-                         "(docs/testbed.md)")
+    add_rps_option(ap, "with --emulate-hosts: ")
     ap.add_argument("--json", default=os.path.join("bench", "results", "infiniswap_fio.json"))
     args = ap.parse_args(argv)
     exit_on_sigterm()                 # stopped by SIGTERM: the testbed and the processes still go
@@ -202,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                     "time": time.strftime("%Y-%m-%d %H:%M:%S"), "devices": {}}
     if args.emulate_hosts:
         result["remote"] = _emulated_remote(size, args.runtime, args.num_daemons, args.link,
-                                            args.delay, args.rps == "on")
+                                            args.delay, args.rps)
     else:
         result["remote"] = _local_remote(size, args.runtime, args.num_daemons)
     result["devices"]["remote"] = result["remote"]["tests"]

@@ -1,5 +1,5 @@
 """TCP loss on emulated hosts over a benchmark run: each host's retransmissions, retransmission
-timeouts and tail-loss probes, sampled from ``/proc/PID/net/{snmp,netstat}`` of one process on
+timeouts, tail-loss probes and reordering detected, sampled from ``/proc/PID/net/{snmp,netstat}`` of one process on
 the host (those files show the counters of the reading process's network namespace, so no
 namespace has to be entered), with the machine's backlog drops (``/proc/net/softnet_stat``:
 packets a veth handed to a CPU's full input queue), and attributed to time windows afterwards.
@@ -15,7 +15,7 @@ import time
 
 # the counters kept, by the table of /proc/PID/net/{snmp,netstat} they are in
 SNMP = {"Tcp": ("RetransSegs", "OutSegs")}
-NETSTAT = {"TcpExt": ("TCPTimeouts", "TCPLossProbes", "TCPSlowStartRetrans")}
+NETSTAT = {"TcpExt": ("TCPTimeouts", "TCPLossProbes", "TCPSlowStartRetrans", "TCPSACKReorder")}
 SOFTNET_DROPS = "softnet_drops"
 FIELDS = tuple(name for table in (SNMP, NETSTAT) for names in table.values() for name in names)
 
