@@ -11,24 +11,32 @@ forth (the even repeats move the job off the second job's aggregators).
 
 Figures, per repeat; over repeats their maximum (``max_*``) and median (``median_*``):
 
-* a worker's *excess* in an iteration: its communication time (push_pull start to all
-  handles done) minus the median communication time of both workers in the iterations
-  outside every migration that are closest to this one: the ``--gap`` before the migration
-  and the ``--gap`` after it (after the first ``--skip``). A local baseline, because the
-  load other processes put on a shared machine drifts over a run.
-* ``pause_ms``: the largest excess over both workers in the *switch* iterations -- the first
-  iterations the new aggregators serve (pMaster's ``status()["migrations"]["recent"]`` gives
-  each batch's first and last such iteration). That is where the job waits for the move.
-* ``window_excess_ms``: the largest excess over both workers in every iteration overlapping
-  [MIGRATE, done] plus the first one after done -- the pause as this benchmark measured it
-  before the switch iterations were known. It includes what the copy in the background
-  (memory population, state sent ahead) costs the job's other iterations, and this
-  machine's noise.
-* ``quiet_pause_ms_median`` / ``_p90``: the pause's statistic (the largest excess of both
-  workers over as many consecutive iterations as the switch spanned) over the iterations
-  without a migration that gave each repeat's baseline: what this machine's noise alone
-  makes of it. A pause near it is no pause this benchmark can tell from noise.
-  ``quiet_pause_ms`` lists every value it was taken over.
+* the job's *communication time* in an iteration: the longest of its two workers' (push_pull
+  start to all handles done). A synchronous iteration waits for its slower worker, so that is
+  the time the job spent.
+* ``pause_ms``: the job's longest communication time over the *switch* iterations -- the
+  first iterations the new aggregators serve (pMaster's ``status()["migrations"]["recent"]``
+  gives each batch's first and last such iteration) -- minus its median in the iterations
+  outside every migration that are closest to this one (``job_baseline_comm_ms``): the
+  ``--gap`` before the migration and the ``--gap`` after it (after the first ``--skip``). A
+  local baseline, because the load other processes put on a shared machine drifts over a
+  run. That is where the job waits for the move.
+* ``pause_vs_worker_ms`` (``max_`` / ``median_`` over repeats): the same longest time against
+  the median of *every worker's* communication time in those iterations
+  (``baseline_comm_ms``), the definition this benchmark used before (rows without
+  ``pause_baseline: "job"``). It counts the two workers' spread as a pause: without any
+  migration its median is above 0 (``quiet_pause_vs_worker_ms_median``).
+* ``window_excess_ms``: the largest excess of a worker's communication time over
+  ``baseline_comm_ms`` in every iteration overlapping [MIGRATE, done] plus the first one
+  after done -- the pause as this benchmark measured it before the switch iterations were
+  known. It includes what the copy in the background (memory population, state sent ahead)
+  costs the job's other iterations, and this machine's noise.
+* ``quiet_pause_ms_median`` / ``_p90``: the pause's statistic (the job's longest
+  communication time over as many consecutive iterations as the switch spanned, minus the
+  job's baseline) over the iterations without a migration that gave each repeat's baseline:
+  what this machine's noise alone makes of it. A pause near it is no pause this benchmark
+  can tell from noise. ``quiet_pause_ms`` lists every value it was taken over
+  (``quiet_pause_vs_worker_ms*``: the same against the workers' baseline).
 * ``targets_met``: the goals for the pauses over the repeats -- median at most 20 ms (``sum``)
   or 100 ms (``server``), and in ``sum`` mode the longest at most 60 ms;
   ``noise_only_targets_share``: the share of runs with as many moves that would meet each
@@ -394,19 +402,28 @@ def busy_iterations(per_rank: dict[int, list[Record]], windows: list[tuple[float
 def pauses(per_rank: dict[int, list[Record]], repeats: list[dict], windows: list[tuple[float, float | None]],
            skip: int, gap: int) -> dict:
     """The pause figures (module docstring) over ``per_rank`` records; adds each repeat's
-    ``pause_ms``, ``window_excess_ms``, ``baseline_comm_ms`` and ``excess_ms`` to its record
-    in ``repeats``."""
+    ``pause_ms``, ``pause_vs_worker_ms``, ``window_excess_ms``, ``baseline_comm_ms``,
+    ``job_baseline_comm_ms`` and ``excess_ms`` to its record in ``repeats``.
+
+    A synchronous job's iteration waits for its slower worker, so the job's communication
+    time in an iteration is the longest of its workers'. The pause compares that in the
+    switch iterations with its median over the quiet iterations around the move
+    (``job_baseline_comm_ms``): with no migration its median is 0. ``pause_vs_worker_ms`` is
+    the same maximum against the median of every worker's time (``baseline_comm_ms``, the
+    definition before): it reads the workers' spread as a pause (its median without a
+    migration is above 0)."""
     in_window = migration_iterations(per_rank, windows)
     excluded = {r: set().union(*sets) if sets else set() for r, sets in in_window.items()}
     base = [e - s for r, records in per_rank.items() for it, _, s, e in records
             if it > skip and it not in excluded[r]]
     baseline = statistics.median(base) if base else float("nan")
-    quiet_pauses: list[float] = []
+    quiet_pauses: list[float] = []           # against the job's baseline
+    quiet_vs_worker: list[float] = []        # against the workers' (the definition before)
     for n, rec in enumerate(repeats):
         switch = rec.get("switch_iterations")
         window, switched = [], []
         local = []
-        stretches: list[dict[int, float]] = [{}, {}]     # iteration -> communication time, before / after
+        stretches: list[dict[int, float]] = [{}, {}]     # iteration -> the job's communication time, before / after
         for r, records in per_rank.items():
             quiet = [(it, e - s) for it, _, s, e in records if it > skip and it not in excluded[r]]
             first, last = min(in_window[r][n], default=0), max(in_window[r][n], default=0)
@@ -416,40 +433,57 @@ def pauses(per_rank: dict[int, list[Record]], repeats: list[dict], windows: list
                 for it, c in part:
                     stretch[it] = max(c, stretch.get(it, c))
         near = statistics.median(local) if local else baseline
+        job = [c for stretch in stretches for c in stretch.values()]
+        job_near = statistics.median(job) if job else near
         rec["baseline_comm_ms"] = round(1e3 * near, 2)
+        rec["job_baseline_comm_ms"] = round(1e3 * job_near, 2)
         if switch is not None:
-            # the pause's statistic -- the largest excess over the switch's span of iterations --
-            # taken over as many consecutive iterations without a migration: the noise alone
+            # the pause's statistic -- the job's longest time over the switch's span of
+            # iterations -- taken over as many consecutive iterations without a migration:
+            # the noise alone
             span = switch[1] - switch[0] + 1
             for stretch in stretches:
                 its = sorted(stretch)
                 for i in range(len(its) - span + 1):
                     if its[i + span - 1] - its[i] == span - 1:
-                        quiet_pauses.append(max(stretch[it] for it in its[i:i + span]) - near)
+                        longest = max(stretch[it] for it in its[i:i + span])
+                        quiet_pauses.append(longest - job_near)
+                        quiet_vs_worker.append(longest - near)
         for r, records in per_rank.items():
             for it, _, s, e in records:
-                excess = (e - s) - near
                 if it in in_window[r][n]:
-                    window.append(excess)
+                    window.append((e - s) - near)
                 if switch is not None and switch[0] <= it <= switch[1]:
-                    switched.append(excess)
+                    switched.append(e - s)
         rec["excess_ms"] = [round(1e3 * x, 2) for x in window]
         rec["window_excess_ms"] = round(1e3 * max(window), 2) if window else None
-        rec["pause_ms"] = round(1e3 * max(switched), 2) if switched else None
+        rec["pause_ms"] = round(1e3 * (max(switched) - job_near), 2) if switched else None
+        rec["pause_vs_worker_ms"] = round(1e3 * (max(switched) - near), 2) if switched else None
     pause = [rec["pause_ms"] for rec in repeats if rec["pause_ms"] is not None]
+    vs_worker = [rec["pause_vs_worker_ms"] for rec in repeats if rec["pause_vs_worker_ms"] is not None]
     window = [rec["window_excess_ms"] for rec in repeats if rec["window_excess_ms"] is not None]
     return {
+        "pause_baseline": "job",
         "max_pause_ms": max(pause) if pause else None,
         "median_pause_ms": statistics.median(pause) if pause else None,
         "pause_ms_per_repeat": pause,
+        "max_pause_vs_worker_ms": max(vs_worker) if vs_worker else None,
+        "median_pause_vs_worker_ms": statistics.median(vs_worker) if vs_worker else None,
+        "pause_vs_worker_ms_per_repeat": vs_worker,
         "max_window_excess_ms": max(window) if window else None,
         "median_window_excess_ms": statistics.median(window) if window else None,
         "window_excess_ms_per_repeat": window,
-        "quiet_pause_ms_median": round(1e3 * statistics.median(quiet_pauses), 2) if quiet_pauses else None,
-        "quiet_pause_ms_p90": round(1e3 * float(np.percentile(quiet_pauses, 90)), 2) if quiet_pauses else None,
-        "quiet_pause_ms": [round(1e3 * q, 2) for q in quiet_pauses],
+        **quiet_figures("quiet_pause_ms", quiet_pauses),
+        **quiet_figures("quiet_pause_vs_worker_ms", quiet_vs_worker),
         "baseline_comm_ms": round(1e3 * baseline, 2),
         "baseline_comm_ms_p90": round(1e3 * float(np.percentile(base, 90)), 2) if base else None}
+
+
+def quiet_figures(key: str, values: list[float]) -> dict:
+    """``key`` (every value, ms), ``key_median`` and ``key_p90`` for no-migration values (s)."""
+    return {f"{key}_median": round(1e3 * statistics.median(values), 2) if values else None,
+            f"{key}_p90": round(1e3 * float(np.percentile(values, 90)), 2) if values else None,
+            key: [round(1e3 * q, 2) for q in values]}
 
 
 def tcp_loss(sampler: TcpLossSampler, per_rank: dict[int, list[Record]], repeats: list[dict],
@@ -627,7 +661,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{model:>9} {mode:<6} {row['keys_moved']} keys ({row['model_bytes'] / 1e6:.0f} MB): pause max "
                   f"{fmt(row['max_pause_ms'])} ms, median {fmt(row['median_pause_ms'])} ms (per repeat "
                   f"{row['pause_ms_per_repeat']}; without a migration: median "
-                  f"{fmt(row['quiet_pause_ms_median'])}, p90 {fmt(row['quiet_pause_ms_p90'])} ms; the workers' "
+                  f"{fmt(row['quiet_pause_ms_median'])}, p90 {fmt(row['quiet_pause_ms_p90'])} ms; against the "
+                  f"workers' median: max {fmt(row['max_pause_vs_worker_ms'])}, median "
+                  f"{fmt(row['median_pause_vs_worker_ms'])} ms, without a migration "
+                  f"{fmt(row['quiet_pause_vs_worker_ms_median'])} ms; the workers' "
                   f"iterations end {fmt(row['worker_end_skew_ms_median'])} ms apart, p90 "
                   f"{fmt(row['worker_end_skew_ms_p90'])}); whole window max {fmt(row['max_window_excess_ms'])} ms, "
                   f"median {fmt(row['median_window_excess_ms'])} ms; hand-over wait max "

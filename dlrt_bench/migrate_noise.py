@@ -1,15 +1,21 @@
 """How often a migration with no pause at all would meet the pause goals, for stored
 ``autops bench migrate`` rows -- those written before the benchmark reported it
-(``noise_only_targets_share``) included.
+(``noise_only_targets_share``) included -- under either baseline of the pause.
+
+``autops bench migrate`` takes a move's pause against the job's communication time (the
+slower worker's, per iteration: ``pause_baseline: "job"``); rows written before it took the
+same maximum against the median of every worker's time (``worker``; such rows carry it as
+``pause_ms_per_repeat``, newer rows as ``pause_vs_worker_ms_per_repeat``). Either figure a
+row lacks is rebuilt from it.
 
 A stored row keeps each worker's communication time per iteration (``comm_ms``) and each
 move's iterations (``iteration_at_call``, ``iteration_at_done``, ``switch_iterations``), not
-the clock times its migration windows were cut by. ``quiet_pauses`` rebuilds the records on
-a synthetic clock -- iteration ``i`` on the communication phase of ``i`` -- with each move's
-window from the iteration the call came in to the one it was done in, and takes the
-no-migration statistic as ``autops_migrate.pauses`` does. The windows are approximate (a
-call or a done near an iteration's edge shifts them by one), so the statistic is too; rows
-that carry ``quiet_pause_ms`` are taken as they are.
+the clock times its migration windows were cut by. ``rebuild`` lays the records on a
+synthetic clock -- iteration ``i`` on the communication phase of ``i`` -- with each move's
+window from the iteration the call came in to the one it was done in, and takes the figures
+as ``autops_migrate.pauses`` does. The windows are approximate (a call or a done near an
+iteration's edge shifts them by one), so the rebuilt figures are too; what a row stored is
+taken as it is.
 """
 from __future__ import annotations
 
@@ -21,13 +27,17 @@ from typing import Iterable
 from .autops_migrate import noise_only_share, pauses, targets_met
 
 PERIOD = 10.0       # the synthetic clock's iteration, s: longer than any communication phase
+BASELINES = ("job", "worker")
+# where a row keeps each baseline's per-move pauses and no-migration values, by the baseline
+# the row was written with
+STORED = {"job": {"job": ("pause_ms_per_repeat", "quiet_pause_ms"),
+                  "worker": ("pause_vs_worker_ms_per_repeat", "quiet_pause_vs_worker_ms")},
+          "worker": {"worker": ("pause_ms_per_repeat", "quiet_pause_ms")}}
 
 
-def quiet_pauses(row: dict) -> list[float] | None:
-    """The row's no-migration pause statistic, ms, one value per stretch (``pauses``); None
-    where a move lacks its switch iterations."""
-    if row.get("quiet_pause_ms") is not None:
-        return list(row["quiet_pause_ms"])
+def rebuild(row: dict) -> dict | None:
+    """``autops_migrate.pauses`` over the row's iterations on the synthetic clock; None where
+    a move lacks its switch iterations."""
     moves = row.get("per_repeat") or []
     if not moves or any(m.get("switch_iterations") is None for m in moves):
         return None
@@ -36,35 +46,59 @@ def quiet_pauses(row: dict) -> list[float] | None:
     windows = [(PERIOD * (m["iteration_at_call"] + 1) + 0.5, PERIOD * (m["iteration_at_done"] + 1) + 1.5)
                for m in moves]
     params = row.get("params") or {}
-    got = pauses(per_rank, [{"switch_iterations": m["switch_iterations"]} for m in moves], windows,
-                 params.get("skip", 2), params.get("gap", 5))
-    return got["quiet_pause_ms"]
+    return pauses(per_rank, [{"switch_iterations": m["switch_iterations"]} for m in moves], windows,
+                  params.get("skip", 2), params.get("gap", 5))
 
 
-def assess(row: dict) -> dict | None:
-    """One stored row: where and how it ran, the goals it met, and the shares a run without
-    a pause would meet them in (``noise_only_share``); None for a row this cannot read."""
+def figures(row: dict, baseline: str = "job") -> tuple[list[float] | None, list[float] | None]:
+    """The row's per-move pauses and its no-migration statistic (ms) against ``baseline``
+    (``BASELINES``): as stored where the row has them, else rebuilt (``rebuild``); None for
+    what neither gives."""
+    written = row.get("pause_baseline", "worker")
+    pause_key, quiet_key = STORED.get(written, {}).get(baseline, (None, None))
+    pause = row.get(pause_key) if pause_key else None
+    quiet = row.get(quiet_key) if quiet_key else None
+    if pause is None or quiet is None:
+        got = rebuild(row)
+        if got is not None:
+            own = "" if baseline == "job" else "_vs_worker"
+            pause = pause if pause is not None else got[f"pause{own}_ms_per_repeat"]
+            quiet = quiet if quiet is not None else got[f"quiet_pause{own}_ms"]
+    return (list(pause) if pause is not None else None), (list(quiet) if quiet is not None else None)
+
+
+def quiet_pauses(row: dict, baseline: str = "job") -> list[float] | None:
+    """The row's no-migration pause statistic against ``baseline``, ms, one value per stretch
+    (``pauses``); None where a move lacks its switch iterations."""
+    return figures(row, baseline)[1]
+
+
+def assess(row: dict, baseline: str = "job") -> dict | None:
+    """One stored row against ``baseline``: where and how it ran, the goals it met, and the
+    shares a run without a pause would meet them in (``noise_only_share``); None for a row
+    this cannot read."""
     if row.get("benchmark") != "migrate" or not row.get("pause_ms_per_repeat") or "comm_ms" not in row:
         return None
-    quiet = quiet_pauses(row)
-    moves = len(row["pause_ms_per_repeat"])
-    shares = row.get("noise_only_targets_share") or (noise_only_share(quiet, moves, row["mode"]) if quiet else None)
-    if shares is None:                   # no iteration without a migration to draw from
+    pause, quiet = figures(row, baseline)
+    if not pause or not quiet:           # no switch iterations, or none without a migration
         return None
-    met = targets_met(row["pause_ms_per_repeat"], row["mode"])
+    stored = row.get("noise_only_targets_share") if row.get("pause_baseline", "worker") == baseline else None
+    shares = stored or noise_only_share(quiet, len(pause), row["mode"])
+    met = targets_met(pause, row["mode"])
     return {"site": row.get("site"), "mode": row["mode"], "order": row.get("order"), "code": row.get("code"),
-            "moves": moves, "met": {**met, "all": all(met.values())}, "noise_only": shares}
+            "baseline": baseline, "moves": len(pause), "met": {**met, "all": all(met.values())},
+            "noise_only": shares, "quiet_median": statistics.median(quiet)}
 
 
 def summarize(assessed: Iterable[dict]) -> list[dict]:
-    """Per (site, mode): runs, and per goal the runs that met it against the runs a
-    migration with no pause would be expected to meet it in (the sum of the shares), with
-    the median share."""
+    """Per (site, mode, baseline): runs, the median of their no-migration statistics' medians,
+    and per goal the runs that met it against the runs a migration with no pause would be
+    expected to meet it in (the sum of the shares), with the median share."""
     groups: dict[tuple, list[dict]] = {}
     for a in assessed:
-        groups.setdefault((a["site"], a["mode"]), []).append(a)
+        groups.setdefault((a["site"], a["mode"], a.get("baseline", "job")), []).append(a)
     out = []
-    for (site, mode), runs in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+    for (site, mode, baseline), runs in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
         goals = {}
         for name in runs[0]["noise_only"]:
             shares = [r["noise_only"][name] for r in runs]
@@ -72,7 +106,9 @@ def summarize(assessed: Iterable[dict]) -> list[dict]:
                            "expected_without_pause": round(sum(shares), 1),
                            "share_median": round(statistics.median(shares), 3),
                            "share_range": [min(shares), max(shares)]}
-        out.append({"site": site, "mode": mode, "runs": len(runs), "goals": goals})
+        quiet = [r["quiet_median"] for r in runs if r.get("quiet_median") is not None]
+        out.append({"site": site, "mode": mode, "baseline": baseline, "runs": len(runs),
+                    "quiet_median_ms": round(statistics.median(quiet), 1) if quiet else None, "goals": goals})
     return out
 
 

@@ -113,6 +113,7 @@ def test_the_migration_benchmark_across_emulated_hosts_moves_the_job_and_reports
     assert row["keys_moved"] > 0 and row["per_repeat"][0]["switch_iterations"]
     assert set(row["per_repeat"][0]["to"]).isdisjoint(row["per_repeat"][0]["from"])
     assert row["max_pause_ms"] is not None and row["median_pause_ms"] is not None
+    assert row["pause_baseline"] == "job" and row["max_pause_vs_worker_ms"] is not None
     # each worker warmed its connection to each new owner before the switch, and had it back
     assert row["warm_bytes"] == 32 << 20
     assert row["warmed_connections"] == 2 * len(row["per_repeat"][0]["to"]), row["warmed_connections"]

@@ -396,6 +396,27 @@ def test_the_pause_is_the_excess_of_the_switch_iterations_and_the_window_keeps_t
     assert repeats[0]["pause_ms"] == pytest.approx(50.0)
 
 
+def test_the_pause_is_taken_against_the_jobs_time_not_the_median_worker():
+    from dlrt_bench.autops_migrate import pauses
+    # rank 0 pushes first and waits for rank 1 in every iteration: its communication is
+    # always 40 ms longer. The job's time is rank 0's; the switch costs the job 10 ms.
+    early = {it: 0.24 for it in range(1, 21)}
+    late = {it: 0.2 for it in range(1, 21)}
+    early[10], late[10] = 0.25, 0.21
+    repeats = [{"switch_iterations": [10, 10]}]
+    got = pauses({0: records(early), 1: records(late)}, repeats, [(7.6, 10.6)], skip=2, gap=3)
+    assert repeats[0]["job_baseline_comm_ms"] == pytest.approx(240.0)
+    assert repeats[0]["baseline_comm_ms"] == pytest.approx(220.0)      # the median of both workers
+    assert got["pause_baseline"] == "job"
+    assert got["max_pause_ms"] == pytest.approx(10.0) and repeats[0]["pause_ms"] == pytest.approx(10.0)
+    # the definition before counts the spread as a pause, in the switch and without a migration
+    assert got["max_pause_vs_worker_ms"] == pytest.approx(30.0)
+    assert repeats[0]["pause_vs_worker_ms"] == pytest.approx(30.0)
+    assert got["quiet_pause_ms_median"] == pytest.approx(0.0)
+    assert got["quiet_pause_vs_worker_ms_median"] == pytest.approx(20.0)
+    assert len(got["quiet_pause_ms"]) == len(got["quiet_pause_vs_worker_ms"]) == 6
+
+
 def test_the_noise_alone_gives_the_same_statistic_over_iterations_without_a_migration():
     from dlrt_bench.autops_migrate import pauses
     comm = {it: 0.2 for it in range(1, 31)}

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dlrt_bench.migrate_noise import assess, quiet_pauses, read_rows, summarize
+from dlrt_bench.migrate_noise import assess, figures, quiet_pauses, read_rows, summarize
 
 
 def stored_row(comm_ms: list[float], moves: list[dict], mode: str = "sum", **extra) -> dict:
@@ -31,14 +31,37 @@ def test_the_quiet_statistic_is_rebuilt_from_the_iterations_of_each_move():
 def test_a_row_that_kept_its_quiet_values_is_taken_as_it_is_and_one_without_switches_is_skipped():
     row = stored_row([200.0] * 12, [{"iteration_at_call": 5, "iteration_at_done": 6, "switch_iterations": [7, 7],
                                      "pause_ms": 5.0}], quiet_pause_ms=[1.0, 2.0])
-    assert quiet_pauses(row) == [1.0, 2.0]
+    assert quiet_pauses(row, "worker") == [1.0, 2.0]
     old = stored_row([200.0] * 12, [{"iteration_at_call": 5, "iteration_at_done": 6, "switch_iterations": None,
                                      "pause_ms": 5.0}])
     assert quiet_pauses(old) is None and assess(old) is None
     no_quiet = stored_row([200.0] * 12, [{"iteration_at_call": 5, "iteration_at_done": 6, "switch_iterations": [7, 7],
                                           "pause_ms": 5.0}], quiet_pause_ms=[])
-    assert assess(no_quiet) is None
+    assert assess(no_quiet, "worker") is None
     assert assess({"benchmark": "pushpull"}) is None
+
+
+def test_a_row_from_before_the_jobs_baseline_has_its_job_figures_rebuilt():
+    # rank 0 waits 40 ms for rank 1 in every iteration; the switch (iteration 10) costs 10
+    early, late = [240.0] * 20, [200.0] * 20
+    early[9], late[9] = 250.0, 210.0
+    row = {"benchmark": "migrate", "mode": "sum", "site": "emulated", "comm_ms": [early, late],
+           "per_repeat": [{"iteration_at_call": 7, "iteration_at_done": 8, "switch_iterations": [10, 10]}],
+           "pause_ms_per_repeat": [30.0], "quiet_pause_ms": [20.0] * 8, "params": {"skip": 2, "gap": 4}}
+    assert figures(row, "worker") == ([30.0], [20.0] * 8)            # as stored
+    pause, quiet = figures(row, "job")
+    assert pause == [pytest.approx(10.0)] and quiet == pytest.approx([0.0] * 8)
+    job, worker = assess(row, "job"), assess(row, "worker")
+    assert job["met"]["all"] and not worker["met"]["median_pause_le_20ms"]
+    assert job["quiet_median"] == pytest.approx(0.0) and worker["quiet_median"] == pytest.approx(20.0)
+
+
+def test_a_row_with_the_jobs_baseline_is_read_as_stored_under_both():
+    row = stored_row([200.0] * 12, [{"iteration_at_call": 5, "iteration_at_done": 6, "switch_iterations": [7, 7],
+                                     "pause_ms": 5.0}], pause_baseline="job", quiet_pause_ms=[1.0, 2.0],
+                     pause_vs_worker_ms_per_repeat=[25.0], quiet_pause_vs_worker_ms=[21.0, 22.0])
+    assert figures(row, "job") == ([5.0], [1.0, 2.0])
+    assert figures(row, "worker") == ([25.0], [21.0, 22.0])
 
 
 def test_runs_are_summed_per_site_and_mode_against_what_no_pause_would_meet():
@@ -48,8 +71,9 @@ def test_runs_are_summed_per_site_and_mode_against_what_no_pause_would_meet():
                       "switch_iterations": [7, 7], "pause_ms": p} for p in (10.0, 10.0, 70.0, 0.0)]
     rows = [stored_row([200.0] * 12, moves(), quiet_pause_ms=quiet_low),
             stored_row([200.0] * 12, moves(), quiet_pause_ms=quiet_high)]
-    got = summarize(a for a in map(assess, rows) if a is not None)
+    got = summarize(a for a in (assess(r, "worker") for r in rows) if a is not None)
     assert len(got) == 1 and got[0]["site"] == "emulated" and got[0]["mode"] == "sum" and got[0]["runs"] == 2
+    assert got[0]["baseline"] == "worker"
     longest = got[0]["goals"]["max_pause_le_60ms"]
     assert longest["met"] == 0                                  # 70 ms in both
     assert longest["share_range"] == [pytest.approx(1 / 16, abs=0.01), 1.0]
