@@ -12,6 +12,8 @@ from pathlib import Path
 
 from dlrt_bench.migrate_noise import BASELINES, assess, read_rows, summarize
 
+WHOSE = {"job": "the job's", "worker": "the workers'"}
+
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -25,7 +27,7 @@ def main(argv: list[str]) -> int:
             if args.order is None or str(r.get("order") or "").startswith(args.order)]
     summary = summarize(a for b in args.baseline for a in (assess(r, b) for r in rows) if a is not None)
     for group in summary:
-        print(f"{group['site'] or 'unlabelled'} {group['mode']}, pause against {dict(job="the job's", worker="the workers'")[group['baseline']]} baseline: "
+        print(f"{group['site'] or 'unlabelled'} {group['mode']}, pause against {WHOSE[group['baseline']]} baseline: "
               f"{group['runs']} runs, no-migration statistic median {group['quiet_median_ms']} ms")
         for name, g in group["goals"].items():
             print(f"  {name}: met in {g['met']}; a migration without a pause: {g['expected_without_pause']} expected "
