@@ -1,6 +1,7 @@
 """How often a migration with no pause at all would have met the pause goals in stored
-``autops bench migrate`` runs, against how often the runs met them (dlrt_bench/migrate_noise.py), with the pause taken against the job's communication time and
-against the workers' median (the definition before).
+``autops bench migrate`` runs, against how often the runs met them (dlrt_bench/migrate_noise.py),
+with the pause taken against the job's communication time and against the workers' median
+(the definition before).
 
     python bench/autops_migrate_noise.py bench/results/autops_migrate*.json
     python bench/autops_migrate_noise.py bench/results/autops_migrate_connection_warm.json --order W --json -
