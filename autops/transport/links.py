@@ -35,6 +35,7 @@ from .rdma_verbs import PyverbsNic, Verbs
 from .shm import SharedMemory, available as shm_available
 from .shm_channel import ShmFraming
 from .stream import StreamChannel, StreamListener
+from .tcpopts import rto_min_us_from_env
 from .zmq import ZmqChannel, ZmqListener, ipc_address, keep_freed_buffers
 
 TRANSPORTS = ("auto", "tcp", "ipc", "shm", "rdma", "cma")
@@ -80,6 +81,10 @@ class Transport:
                  label: str | None = None, verbs: Verbs | None = None, security: Security | None = None) -> None:
         if preference not in TRANSPORTS:
             raise TransportError(f"unknown transport {preference!r} (one of {', '.join(TRANSPORTS)})")
+        try:
+            rto_min_us_from_env()          # a bad $AUTOPS_TCP_RTO_MIN_US fails here, not in a link later
+        except ValueError as exc:
+            raise TransportError(str(exc)) from None
         self.ctx = ctx
         self.security = security if security is not None else default_security()
         self.preference = preference

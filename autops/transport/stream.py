@@ -46,6 +46,7 @@ from dlrt.endpoints import host_port
 
 from .base import TransportError, buffer_of
 from .sockpoll import LinkChannel, LinkListener, first_n
+from .tcpopts import rto_min_us_from_env, set_rto_min
 
 __all__ = ["StreamChannel", "StreamListener", "StreamLink", "SPLICE_MIN", "socket_path", "stream_kind"]
 
@@ -199,6 +200,9 @@ class StreamLink:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)    # a DONE or reply goes at once
         except OSError:
             pass
+        # a lost tail waits the measured round trip, not the kernel's 200 ms (tcpopts.py;
+        # the Transport refused a bad setting when the service started)
+        self.rto_min_us = set_rto_min(sock, rto_min_us_from_env(strict=False)) if self.kind == "tcp" else None
         self.sock, self.fd, self.name = sock, sock.fileno(), name
         self.out: deque = deque()
         self.kept: dict[int, list] = {}
