@@ -33,7 +33,8 @@ import numpy as np
 from autops.transport import tcpopts
 from autops.transport.stream import StreamChannel, StreamListener
 from dlrt import cli
-from dlrt.testbed import Testbed, available, cleanup, enter_netns, shaping_commands
+from dlrt.testbed import Testbed, available, cleanup, shaping_commands
+from dlrt_bench.autops_migrate import in_netns
 
 _TCP_INFO = struct.Struct("8B24I")     # struct tcp_info's head: 8 bytes, then u32s from tcpi_rto on
 
@@ -42,25 +43,6 @@ def tcp_info(sock: socket.socket) -> dict:
     """The sender's timer (us) and retransmissions so far."""
     fields = _TCP_INFO.unpack(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO.size))
     return {"rto_us": fields[8], "total_retrans": fields[8 + 23]}
-
-
-def in_netns(netns: str, make):
-    """``make()`` called on a thread inside ``netns`` (the sockets it makes stay there)."""
-    out: dict = {}
-
-    def run() -> None:
-        try:
-            enter_netns(netns)
-            out["value"] = make()
-        except BaseException as exc:       # handed to the caller
-            out["error"] = exc
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join()
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
 
 
 def connected(channel: StreamChannel) -> StreamChannel:

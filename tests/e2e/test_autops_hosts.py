@@ -120,3 +120,29 @@ def test_the_migration_benchmark_across_emulated_hosts_moves_the_job_and_reports
     # every host's TCP counters were sampled: the switch iteration's pushes and pulls crossed them
     assert row["tcp_quiet"]["iterations"] > 0
     assert row["per_repeat"][0]["tcp_switch"]["OutSegs"] > 0
+
+
+def test_the_tail_loss_benchmark_blacks_out_a_link_and_each_arm_keeps_its_floor(tmp_path):
+    """``bench/autops_tail_loss.py``: both arms deliver the message through the blackout, the
+    links' arm runs with the lowered floor and the kernel's with 200 ms (read from the sender's
+    TCP_INFO: its timer), and the testbed is gone afterwards."""
+    reason = available()
+    if reason:
+        pytest.skip(f"emulated hosts unavailable: {reason}")
+    from autops.transport import tcpopts
+    sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "bench"))
+    from autops_tail_loss import main as tail_loss_main
+    out = tmp_path / "tail.json"
+    prefix = prefix_for(__name__, 2)
+    cleanup(prefix)
+    assert tail_loss_main(["--trials", "1", "--size", "128M", "--prefix", prefix, "--json", str(out)]) == 0
+    assert not leftovers(prefix)
+    rows = {r["arm"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert set(rows) == {"kernel", "links"}
+    assert rows["kernel"]["rto_min_us_taken"] is None
+    assert rows["kernel"]["sender_rto_us_median"] >= tcpopts.KERNEL_RTO_MIN_US
+    if rows["links"]["rto_min_us_taken"] is not None:          # None: a kernel before 6.15
+        assert tcpopts.RTO_MIN_US <= rows["links"]["rto_min_us_taken"] < 2 * tcpopts.RTO_MIN_US
+        assert rows["links"]["sender_rto_us_median"] < tcpopts.KERNEL_RTO_MIN_US
+    for row in rows.values():                                  # the blackout lost segments
+        assert row["retransmitted_segments_median"] > 0 and row["blackout_transfer_ms"] > 0
