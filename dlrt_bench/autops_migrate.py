@@ -459,24 +459,24 @@ def pauses(per_rank: dict[int, list[Record]], repeats: list[dict], windows: list
         rec["window_excess_ms"] = round(1e3 * max(window), 2) if window else None
         rec["pause_ms"] = round(1e3 * (max(switched) - job_near), 2) if switched else None
         rec["pause_vs_worker_ms"] = round(1e3 * (max(switched) - near), 2) if switched else None
-    pause = [rec["pause_ms"] for rec in repeats if rec["pause_ms"] is not None]
-    vs_worker = [rec["pause_vs_worker_ms"] for rec in repeats if rec["pause_vs_worker_ms"] is not None]
-    window = [rec["window_excess_ms"] for rec in repeats if rec["window_excess_ms"] is not None]
     return {
         "pause_baseline": "job",
-        "max_pause_ms": max(pause) if pause else None,
-        "median_pause_ms": statistics.median(pause) if pause else None,
-        "pause_ms_per_repeat": pause,
-        "max_pause_vs_worker_ms": max(vs_worker) if vs_worker else None,
-        "median_pause_vs_worker_ms": statistics.median(vs_worker) if vs_worker else None,
-        "pause_vs_worker_ms_per_repeat": vs_worker,
-        "max_window_excess_ms": max(window) if window else None,
-        "median_window_excess_ms": statistics.median(window) if window else None,
-        "window_excess_ms_per_repeat": window,
+        **over_repeats(repeats, "pause"),
+        **over_repeats(repeats, "pause_vs_worker"),
+        **over_repeats(repeats, "window_excess"),
         **quiet_figures("quiet_pause_ms", quiet_pauses),
         **quiet_figures("quiet_pause_vs_worker_ms", quiet_vs_worker),
         "baseline_comm_ms": round(1e3 * baseline, 2),
         "baseline_comm_ms_p90": round(1e3 * float(np.percentile(base, 90)), 2) if base else None}
+
+
+def over_repeats(repeats: list[dict], name: str) -> dict:
+    """``max_{name}_ms``, ``median_{name}_ms`` and ``{name}_ms_per_repeat`` over the repeats
+    that have ``{name}_ms``."""
+    values = [rec[f"{name}_ms"] for rec in repeats if rec[f"{name}_ms"] is not None]
+    return {f"max_{name}_ms": max(values) if values else None,
+            f"median_{name}_ms": statistics.median(values) if values else None,
+            f"{name}_ms_per_repeat": values}
 
 
 def quiet_figures(key: str, values: list[float]) -> dict:
