@@ -22,9 +22,7 @@ import select
 import socket
 import statistics
 import struct
-import subprocess
 import sys
-import threading
 import time
 import uuid
 
@@ -33,7 +31,7 @@ import numpy as np
 from autops.transport import tcpopts
 from autops.transport.stream import StreamChannel, StreamListener
 from dlrt import cli
-from dlrt.testbed import Testbed, available, cleanup, shaping_commands
+from dlrt.testbed import Testbed, available, cleanup
 from dlrt_bench.autops_migrate import in_netns
 
 _TCP_INFO = struct.Struct("8B24I")     # struct tcp_info's head: 8 bytes, then u32s from tcpi_rto on
@@ -92,14 +90,9 @@ def run(args: argparse.Namespace) -> list[dict]:
     got: dict[str, dict] = {name: {"plain": [], "blackout": [], "rto_us": [], "retrans": [], "taken": None}
                             for name in arms}
     sender, receiver = tb.hosts
-    download = receiver.ifname                         # the receiver's link's queue, outside the hosts
-    restore = [["tc", *[("replace" if a == "add" else a) for a in cmd]] for cmd in shaping_commands(
-        tb.rate_bps, None, download)]
     with tb:
         def blackout() -> None:
-            subprocess.run(["tc", "qdisc", "replace", "dev", download, "root", "handle", "2:", "pfifo", "limit",
-                            "0"], check=True)
-            threading.Timer(args.blackout / 1e3, lambda: [subprocess.run(c, check=True) for c in restore]).start()
+            tb.blackout(receiver, args.blackout / 1e3)     # the receiver's download
 
         for trial in range(args.trials):
             for name, floor in arms.items():

@@ -42,6 +42,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import threading
 import time
 import zlib
 from typing import Any, Mapping, NamedTuple, Sequence
@@ -576,6 +577,27 @@ class Testbed:
         stats = f"/sys/class/net/{ifname}/statistics"
         with open(f"{stats}/rx_bytes", encoding="ascii") as rx, open(f"{stats}/tx_bytes", encoding="ascii") as tx:
             return Counters(sent=int(rx.read()), received=int(tx.read()))
+
+    def blackout(self, host: Host | int | str, seconds: float) -> threading.Timer:
+        """Drop every packet to ``host`` for ``seconds``: its download's queue (outside the
+        host) is swapped for one that holds nothing, so segments in flight and the probes after
+        them are lost, as on a link that flapped. Returns the started timer that puts the
+        link's shaping back (``join`` it to wait)."""
+        ifname = (host if isinstance(host, Host) else self.host(host)).ifname
+        half_delay = self.delay_us / 2 if self.delay_us is not None else None
+        restore = [[("replace" if arg == "add" else arg) for arg in cmd]
+                   for cmd in shaping_commands(self.rate_bps, half_delay, ifname)]
+
+        def back() -> None:
+            if not restore:                            # an unshaped link: the default queue
+                _tc("qdisc", "del", "dev", ifname, "root")
+            for args in restore:
+                _tc(*args)
+
+        _tc("qdisc", "replace", "dev", ifname, "root", "handle", "2:", "pfifo", "limit", "0")
+        timer = threading.Timer(seconds, back)
+        timer.start()
+        return timer
 
     def pids(self, host: Host | int | str) -> list[int]:
         """Every process now in the host's namespace (started through the testbed or not)."""

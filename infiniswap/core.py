@@ -28,6 +28,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from dlrt import tcpopts
 from dlrt.keys import ensure_cluster_secret
 from infiniswap._core import ffi, lib
 
@@ -43,6 +44,8 @@ __all__ = [
     "FuseServer",
     "FuseStats",
     "auth_proof",
+    "RTO_MIN_ENV",
+    "rto_min_us_from_env",
 ]
 
 PAGE_SIZE: int = int(lib.ISW_PAGE_SIZE)
@@ -52,6 +55,19 @@ _U32_MAX = (1 << 32) - 1
 # Errors a caller causes with a bad argument (EINVAL, ERANGE) or by using a closed object
 # (EBADF, e.g. another thread closed the device): reported as ValueError.
 _VALUE_ERRNOS = (_errno.EINVAL, _errno.ERANGE, _errno.EBADF)
+# the retransmission-timeout floor of the device's and the data servers' TCP connections
+# (dlrt/tcpopts.py): microseconds, 0 the kernel's 200 ms
+RTO_MIN_ENV = "INFINISWAP_TCP_RTO_MIN_US"
+
+
+def rto_min_us_from_env(strict: bool = True) -> int:
+    """``$INFINISWAP_TCP_RTO_MIN_US`` (0..200000), else ``dlrt.tcpopts.RTO_MIN_US`` (10 ms)."""
+    return tcpopts.rto_min_us_from_env(RTO_MIN_ENV, strict)
+
+
+def _rto_min(us: int | None) -> int:
+    """The floor a TCP connection asks for: ``us``, else the environment's."""
+    return rto_min_us_from_env() if us is None else _uint(us, "rto_min_us", tcpopts.KERNEL_RTO_MIN_US)
 
 
 class SlabState(enum.IntEnum):
@@ -110,6 +126,7 @@ class ServerStats:
     auth_successes: int         # connections that proved the cluster key
     auth_refusals: int          # connections closed before proving it (every reason)
     auth_timeouts: int          # of which: silent past the handshake deadline
+    rto_min_us: int             # retransmission-timeout floor of the last connection accepted; 0: the kernel's
 
 
 @dataclass(frozen=True)
@@ -268,19 +285,24 @@ class CoreDevice(_Handle):
                       "add_remote_shm")
 
     def add_remote_tcp(self, host: str, port: int, connections: int = 4,
-                       timeout: float = 2.0, key: bytes | None = None) -> int:
+                       timeout: float = 2.0, key: bytes | None = None,
+                       rto_min_us: int | None = None) -> int:
         """Connect ``connections`` TCP connections to a daemon's data server; ``timeout``
         (seconds) bounds every connect/send/receive.  Each connection proves the cluster
         ``key`` (default: the key directory's) and checks the server's proof of it:
-        OSError(EACCES) when either side does not hold it.  Returns the remote id."""
+        OSError(EACCES) when either side does not hold it.  ``rto_min_us``: the connections'
+        retransmission-timeout floor (default ``$INFINISWAP_TCP_RTO_MIN_US``, else 10 ms; 0:
+        the kernel's 200 ms; :meth:`remote_rto_min_us` says what they took).  Returns the
+        remote id."""
         key = _cluster_key(key)
+        rto_min_us = _rto_min(rto_min_us)
         _uint(port, "port", 65535)
         _uint(connections, "connections", 256)
         timeout_ms = int(round(timeout * 1000))
         if timeout_ms < 1 or timeout_ms > 3_600_000:
             raise ValueError(f"timeout must be in 0.001..3600 s, got {timeout}")
-        return _check(lib.isw_device_add_remote_tcp(self._p(), host.encode(), port,
-                                                    connections, timeout_ms, key, len(key)),
+        return _check(lib.isw_device_add_remote_tcp(self._p(), host.encode(), port, connections,
+                                                    timeout_ms, rto_min_us, key, len(key)),
                       "add_remote_tcp")
 
     def add_remote_rdma(self, queue_pair: Any, nslots: int) -> int:
@@ -310,6 +332,12 @@ class CoreDevice(_Handle):
 
     def remote_dead(self, remote_id: int) -> bool:
         return bool(_check(lib.isw_device_remote_dead(self._p(), remote_id), "remote_dead"))
+
+    def remote_rto_min_us(self, remote_id: int) -> int:
+        """The retransmission-timeout floor (us) a TCP remote's connections took: the one
+        asked for rounded up to the kernel's clock ticks; 0 where it is the kernel's (asked
+        for 0, a kernel before 6.15, or not a TCP remote)."""
+        return _check(lib.isw_device_remote_rto_min_us(self._p(), remote_id), "remote_rto_min_us")
 
     def remote_error(self, remote_id: int) -> str:
         """The last error message of the remote ('' if none)."""
@@ -533,21 +561,26 @@ class DataServer(_Handle):
     """TCP data server of a daemon: serves READ/WRITE of ``store``'s allocated slabs to
     connections that proved the cluster ``key`` (default: the key directory's) within
     ``handshake_timeout`` seconds; the others are closed and counted (``stats()``).
-    ``port=0`` lets the OS pick; see :meth:`port`."""
+    ``port=0`` lets the OS pick; see :meth:`port`. ``rto_min_us``: the retransmission-timeout
+    floor every accepted connection asks for (default ``$INFINISWAP_TCP_RTO_MIN_US``, else
+    10 ms; 0: the kernel's 200 ms), so a reply that loses its tail is sent again after about a
+    round trip."""
 
     _kind = "data server"
 
     def __init__(self, store: SlabStore, host: str = "127.0.0.1", port: int = 0, *,
-                 key: bytes | None = None, handshake_timeout: float = 2.0) -> None:
+                 key: bytes | None = None, handshake_timeout: float = 2.0,
+                 rto_min_us: int | None = None) -> None:
         self._ptr = None
         _uint(port, "port", 65535)
         key = _cluster_key(key)
+        rto_min_us = _rto_min(rto_min_us)
         handshake_ms = int(round(handshake_timeout * 1000))
         if handshake_ms < 1 or handshake_ms > 3_600_000:
             raise ValueError(f"handshake_timeout must be in 0.001..3600 s, got {handshake_timeout}")
         out = ffi.new("struct isw_server **")
         _check(lib.isw_server_start(store._p(), host.encode(), port, key, len(key), handshake_ms,
-                                    out), "DataServer")
+                                    rto_min_us, out), "DataServer")
         self._ptr = ffi.gc(out[0], lib.isw_server_free)
         self._store = store         # the C server uses the store: keep it alive
         self.host: str = host

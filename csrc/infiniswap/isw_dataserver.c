@@ -113,6 +113,8 @@ struct isw_server {
     unsigned char key[ISW_AUTH_KEY_MAX];
     size_t key_len;
     int handshake_ms;
+    int rto_min_us;             /* asked for on every accepted connection */
+    _Atomic uint64_t rto_min_taken;     /* what the last one took */
     pthread_mutex_t why_mu;
     char last_refusal[200];     /* under why_mu */
 };
@@ -459,6 +461,7 @@ static void accept_some(struct worker *w)
         }
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        atomic_store(&srv->rto_min_taken, (uint64_t)isw_tcp_set_rto_min(fd, srv->rto_min_us));
         struct conn *c = calloc(1, sizeof *c);
         unsigned char *rx = malloc(ISW_RX_BUF), *tx = malloc(ISW_TX_MIN);
         struct epoll_event ev = { .events = EPOLLIN, .data.ptr = c };
@@ -618,7 +621,7 @@ static int worker_init(struct isw_server *srv, struct worker *w)
 
 int isw_server_start(struct isw_store *store, const char *host, int port,
                      const unsigned char *key, size_t key_len, int handshake_timeout_ms,
-                     struct isw_server **out)
+                     int rto_min_us, struct isw_server **out)
 {
     int rc, started = 0;
 
@@ -629,6 +632,9 @@ int isw_server_start(struct isw_store *store, const char *host, int port,
     if (handshake_timeout_ms < 0)
         return isw_fail(EINVAL, "the handshake timeout must be >= 0 ms, got %d",
                         handshake_timeout_ms);
+    if (rto_min_us < 0 || rto_min_us > ISW_RTO_MIN_MAX_US)
+        return isw_fail(EINVAL, "the retransmission-timeout floor must be 0..%d us, got %d",
+                        ISW_RTO_MIN_MAX_US, rto_min_us);
     if (isw_store_fd(store) < 0)
         return isw_fail(EBADF, "the slab store is closed");
     struct isw_server *srv = calloc(1, sizeof *srv);
@@ -638,6 +644,7 @@ int isw_server_start(struct isw_store *store, const char *host, int port,
     memcpy(srv->key, key, key_len);
     srv->key_len = key_len;
     srv->handshake_ms = handshake_timeout_ms > 0 ? handshake_timeout_ms : ISW_AUTH_TIMEOUT_MS;
+    srv->rto_min_us = rto_min_us;
     pthread_mutex_init(&srv->why_mu, NULL);
     rc = listen_on(host, port, &srv->lfd, &srv->port);
     if (rc < 0) {
@@ -707,6 +714,7 @@ int isw_server_get_stats(struct isw_server *srv, struct isw_server_stats *out)
     out->auth_successes = atomic_load(&srv->auth_ok);
     out->auth_refusals = atomic_load(&srv->auth_refused);
     out->auth_timeouts = atomic_load(&srv->auth_timeouts);
+    out->rto_min_us = atomic_load(&srv->rto_min_taken);
     return 0;
 }
 

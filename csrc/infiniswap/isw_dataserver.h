@@ -14,6 +14,9 @@
 #include <stdint.h>
 
 /* cffi:begin */
+/* The most a connection's retransmission-timeout floor takes: the kernel's own (200 ms). */
+#define ISW_RTO_MIN_MAX_US 200000
+
 struct isw_store;
 struct isw_server;
 
@@ -28,15 +31,19 @@ struct isw_server_stats {
     uint64_t auth_successes;        /* connections that proved the cluster key */
     uint64_t auth_refusals;         /* connections closed before proving it (all reasons) */
     uint64_t auth_timeouts;         /* of which: silent past the handshake deadline */
+    uint64_t rto_min_us;            /* retransmission-timeout floor of the last connection
+                                       accepted (us); 0: the kernel's (200 ms) */
 };
 
 /* Bind host:port (port 0: the OS picks) and start serving connections that prove the
  * cluster key `key` (ISW_AUTH_KEY_MIN..MAX bytes, copied) within `handshake_timeout_ms`
- * (0: ISW_AUTH_TIMEOUT_MS).  The store stays alive (and cannot be closed) until the server
- * is stopped. */
+ * (0: ISW_AUTH_TIMEOUT_MS).  Every accepted connection asks for a retransmission-timeout
+ * floor of `rto_min_us` (0..ISW_RTO_MIN_MAX_US; 0: the kernel's), so a reply whose last
+ * segments are lost is sent again after about a round trip, not 200 ms.  The store stays
+ * alive (and cannot be closed) until the server is stopped. */
 int isw_server_start(struct isw_store *store, const char *host, int port,
                      const unsigned char *key, size_t key_len, int handshake_timeout_ms,
-                     struct isw_server **out);
+                     int rto_min_us, struct isw_server **out);
 int isw_server_port(struct isw_server *srv);
 /* Close the listener and every connection, join all threads, release the store.
  * Idempotent. */

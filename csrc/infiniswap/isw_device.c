@@ -482,15 +482,15 @@ int isw_device_add_remote_shm(struct isw_device *d, const char *path, uint64_t s
 }
 
 int isw_device_add_remote_tcp(struct isw_device *d, const char *host, int port,
-                              int connections, int timeout_ms, const unsigned char *key,
-                              size_t key_len)
+                              int connections, int timeout_ms, int rto_min_us,
+                              const unsigned char *key, size_t key_len)
 {
     struct isw_remote *r;
     int rc = dev_enter(d);
 
     if (rc < 0)
         return rc;
-    rc = isw_remote_tcp_open(host, port, connections, timeout_ms, key, key_len, &r);
+    rc = isw_remote_tcp_open(host, port, connections, timeout_ms, rto_min_us, key, key_len, &r);
     if (rc == 0)
         rc = add_remote(d, r);
     dev_leave(d);
@@ -600,6 +600,18 @@ int isw_device_remote_dead(struct isw_device *d, int remote_id)
     if (r == NULL)
         return rc;
     rc = atomic_load(&r->dead) ? 1 : 0;
+    ctl_release(d);
+    return rc;
+}
+
+int isw_device_remote_rto_min_us(struct isw_device *d, int remote_id)
+{
+    int rc;
+    struct isw_remote *r = remote_acquire(d, remote_id, &rc);
+
+    if (r == NULL)
+        return rc;
+    rc = r->rto_min_us;
     ctl_release(d);
     return rc;
 }

@@ -70,15 +70,19 @@ int isw_device_flush(struct isw_device *d);
 
 /* Remotes: returns the new remote id (>= 0). */
 int isw_device_add_remote_shm(struct isw_device *d, const char *path, uint64_t size);
-/* `key`: the cluster key every connection proves to the daemon's data server (not kept). */
+/* `key`: the cluster key every connection proves to the daemon's data server (not kept);
+ * `rto_min_us`: the connections' retransmission-timeout floor asked for (0: the kernel's). */
 int isw_device_add_remote_tcp(struct isw_device *d, const char *host, int port,
-                              int connections, int timeout_ms, const unsigned char *key,
-                              size_t key_len);
+                              int connections, int timeout_ms, int rto_min_us,
+                              const unsigned char *key, size_t key_len);
 int isw_device_remove_remote(struct isw_device *d, int remote_id);
 int isw_device_mark_remote_dead(struct isw_device *d, int remote_id);
 /* 1 if dead, 0 if alive. */
 int isw_device_remote_dead(struct isw_device *d, int remote_id);
 int isw_device_remote_error(struct isw_device *d, int remote_id, char *out, size_t n);
+/* The retransmission-timeout floor (us) a TCP remote's connections took; 0: the kernel's, or
+ * not a TCP remote. */
+int isw_device_remote_rto_min_us(struct isw_device *d, int remote_id);
 
 /* Mapping control (thesis §2.4.2, §2.4.4). */
 int isw_device_begin_map(struct isw_device *d, uint32_t slab);

@@ -1,7 +1,7 @@
 /*
  * isw_net.c — TCP helpers: blocking whole-buffer send/receive (the device side), one
- * nonblocking send/receive (the data server's event loop), timeouts, connect with a
- * deadline.  Used by isw_tcp_client.c and isw_dataserver.c.
+ * nonblocking send/receive (the data server's event loop), timeouts, the retransmission-
+ * timeout floor, connect with a deadline.  Used by isw_tcp_client.c and isw_dataserver.c.
  *
  * Owns: nothing; the caller owns every socket (isw_tcp_connect hands its new one over).
  */
@@ -21,6 +21,10 @@
 #include <unistd.h>
 
 #define ISW_MAX_IOV 4
+
+#ifndef TCP_RTO_MIN_US
+#define TCP_RTO_MIN_US 45       /* linux/tcp.h, Linux 6.15+ */
+#endif
 
 static int io_errno(int e)
 {
@@ -119,7 +123,39 @@ int isw_set_timeouts(int fd, int timeout_ms)
     return 0;
 }
 
-static int connect_one(const struct addrinfo *ai, int timeout_ms, int *out_fd)
+int isw_tcp_set_rto_min(int fd, int us)
+{
+    int ask = us, got = 0;
+    socklen_t sl = sizeof got;
+
+    if (us <= 0)
+        return 0;
+    if (ask > ISW_RTO_MIN_MAX_US)
+        ask = ISW_RTO_MIN_MAX_US;
+    /* The kernel takes whole clock ticks, at least two: below that it answers EINVAL, so the
+     * request doubles until it is taken.  ENOPROTOOPT: a kernel before 6.15. */
+    while (setsockopt(fd, IPPROTO_TCP, TCP_RTO_MIN_US, &ask, sizeof ask) < 0) {
+        if (errno != EINVAL || ask >= ISW_RTO_MIN_MAX_US)
+            return 0;
+        ask = ask > ISW_RTO_MIN_MAX_US / 2 ? ISW_RTO_MIN_MAX_US : 2 * ask;
+    }
+    if (getsockopt(fd, IPPROTO_TCP, TCP_RTO_MIN_US, &got, &sl) < 0)
+        return ask;
+    return got;
+}
+
+
+int isw_tcp_rto_min(int fd)
+{
+    int got = 0;
+    socklen_t sl = sizeof got;
+
+    if (getsockopt(fd, IPPROTO_TCP, TCP_RTO_MIN_US, &got, &sl) < 0 || got >= ISW_RTO_MIN_MAX_US)
+        return 0;
+    return got;
+}
+
+static int connect_one(const struct addrinfo *ai, int timeout_ms, int rto_min_us, int *out_fd)
 {
     int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
     int one = 1, rc;
@@ -161,6 +197,7 @@ static int connect_one(const struct addrinfo *ai, int timeout_ms, int *out_fd)
         goto fail;
     }
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    isw_tcp_set_rto_min(fd, rto_min_us);
     rc = isw_set_timeouts(fd, timeout_ms);
     if (rc < 0)
         goto fail;
@@ -171,7 +208,7 @@ fail:
     return rc;
 }
 
-int isw_tcp_connect(const char *host, int port, int timeout_ms, int *out_fd)
+int isw_tcp_connect(const char *host, int port, int timeout_ms, int rto_min_us, int *out_fd)
 {
     struct addrinfo hints, *res = NULL;
     char portstr[16];
@@ -187,7 +224,7 @@ int isw_tcp_connect(const char *host, int port, int timeout_ms, int *out_fd)
     if (gai != 0)
         return isw_fail(EHOSTUNREACH, "cannot resolve host '%s': %s", host, gai_strerror(gai));
     for (struct addrinfo *ai = res; ai != NULL; ai = ai->ai_next) {
-        rc = connect_one(ai, timeout_ms, out_fd);
+        rc = connect_one(ai, timeout_ms, rto_min_us, out_fd);
         if (rc == 0)
             break;
     }

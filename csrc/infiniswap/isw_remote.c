@@ -18,6 +18,7 @@ void isw_remote_init(struct isw_remote *r, const struct isw_remote_ops *ops, uin
     r->nslabs = 0;
     r->size = size;
     r->slab_size = slab_size;
+    r->rto_min_us = 0;
     atomic_init(&r->dead, 0);
     atomic_init(&r->errors, 0);
     pthread_mutex_init(&r->err_mu, NULL);

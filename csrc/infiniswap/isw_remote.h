@@ -42,6 +42,8 @@ struct isw_remote {
     pthread_mutex_t err_mu;
     char err[256];               /* last error message, under err_mu */
     char desc[160];              /* "shm:/proc/1/fd/5" or "tcp:host:port" */
+    int rto_min_us;              /* TCP: its connections' retransmission-timeout floor (us);
+                                    0: the kernel's, or not TCP */
 };
 
 void isw_remote_init(struct isw_remote *r, const struct isw_remote_ops *ops, uint64_t size,
@@ -54,8 +56,10 @@ void isw_remote_last_error(struct isw_remote *r, char *out, size_t n);
 
 int isw_remote_shm_open(const char *path, uint64_t size, struct isw_remote **out);
 /* Every connection proves the cluster key `key` and checks the server's proof
- * (isw_auth.h) before it is used; the key is not kept. */
+ * (isw_auth.h) before it is used; the key is not kept.  Each asks for a retransmission-
+ * timeout floor of `rto_min_us` (0..ISW_RTO_MIN_MAX_US; 0: the kernel's). */
 int isw_remote_tcp_open(const char *host, int port, int connections, int timeout_ms,
-                        const unsigned char *key, size_t key_len, struct isw_remote **out);
+                        int rto_min_us, const unsigned char *key, size_t key_len,
+                        struct isw_remote **out);
 
 #endif

@@ -330,11 +330,11 @@ static const struct isw_remote_ops tcp_ops = {
 };
 
 /* Connect one connection and complete the handshake on it; 0 or -errno (recorded). */
-static int connect_proven(const char *host, int port, int timeout_ms, const unsigned char *key,
-                          size_t key_len, int *out_fd)
+static int connect_proven(const char *host, int port, int timeout_ms, int rto_min_us,
+                          const unsigned char *key, size_t key_len, int *out_fd)
 {
     char why[256];
-    int fd, rc = isw_tcp_connect(host, port, timeout_ms, &fd);
+    int fd, rc = isw_tcp_connect(host, port, timeout_ms, rto_min_us, &fd);
 
     if (rc < 0)
         return rc;
@@ -349,7 +349,8 @@ static int connect_proven(const char *host, int port, int timeout_ms, const unsi
 }
 
 int isw_remote_tcp_open(const char *host, int port, int connections, int timeout_ms,
-                        const unsigned char *key, size_t key_len, struct isw_remote **out)
+                        int rto_min_us, const unsigned char *key, size_t key_len,
+                        struct isw_remote **out)
 {
     char desc[160];
     int rc = 0, opened = 0;
@@ -358,6 +359,9 @@ int isw_remote_tcp_open(const char *host, int port, int connections, int timeout
         return isw_fail(EINVAL, "connections must be 1..256, got %d", connections);
     if (timeout_ms < 1)
         return isw_fail(EINVAL, "timeout must be at least 1 ms, got %d", timeout_ms);
+    if (rto_min_us < 0 || rto_min_us > ISW_RTO_MIN_MAX_US)
+        return isw_fail(EINVAL, "the retransmission-timeout floor must be 0..%d us, got %d",
+                        ISW_RTO_MIN_MAX_US, rto_min_us);
     if (isw_auth_check_key(key, key_len) < 0)
         return -EINVAL;
     struct tcp_remote *t = calloc(1, sizeof *t);
@@ -371,7 +375,8 @@ int isw_remote_tcp_open(const char *host, int port, int connections, int timeout
         struct conn *c = &conns[opened];
         c->rx = malloc(ISW_CLIENT_RX_BUF);
         rc = c->rx == NULL ? isw_fail(ENOMEM, "out of memory")
-                           : connect_proven(host, port, timeout_ms, key, key_len, &c->fd);
+                           : connect_proven(host, port, timeout_ms, rto_min_us, key, key_len,
+                                            &c->fd);
         if (rc < 0) {
             free(c->rx);
             break;
@@ -390,6 +395,7 @@ int isw_remote_tcp_open(const char *host, int port, int connections, int timeout
     atomic_init(&t->next_conn, 0);
     snprintf(desc, sizeof desc, "tcp:%s:%d", host, port);
     isw_remote_init(&t->base, &tcp_ops, UINT64_MAX, 0, desc);
+    t->base.rto_min_us = isw_tcp_rto_min(conns[0].fd);
     *out = &t->base;
     return 0;
 }

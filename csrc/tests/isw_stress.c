@@ -73,6 +73,7 @@
 #define STORE_SLABS (NSLABS + 2)
 #define TCP_CONNECTIONS 3
 #define TCP_TIMEOUT_MS 20000
+#define TCP_RTO_MIN_US 10000      /* the Python API's default floor */
 #define NO_REGION UINT64_MAX
 #define CTL_PAUSE_US 1000               /* between control steps: mappings live a while */
 #define BUFPOOL_BUFS 2
@@ -885,14 +886,15 @@ int main(int argc, char **argv)
     fatal_if(isw_store_open(STORE_SLABS * SLAB_SIZE, SLAB_SIZE, &g_store), "isw_store_open");
     snprintf(g_shm_path, sizeof g_shm_path, "/proc/self/fd/%d", isw_store_fd(g_store));
     static const unsigned char key[32] = "isw_stress cluster key, 32 bytes";
-    fatal_if(isw_server_start(g_store, "127.0.0.1", 0, key, sizeof key, 0, &srv),
+    fatal_if(isw_server_start(g_store, "127.0.0.1", 0, key, sizeof key, 0, TCP_RTO_MIN_US, &srv),
              "isw_server_start");
     fatal_if(isw_device_open(NSLABS * SLAB_SIZE, SLAB_SIZE, backup, WRITER_THREADS, PENDING_CAP,
                              &g_dev), "isw_device_open");
     int shm_id = isw_device_add_remote_shm(g_dev, g_shm_path, 0);
     fatal_if(shm_id, "isw_device_add_remote_shm");
     int tcp_id = isw_device_add_remote_tcp(g_dev, "127.0.0.1", isw_server_port(srv),
-                                           TCP_CONNECTIONS, TCP_TIMEOUT_MS, key, sizeof key);
+                                           TCP_CONNECTIONS, TCP_TIMEOUT_MS, TCP_RTO_MIN_US, key,
+                                           sizeof key);
     fatal_if(tcp_id, "isw_device_add_remote_tcp");
     memset(ws, 0, sizeof ws);
     ctl_init(&ctl, shm_id, tcp_id, 42);

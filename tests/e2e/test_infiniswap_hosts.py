@@ -9,20 +9,28 @@ TCP through links shaped to 10 Gbit/s (``dlrt.testbed``).
   byte read back;
 * the hosts' link byte counters show the pages crossed the bridge: the device host sent and
   received at least the bytes the device moved to and from remote memory, and they reached
-  the daemons' hosts.
+  the daemons' hosts;
+* ``bench/infiniswap_tail_loss.py`` blacks out a link under a remote read and a remote write:
+  both come through, the kernel's arm waits out its 200 ms floor, and the other arm's
+  connections took the lowered floor on both ends.
 
 Root only (network namespaces, FUSE, loop devices); skips with the reason otherwise.
 """
 from __future__ import annotations
 
+import json
+import pathlib
 import shutil
+import sys
 import tempfile
 
 import pytest
 
 from dlrt_bench import infiniswap_stack as demo
 from dlrt_bench.infiniswap_hosts import DeviceProcess, HostCluster, verify_with_a_daemon_killed
-from testbed_fixture import testbed  # noqa: F401 (fixture)
+from dlrt import tcpopts
+from dlrt.testbed import available, cleanup, leftovers
+from testbed_fixture import prefix_for, testbed  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -79,3 +87,27 @@ def test_fio_verify_across_hosts_with_a_daemon_killed(testbed, workdir):  # noqa
             daemon_links = [links[h.name] for h in cluster.daemon_hosts]
             assert sum(x["received"] for x in daemon_links) >= io["bytes_written_remote"]
             assert sum(x["sent"] for x in daemon_links) >= io["bytes_read_remote"]
+
+
+def test_the_tail_loss_benchmark_blacks_out_reads_and_writes_and_each_arm_keeps_its_floor(tmp_path):
+    reason = available()
+    if reason:
+        pytest.skip(f"emulated hosts unavailable: {reason}")
+    sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "bench"))
+    from infiniswap_tail_loss import main as tail_loss_main
+    out, prefix = tmp_path / "tail.json", prefix_for(__name__, 1)
+    cleanup(prefix)
+    assert tail_loss_main(["--trials", "1", "--prefix", prefix, "--json", str(out)]) == 0
+    assert not leftovers(prefix)
+    rows = {(r["arm"], r["direction"]): r for r in map(json.loads, out.read_text().splitlines())}
+    assert set(rows) == {(a, d) for a in ("kernel", "links") for d in ("read", "write")}
+    for (arm, _), row in rows.items():
+        # the I/O could not end before the link came back
+        assert row["blackout_io_ms"] >= row["at_ms"] + row["blackout_ms"]
+        taken = (row["rto_min_us_taken_device"], row["rto_min_us_taken_server"])
+        if arm == "kernel":
+            assert taken == (0, 0)
+            # every segment in flight was lost: only the timer, at 200 ms at the least, resumed
+            assert row["blackout_io_ms"] >= tcpopts.KERNEL_RTO_MIN_US / 1000
+        elif taken != (0, 0):                          # (0, 0): a kernel before 6.15
+            assert all(tcpopts.RTO_MIN_US <= t < 2 * tcpopts.RTO_MIN_US for t in taken), taken

@@ -496,3 +496,33 @@ def test_cli_round_trip():
         assert gone.returncode == 1 and gone.stderr.startswith("dlrt testbed status: error: no testbed")
     finally:
         cleanup(prefix)
+
+
+UDP_BURST = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for _ in range(50):
+    s.sendto(b"x" * 1000, (sys.argv[1], int(sys.argv[2])))
+"""
+
+
+def _qdisc(ifname: str) -> dict:
+    (qdisc,) = json.loads(subprocess.run(["tc", "-s", "-j", "qdisc", "show", "dev", ifname], check=True,
+                                         capture_output=True, text=True).stdout)
+    return qdisc
+
+
+def test_a_blackout_drops_everything_to_a_host_and_then_restores_its_shaping(tb3):
+    src, dst, _ = tb3.hosts
+    timer = tb3.blackout(dst, 30.0)
+    try:
+        dark = _qdisc(dst.ifname)
+        assert (dark["kind"], dark["options"]["limit"]) == ("pfifo", 0)
+        src.run([PY, "-c", UDP_BURST, dst.addr, str(PORT + 2)], timeout=30, check=True)
+        assert _qdisc(dst.ifname)["drops"] >= 50      # every datagram to the host was dropped
+        assert _qdisc(src.ifname)["kind"] == "tbf"    # the other hosts' links are untouched
+    finally:
+        timer.cancel()
+        timer.function()                              # restore now rather than in 30 s
+    back = _qdisc(dst.ifname)
+    assert back["kind"] == "tbf" and back["options"]["rate"] == 10**9 // 8
