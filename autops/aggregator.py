@@ -384,7 +384,13 @@ class Aggregator:
             wire.HEARTBEAT, agg=self.agg_id or "", cpu_percent=cpu,
             bytes_held=self.store.bytes_held(), jobs=sorted(self.store.jobs),
             profile=self.store.take_profile(), cycle_s=self.schedule.cycle if self.schedule else None,
-            **self.stats))
+            **{**self.stats, **self._outliers()}))
+
+    def _outliers(self) -> dict[str, int]:
+        """Late and postponed aggregations so far: the earlier schedules' and the current one's."""
+        live = self.schedule
+        return {"late": self.stats["late"] + (live.late if live is not None else 0),
+                "postponed": self.stats["postponed"] + (live.postponed if live is not None else 0)}
 
     # --- control from pMaster -------------------------------------------------------
     def _on_master(self, frames: list) -> None:

@@ -4,7 +4,8 @@
 ``dlrt testbed up --hosts N --link 1gbit [--delay 50us] [--prefix P]`` builds a testbed and
 leaves it up (prints its hosts and addresses), ``dlrt testbed status`` shows it with each
 host's byte counters and processes, ``dlrt testbed exec HOST -- CMD...`` runs a command in a
-host (exit status: the command's), ``dlrt testbed down`` removes it (and whatever a killed
+host (exit status: the command's), ``dlrt testbed blackout HOST --ms 30`` drops every packet
+to a host for a while and restores its link, ``dlrt testbed down`` removes it (and whatever a killed
 run left behind). DESIGN §6's conventions: ``--json FILE``, one-line errors, exit 2 for
 usage errors and 1 for runtime errors.
 """
@@ -107,6 +108,22 @@ def cmd_exec(args: argparse.Namespace) -> int:
         return proc.wait()
 
 
+def cmd_blackout(args: argparse.Namespace) -> int:
+    _require_testbeds()
+    tb = Testbed.attach(args.prefix)
+    host = tb.host(args.host)
+    timer = tb.blackout(host, args.ms / 1e3)
+    try:
+        timer.join()
+    except KeyboardInterrupt:           # restore at once rather than leave the link dark
+        timer.cancel()
+        timer.function()
+        raise
+    cli.emit(args.json, {"prefix": tb.prefix, "host": host.name, "ms": args.ms},
+             f"{host.name}: every packet to it dropped for {args.ms:g} ms; its link's shaping is back")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = cli.parser(PROG, "The runtime's shared tools: emulated multi-host testbeds, the cluster's keys.")
     cli.add_log_level(ap)
@@ -145,6 +162,11 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--mount-visible", action="store_true",
                     help="enter only the network namespace (nsenter), so mounts stay visible outside")
     ex.add_argument("host", help="host index (0), short name (h0) or name (PREFIX-h0)")
+    dark = command("blackout", "drop every packet to a host for a while, then restore its link "
+                   "(a link that flapped: what a lost tail costs)", cmd_blackout,
+                   "write what was done as JSON to FILE ('-': stdout)")
+    dark.add_argument("--ms", type=cli.positive(float), default=30.0, help="how long, in ms (default 30)")
+    dark.add_argument("host", help="host index (0), short name (h0) or name (PREFIX-h0)")
     add_keys_commands(groups)
     return ap
 

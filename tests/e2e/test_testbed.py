@@ -489,6 +489,11 @@ def test_cli_round_trip():
                           "cat /sys/class/net/eth0/queues/rx-*/rps_cpus")
         assert {int(m.replace(",", ""), 16) for m in unsteered.stdout.split()} == {0}
         assert all(h["pids"] == [] and h["sent_bytes"] >= 0 for h in data["hosts"])
+        dark = _dlrt("blackout", "h1", "--ms", "20", "--prefix", prefix, "--json", "-")
+        assert dark.returncode == 0, dark.stderr
+        assert json.loads(dark.stdout) == {"prefix": prefix, "host": f"{prefix}-h1", "ms": 20.0}
+        restored = _qdisc(f"{prefix}-v1")                 # it returns once the shaping is back
+        assert restored["kind"] == "tbf" and restored["options"]["rate"] == 10**9 // 8
         down = _dlrt("down", "--prefix", prefix, "--json", "-")
         assert down.returncode == 0 and f"netns {prefix}-h1" in json.loads(down.stdout)["removed"]
         assert leftovers(prefix) == []

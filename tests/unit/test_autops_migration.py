@@ -780,3 +780,27 @@ def test_the_warm_size_comes_from_the_environment_and_is_bounded(monkeypatch):
     for bad in (-1, wire.MAX_WARM_BYTES + 1):
         with pytest.raises(AutoPSError, match=f"warm_bytes {bad} outside"):
             Agent("tcp://127.0.0.1:9", "warm-job", 0, 1, secret="s" * 16, warm_bytes=bad)
+
+
+def test_heartbeats_count_the_current_schedules_outliers_too():
+    """``late`` / ``postponed`` in a heartbeat (and so in pMaster's status) include the
+    aggregations the schedule in force put off, not only those of schedules replaced."""
+    from autops import aggregator as aggregator_mod
+
+    agg = aggregator_mod.Aggregator("tcp://127.0.0.1:1", transport="tcp", register_timeout=0.1)
+    sent: list = []
+    agg._to_master = sent.append
+    try:
+        agg._set_cycle({"a": [1.0, 0.9], "b": [1.0, 0.9]})       # a 1 s cycle, one slot each
+        start = agg.schedule.start
+        assert agg._admit("a", 1, start + 0.1)                   # a's slot: at once
+        assert not agg._admit("a", 2, start + 0.2)               # a second one in the cycle: b's
+        agg._heartbeat()                                         # 0.9 s is reserved, so it waits
+        beat = wire.decode(sent[-1])
+        assert (beat["late"], beat["postponed"]) == (1, 1)
+        agg._set_cycle({})                                       # replaced: counted once, not twice
+        agg._heartbeat()
+        beat = wire.decode(sent[-1])
+        assert (beat["late"], beat["postponed"]) == (1, 1)
+    finally:
+        agg.close()
