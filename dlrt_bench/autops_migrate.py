@@ -321,6 +321,11 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
         "prefault": {a["id"]: {k: v for k, v in a.items()
                                if k.startswith(("prefault", "at_once_prefault", "reserve")) or k == "heap_warmed_bytes"}
                      for a in final["aggregators"]},
+        # cyclic execution where both jobs share aggregators (thesis §4.3.3.2), per aggregator
+        # at the end: its cycle (None: one job or none there) and the aggregations its
+        # schedules ran outside their slot (late) or put off to the next cycle (postponed)
+        "cycles": {a["id"]: {"cycle_s": a.get("cycle_s"), "late": a.get("late", 0),
+                             "postponed": a.get("postponed", 0)} for a in final["aggregators"]},
         # server mode: the serving threads' time and page faults copying state (the old
         # owners' snapshots, the followers' installs and take-overs, whole replica installs)
         "state_copy": {a["id"]: {k: v for k, v in a.items() if k.startswith(("state_", "replica_install"))}

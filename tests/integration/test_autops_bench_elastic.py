@@ -60,3 +60,6 @@ def test_migrate_moves_every_key_and_reports_the_pause(tmp_path):
     # the first reply of an iteration comes after both workers started it
     assert rep["first_reply_ms"] is not None and rep["first_reply_ms"] > 0
     assert row["first_reply_ms_quiet_median"] > 0
+    # every aggregator's cyclic execution at the end: its cycle and the aggregations put off
+    assert len(row["cycles"]) == row["aggregators"]
+    assert all(c["late"] >= 0 and c["postponed"] >= 0 for c in row["cycles"].values())
