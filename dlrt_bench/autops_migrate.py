@@ -63,6 +63,13 @@ Figures, per repeat; over repeats their maximum (``max_*``) and median (``median
   timeouts, tail-loss probes, backlog drops) over the switch iterations and the iteration
   before them, and per iteration without a migration (``per_iteration`` lists every one), so
   a pause can be told apart from a loss the emulated links made.
+* ``cpu_switch`` per repeat and ``cpu_quiet``: the machine's CPU time (``dlrt_bench.cpu_time``:
+  ms the VM's host took, ``steal_ms``; idle; used here; and each aggregator's and worker's)
+  over the switch iterations and per iteration without a migration, so a pause the VM's host
+  made can be told apart, and each process's CPU in the switch against the iterations after
+  the move (``over_after_ms``) says who did extra work in it.
+* ``cycles``: each aggregator's cyclic execution at the end (its cycle, and the aggregations
+  run out of their slot or put off to the next cycle).
 * ``warm_bytes``: what each new TCP connection carried to the new owner and back before the
   switch (``--warm-bytes``, the agents' ``$AUTOPS_WARM_BYTES``), and ``warmed_connections``:
   how many the workers warmed, counted as the echoes came back.
@@ -101,6 +108,7 @@ from dlrt.procs import exit_on_sigterm
 from dlrt.testbed import Testbed, add_rps_option, available, cleanup, enter_netns
 
 from .autops_hosts import HostPool
+from .cpu_time import CpuSampler
 from .tcp_loss import TcpLossSampler
 
 from .autops_elastic import (ITERATION_S, Workers, add_common_args, all_cpu, background_cpu, counter_delta,
@@ -192,6 +200,7 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
     repeats: list[dict] = []
     seen_batches: set[int] = set()
     loss: TcpLossSampler | None = None
+    cpu: CpuSampler | None = None
     master_args = ["--static", "--heartbeat-timeout", str(args.heartbeat_timeout)]
     with site(args, master_args) as (master, admin, hosts):
         reserve_wait_s = wait_reserves(admin, args.start_timeout) if args.reserve else None
@@ -212,6 +221,7 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
             placement = {j["job"]: sorted(j["keys_per_aggregator"]) for j in status["jobs"]}
             if args.emulate_hosts:            # every process a host of its own
                 loss = TcpLossSampler(pids, args.tcp_sample).start()
+            cpu = CpuSampler(args.tcp_sample, pids=pids).start()
             seen_batches.update(b["mid"] for b in status["migrations"].get("recent") or ())
             mark = (proc_counters(pids), workers.iteration(MAIN))
             wait_iterations(workers, MAIN, mark[1] + args.gap)   # a steady stretch, measured
@@ -278,6 +288,8 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
             workers.close()
             if loss is not None:
                 loss.stop()
+            if cpu is not None:
+                cpu.stop()
     per_rank = {r: results[(MAIN, r)]["records"] for r in range(2)}
     windows = [(rec.pop("t_call"), rec.pop("t_done")) for rec in repeats]
     summary = pauses(per_rank, repeats, windows, args.skip, args.gap)
@@ -286,6 +298,8 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
                                windows, args.skip))
     if loss is not None:
         summary["tcp_quiet"] = tcp_loss(loss, per_rank, repeats, windows, args.skip)
+    if cpu is not None:
+        summary["cpu_quiet"] = cpu_time(cpu, per_rank, repeats, windows, args.skip, args.gap)
     waits = [rec["handover_wait_ms"] for rec in repeats if rec["handover_wait_ms"] is not None]
     summary.update(max_handover_wait_ms=max(waits, default=None),
                    median_handover_wait_ms=statistics.median(waits) if waits else None,
@@ -491,6 +505,54 @@ def quiet_figures(key: str, values: list[float]) -> dict:
             key: [round(1e3 * q, 2) for q in values]}
 
 
+def comm_spans(per_rank: dict[int, list[Record]]) -> dict[int, tuple[float, float]]:
+    """Iteration -> (first start, last end) of the workers' communication in it."""
+    spans: dict[int, tuple[float, float]] = {}
+    for records in per_rank.values():
+        for it, _, s, e in records:
+            a, b = spans.get(it, (s, e))
+            spans[it] = (min(a, s), max(b, e))
+    return spans
+
+
+def cpu_time(sampler: CpuSampler, per_rank: dict[int, list[Record]], repeats: list[dict],
+             windows: list[tuple[float, float | None]], skip: int, gap: int) -> dict:
+    """The machine's CPU time (``cpu_time.CpuSampler``: ms taken by the VM's host, idle,
+    used here, and each process's) in the communication phases of the migrating job: adds
+    ``cpu_switch`` (over its switch iterations' communication; ``over_after_ms``: each
+    process's CPU there minus its median over the same phase of the ``gap`` iterations after the
+    move, where the keys sit where the switch put them) to each repeat's record; returns, over
+    the iterations outside every migration (after the first ``skip``): median / p90 / max of
+    ``steal_ms``, the medians of ``idle_ms`` and ``busy_ms``, and ``per_iteration``: every
+    iteration's [iteration, steal, idle, busy ms, in a migration (0/1)]."""
+    spans = comm_spans(per_rank)
+    for rec in repeats:
+        switch = rec.get("switch_iterations")
+        if switch is not None and switch[0] in spans and switch[1] in spans:
+            rec["cpu_switch"] = sampler.window(spans[switch[0]][0], spans[switch[1]][1])
+    busy = busy_iterations(per_rank, windows)
+    each = {it: sampler.window(*span) for it, span in sorted(spans.items()) if it > skip}
+    per_iteration = [[it, w["steal_ms"], w["idle_ms"], w["busy_ms"], int(it in busy)] for it, w in each.items()]
+    quiet = [w for it, w in each.items() if it not in busy]
+    if not quiet:
+        return {"iterations": 0, "per_iteration": per_iteration}
+    for rec in repeats:
+        switch = rec.get("switch_iterations")
+        if "cpu_switch" not in rec:
+            continue
+        # who used more than in the iterations right after the move, same placement, no migration
+        after = [w for it, w in each.items() if it > switch[1] and it not in busy][:gap]
+        usual = {n: statistics.median(w["by_process"][n] for w in after if n in w["by_process"])
+                 for n in rec["cpu_switch"]["by_process"] if any(n in w["by_process"] for w in after)}
+        rec["cpu_switch"]["over_after_ms"] = {n: round(rec["cpu_switch"]["by_process"][n] - ms, 1)
+                                              for n, ms in usual.items()}
+    steal = [q["steal_ms"] for q in quiet]
+    return {"iterations": len(quiet), "steal_ms_median": statistics.median(steal),
+            "steal_ms_p90": round(float(np.percentile(steal, 90)), 1), "steal_ms_max": max(steal),
+            "idle_ms_median": statistics.median(q["idle_ms"] for q in quiet),
+            "busy_ms_median": statistics.median(q["busy_ms"] for q in quiet), "per_iteration": per_iteration}
+
+
 def tcp_loss(sampler: TcpLossSampler, per_rank: dict[int, list[Record]], repeats: list[dict],
              windows: list[tuple[float, float | None]], skip: int) -> dict:
     """TCP loss on the emulated hosts (``tcp_loss.TcpLossSampler``) in the communication phases
@@ -499,11 +561,7 @@ def tcp_loss(sampler: TcpLossSampler, per_rank: dict[int, list[Record]], repeats
     same per iteration over the iterations outside every migration (after the first ``skip``):
     the iterations counted, retransmitted segments median / p90 / max, and the iterations with
     a retransmission timeout; and ``per_iteration``, every iteration's figures."""
-    spans: dict[int, tuple[float, float]] = {}          # iteration -> both workers' communication
-    for records in per_rank.values():
-        for it, _, s, e in records:
-            a, b = spans.get(it, (s, e))
-            spans[it] = (min(a, s), max(b, e))
+    spans = comm_spans(per_rank)
     for rec in repeats:
         switch = rec.get("switch_iterations")
         if switch is None or switch[0] not in spans or switch[1] not in spans:
@@ -640,7 +698,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefix", default="apsm", help="emulated hosts: name prefix of the testbed")
     add_rps_option(p, "emulated hosts: ")
     p.add_argument("--tcp-sample", type=float, default=0.02, metavar="S",
-                   help="emulated hosts: interval of sampling each host's TCP loss counters, seconds")
+                   help="interval of sampling the machine's CPU time and (emulated hosts) each host's TCP "
+                        "loss counters, seconds")
     add_common_args(p)
     args = parse_args(p, argv)
     exit_on_sigterm()                 # stopped by SIGTERM: the testbed and the processes still go
@@ -694,6 +753,17 @@ def main(argv: list[str] | None = None) -> int:
                       f"segments, timeouts {[t.get('TCPTimeouts') for t in switch]}; without a migration per "
                       f"iteration median {quiet['retrans_median']:.0f}, p90 {quiet['retrans_p90']:.0f}, "
                       f"timeouts in {quiet['iterations_with_timeout']} of {quiet['iterations']}",
+                      file=out, flush=True)
+            cpu = row.get("cpu_quiet")
+            if cpu and cpu.get("iterations"):
+                switch = [r.get("cpu_switch") or {} for r in row["per_repeat"]]
+                most = [max(t["over_after_ms"].items(), key=lambda kv: kv[1], default=None)
+                        if t.get("over_after_ms") else None for t in switch]
+                print(f"{'':>9} cpu: the VM's host took {[t.get('steal_ms') for t in switch]} ms in the switch "
+                      f"iterations; without a migration per iteration median {cpu['steal_ms_median']:.0f}, p90 "
+                      f"{cpu['steal_ms_p90']:.0f}, max {cpu['steal_ms_max']:.0f} ms (idle median "
+                      f"{cpu['idle_ms_median']:.0f} ms); the process most over its CPU in the iterations after, per switch: "
+                      f"{[f'{n} +{ms:.0f} ms' if n else None for n, ms in (m or (None, 0) for m in most)]}",
                       file=out, flush=True)
             warn_background(row, out)
             write_rows([row], args.json, append=args.append or len(rows) > 1)

@@ -9,9 +9,7 @@ the sending host in the window; a loss recovered fast shows as retransmitted seg
 """
 from __future__ import annotations
 
-import bisect
-import threading
-import time
+from .sampler import PeriodicSampler
 
 # the counters kept, by the table of /proc/PID/net/{snmp,netstat} they are in
 SNMP = {"Tcp": ("RetransSegs", "OutSegs")}
@@ -48,35 +46,18 @@ def softnet_drops(path: str = "/proc/net/softnet_stat") -> int:
         return sum(int(line.split()[1], 16) for line in f if line.strip())
 
 
-class TcpLossSampler:
+class TcpLossSampler(PeriodicSampler):
     """Samples ``host_counters`` of ``pids`` (host name -> a pid on that host) and
     ``softnet_drops`` every ``interval`` seconds on a thread, from ``start`` to ``stop``;
-    ``window(t0, t1)`` is what changed between them (``time.monotonic`` clock)."""
+    ``window(t0, t1)`` is what changed between them (``window_delta``)."""
+
+    name = "tcp-loss"
 
     def __init__(self, pids: dict[str, int], interval: float = 0.02) -> None:
+        super().__init__(interval)
         self.pids = dict(pids)
-        self.interval = interval
-        self.times: list[float] = []
-        self.samples: list[dict[str, Counters]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="tcp-loss", daemon=True)
 
-    def start(self) -> "TcpLossSampler":
-        self._sample()
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-        self._sample()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._sample()
-
-    def _sample(self) -> None:
+    def read(self) -> dict[str, Counters]:
         sample: dict[str, Counters] = {}
         for host, pid in self.pids.items():
             try:
@@ -87,19 +68,12 @@ class TcpLossSampler:
             sample[""] = {SOFTNET_DROPS: softnet_drops()}
         except (OSError, ValueError, IndexError):
             pass
-        self.times.append(time.monotonic())
-        self.samples.append(sample)
+        return sample
 
-    def _at(self, t: float) -> dict[str, Counters]:
-        """The last sample taken at or before ``t`` (the first one before them all)."""
-        i = max(0, bisect.bisect_right(self.times, t) - 1)
-        return self.samples[i] if self.samples else {}
-
-    def window(self, t0: float, t1: float) -> dict:
-        """Counter increases over ``[t0, t1]`` (to the sampling interval's precision): the
-        totals over hosts, ``softnet_drops``, and ``by_host`` for the hosts that
+    def delta(self, a: dict[str, Counters], b: dict[str, Counters]) -> dict:
+        """The totals over hosts, ``softnet_drops``, and ``by_host`` for the hosts that
         retransmitted."""
-        return window_delta(self._at(t0), self._at(t1 + self.interval))
+        return window_delta(a, b)
 
 
 def window_delta(a: dict[str, Counters], b: dict[str, Counters]) -> dict:

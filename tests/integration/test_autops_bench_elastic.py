@@ -63,3 +63,10 @@ def test_migrate_moves_every_key_and_reports_the_pause(tmp_path):
     # every aggregator's cyclic execution at the end: its cycle and the aggregations put off
     assert len(row["cycles"]) == row["aggregators"]
     assert all(c["late"] >= 0 and c["postponed"] >= 0 for c in row["cycles"].values())
+    # the machine's CPU time over the switch and per iteration without a migration
+    assert set(rep["cpu_switch"]) == {"steal_ms", "idle_ms", "busy_ms", "by_process", "over_after_ms"}
+    # every aggregator and worker process is followed, and compared with its CPU after the move
+    assert {"r0", "r1"} <= set(rep["cpu_switch"]["by_process"])
+    assert set(rep["cpu_switch"]["over_after_ms"]) == set(rep["cpu_switch"]["by_process"])
+    assert row["cpu_quiet"]["iterations"] > 0 and row["cpu_quiet"]["steal_ms_median"] >= 0
+    assert len(row["cpu_quiet"]["per_iteration"]) >= row["cpu_quiet"]["iterations"]

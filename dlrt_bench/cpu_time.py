@@ -1,0 +1,57 @@
+"""The machine's CPU time by kind over a benchmark run (``/proc/stat``'s first line: every
+CPU together), sampled on a thread and attributed to time windows afterwards: how much of a
+window the VM's host took from this machine (``steal``), how much stayed idle, how much the
+machine's own processes and kernel used. On a shared VM a slow iteration with steal in it
+was made, at least in part, by the host."""
+from __future__ import annotations
+
+import os
+
+from .autops_elastic import proc_counters
+from .sampler import PeriodicSampler
+
+# /proc/stat's columns after "cpu", in order (proc(5))
+COLUMNS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+TICK_MS = 1000.0 / os.sysconf("SC_CLK_TCK")
+
+
+def read_cpu(path: str = "/proc/stat") -> dict[str, int]:
+    """The clock ticks every CPU together spent in each of ``COLUMNS`` so far."""
+    with open(path) as f:
+        for line in f:
+            fields = line.split()
+            if fields and fields[0] == "cpu":
+                return {k: int(v) for k, v in zip(COLUMNS, fields[1:])}
+    raise ValueError(f"{path}: no 'cpu' line")
+
+
+def cpu_delta(a: dict[str, int], b: dict[str, int], tick_ms: float = TICK_MS) -> dict[str, float]:
+    """Milliseconds of CPU between readings ``a`` and ``b``: taken by the host (``steal_ms``),
+    idle (``idle_ms``: idle and waiting for I/O) and used here (``busy_ms``: the rest)."""
+    d = {k: b.get(k, 0) - a.get(k, 0) for k in COLUMNS}
+    idle = d["idle"] + d["iowait"]
+    busy = sum(d.values()) - idle - d["steal"]
+    return {"steal_ms": round(d["steal"] * tick_ms, 1), "idle_ms": round(idle * tick_ms, 1),
+            "busy_ms": round(busy * tick_ms, 1)}
+
+
+class CpuSampler(PeriodicSampler):
+    """``read_cpu`` (and the CPU seconds of ``pids``: name -> pid) every ``interval`` seconds;
+    ``window(t0, t1)`` is ``cpu_delta`` with ``by_process``: name -> CPU ms in the window, for
+    the processes alive at both ends."""
+
+    name = "cpu-time"
+
+    def __init__(self, interval: float = 0.02, path: str = "/proc/stat", pids: dict[str, int] | None = None) -> None:
+        super().__init__(interval)
+        self.path = path
+        self.pids = dict(pids or {})
+
+    def read(self) -> dict:
+        return {"machine": read_cpu(self.path),
+                "processes": {name: cpu for name, (cpu, _) in proc_counters(self.pids).items()}}
+
+    def delta(self, a: dict, b: dict) -> dict:
+        procs_a, procs_b = a.get("processes", {}), b.get("processes", {})
+        return {**cpu_delta(a.get("machine", {}), b.get("machine", {})),
+                "by_process": {n: round(1e3 * (procs_b[n] - procs_a[n]), 1) for n in procs_b if n in procs_a}}
