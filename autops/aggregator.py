@@ -196,6 +196,9 @@ class Aggregator:
         # TENSOR_COPY_DONE as the old one
         self.worker_reports = BatchReports()
         self.copy_reports = BatchReports()
+        # the switch as the new owner saw it, per batch: when the first push of its keys and
+        # the hand-over came (time.monotonic), reported with WORKER_DONE (``_switch_times``)
+        self.switch_seen: dict[int, dict] = {}                         # mid -> {"job", "first_push", "handover"}
         self.precopies = Precopies()
         self.spare = SpareBuffers()      # buffers of keys that moved away, for keys moving back
         self.follow_waits: dict[int, tuple[KeyState, Follower, str]] = {}   # req -> (key, follower, kind)
@@ -460,6 +463,14 @@ class Aggregator:
             out[job] = {"secret": state.secret, "world_size": state.world_size, "keys": keys}
         return out
 
+    def _switch_times(self, mid: int) -> dict:
+        """The batch's switch as seen here, for its (first) WORKER_DONE: when the first push of
+        its keys came (``first_push_at``), its hand-over (``handover_at``) and now, as its keys'
+        first iteration is complete (``done_at``); ``time.monotonic`` seconds."""
+        seen = self.switch_seen.pop(mid, None) or {}
+        return {"done_at": round(time.monotonic(), 6),
+                **{f"{k}_at": round(v, 6) for k, v in seen.items() if k != "job"}}
+
     def _release(self, job: str) -> None:
         state = self.store.jobs.get(job)
         if state is None:
@@ -472,6 +483,8 @@ class Aggregator:
         self.spare.release(job)
         self.worker_reports.forget(job)
         self.copy_reports.forget(job)
+        for mid in [m for m, seen in self.switch_seen.items() if seen["job"] == job]:
+            del self.switch_seen[mid]
         self.admitted.pop(job, None)
         self.postponed.pop(job, None)
         self.memory.release(job)
@@ -569,6 +582,10 @@ class Aggregator:
         for ks, data, _, deferred, iteration in checked:
             self.stats["pushes"] += 1
             self.stats["bytes_in"] += data.nbytes
+            switching = ks.incoming if ks.incoming is not None else \
+                ks.awaiting_workers[0] if ks.awaiting_workers is not None else None
+            if switching is not None:
+                self.switch_seen.setdefault(switching, {"job": state.job}).setdefault("first_push", now)
             if ks.incoming is not None or ks.recovering is not None:
                 ks.held.append((rank, iteration, data, deferred, replay))
                 if ks.incoming is not None and ks.held_whole_at is None and \
@@ -699,7 +716,8 @@ class Aggregator:
             self._send_copies(keys)
         for report in self.worker_reports.due():
             self._to_master(wire.encode(wire.WORKER_DONE, mid=report.mid, job=report.job, keys=report.keys,
-                                        agg=self.agg_id, wait_ms=round(report.wait_ms, 3)))
+                                        agg=self.agg_id, wait_ms=round(report.wait_ms, 3),
+                                        **self._switch_times(report.mid)))
         for report in self.copy_reports.due():
             self._to_master(wire.encode(wire.TENSOR_COPY_DONE, mid=report.mid, job=report.job, keys=report.keys,
                                         agg=self.agg_id))
@@ -1272,6 +1290,8 @@ class Aggregator:
         buffers to map ahead."""
         state = self.store.job(msg["job"], msg["secret"])
         self.memory.premap(msg.get("segments"))
+        if msg.get("items"):          # a hand-over (a copy without keys only names buffers to map)
+            self.switch_seen.setdefault(msg["mid"], {"job": state.job}).setdefault("handover", time.monotonic())
         installed, refused = [], {}
         for key, meta, views in wire.key_copies(msg):
             self.memory.premap(meta.get("segments"))     # the workers' buffers, before their pushes come

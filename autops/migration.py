@@ -66,6 +66,7 @@ class Batch:
     followers: dict = field(default_factory=dict)   # key -> aggregators its state is copied to ahead
     first: dict = field(default_factory=dict)       # key -> first iteration the new owner serves
     handover_wait_ms: float = 0.0   # longest a key's whole first iteration waited for its hand-over
+    switch_seen: dict = field(default_factory=dict)  # the new owner's clock: first_push_at, handover_at, done_at
     prepare: dict = field(default_factory=dict)     # the settings MIGRATE_PREPARE carried (for new replicas)
     readying: set = field(default_factory=set)      # new replicas still making their memory ready
     dst_info: dict | None = None    # how the workers reach the new owner, once it prepared
@@ -262,6 +263,11 @@ class Migrations:
             batch.handover_wait_ms = max(batch.handover_wait_ms, float(msg.get("wait_ms") or 0.0))
         except (TypeError, ValueError):
             pass
+        for name, pick in (("first_push_at", min), ("handover_at", min), ("done_at", max)):
+            value = msg.get(name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                old = batch.switch_seen.get(name)
+                batch.switch_seen[name] = value if old is None else pick(old, value)
         self._advance(batch)
 
     def _advance(self, batch: Batch) -> None:
@@ -290,6 +296,9 @@ class Migrations:
                 "first_iterations": [firsts[0], firsts[-1]] if firsts else None,
                 "precopied_keys": sum(1 for f in batch.followers.values() if f),
                 "handover_wait_ms": batch.handover_wait_ms,
+                # the new owner's time.monotonic: comparable with the workers' on one machine
+                # (emulated hosts included), not across machines
+                "switch_seen": dict(batch.switch_seen),
                 "seconds": round(batch.finished - batch.started, 4)}])[-RECENT:]
             del self.batches[batch.mid]
             log.info("migration %d of job %s: %d keys %s -> %s in %.3fs", batch.mid, batch.job,

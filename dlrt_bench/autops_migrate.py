@@ -68,6 +68,9 @@ Figures, per repeat; over repeats their maximum (``max_*``) and median (``median
   over the switch iterations and per iteration without a migration, so a pause the VM's host
   made can be told apart, and each process's CPU in the switch against the iterations after
   the move (``over_after_ms``) says who did extra work in it.
+* ``new_owner_ms`` per repeat: per batch, when the first push of its keys and its hand-over
+  reached the new owner and when their first iteration there was complete, in ms after both
+  workers started the switch iteration (the new owner's clock; one machine).
 * ``cycles``: each aggregator's cyclic execution at the end (its cycle, and the aggregations
   run out of their slot or put off to the next cycle).
 * ``warm_bytes``: what each new TCP connection carried to the new owner and back before the
@@ -263,6 +266,7 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
                        "switch_iterations": [min(firsts), max(firsts)] if firsts else None,
                        "keys_precopied": sum(b.get("precopied_keys", 0) for b in batches),
                        "handover_wait_ms": max((b.get("handover_wait_ms", 0.0) for b in batches), default=None),
+                       "switch_seen": [b["switch_seen"] for b in batches if b.get("switch_seen")],
                        # per process [CPU s, minor page faults]: per iteration in the steady stretch
                        # before the first call (later repeats: see the previous proc_after_per_iter),
                        # in total from the call to done, per iteration in the --gap iterations after done
@@ -296,6 +300,7 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
     summary.update(end_skew(per_rank, args.skip))
     summary.update(first_reply(per_rank, {r: results[(MAIN, r)]["first_replies"] for r in range(2)}, repeats,
                                windows, args.skip))
+    new_owner_times(per_rank, repeats)
     if loss is not None:
         summary["tcp_quiet"] = tcp_loss(loss, per_rank, repeats, windows, args.skip)
     if cpu is not None:
@@ -583,6 +588,24 @@ def tcp_loss(sampler: TcpLossSampler, per_rank: dict[int, list[Record]], repeats
             "softnet_drops": sum(q["softnet_drops"] for q in quiet), "per_iteration": per_iteration}
 
 
+def new_owner_times(per_rank: dict[int, list[Record]], repeats: list[dict]) -> None:
+    """Replaces each repeat's ``switch_seen`` (per batch, the new owner's clock) with
+    ``new_owner_ms``: per batch, when its first push and its hand-over came and when its keys'
+    first iteration was complete there, in ms after both workers started the switch iteration
+    (one machine: the emulated hosts share its clock)."""
+    starts: dict[int, list[float]] = {}
+    for records in per_rank.values():
+        for it, _, s, _ in records:
+            starts.setdefault(it, []).append(s)
+    for rec in repeats:
+        seen, switch = rec.pop("switch_seen", []), rec.get("switch_iterations")
+        if not switch or len(starts.get(switch[0], ())) != len(per_rank):
+            continue
+        start = max(starts[switch[0]])
+        rec["new_owner_ms"] = [{k.removesuffix("_at"): round(1e3 * (v - start), 1) for k, v in batch.items()}
+                               for batch in seen]
+
+
 def first_reply(per_rank: dict[int, list[Record]], firsts: dict[int, list[tuple[int, float]]],
                 repeats: list[dict], windows: list[tuple[float, float | None]], skip: int) -> dict:
     """How long after both workers started an iteration's communication the first of their
@@ -754,6 +777,14 @@ def main(argv: list[str] | None = None) -> int:
                       f"iteration median {quiet['retrans_median']:.0f}, p90 {quiet['retrans_p90']:.0f}, "
                       f"timeouts in {quiet['iterations_with_timeout']} of {quiet['iterations']}",
                       file=out, flush=True)
+            owners = [r.get("new_owner_ms") for r in row["per_repeat"]]
+            if any(owners):
+                def span(name: str) -> list:
+                    return [max((b.get(name) for b in o if b.get(name) is not None), default=None) if o else None
+                            for o in owners]
+                print(f"{'':>9} new owners, ms after both workers started the switch: first push "
+                      f"{span('first_push')}, hand-over {span('handover')}, first iteration complete "
+                      f"{span('done')}", file=out, flush=True)
             cpu = row.get("cpu_quiet")
             if cpu and cpu.get("iterations"):
                 switch = [r.get("cpu_switch") or {} for r in row["per_repeat"]]

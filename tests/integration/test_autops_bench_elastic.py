@@ -70,3 +70,8 @@ def test_migrate_moves_every_key_and_reports_the_pause(tmp_path):
     assert set(rep["cpu_switch"]["over_after_ms"]) == set(rep["cpu_switch"]["by_process"])
     assert row["cpu_quiet"]["iterations"] > 0 and row["cpu_quiet"]["steal_ms_median"] >= 0
     assert len(row["cpu_quiet"]["per_iteration"]) >= row["cpu_quiet"]["iterations"]
+    # the new owner's view of the switch: the first push and the hand-over came before the
+    # keys' first iteration there was complete
+    assert len(rep["new_owner_ms"]) == rep["batches"]
+    for batch in rep["new_owner_ms"]:
+        assert batch["first_push"] <= batch["done"] and batch["handover"] <= batch["done"], batch

@@ -189,6 +189,10 @@ def test_every_tensor_moves_and_the_job_ends_where_it_was_sent(pool3, references
     assert len(mine) == 2
     for batch in mine:
         assert 0.0 <= batch["handover_wait_ms"] <= 1e3 * batch["seconds"], batch
+        # and when, on its clock, the first push and the hand-over came: before its keys'
+        # first iteration there was complete
+        seen = batch["switch_seen"]
+        assert seen["first_push_at"] <= seen["done_at"] and seen["handover_at"] <= seen["done_at"], seen
     # server mode: the state went ahead (to the new owner, or it was the replica) and the
     # switches moved counters only (the counters reach pMaster with the heartbeats)
     deadline = time.monotonic() + 10

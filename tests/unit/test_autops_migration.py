@@ -251,19 +251,40 @@ def test_a_server_key_switches_once_its_state_went_ahead():
     assert recent[-1]["first_iterations"] == [10, 10] and recent[-1]["precopied_keys"] == 1
 
 
-def test_a_batch_reports_the_longest_hand_over_wait_its_new_owner_saw():
+def sum_batch_switching() -> tuple[Migrations, int]:
+    """A sum-mode key ``w`` moving from ``a`` to ``b``, its cutover decided (iteration 4)."""
     state, outbox, migrations = pool("a", "b")
     job = server_job(state, "a", replica=None)
     job.tensors["w"][2]["mode"] = "sum"
     [mid] = migrations.start(job, {"w": "b"})
     answer(outbox, wire.MIGRATE_PREPARE, segments=[])
     answer(outbox, wire.MIGRATE_INIT, cutovers={"w": 4})
+    return migrations, mid
+
+
+def test_a_batch_reports_the_longest_hand_over_wait_its_new_owner_saw():
+    migrations, mid = sum_batch_switching()
     migrations.worker_done(message(wire.WORKER_DONE, mid=mid, job="J", keys=[], wait_ms=7.5), "b")
     migrations.worker_done(message(wire.WORKER_DONE, mid=mid, job="J", keys=[], wait_ms=3.0), "b")
     migrations.worker_done(message(wire.WORKER_DONE, mid=mid, job="J", keys=[], wait_ms=9.0), "a")  # not its report
     migrations.copy_done(message(wire.TENSOR_COPY_DONE, mid=mid, job="J", keys=["w"]), "a")
     migrations.worker_done(message(wire.WORKER_DONE, mid=mid, job="J", keys=["w"]), "b")   # no figure: 0
     assert migrations.status()["recent"][-1]["handover_wait_ms"] == 7.5
+
+
+def test_a_batch_keeps_the_switch_as_its_new_owner_saw_it():
+    """The earliest first push and hand-over and the latest completion over the new owner's
+    reports; another aggregator's report and a value that is no number are ignored."""
+    migrations, mid = sum_batch_switching()
+    migrations.worker_done(message(wire.WORKER_DONE, mid=mid, job="J", keys=[], first_push_at=10.5,
+                                   handover_at=10.2, done_at=11.0), "b")
+    migrations.worker_done(message(wire.WORKER_DONE, mid=mid, job="J", keys=[], first_push_at=10.4,
+                                   handover_at="soon", done_at=11.3), "b")
+    migrations.worker_done(message(wire.WORKER_DONE, mid=mid, job="J", keys=[], first_push_at=1.0), "a")
+    migrations.copy_done(message(wire.TENSOR_COPY_DONE, mid=mid, job="J", keys=["w"]), "a")
+    migrations.worker_done(message(wire.WORKER_DONE, mid=mid, job="J", keys=["w"]), "b")
+    assert migrations.status()["recent"][-1]["switch_seen"] == {"first_push_at": 10.4, "handover_at": 10.2,
+                                                                "done_at": 11.3}
 
 
 def test_moving_to_the_replica_sends_the_state_ahead_only_to_the_new_replica():
