@@ -16,7 +16,6 @@ sender's retransmissions and timer value (``TCP_INFO``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import select
 import socket
@@ -24,14 +23,13 @@ import statistics
 import struct
 import sys
 import time
-import uuid
 
 import numpy as np
 
 from autops.transport import tcpopts
 from autops.transport.stream import StreamChannel, StreamListener
-from dlrt import cli
-from dlrt.testbed import Testbed, available, cleanup
+from dlrt.testbed import Testbed, cleanup
+from dlrt_bench import tail_loss_bench
 from dlrt_bench.autops_migrate import in_netns
 
 _TCP_INFO = struct.Struct("8B24I")     # struct tcp_info's head: 8 bytes, then u32s from tcpi_rto on
@@ -131,38 +129,19 @@ def run(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def report_line(r: dict) -> str:
+    floor = f"{r['rto_min_us_taken']} us" if r["rto_min_us_taken"] else "the kernel's"
+    return (f"{r['arm']:>7}: floor {floor}; {r['size'] >> 20} MiB in {r['plain_ms']} ms, with a "
+            f"{r['blackout_ms']:.0f} ms blackout {r['blackout_transfer_ms']} ms (+{r['extra_ms']} ms; per trial "
+            f"{r['extra_ms_per_trial']}); sender's timer {r['sender_rto_us_median']} us, "
+            f"{r['retransmitted_segments_median']} segments sent again")
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--link", default="10gbit")
-    p.add_argument("--size", type=cli.size, default="32M", metavar="SIZE", help="the message (default 32M)")
-    p.add_argument("--blackout", type=float, default=30.0, metavar="MS", help="ms of dropped packets (default 30)")
-    p.add_argument("--at", type=float, default=10.0, metavar="MS", help="ms after the send (default 10)")
-    p.add_argument("--trials", type=int, default=5)
-    p.add_argument("--idle", type=float, default=0.3, help="s between messages on a connection")
-    p.add_argument("--rto-min-us", type=int, default=tcpopts.RTO_MIN_US, help="the links' floor asked for")
+    p = tail_loss_bench.parser(__doc__.splitlines()[0], "apt", "the message (default 32M)",
+                               "ms after the send (default 10)", "s between messages on a connection")
     p.add_argument("--timeout", type=float, default=10.0)
-    p.add_argument("--prefix", default=f"apt{uuid.uuid4().hex[:4]}")
-    p.add_argument("--json", default=None, metavar="FILE", help="write the rows (-: stdout)")
-    args = p.parse_args(argv)
-    reason = available()
-    if reason:
-        print(f"emulated hosts unavailable: {reason}", file=sys.stderr)
-        return 2
-    rows = run(args)
-    for r in rows:
-        floor = f"{r['rto_min_us_taken']} us" if r["rto_min_us_taken"] else "the kernel's"
-        print(f"{r['arm']:>7}: floor {floor}; {r['size'] >> 20} MiB in {r['plain_ms']} ms, with a "
-              f"{r['blackout_ms']:.0f} ms blackout {r['blackout_transfer_ms']} ms (+{r['extra_ms']} ms; per trial "
-              f"{r['extra_ms_per_trial']}); sender's timer {r['sender_rto_us_median']} us, "
-              f"{r['retransmitted_segments_median']} segments sent again", file=sys.stderr)
-    if args.json:
-        text = "\n".join(json.dumps(r) for r in rows) + "\n"
-        if args.json == "-":
-            sys.stdout.write(text)
-        else:
-            with open(args.json, "w") as fh:
-                fh.write(text)
-    return 0
+    return tail_loss_bench.run_and_report(p.parse_args(argv), run, report_line)
 
 
 if __name__ == "__main__":

@@ -18,17 +18,15 @@ difference.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import tempfile
 import threading
 import time
-import uuid
 
-from dlrt import cli, tcpopts
-from dlrt.testbed import Testbed, available, cleanup
+from dlrt.testbed import Testbed, cleanup
+from dlrt_bench import tail_loss_bench
 from dlrt_bench.autops_migrate import in_netns
 from infiniswap.core import CoreDevice, DataServer, SlabStore
 
@@ -126,40 +124,21 @@ def run(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def report_line(r: dict) -> str:
+    floor = f"{r['rto_min_us_taken_device']} us" if r["rto_min_us_taken_device"] else "the kernel's"
+    return (f"{r['arm']:>7} {r['direction']:>5}: floor {floor}; {r['size'] >> 20} MiB in {r['plain_ms']} ms, "
+            f"with a {r['blackout_ms']:.0f} ms blackout {r['blackout_io_ms']} ms (+{r['extra_ms']} ms; per "
+            f"trial {r['extra_ms_per_trial']})")
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--link", default="10gbit")
-    p.add_argument("--size", type=cli.size, default="32M", metavar="SIZE",
-                   help="the span read and written, whole 4 MiB slabs (default 32M)")
+    p = tail_loss_bench.parser(__doc__.splitlines()[0], "ist", "the span read and written, whole 4 MiB slabs "
+                               "(default 32M)", "ms into the I/O (default 10)", "s between I/Os on the connections")
     p.add_argument("--connections", type=int, default=4, help="the device's connections to the daemon")
-    p.add_argument("--blackout", type=float, default=30.0, metavar="MS", help="ms of dropped packets (default 30)")
-    p.add_argument("--at", type=float, default=10.0, metavar="MS", help="ms into the I/O (default 10)")
-    p.add_argument("--trials", type=int, default=5)
-    p.add_argument("--idle", type=float, default=0.3, help="s between I/Os on the connections")
-    p.add_argument("--rto-min-us", type=int, default=tcpopts.RTO_MIN_US, help="the connections' floor asked for")
-    p.add_argument("--prefix", default=f"ist{uuid.uuid4().hex[:4]}")
-    p.add_argument("--json", default=None, metavar="FILE", help="write the rows (-: stdout)")
     args = p.parse_args(argv)
     if args.size < SLAB or args.size % (1 << 20):
         p.error(f"--size must be whole MiB, at least {SLAB >> 20} MiB")
-    reason = available()
-    if reason:
-        print(f"emulated hosts unavailable: {reason}", file=sys.stderr)
-        return 2
-    rows = run(args)
-    for r in rows:
-        floor = f"{r['rto_min_us_taken_device']} us" if r["rto_min_us_taken_device"] else "the kernel's"
-        print(f"{r['arm']:>7} {r['direction']:>5}: floor {floor}; {r['size'] >> 20} MiB in {r['plain_ms']} ms, "
-              f"with a {r['blackout_ms']:.0f} ms blackout {r['blackout_io_ms']} ms (+{r['extra_ms']} ms; per "
-              f"trial {r['extra_ms_per_trial']})", file=sys.stderr)
-    if args.json:
-        text = "\n".join(json.dumps(r) for r in rows) + "\n"
-        if args.json == "-":
-            sys.stdout.write(text)
-        else:
-            with open(args.json, "w") as fh:
-                fh.write(text)
-    return 0
+    return tail_loss_bench.run_and_report(args, run, report_line)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import errno
 import os
 import socket
 
-__all__ = ["RTO_MIN_US", "KERNEL_RTO_MIN_US", "TCP_RTO_MIN_US", "rto_min_us_from_env", "set_rto_min"]
+__all__ = ["RTO_MIN_US", "KERNEL_RTO_MIN_US", "TCP_RTO_MIN_US", "rto_min_us_from_env", "set_rto_min", "unsupported"]
 
 RTO_MIN_US = 10_000                 # asked for by default: 10 ms
 KERNEL_RTO_MIN_US = 200_000         # the kernel's own floor, the most the option takes
@@ -65,3 +65,13 @@ def set_rto_min(sock: socket.socket, us: int) -> int | None:
             return sock.getsockopt(socket.IPPROTO_TCP, TCP_RTO_MIN_US)
         except OSError:
             return ask
+
+
+def unsupported() -> str | None:
+    """Why this kernel offers no per-socket floor (``TCP_RTO_MIN_US``, Linux 6.15+), or None."""
+    with socket.socket() as sock:
+        try:
+            sock.getsockopt(socket.IPPROTO_TCP, TCP_RTO_MIN_US)
+        except OSError as exc:
+            return f"TCP_RTO_MIN_US not offered by this kernel: {exc}"
+    return None

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import bisect
 import threading
+from abc import ABC, abstractmethod
 import time
 from typing import Any
 
 
-class PeriodicSampler:
+class PeriodicSampler(ABC):
     """Samples ``read()`` every ``interval`` seconds; ``window(t0, t1)`` is ``delta`` of the
     last samples taken at or before ``t0`` and ``t1`` plus one interval."""
 
@@ -23,11 +24,13 @@ class PeriodicSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
 
+    @abstractmethod
     def read(self) -> Any:
-        raise NotImplementedError
+        """One reading of the counters."""
 
+    @abstractmethod
     def delta(self, a: Any, b: Any) -> dict:
-        raise NotImplementedError
+        """What changed from reading ``a`` to the later ``b``."""
 
     def start(self) -> "PeriodicSampler":
         self._sample()

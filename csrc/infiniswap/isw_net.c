@@ -125,8 +125,7 @@ int isw_set_timeouts(int fd, int timeout_ms)
 
 int isw_tcp_set_rto_min(int fd, int us)
 {
-    int ask = us, got = 0;
-    socklen_t sl = sizeof got;
+    int ask = us;
 
     if (us <= 0)
         return 0;
@@ -139,11 +138,8 @@ int isw_tcp_set_rto_min(int fd, int us)
             return 0;
         ask = ask > ISW_RTO_MIN_MAX_US / 2 ? ISW_RTO_MIN_MAX_US : 2 * ask;
     }
-    if (getsockopt(fd, IPPROTO_TCP, TCP_RTO_MIN_US, &got, &sl) < 0)
-        return ask;
-    return got;
+    return isw_tcp_rto_min(fd);
 }
-
 
 int isw_tcp_rto_min(int fd)
 {

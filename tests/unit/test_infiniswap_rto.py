@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import socket
 import subprocess
 
 import pytest
@@ -24,16 +23,6 @@ SLAB = 1 << 20
 @pytest.fixture
 def slab_size() -> int:
     return SLAB
-
-
-def kernel_floor_option() -> str | None:
-    """Why this kernel has no per-socket floor (``TCP_RTO_MIN_US``, Linux 6.15+), or None."""
-    with socket.socket() as sock:
-        try:
-            sock.getsockopt(socket.IPPROTO_TCP, tcpopts.TCP_RTO_MIN_US)
-        except OSError as exc:
-            return f"TCP_RTO_MIN_US not offered by this kernel: {exc}"
-    return None
 
 
 def timers_ms(port: int) -> list[float]:
@@ -78,7 +67,7 @@ def test_a_bad_floor_is_refused_by_both_ends(store, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("asked", [10_000, 0])
 def test_both_ends_take_the_floor_and_the_kernels_timer_follows_it(store, tmp_path, monkeypatch, asked):
-    reason = kernel_floor_option()
+    reason = tcpopts.unsupported()
     if reason:
         pytest.skip(reason)
     if shutil.which("ss") is None:

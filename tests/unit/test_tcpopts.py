@@ -12,16 +12,7 @@ import zmq
 from autops.transport import TransportError, tcpopts
 from autops.transport.links import Transport
 from autops.transport.stream import SPLICE_MIN, StreamChannel, StreamListener
-
-
-def kernel_floor_option() -> str | None:
-    """Why this kernel has no per-socket floor (``TCP_RTO_MIN_US``, Linux 6.15+), or None."""
-    with socket.socket() as sock:
-        try:
-            sock.getsockopt(socket.IPPROTO_TCP, tcpopts.TCP_RTO_MIN_US)
-        except OSError as exc:
-            return f"TCP_RTO_MIN_US not offered by this kernel: {exc}"
-    return None
+from dlrt.tcpopts import unsupported
 
 
 def test_the_floor_comes_from_the_environment_within_the_kernels_range(monkeypatch):
@@ -79,7 +70,7 @@ def test_a_floor_below_the_kernels_clock_is_raised_to_the_least_it_takes():
 
 
 def test_both_ends_of_a_tcp_link_lower_their_floor_and_zero_leaves_the_kernels(monkeypatch):
-    reason = kernel_floor_option()
+    reason = unsupported()
     if reason:
         pytest.skip(reason)
     for setting, floors in (("10000", None), ("0", (None, tcpopts.KERNEL_RTO_MIN_US))):
