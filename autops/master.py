@@ -178,7 +178,7 @@ class Master:
     def _prune_claims(self, now: float) -> None:
         """Once, ``claim_grace`` after the start: forget the recorded secrets of jobs that
         did not come back after a restart (their workers would have timed out by now)."""
-        if self._claims_pruned or now - self.started < self.claim_grace:
+        if self._claims_pruned or now < self.started + self.claim_grace:     # (not now - started: rounding)
             return
         self._claims_pruned = True
         for job_id in self.secrets.jobs():
