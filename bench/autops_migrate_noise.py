@@ -1,17 +1,19 @@
 """How often a migration with no pause at all would have met the pause goals in stored
 ``autops bench migrate`` runs, against how often the runs met them (dlrt_bench/migrate_noise.py),
 with the pause taken against the job's communication time and against the workers' median
-(the definition before).
+(the definition before). ``--around``: instead, the job's excess in each iteration around the
+switch, pooled over the stored moves (``migrate_noise.around_switch``).
 
     python bench/autops_migrate_noise.py bench/results/autops_migrate*.json
     python bench/autops_migrate_noise.py bench/results/autops_migrate_connection_warm.json --order W --json -
+    python bench/autops_migrate_noise.py bench/results/autops_migrate*.json --around
 """
 import argparse
 import json
 import sys
 from pathlib import Path
 
-from dlrt_bench.migrate_noise import BASELINES, assess, read_rows, summarize
+from dlrt_bench.migrate_noise import BASELINES, around_switch, assess, read_rows, summarize
 
 WHOSE = {"job": "the job's", "worker": "the workers'"}
 
@@ -23,9 +25,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--baseline", nargs="+", default=list(BASELINES), choices=BASELINES,
                    help="the pause against the job's communication time, the workers' median, or both (default)")
     p.add_argument("--json", default=None, metavar="FILE", help="write the summary as JSON (-: stdout)")
+    p.add_argument("--around", action="store_true",
+                   help="the job's excess per iteration around the switch, pooled over the moves, instead")
     args = p.parse_args(argv)
     rows = [r for r in read_rows(args.files)
             if args.order is None or str(r.get("order") or "").startswith(args.order)]
+    if args.around:
+        return print_around(around_switch(rows), args.json)
     summary = summarize(a for b in args.baseline for a in (assess(r, b) for r in rows) if a is not None)
     for group in summary:
         print(f"{group['site'] or 'unlabelled'} {group['mode']}, pause against {WHOSE[group['baseline']]} baseline: "
@@ -33,13 +39,31 @@ def main(argv: list[str]) -> int:
         for name, g in group["goals"].items():
             print(f"  {name}: met in {g['met']}; a migration without a pause: {g['expected_without_pause']} expected "
                   f"(share per run median {g['share_median']}, {g['share_range'][0]}-{g['share_range'][1]})")
-    if args.json:
-        text = json.dumps(summary, indent=1)
-        if args.json == "-":
+    write_json(summary, args.json)
+    return 0
+
+
+def print_around(groups: list[dict], json_out: str | None) -> int:
+    """``--around``: a line per offset from the switch, per group."""
+    for g in groups:
+        print(f"{g['site'] or 'unlabelled'} {g['mode']}, {g['move']} moves ({g['moves']}): the job's communication "
+              "time per iteration minus its median 6-9 iterations before and 5-8 after the switch, ms")
+        for d, f in g["offsets"].items():
+            share = next(v for k, v in f.items() if k.startswith("share_over"))
+            where = {-1: "  the old owners' last", 0: "  the switch"}.get(d, "")
+            print(f"  {d:+d}: median {f['median_ms']:7.1f}, mean {f['mean_ms']:7.1f}, p90 {f['p90_ms']:7.1f}, "
+                  f"over 60 ms in {100 * share:4.1f}%{where}")
+    write_json(groups, json_out)
+    return 0
+
+
+def write_json(data: list[dict], where: str | None) -> None:
+    if where:
+        text = json.dumps(data, indent=1)
+        if where == "-":
             print(text)
         else:
-            Path(args.json).write_text(text + "\n")
-    return 0
+            Path(where).write_text(text + "\n")
 
 
 if __name__ == "__main__":

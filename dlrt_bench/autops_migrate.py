@@ -68,6 +68,11 @@ Figures, per repeat; over repeats their maximum (``max_*``) and median (``median
   over the switch iterations and per iteration without a migration, so a pause the VM's host
   made can be told apart, and each process's CPU in the switch against the iterations after
   the move (``over_after_ms``) says who did extra work in it.
+* ``cutover_ms`` per repeat (``max_`` / ``median_`` over repeats): the same excess as
+  ``pause_ms`` in the iteration before the switch -- the old owners' last, in which they hand
+  the keys over -- and ``cutover_end_skew_ms``, how far apart it ended the two workers' (the
+  switch iteration inherits that spread). ``cpu_cutover`` per repeat: ``cpu_switch`` for that
+  iteration, each process against the iterations before the move (``over_before_ms``).
 * ``new_owner_ms`` per repeat: per batch, when the first push of its keys and its hand-over
   reached the new owner and when their first iteration there was complete, in ms after both
   workers started the switch iteration (the new owner's clock; one machine).
@@ -483,11 +488,19 @@ def pauses(per_rank: dict[int, list[Record]], repeats: list[dict], windows: list
         rec["window_excess_ms"] = round(1e3 * max(window), 2) if window else None
         rec["pause_ms"] = round(1e3 * (max(switched) - job_near), 2) if switched else None
         rec["pause_vs_worker_ms"] = round(1e3 * (max(switched) - near), 2) if switched else None
+        rec["cutover_ms"] = rec["cutover_end_skew_ms"] = None
+        if switch is not None:
+            # the old owners' last iteration: its excess, and how far apart it left the workers
+            last = [(s, e) for records in per_rank.values() for it, _, s, e in records if it == switch[0] - 1]
+            if len(last) == len(per_rank):
+                rec["cutover_ms"] = round(1e3 * (max(e - s for s, e in last) - job_near), 2)
+                rec["cutover_end_skew_ms"] = round(1e3 * (max(e for _, e in last) - min(e for _, e in last)), 2)
     return {
         "pause_baseline": "job",
         **over_repeats(repeats, "pause"),
         **over_repeats(repeats, "pause_vs_worker"),
         **over_repeats(repeats, "window_excess"),
+        **over_repeats(repeats, "cutover"),
         **quiet_figures("quiet_pause_ms", quiet_pauses),
         **quiet_figures("quiet_pause_vs_worker_ms", quiet_vs_worker),
         "baseline_comm_ms": round(1e3 * baseline, 2),
@@ -526,7 +539,9 @@ def cpu_time(sampler: CpuSampler, per_rank: dict[int, list[Record]], repeats: li
     used here, and each process's) in the communication phases of the migrating job: adds
     ``cpu_switch`` (over its switch iterations' communication; ``over_after_ms``: each
     process's CPU there minus its median over the same phase of the ``gap`` iterations after the
-    move, where the keys sit where the switch put them) to each repeat's record; returns, over
+    move, where the keys sit where the switch put them) and ``cpu_cutover`` (over the iteration
+    before, the old owners' last; ``over_before_ms``: against the ``gap`` iterations before the
+    move) to each repeat's record; returns, over
     the iterations outside every migration (after the first ``skip``): median / p90 / max of
     ``steal_ms``, the medians of ``idle_ms`` and ``busy_ms``, and ``per_iteration``: every
     iteration's [iteration, steal, idle, busy ms, in a migration (0/1)]."""
@@ -535,6 +550,8 @@ def cpu_time(sampler: CpuSampler, per_rank: dict[int, list[Record]], repeats: li
         switch = rec.get("switch_iterations")
         if switch is not None and switch[0] in spans and switch[1] in spans:
             rec["cpu_switch"] = sampler.window(spans[switch[0]][0], spans[switch[1]][1])
+            if switch[0] - 1 in spans:
+                rec["cpu_cutover"] = sampler.window(*spans[switch[0] - 1])
     busy = busy_iterations(per_rank, windows)
     each = {it: sampler.window(*span) for it, span in sorted(spans.items()) if it > skip}
     per_iteration = [[it, w["steal_ms"], w["idle_ms"], w["busy_ms"], int(it in busy)] for it, w in each.items()]
@@ -545,17 +562,25 @@ def cpu_time(sampler: CpuSampler, per_rank: dict[int, list[Record]], repeats: li
         switch = rec.get("switch_iterations")
         if "cpu_switch" not in rec:
             continue
-        # who used more than in the iterations right after the move, same placement, no migration
+        # who used more than in the iterations with the keys where they were then, no migration:
+        # the switch against the ``gap`` right after the move, the cutover against those before it
         after = [w for it, w in each.items() if it > switch[1] and it not in busy][:gap]
-        usual = {n: statistics.median(w["by_process"][n] for w in after if n in w["by_process"])
-                 for n in rec["cpu_switch"]["by_process"] if any(n in w["by_process"] for w in after)}
-        rec["cpu_switch"]["over_after_ms"] = {n: round(rec["cpu_switch"]["by_process"][n] - ms, 1)
-                                              for n, ms in usual.items()}
+        before = [w for it, w in each.items() if it < switch[0] - 1 and it not in busy][-gap:]
+        for name, key, same in (("cpu_switch", "over_after_ms", after), ("cpu_cutover", "over_before_ms", before)):
+            if name in rec:
+                rec[name][key] = over_usual(rec[name]["by_process"], same)
     steal = [q["steal_ms"] for q in quiet]
     return {"iterations": len(quiet), "steal_ms_median": statistics.median(steal),
             "steal_ms_p90": round(float(np.percentile(steal, 90)), 1), "steal_ms_max": max(steal),
             "idle_ms_median": statistics.median(q["idle_ms"] for q in quiet),
             "busy_ms_median": statistics.median(q["busy_ms"] for q in quiet), "per_iteration": per_iteration}
+
+
+def over_usual(by_process: dict[str, float], usual: list[dict]) -> dict[str, float]:
+    """Each process's CPU (ms) in ``by_process`` minus its median over the windows ``usual``
+    (``CpuSampler.window``'s), for the processes they saw."""
+    return {n: round(ms - statistics.median(w["by_process"][n] for w in usual if n in w["by_process"]), 1)
+            for n, ms in by_process.items() if any(n in w["by_process"] for w in usual)}
 
 
 def tcp_loss(sampler: TcpLossSampler, per_rank: dict[int, list[Record]], repeats: list[dict],
@@ -610,7 +635,8 @@ def first_reply(per_rank: dict[int, list[Record]], firsts: dict[int, list[tuple[
                 repeats: list[dict], windows: list[tuple[float, float | None]], skip: int) -> dict:
     """How long after both workers started an iteration's communication the first of their
     operations completed (the aggregators' first reply; ms): adds each repeat's
-    ``first_reply_ms`` (its first switch iteration) to its record, and returns them with the
+    ``first_reply_ms`` (its first switch iteration; ``cutover_first_reply_ms``: the iteration
+    before, the old owners' last) to its record, and returns them with the
     median and p90 over the iterations outside every migration (after the first ``skip``).
     A switch that starts late shows here; one whose transfers are slower does not."""
     starts: dict[int, list[float]] = {}
@@ -626,6 +652,9 @@ def first_reply(per_rank: dict[int, list[Record]], firsts: dict[int, list[tuple[
     for rec in repeats:
         switch = rec.get("switch_iterations")
         rec["first_reply_ms"] = round(delay[switch[0]], 2) if switch and switch[0] in delay else None
+        # the same in the old owners' last iteration
+        rec["cutover_first_reply_ms"] = (round(delay[switch[0] - 1], 2) if switch and switch[0] - 1 in delay
+                                         else None)
     busy = busy_iterations(per_rank, windows)
     quiet = [d for it, d in delay.items() if it > skip and it not in busy]
     return {"first_reply_ms_per_repeat": [rec["first_reply_ms"] for rec in repeats],
@@ -762,6 +791,10 @@ def main(argv: list[str] | None = None) -> int:
                   + (f"{nbr['model']} neighbour: comm x{nbr['comm_ratio']}, iteration x{nbr['iteration_ratio']} "
                      f"during migrations; " if nbr else "")
                   + f"{'all completed' if row['all_completed'] else 'INCOMPLETE'}, {row['wall_s']:.0f}s",
+                  file=out, flush=True)
+            print(f"{'':>9} the old owners' last iteration (the cutover): excess {row['cutover_ms_per_repeat']} ms, "
+                  f"first reply {[r['cutover_first_reply_ms'] for r in row['per_repeat']]} ms after both workers "
+                  f"started, the workers ended it {[r['cutover_end_skew_ms'] for r in row['per_repeat']]} ms apart",
                   file=out, flush=True)
             print(f"{'':>9} first reply after both workers started: switch {row['first_reply_ms_per_repeat']} ms; "
                   f"without a migration median {fmt(row['first_reply_ms_quiet_median'])}, p90 "

@@ -24,6 +24,8 @@ import statistics
 from pathlib import Path
 from typing import Iterable
 
+import numpy as np
+
 from .autops_migrate import noise_only_share, pauses, targets_met
 
 PERIOD = 10.0       # the synthetic clock's iteration, s: longer than any communication phase
@@ -109,6 +111,51 @@ def summarize(assessed: Iterable[dict]) -> list[dict]:
         quiet = [r["quiet_median"] for r in runs if r.get("quiet_median") is not None]
         out.append({"site": site, "mode": mode, "baseline": baseline, "runs": len(runs),
                     "quiet_median_ms": round(statistics.median(quiet), 1) if quiet else None, "goals": goals})
+    return out
+
+
+# ``around_switch``: the iterations a move's excesses are taken for (offsets from its switch
+# iteration) and those its baseline comes from, well before the MIGRATE call (about 3 to 4
+# iterations before the switch) and after the move was done (about 1 after)
+AROUND = range(-5, 5)
+CONTEXT = (*range(-9, -5), *range(5, 9))
+
+
+def around_switch(rows: Iterable[dict], over_ms: float = 60.0) -> list[dict]:
+    """Per (site, mode, first move or a later one) of stored ``sum`` / ``server`` rows whose
+    moves switched in one iteration: the job's communication time (the slower worker's) at
+    each offset in ``AROUND`` from the switch iteration, minus its median over the offsets in
+    ``CONTEXT`` (the same baseline for every row, whichever its own), pooled over the moves --
+    ``moves``, and per offset the median, mean and p90 excess (ms) and the share above
+    ``over_ms``. Offset -1 is the old owners' last iteration, 0 the new owners' first, the
+    offsets before -1 the lead iterations in which the workers learn of the move."""
+    groups: dict[tuple, dict[int, list[float]]] = {}
+    counts: dict[tuple, int] = {}
+    for row in rows:
+        if row.get("benchmark") != "migrate" or "comm_ms" not in row or not row.get("per_repeat"):
+            continue
+        job = [max(times) for times in zip(*row["comm_ms"])]
+        for n, move in enumerate(row["per_repeat"]):
+            switch = move.get("switch_iterations")
+            if not switch or switch[0] != switch[1]:
+                continue
+            at = switch[0] - 1                     # iteration i is the job's (i - 1)-th record
+            context = [job[at + d] for d in CONTEXT if 0 <= at + d < len(job)]
+            if len(context) < len(CONTEXT) // 2 or at + max(AROUND) >= len(job) or at + min(AROUND) < 0:
+                continue
+            base = statistics.median(context)
+            key = (row.get("site"), row["mode"], "first" if n == 0 else "later")
+            counts[key] = counts.get(key, 0) + 1
+            for d in AROUND:
+                groups.setdefault(key, {}).setdefault(d, []).append(job[at + d] - base)
+    out = []
+    for key in sorted(groups, key=lambda k: tuple(map(str, k))):
+        site, mode, which = key
+        out.append({"site": site, "mode": mode, "move": which, "moves": counts[key], "offsets": {
+            d: {"median_ms": round(statistics.median(v), 1), "mean_ms": round(statistics.fmean(v), 1),
+                "p90_ms": round(float(np.percentile(v, 90)), 1),
+                f"share_over_{over_ms:.0f}ms": round(sum(x > over_ms for x in v) / len(v), 3)}
+            for d, v in sorted(groups[key].items())}})
     return out
 
 

@@ -68,6 +68,11 @@ def test_migrate_moves_every_key_and_reports_the_pause(tmp_path):
     # every aggregator and worker process is followed, and compared with its CPU after the move
     assert {"r0", "r1"} <= set(rep["cpu_switch"]["by_process"])
     assert set(rep["cpu_switch"]["over_after_ms"]) == set(rep["cpu_switch"]["by_process"])
+    # the old owners' last iteration, each process against the iterations before the move
+    assert set(rep["cpu_cutover"]) == {"steal_ms", "idle_ms", "busy_ms", "by_process", "over_before_ms"}
+    assert set(rep["cpu_cutover"]["over_before_ms"]) == set(rep["cpu_cutover"]["by_process"])
+    assert rep["cutover_ms"] is not None and rep["cutover_end_skew_ms"] >= 0
+    assert row["cutover_ms_per_repeat"] == [rep["cutover_ms"]]
     assert row["cpu_quiet"]["iterations"] > 0 and row["cpu_quiet"]["steal_ms_median"] >= 0
     assert len(row["cpu_quiet"]["per_iteration"]) >= row["cpu_quiet"]["iterations"]
     # the new owner's view of the switch: the first push and the hand-over came before the

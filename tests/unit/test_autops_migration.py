@@ -438,6 +438,21 @@ def test_the_pause_is_taken_against_the_jobs_time_not_the_median_worker():
     assert len(got["quiet_pause_ms"]) == len(got["quiet_pause_vs_worker_ms"]) == 6
 
 
+def test_the_old_owners_last_iteration_is_measured_and_the_spread_it_leaves():
+    from dlrt_bench.autops_migrate import pauses
+    comm = {it: 0.2 for it in range(1, 21)}
+    comm[9] = 0.32         # the cutover: the old owners' last iteration, 120 ms long for rank 1
+    per_rank = {0: records({**comm, 9: 0.22}), 1: records(comm)}
+    repeats = [{"switch_iterations": [10, 10]}, {"switch_iterations": None}]
+    got = pauses(per_rank, repeats, [(7.6, 10.6), (15.6, 16.6)], skip=2, gap=3)
+    assert repeats[0]["cutover_ms"] == pytest.approx(120.0)
+    # rank 1 ended it 100 ms after rank 0: the switch starts that far apart
+    assert repeats[0]["cutover_end_skew_ms"] == pytest.approx(100.0)
+    assert repeats[1]["cutover_ms"] is None and repeats[1]["cutover_end_skew_ms"] is None
+    assert got["cutover_ms_per_repeat"] == [pytest.approx(120.0)]
+    assert got["max_cutover_ms"] == pytest.approx(120.0) and got["median_cutover_ms"] == pytest.approx(120.0)
+
+
 def test_the_noise_alone_gives_the_same_statistic_over_iterations_without_a_migration():
     from dlrt_bench.autops_migrate import pauses
     comm = {it: 0.2 for it in range(1, 31)}
@@ -533,6 +548,7 @@ def test_the_first_reply_counts_from_the_later_workers_start():
     got = first_reply(per_rank, firsts, repeats, [(7.6, 10.6)], skip=2)
     assert repeats[0]["first_reply_ms"] == pytest.approx(100.0)
     assert got["first_reply_ms_per_repeat"] == [pytest.approx(100.0)]
+    assert repeats[0]["cutover_first_reply_ms"] == pytest.approx(40.0)     # iteration 9, the old owners' last
     # quiet: 3..6 and 12..16 -- eight at 40 ms, one at 60
     assert got["first_reply_ms_quiet_median"] == pytest.approx(40.0)
     assert got["first_reply_ms_quiet_p90"] == pytest.approx(44.0)

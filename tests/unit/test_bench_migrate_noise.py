@@ -87,3 +87,24 @@ def test_result_files_are_read_as_json_lines_or_one_list(tmp_path):
     lines.write_text('{"x": 1}\n\n{"x": 2}\n')
     listed.write_text(json.dumps([{"x": 3}]))
     assert [r["x"] for r in read_rows([lines, listed])] == [1, 2, 3]
+
+
+def test_the_iterations_around_each_switch_are_pooled_against_the_same_baseline():
+    from dlrt_bench.migrate_noise import around_switch
+    comm = [200.0] * 40
+    comm[13] = 290.0                 # iteration 14: the old owners' last before the switch in 15
+    comm[14] = 230.0                 # iteration 15: the switch
+    comm[29] = 260.0                 # iteration 30: the second move's switch
+    first = {"iteration_at_call": 11, "iteration_at_done": 15, "switch_iterations": [15, 15], "pause_ms": 30.0}
+    later = {"iteration_at_call": 26, "iteration_at_done": 30, "switch_iterations": [30, 30], "pause_ms": 60.0}
+    spanning = {"iteration_at_call": 33, "iteration_at_done": 36, "switch_iterations": [35, 36], "pause_ms": 0.0}
+    row = stored_row(comm, [first, later, spanning])
+    got = {g["move"]: g for g in around_switch([row, {"benchmark": "packing"}])}
+    assert set(got) == {"first", "later"}           # a switch over two iterations is left out
+    assert got["first"]["moves"] == got["later"]["moves"] == 1
+    first_offsets = got["first"]["offsets"]
+    assert first_offsets[-1]["median_ms"] == pytest.approx(90.0) and first_offsets[0]["median_ms"] == pytest.approx(30.0)
+    assert first_offsets[-1]["share_over_60ms"] == 1.0 and first_offsets[0]["share_over_60ms"] == 0.0
+    assert first_offsets[-2]["median_ms"] == pytest.approx(0.0)
+    assert got["later"]["offsets"][0]["mean_ms"] == pytest.approx(60.0)
+    assert sorted(first_offsets) == list(range(-5, 5))
