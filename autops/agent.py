@@ -37,6 +37,7 @@ import numpy as np
 import zmq
 
 from dlrt.curve import Security, default_security
+from dlrt.procs import name_this_thread
 from dlrt.waker import Waker
 
 from . import wire
@@ -559,6 +560,7 @@ class Agent:
 
     # --- I/O thread ---------------------------------------------------------------------
     def _io_main(self) -> None:
+        name_this_thread(threading.current_thread().name)
         io = _IOLoop(self)
         self._io_ready.set()
         try:

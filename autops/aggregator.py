@@ -54,6 +54,7 @@ import zmq
 from dlrt.curve import Security, default_security, warn_if_exposed
 from dlrt.hostid import host_id
 from dlrt.keys import ensure_cluster_secret
+from dlrt.procs import name_this_thread
 from dlrt.waker import Waker
 
 from . import clusterauth, wire
@@ -839,6 +840,7 @@ class Aggregator:
         ``private`` (``zeroed_arrays``), ``nbytes`` in all, and warm ``warm`` bytes of heap;
         then, on the loop, ``then((buffers, allocation error), private arrays or None)``."""
         def populate() -> None:
+            name_this_thread(threading.current_thread().name)
             background_priority()
             faults = _thread_faults()
             pace = Pace() if at_once else self._background_pace()
@@ -913,6 +915,7 @@ class Aggregator:
             return False
 
         def keep() -> None:
+            name_this_thread(threading.current_thread().name)
             background_priority()
             pace, reported = self._background_pace(wait_out_moves=True), 0.0
             try:

@@ -29,6 +29,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from dlrt.procs import name_this_thread
+
 __all__ = ["CudaOps", "DeviceStager", "StagedHandle", "host_array", "HAND_OVER_GRACE_S"]
 
 HAND_OVER_GRACE_S = 0.002   # how long the stager thread leaves a finished copy to the callers
@@ -159,6 +161,7 @@ class DeviceStager:
 
     def _run(self) -> None:
         """Hand over what no caller did: the oldest copy, ``grace`` seconds after it is done."""
+        name_this_thread(threading.current_thread().name)
         while True:
             with self._arrived:
                 while not self._staged and not self._closing.is_set():

@@ -229,7 +229,7 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
             placement = {j["job"]: sorted(j["keys_per_aggregator"]) for j in status["jobs"]}
             if args.emulate_hosts:            # every process a host of its own
                 loss = TcpLossSampler(pids, args.tcp_sample).start()
-            cpu = CpuSampler(args.tcp_sample, pids=pids).start()
+            cpu = CpuSampler(args.tcp_sample, pids=pids, threads=args.thread_cpu).start()
             seen_batches.update(b["mid"] for b in status["migrations"].get("recent") or ())
             mark = (proc_counters(pids), workers.iteration(MAIN))
             wait_iterations(workers, MAIN, mark[1] + args.gap)   # a steady stretch, measured
@@ -541,7 +541,8 @@ def cpu_time(sampler: CpuSampler, per_rank: dict[int, list[Record]], repeats: li
     process's CPU there minus its median over the same phase of the ``gap`` iterations after the
     move, where the keys sit where the switch put them) and ``cpu_cutover`` (over the iteration
     before, the old owners' last; ``over_before_ms``: against the ``gap`` iterations before the
-    move) to each repeat's record; returns, over
+    move) to each repeat's record (with ``--thread-cpu`` also ``over_after_by_thread_ms`` /
+    ``over_before_by_thread_ms``, per ``process/thread``); returns, over
     the iterations outside every migration (after the first ``skip``): median / p90 / max of
     ``steal_ms``, the medians of ``idle_ms`` and ``busy_ms``, and ``per_iteration``: every
     iteration's [iteration, steal, idle, busy ms, in a migration (0/1)]."""
@@ -568,7 +569,10 @@ def cpu_time(sampler: CpuSampler, per_rank: dict[int, list[Record]], repeats: li
         before = [w for it, w in each.items() if it < switch[0] - 1 and it not in busy][-gap:]
         for name, key, same in (("cpu_switch", "over_after_ms", after), ("cpu_cutover", "over_before_ms", before)):
             if name in rec:
-                rec[name][key] = over_usual(rec[name]["by_process"], same)
+                rec[name][key] = over_usual(rec[name]["by_process"], [w["by_process"] for w in same])
+                if "by_thread" in rec[name]:
+                    rec[name][key.replace("_ms", "_by_thread_ms")] = over_usual(
+                        per_thread(rec[name]), [per_thread(w) for w in same])
     steal = [q["steal_ms"] for q in quiet]
     return {"iterations": len(quiet), "steal_ms_median": statistics.median(steal),
             "steal_ms_p90": round(float(np.percentile(steal, 90)), 1), "steal_ms_max": max(steal),
@@ -576,11 +580,16 @@ def cpu_time(sampler: CpuSampler, per_rank: dict[int, list[Record]], repeats: li
             "busy_ms_median": statistics.median(q["busy_ms"] for q in quiet), "per_iteration": per_iteration}
 
 
-def over_usual(by_process: dict[str, float], usual: list[dict]) -> dict[str, float]:
-    """Each process's CPU (ms) in ``by_process`` minus its median over the windows ``usual``
-    (``CpuSampler.window``'s), for the processes they saw."""
-    return {n: round(ms - statistics.median(w["by_process"][n] for w in usual if n in w["by_process"]), 1)
-            for n, ms in by_process.items() if any(n in w["by_process"] for w in usual)}
+def over_usual(used: dict[str, float], usual: list[dict[str, float]]) -> dict[str, float]:
+    """Each name's CPU (ms) in ``used`` minus its median over ``usual`` (the same per window;
+    a window without the name counts 0), for the names some window of ``usual`` has."""
+    return {n: round(ms - statistics.median(w.get(n, 0.0) for w in usual), 1)
+            for n, ms in used.items() if any(n in w for w in usual)}
+
+
+def per_thread(window: dict) -> dict[str, float]:
+    """A ``CpuSampler`` window's ``by_thread`` as ``process/thread`` -> CPU ms."""
+    return {f"{n}/{t}": ms for n, threads in window.get("by_thread", {}).items() for t, ms in threads.items()}
 
 
 def tcp_loss(sampler: TcpLossSampler, per_rank: dict[int, list[Record]], repeats: list[dict],
@@ -752,6 +761,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tcp-sample", type=float, default=0.02, metavar="S",
                    help="interval of sampling the machine's CPU time and (emulated hosts) each host's TCP "
                         "loss counters, seconds")
+    p.add_argument("--thread-cpu", action="store_true",
+                   help="also sample each process's CPU per thread (cpu_switch / cpu_cutover by_thread)")
     add_common_args(p)
     args = parse_args(p, argv)
     exit_on_sigterm()                 # stopped by SIGTERM: the testbed and the processes still go

@@ -25,6 +25,27 @@ def read_cpu(path: str = "/proc/stat") -> dict[str, int]:
     raise ValueError(f"{path}: no 'cpu' line")
 
 
+def thread_cpu(pid: int, tick_ms: float = TICK_MS) -> dict[str, float]:
+    """CPU ms of process ``pid``'s threads so far, by thread name (``/proc/PID/task/TID/stat``;
+    threads of one name summed, the main thread as ``main``, threads gone since left out);
+    empty when the process is gone."""
+    out: dict[str, float] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                text = f.read()
+        except OSError:
+            continue
+        name = "main" if tid == str(pid) else text[text.index("(") + 1:text.rindex(")")]
+        fields = text.rsplit(")", 1)[1].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) * tick_ms
+    return out
+
+
 def cpu_delta(a: dict[str, int], b: dict[str, int], tick_ms: float = TICK_MS) -> dict[str, float]:
     """Milliseconds of CPU between readings ``a`` and ``b``: taken by the host (``steal_ms``),
     idle (``idle_ms``: idle and waiting for I/O) and used here (``busy_ms``: the rest)."""
@@ -38,20 +59,33 @@ def cpu_delta(a: dict[str, int], b: dict[str, int], tick_ms: float = TICK_MS) ->
 class CpuSampler(PeriodicSampler):
     """``read_cpu`` (and the CPU seconds of ``pids``: name -> pid) every ``interval`` seconds;
     ``window(t0, t1)`` is ``cpu_delta`` with ``by_process``: name -> CPU ms in the window, for
-    the processes alive at both ends."""
+    the processes alive at both ends, and with ``threads`` also ``by_thread``: name -> thread
+    name -> CPU ms (``thread_cpu``; threads that used none left out)."""
 
     name = "cpu-time"
 
-    def __init__(self, interval: float = 0.02, path: str = "/proc/stat", pids: dict[str, int] | None = None) -> None:
+    def __init__(self, interval: float = 0.02, path: str = "/proc/stat", pids: dict[str, int] | None = None,
+                 threads: bool = False) -> None:
         super().__init__(interval)
         self.path = path
         self.pids = dict(pids or {})
+        self.threads = threads
 
     def read(self) -> dict:
-        return {"machine": read_cpu(self.path),
-                "processes": {name: cpu for name, (cpu, _) in proc_counters(self.pids).items()}}
+        got = {"machine": read_cpu(self.path),
+               "processes": {name: cpu for name, (cpu, _) in proc_counters(self.pids).items()}}
+        if self.threads:
+            got["threads"] = {name: thread_cpu(pid) for name, pid in self.pids.items()}
+        return got
 
     def delta(self, a: dict, b: dict) -> dict:
         procs_a, procs_b = a.get("processes", {}), b.get("processes", {})
-        return {**cpu_delta(a.get("machine", {}), b.get("machine", {})),
-                "by_process": {n: round(1e3 * (procs_b[n] - procs_a[n]), 1) for n in procs_b if n in procs_a}}
+        out = {**cpu_delta(a.get("machine", {}), b.get("machine", {})),
+               "by_process": {n: round(1e3 * (procs_b[n] - procs_a[n]), 1) for n in procs_b if n in procs_a}}
+        if self.threads:
+            threads_a, threads_b = a.get("threads", {}), b.get("threads", {})
+            out["by_thread"] = {
+                n: {t: round(ms - threads_a[n].get(t, 0.0), 1) for t, ms in threads_b[n].items()
+                    if ms > threads_a[n].get(t, 0.0)}
+                for n in threads_b if n in threads_a}
+        return out

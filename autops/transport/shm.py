@@ -21,6 +21,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from dlrt.procs import name_this_thread
+
 from .prefault import CAN_POPULATE, Pace, populate_buffer
 from .base import Memory, PayloadError, Shared, background_priority
 
@@ -336,6 +338,7 @@ class SharedMemory(Memory):
         threading.Thread(target=self._premap, args=(fresh,), name="autops-premap", daemon=True).start()
 
     def _premap(self, handles: list) -> None:
+        name_this_thread(threading.current_thread().name)
         background_priority()
         for handle in handles:
             try:

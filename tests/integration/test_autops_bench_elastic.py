@@ -44,7 +44,7 @@ def test_packing_shares_aggregators_and_reports_every_figure(tmp_path):
 def test_migrate_moves_every_key_and_reports_the_pause(tmp_path):
     out = tmp_path / "migrate.json"
     rc = migrate_main(["--model", "alexnet", "--scale", "0.01", "--time-scale", "0.5", "--repeats", "1",
-                       "--warmup", "3", "--gap", "3", "--json", str(out)])
+                       "--warmup", "3", "--gap", "3", "--thread-cpu", "--json", str(out)])
     assert rc == 0
     row = json.loads(out.read_text().splitlines()[0])
     for key in ("model", "mode", "max_pause_ms", "median_pause_ms", "migration_s", "keys_moved", "baseline_comm_ms",
@@ -64,12 +64,19 @@ def test_migrate_moves_every_key_and_reports_the_pause(tmp_path):
     assert len(row["cycles"]) == row["aggregators"]
     assert all(c["late"] >= 0 and c["postponed"] >= 0 for c in row["cycles"].values())
     # the machine's CPU time over the switch and per iteration without a migration
-    assert set(rep["cpu_switch"]) == {"steal_ms", "idle_ms", "busy_ms", "by_process", "over_after_ms"}
+    assert set(rep["cpu_switch"]) == {"steal_ms", "idle_ms", "busy_ms", "by_process", "by_thread", "over_after_ms",
+                                      "over_after_by_thread_ms"}
+    # per thread (--thread-cpu), named process/thread: the workers' main threads and their
+    # agents' I/O threads, compared with the iterations after the move where they used CPU
+    threads = rep["cpu_switch"]["by_thread"]
+    assert set(threads) == set(rep["cpu_switch"]["by_process"])
+    assert all(ms > 0 for ts in threads.values() for ms in ts.values())
+    assert all(name.split("/", 1)[0] in threads for name in rep["cpu_switch"]["over_after_by_thread_ms"])
     # every aggregator and worker process is followed, and compared with its CPU after the move
     assert {"r0", "r1"} <= set(rep["cpu_switch"]["by_process"])
     assert set(rep["cpu_switch"]["over_after_ms"]) == set(rep["cpu_switch"]["by_process"])
     # the old owners' last iteration, each process against the iterations before the move
-    assert set(rep["cpu_cutover"]) == {"steal_ms", "idle_ms", "busy_ms", "by_process", "over_before_ms"}
+    assert {"steal_ms", "idle_ms", "busy_ms", "by_process", "over_before_ms", "by_thread"} <= set(rep["cpu_cutover"])
     assert set(rep["cpu_cutover"]["over_before_ms"]) == set(rep["cpu_cutover"]["by_process"])
     assert rep["cutover_ms"] is not None and rep["cutover_end_skew_ms"] >= 0
     assert row["cutover_ms_per_repeat"] == [rep["cutover_ms"]]

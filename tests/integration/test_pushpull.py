@@ -1,6 +1,7 @@
 """Real pMaster and aggregator processes on loopback; agents in threads of this process."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -116,6 +117,12 @@ def test_mean_is_default_and_push_pull_separately(pool1):
         run_workers(agents, work)
         for out in outs:
             np.testing.assert_array_equal(out, 1.5)
+        # each agent's I/O thread carries its name where the kernel and its tools show it
+        names = set()
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.add(f.read().strip())
+        assert {"autops-agent-0", "autops-agent-1"} <= names, names
     finally:
         for a in agents:
             a.close()

@@ -68,3 +68,36 @@ def test_a_window_says_what_each_process_used(tmp_path):
     t1 = time.monotonic()
     used = sampler.window(t0, t1)["by_process"]
     assert set(used) == {"me"} and used["me"] >= 50    # the kernel counts in clock ticks
+
+
+def test_a_window_says_what_each_thread_used_by_its_name(tmp_path):
+    import threading
+
+    from dlrt.procs import name_this_thread
+    from dlrt_bench.cpu_time import thread_cpu
+    path = tmp_path / "stat"
+    stat(path, idle=1)
+    sampler = CpuSampler(interval=0.01, path=str(path), pids={"me": os.getpid()}, threads=True)
+    sampler._sample()
+    t0 = time.monotonic()
+
+    burnt, release = threading.Event(), threading.Event()
+
+    def burn() -> None:
+        name_this_thread("test-burner")
+        before = time.thread_time()
+        while time.thread_time() - before < 0.1:       # 100 ms of this thread's CPU
+            pass
+        burnt.set()
+        release.wait(10)                               # alive while sampled: a thread gone is not listed
+
+    thread = threading.Thread(target=burn)
+    thread.start()
+    assert burnt.wait(10)
+    sampler._sample()
+    t1 = time.monotonic()
+    release.set()
+    thread.join()
+    used = sampler.window(t0, t1)["by_thread"]["me"]
+    assert used["test-burner"] >= 50 and used.get("main", 0) < used["test-burner"]
+    assert "main" in thread_cpu(os.getpid()) and thread_cpu(2 ** 22 + 1) == {}

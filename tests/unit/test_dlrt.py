@@ -18,7 +18,7 @@ import zmq
 from dlrt import cli
 from dlrt.endpoints import endpoint, host_port, is_loopback
 from dlrt.messages import Protocol, ProtocolError, VersionMismatch
-from dlrt.procs import kill_tree, stop_processes
+from dlrt.procs import THREAD_NAME_MAX, kill_tree, name_this_thread, stop_processes
 from dlrt.trace import NoValidJob, TraceError
 from dlrt.waker import Waker
 
@@ -330,3 +330,21 @@ def test_number_types_accept(kind, text, ok):
 def test_number_types_refuse(kind, text):
     with pytest.raises(argparse.ArgumentTypeError, match=re.escape(repr(text))):
         kind(text)
+
+
+def test_a_helper_thread_is_named_where_the_kernel_shows_it_and_the_main_thread_keeps_its_name():
+    seen = {}
+
+    def helper() -> None:
+        seen["ok"] = name_this_thread("autops-reserve-of-a-long-name")
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm") as f:
+            seen["comm"] = f.read().strip()
+
+    with open("/proc/self/comm") as f:
+        before = f.read()
+    thread = threading.Thread(target=helper)
+    thread.start()
+    thread.join()
+    assert seen["ok"] and seen["comm"] == "autops-reserve-of-a-long-name"[:THREAD_NAME_MAX]
+    with open("/proc/self/comm") as f:
+        assert f.read() == before
