@@ -164,6 +164,9 @@ class Aggregator:
         self.proc = psutil.Process()
         self.stats = {"pushes": 0, "pulls": 0, "errors": 0, "bytes_in": 0, "bytes_out": 0, "warm_bytes": 0,
                       "late": 0, "postponed": 0, "migrated_in": 0, "migrated_out": 0,
+                      # hand-overs sent as the old owner (TENSOR_COPY messages with keys) and
+                      # the loop's CPU seconds sending them and taking their answers
+                      "handover_messages": 0, "handover_cpu_s": 0.0,
                       "states_sent_ahead": 0, "taken_over_ahead": 0, "auth_refusals": 0, "ctrl_refusals": 0,
                       # memory made ready for keys migrating in: bytes populated, heap warmed, the
                       # CPU seconds it took (of which on CPU the host had to spare), the pauses
@@ -714,7 +717,10 @@ class Aggregator:
         """The hand-overs that came due in this turn of the loop, and the reports due."""
         due, self.due_copies = self.due_copies, {}
         for keys in due.values():
+            started = time.thread_time()
             self._send_copies(keys)
+            self.stats["handover_messages"] += 1
+            self.stats["handover_cpu_s"] = round(self.stats["handover_cpu_s"] + time.thread_time() - started, 4)
         for report in self.worker_reports.due():
             self._to_master(wire.encode(wire.WORKER_DONE, mid=report.mid, job=report.job, keys=report.keys,
                                         agg=self.agg_id, wait_ms=round(report.wait_ms, 3),
@@ -1254,6 +1260,15 @@ class Aggregator:
         waited = self.copy_waits.pop(msg.get("req"), None)
         if waited is None:
             return
+        started = time.thread_time()
+        try:
+            self._copy_answered(msg, waited)
+        finally:
+            self.stats["handover_cpu_s"] = round(self.stats["handover_cpu_s"] + time.thread_time() - started, 4)
+
+    def _copy_answered(self, msg: wire.Message, waited: tuple) -> None:
+        """The new owner's answer to a TENSOR_COPY: report the keys it took, send again the
+        state it lacked, give up on the keys it refused."""
         mid, job, keys = waited
         ahead = self.ahead_copies.pop(msg.get("req"), set())
         if msg.op == wire.ERROR:

@@ -354,6 +354,10 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
         # owners' snapshots, the followers' installs and take-overs, whole replica installs)
         "state_copy": {a["id"]: {k: v for k, v in a.items() if k.startswith(("state_", "replica_install"))}
                        for a in final["aggregators"]},
+        # the hand-overs each aggregator sent as an old owner: TENSOR_COPY messages, and its
+        # loop's CPU sending them and taking their answers
+        "handovers": {a["id"]: {"messages": a.get("handover_messages", 0), "cpu_s": a.get("handover_cpu_s", 0.0),
+                                "keys": a.get("migrated_out", 0)} for a in final["aggregators"]},
         "per_repeat": repeats,
         "comm_ms": [[round(1e3 * (e - s), 1) for _, _, s, e in records] for records in per_rank.values()],
         "params": {k: v for k, v in vars(args).items() if k not in ("json", "model", "mode")},

@@ -63,6 +63,9 @@ def test_migrate_moves_every_key_and_reports_the_pause(tmp_path):
     # every aggregator's cyclic execution at the end: its cycle and the aggregations put off
     assert len(row["cycles"]) == row["aggregators"]
     assert all(c["late"] >= 0 and c["postponed"] >= 0 for c in row["cycles"].values())
+    # the hand-overs each aggregator sent as an old owner (as its last heartbeat counted them)
+    assert set(row["handovers"]) == set(row["cycles"])
+    assert all(set(h) == {"messages", "cpu_s", "keys"} for h in row["handovers"].values())
     # the machine's CPU time over the switch and per iteration without a migration
     assert set(rep["cpu_switch"]) == {"steal_ms", "idle_ms", "busy_ms", "by_process", "by_thread", "over_after_ms",
                                       "over_after_by_thread_ms"}

@@ -65,8 +65,10 @@ def moved(master: str, job: str) -> bool:
 
 def train(master: str, mode: str, schedule: dict[int, list], transport: str = "auto",
           settle_at: frozenset = frozenset(), **agent_kw) -> dict:
-    """Run one W=2 job; at iteration i rank 0 first asks for the migrations schedule[i]
-    (after those under way finished, when i is in ``settle_at``)."""
+    """Run one W=2 job; at iteration i rank 0 first asks for the migrations schedule[i] --
+    when i is in ``settle_at``, at the first iteration from i on by which those under way
+    finished (they finish only as the job goes on: a worker that stopped to wait for them
+    would stop them too). ``asked`` in the result: the iteration each was asked at."""
     job = f"mig-{mode}-{next(_jobs)}"
     kw = dict(mode=mode, average=mode == "server", num_aggregators=1, timeout=20, transport=transport,
               partition_bytes=256 << 10, secret=secret_for(job), **agent_kw)
@@ -75,6 +77,7 @@ def train(master: str, mode: str, schedule: dict[int, list], transport: str = "a
     agents = [Agent(master, job, r, W, **kw) for r in range(W)]
     results: dict = {}
     errors: list = []
+    asked: dict[int, int] = {}          # scheduled iteration -> the iteration it was asked at
     try:
         for a in agents:
             a.declare(TENSORS)
@@ -90,12 +93,14 @@ def train(master: str, mode: str, schedule: dict[int, list], transport: str = "a
                 acc = {n: np.zeros(s, np.float64) for n, s, _ in TENSORS}
                 for it in range(1, ITERS + 1):
                     if rank == 0:
-                        if it in settle_at:
-                            migrations_done(master, job)
-                        for pick, target in schedule.get(it, []):
-                            chosen = [keys[i % len(keys)] for i in pick] or None
-                            admin_migrate(master, job, keys=sorted(set(chosen)) if chosen else None,
-                                          to=[target])
+                        for at in sorted(i for i in schedule if i <= it and i not in asked):
+                            if at in settle_at and not moved(master, job):
+                                break           # asked for once the earlier moves are done
+                            asked[at] = it
+                            for pick, target in schedule[at]:
+                                chosen = [keys[i % len(keys)] for i in pick] or None
+                                admin_migrate(master, job, keys=sorted(set(chosen)) if chosen else None,
+                                              to=[target])
                     handles = [agent.push_pull(n, grad(rank, it, n, s), out[n], it) for n, s, _ in TENSORS]
                     for h in handles:
                         h.wait(30)
@@ -111,12 +116,13 @@ def train(master: str, mode: str, schedule: dict[int, list], transport: str = "a
         for t in threads:
             t.join(120)
         assert not errors, errors
+        assert set(asked) == set(schedule), f"moves asked for at {asked} of {sorted(schedule)}"
         placement = agents[0].placement()
     finally:
         for a in agents:
             a.close()
     return {"results": results, "placement": placement, "redirects": sum(a.redirects for a in agents),
-            "warmed": sum(a.warmed for a in agents)}
+            "warmed": sum(a.warmed for a in agents), "asked": asked}
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +183,7 @@ def test_every_tensor_moves_and_the_job_ends_where_it_was_sent(pool3, references
     got = train(pool3.master, "server", {3: [([], "agg-2")], 9: [([], "agg-1")]}, transport="tcp",
                 settle_at=frozenset({9}))
     check_same(got, references["server"])
-    assert set(got["placement"]) == {"agg-1"}
+    assert set(got["placement"]) == {"agg-1"}, got["asked"]
     # the agents learnt of each move from the pull replies ahead of its cutover: no request
     # reached an old owner after its switch
     assert got["redirects"] == 0
@@ -199,6 +205,18 @@ def test_every_tensor_moves_and_the_job_ends_where_it_was_sent(pool3, references
     while not all(now > then for now, then in zip(ahead_counts(pool3), before)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert all(now > then for now, then in zip(ahead_counts(pool3), before)), (before, ahead_counts(pool3))
+    # the old owners counted the hand-overs they sent, at most one message per key, and their
+    # CPU (a heartbeat between a send and its answer counts the message, not yet its keys)
+    def handed_over() -> tuple[int, int]:
+        aggs = pool3.status()["aggregators"]
+        return sum(a.get("handover_messages", 0) for a in aggs), sum(a.get("migrated_out", 0) for a in aggs)
+
+    deadline = time.monotonic() + 10
+    while not 0 < handed_over()[0] <= handed_over()[1] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    sent, keys = handed_over()
+    assert 0 < sent <= keys, (sent, keys)
+    assert all(a.get("handover_cpu_s", 0.0) >= 0.0 for a in pool3.status()["aggregators"])
 
 
 @pytest.mark.parametrize("warm_bytes", [1 << 20, 0])
