@@ -76,6 +76,8 @@ Figures, per repeat; over repeats their maximum (``max_*``) and median (``median
 * ``new_owner_ms`` per repeat: per batch, when the first push of its keys and its hand-over
   reached the new owner and when their first iteration there was complete, in ms after both
   workers started the switch iteration (the new owner's clock; one machine).
+* ``timeline``: per worker, each iteration's begin, communication start and end on the
+  machine's monotonic clock, to lay other recordings over (``perf record -k CLOCK_MONOTONIC``).
 * ``cycles``: each aggregator's cyclic execution at the end (its cycle, and the aggregations
   run out of their slot or put off to the next cycle).
 * ``warm_bytes``: what each new TCP connection carried to the new owner and back before the
@@ -105,6 +107,7 @@ import uuid
 from typing import Any, Callable, Iterator
 
 import numpy as np
+import psutil
 
 from autops.admin import AdminClient
 from autops.agent import WARM_BYTES, WARM_ENV, warm_bytes_from_env
@@ -159,6 +162,17 @@ def aggregator_args(args: argparse.Namespace) -> list[str]:
     """The options this benchmark gives every aggregator."""
     return ["--prefault-share", str(args.prefault_share), "--reserve", str(args.reserve),
             "--reserve-shared", str(args.reserve_shared)]
+
+
+def master_pid() -> dict[str, int]:
+    """``{"pmaster": pid}`` of the pMaster this process started (``autops.cli master``), or {}."""
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.cmdline()[1:4] == ["-m", "autops.cli", "master"]:
+                return {"pmaster": child.pid}
+        except psutil.Error:
+            continue
+    return {}
 
 
 def wait_reserves(admin: AdminClient, timeout: float) -> float | None:
@@ -226,6 +240,8 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
             status = admin.status()
             pids = {a["id"]: a["pid"] for a in status["aggregators"]}
             pids.update({p.name.rsplit("-", 1)[1]: p.pid for p in workers.procs})
+            # pMaster, and this process (its status polls during a move cost both CPU)
+            pids.update(bench=os.getpid(), **master_pid())
             placement = {j["job"]: sorted(j["keys_per_aggregator"]) for j in status["jobs"]}
             if args.emulate_hosts:            # every process a host of its own
                 loss = TcpLossSampler(pids, args.tcp_sample).start()
@@ -360,6 +376,10 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
                                 "keys": a.get("migrated_out", 0)} for a in final["aggregators"]},
         "per_repeat": repeats,
         "comm_ms": [[round(1e3 * (e - s), 1) for _, _, s, e in records] for records in per_rank.values()],
+        # per rank, every iteration's [iteration, begin, communication start, end] on this
+        # machine's CLOCK_MONOTONIC (s), to lay other recordings (perf -k CLOCK_MONOTONIC) over
+        "timeline": [[[it, round(b, 6), round(s, 6), round(e, 6)] for it, b, s, e in records]
+                     for records in per_rank.values()],
         "params": {k: v for k, v in vars(args).items() if k not in ("json", "model", "mode")},
         "background_cpu_cores": background_cpu(others, time.monotonic() - started),
         "wall_s": round(time.monotonic() - started, 1)}
@@ -736,9 +756,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=4, help="iterations before the steady stretch (--gap) that precedes the first migration")
     p.add_argument("--gap", type=int, default=5, help="iterations between a migration's end and the next")
     p.add_argument("--skip", type=int, default=2, help="first iterations left out of the baseline")
-    p.add_argument("--poll", type=float, default=0.1,
+    p.add_argument("--poll", type=float, default=0.5,
                    help="status poll interval while migrating, seconds (each poll costs pMaster and this "
-                        "process CPU that the measured job would feel)")
+                        "process CPU that the measured job feels: across emulated hosts at 0.1 s, 20-30 ms "
+                        "of pMaster's and 10-15 ms of this process's per iteration of the move)")
     p.add_argument("--prefault-share", type=cli.share, default=PREFAULT_SHARE, metavar="SHARE",
                    help="the aggregators' --prefault-share: share of a core populating memory for keys "
                         "migrating in may take on a host busy for over a second (1: at once)")

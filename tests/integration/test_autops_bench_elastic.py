@@ -63,6 +63,9 @@ def test_migrate_moves_every_key_and_reports_the_pause(tmp_path):
     # every aggregator's cyclic execution at the end: its cycle and the aggregations put off
     assert len(row["cycles"]) == row["aggregators"]
     assert all(c["late"] >= 0 and c["postponed"] >= 0 for c in row["cycles"].values())
+    # each worker's iterations on the monotonic clock, as comm_ms has them
+    assert [len(t) for t in row["timeline"]] == [len(c) for c in row["comm_ms"]]
+    assert all(b <= s <= e for t in row["timeline"] for _, b, s, e in t)
     # the hand-overs each aggregator sent as an old owner (as its last heartbeat counted them)
     assert set(row["handovers"]) == set(row["cycles"])
     assert all(set(h) == {"messages", "cpu_s", "keys"} for h in row["handovers"].values())
@@ -76,7 +79,7 @@ def test_migrate_moves_every_key_and_reports_the_pause(tmp_path):
     assert all(ms > 0 for ts in threads.values() for ms in ts.values())
     assert all(name.split("/", 1)[0] in threads for name in rep["cpu_switch"]["over_after_by_thread_ms"])
     # every aggregator and worker process is followed, and compared with its CPU after the move
-    assert {"r0", "r1"} <= set(rep["cpu_switch"]["by_process"])
+    assert {"r0", "r1", "pmaster", "bench"} <= set(rep["cpu_switch"]["by_process"])
     assert set(rep["cpu_switch"]["over_after_ms"]) == set(rep["cpu_switch"]["by_process"])
     # the old owners' last iteration, each process against the iterations before the move
     assert {"steal_ms", "idle_ms", "busy_ms", "by_process", "over_before_ms", "by_thread"} <= set(rep["cpu_cutover"])
