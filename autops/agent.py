@@ -560,7 +560,7 @@ class Agent:
 
     # --- I/O thread ---------------------------------------------------------------------
     def _io_main(self) -> None:
-        name_this_thread(threading.current_thread().name)
+        name_this_thread()
         io = _IOLoop(self)
         self._io_ready.set()
         try:

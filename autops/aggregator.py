@@ -717,10 +717,9 @@ class Aggregator:
         """The hand-overs that came due in this turn of the loop, and the reports due."""
         due, self.due_copies = self.due_copies, {}
         for keys in due.values():
-            started = time.thread_time()
-            self._send_copies(keys)
+            with self._handover_cpu():
+                self._send_copies(keys)
             self.stats["handover_messages"] += 1
-            self.stats["handover_cpu_s"] = round(self.stats["handover_cpu_s"] + time.thread_time() - started, 4)
         for report in self.worker_reports.due():
             self._to_master(wire.encode(wire.WORKER_DONE, mid=report.mid, job=report.job, keys=report.keys,
                                         agg=self.agg_id, wait_ms=round(report.wait_ms, 3),
@@ -846,7 +845,7 @@ class Aggregator:
         ``private`` (``zeroed_arrays``), ``nbytes`` in all, and warm ``warm`` bytes of heap;
         then, on the loop, ``then((buffers, allocation error), private arrays or None)``."""
         def populate() -> None:
-            name_this_thread(threading.current_thread().name)
+            name_this_thread()
             background_priority()
             faults = _thread_faults()
             pace = Pace() if at_once else self._background_pace()
@@ -921,7 +920,7 @@ class Aggregator:
             return False
 
         def keep() -> None:
-            name_this_thread(threading.current_thread().name)
+            name_this_thread()
             background_priority()
             pace, reported = self._background_pace(wait_out_moves=True), 0.0
             try:
@@ -1015,6 +1014,15 @@ class Aggregator:
         for spec, buf in zip(keys, buffers):
             self.store.ready_replica(state, spec, buf.array, buf, [next(given) for _ in range(per_key)])
         self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id))
+
+    @contextlib.contextmanager
+    def _handover_cpu(self) -> Iterator[None]:
+        """Add this thread's CPU in the block to ``handover_cpu_s`` (the old owner's hand-overs)."""
+        started = time.thread_time()
+        try:
+            yield
+        finally:
+            self.stats["handover_cpu_s"] = round(self.stats["handover_cpu_s"] + time.thread_time() - started, 4)
 
     @contextlib.contextmanager
     def _timed(self, name: str) -> Iterator[None]:
@@ -1260,11 +1268,8 @@ class Aggregator:
         waited = self.copy_waits.pop(msg.get("req"), None)
         if waited is None:
             return
-        started = time.thread_time()
-        try:
+        with self._handover_cpu():
             self._copy_answered(msg, waited)
-        finally:
-            self.stats["handover_cpu_s"] = round(self.stats["handover_cpu_s"] + time.thread_time() - started, 4)
 
     def _copy_answered(self, msg: wire.Message, waited: tuple) -> None:
         """The new owner's answer to a TENSOR_COPY: report the keys it took, send again the

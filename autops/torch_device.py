@@ -161,7 +161,7 @@ class DeviceStager:
 
     def _run(self) -> None:
         """Hand over what no caller did: the oldest copy, ``grace`` seconds after it is done."""
-        name_this_thread(threading.current_thread().name)
+        name_this_thread()
         while True:
             with self._arrived:
                 while not self._staged and not self._closing.is_set():

@@ -97,13 +97,14 @@ def die_with_parent(sig: int = signal.SIGTERM) -> bool:
     return True
 
 
-def name_this_thread(name: str) -> bool:
-    """Give the calling thread ``name`` as the kernel knows it (``/proc/PID/task/TID/comm``,
-    what ``top -H``, ``ps -L`` and profilers show; its first ``THREAD_NAME_MAX`` bytes), so
-    a helper thread's CPU can be told from its process's main loop. Python's thread names
-    stay inside Python. ``False`` when the kernel refused."""
+def name_this_thread(name: str | None = None) -> bool:
+    """Give the calling thread ``name`` (default: its Python name) as the kernel knows it
+    (``/proc/PID/task/TID/comm``, what ``top -H``, ``ps -L`` and profilers show; its first
+    ``THREAD_NAME_MAX`` bytes), so a helper thread's CPU can be told from its process's main
+    loop. Python's thread names stay inside Python. ``False`` when the kernel refused."""
     import ctypes
-    raw = name.encode("utf-8", "replace")[:THREAD_NAME_MAX]
+    import threading
+    raw = (name or threading.current_thread().name).encode("utf-8", "replace")[:THREAD_NAME_MAX]
     return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, ctypes.c_char_p(raw), 0, 0, 0) == 0
 
 

@@ -130,7 +130,6 @@ def around_switch(rows: Iterable[dict], over_ms: float = 60.0) -> list[dict]:
     ``over_ms``. Offset -1 is the old owners' last iteration, 0 the new owners' first, the
     offsets before -1 the lead iterations in which the workers learn of the move."""
     groups: dict[tuple, dict[int, list[float]]] = {}
-    counts: dict[tuple, int] = {}
     for row in rows:
         if row.get("benchmark") != "migrate" or "comm_ms" not in row or not row.get("per_repeat"):
             continue
@@ -145,13 +144,12 @@ def around_switch(rows: Iterable[dict], over_ms: float = 60.0) -> list[dict]:
                 continue
             base = statistics.median(context)
             key = (row.get("site"), row["mode"], "first" if n == 0 else "later")
-            counts[key] = counts.get(key, 0) + 1
             for d in AROUND:
                 groups.setdefault(key, {}).setdefault(d, []).append(job[at + d] - base)
     out = []
     for key in sorted(groups, key=lambda k: tuple(map(str, k))):
         site, mode, which = key
-        out.append({"site": site, "mode": mode, "move": which, "moves": counts[key], "offsets": {
+        out.append({"site": site, "mode": mode, "move": which, "moves": len(groups[key][0]), "offsets": {
             d: {"median_ms": round(statistics.median(v), 1), "mean_ms": round(statistics.fmean(v), 1),
                 "p90_ms": round(float(np.percentile(v, 90)), 1),
                 f"share_over_{over_ms:.0f}ms": round(sum(x > over_ms for x in v) / len(v), 3)}

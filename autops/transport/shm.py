@@ -338,7 +338,7 @@ class SharedMemory(Memory):
         threading.Thread(target=self._premap, args=(fresh,), name="autops-premap", daemon=True).start()
 
     def _premap(self, handles: list) -> None:
-        name_this_thread(threading.current_thread().name)
+        name_this_thread()
         background_priority()
         for handle in handles:
             try:
