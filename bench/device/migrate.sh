@@ -13,34 +13,8 @@
 #   RUNS_ONE (default 1) runs on one host, --repeats REPEATS_ONE (12), no second job;
 #   PYTHON (default python3).
 set -u
-start=$SECONDS
-DEADLINE_S=${DEADLINE_S:-540}
-OUT=${OUT:-/tmp/dlrt-device-out}
-PY=${PYTHON:-python3}
-mkdir -p "$OUT"
 cd "$(dirname "$0")/../.."
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-
-# Python packages the image lacks (pyzmq), from .device/whl
-if ! "$PY" -c 'import zmq' 2>/dev/null && [ -d .device/whl ]; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/dlrt-site \
-        .device/whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/dlrt-site"
-fi
-# ip and tc, from .device/deb, when the image has none: unpacked aside, run through wrappers that
-# alone see the unpacked libraries (so nothing else loads them)
-if ! command -v tc >/dev/null 2>&1 && [ -d .device/deb ]; then
-    root=/tmp/dlrt-iproute2
-    mkdir -p "$root" /tmp/dlrt-bin
-    for deb in .device/deb/*.deb; do dpkg -x "$deb" "$root"; done
-    libs="$root/usr/lib/x86_64-linux-gnu:$root/lib/x86_64-linux-gnu"
-    for tool in ip tc; do
-        real=$(ls "$root"/sbin/$tool "$root"/bin/$tool "$root"/usr/sbin/$tool 2>/dev/null | head -n 1)
-        [ -n "$real" ] && printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$libs" "$real" > /tmp/dlrt-bin/$tool
-        chmod +x /tmp/dlrt-bin/$tool 2>/dev/null
-    done
-    export PATH="/tmp/dlrt-bin:$PATH"
-fi
-[ -f .device/tensor_shapes.json ] && export AUTOPS_TENSOR_SHAPES="${AUTOPS_TENSOR_SHAPES:-$PWD/.device/tensor_shapes.json}"
+. bench/device/env.sh
 
 probe=$("$PY" -c 'from dlrt.testbed import available; print(available() or "ok")' 2>&1 | tail -n 1)
 {
@@ -55,14 +29,14 @@ probe=$("$PY" -c 'from dlrt.testbed import available; print(available() or "ok")
 
 # one benchmark run, if the time left allows one of `need` seconds: migrate NEED FILE ARGS...
 migrate() {
-    local need=$1 file=$2; shift 2
-    local left=$((DEADLINE_S - (SECONDS - start)))
-    if [ "$left" -lt "$need" ]; then
-        echo "skipped (${left} s left, a run needs ${need}): $*"
+    local need=$1 file=$2 remaining; shift 2
+    remaining=$(left)
+    if [ "$remaining" -lt "$need" ]; then
+        echo "skipped (${remaining} s left, a run needs ${need}): $*"
         return 0
     fi
     echo "== autops bench migrate $*"
-    timeout -k 15 $((left - 10)) "$PY" -m autops.cli bench migrate --model vgg19 "$@" \
+    timeout -k 15 $((remaining - 10)) "$PY" -m autops.cli bench migrate --model vgg19 "$@" \
         --json "$file" --append 2>&1 | grep -v '^ *repeat ' | tail -n 12
 }
 
@@ -91,4 +65,4 @@ for line in open(sys.argv[1]):
           f"goals {r.get('targets_met')}, a pause-free run here {r.get('noise_only_targets_share')}")
 PYEOF
 done
-echo "done in $((SECONDS - start)) s"
+echo "done in ${SECONDS} s"
