@@ -34,7 +34,7 @@ import os
 import queue as queue_mod
 import statistics
 import time
-from typing import Any, Sequence, TextIO
+from typing import Any, Callable, Sequence, TextIO
 
 import numpy as np
 
@@ -44,6 +44,7 @@ from dlrt import cli
 from dlrt.procs import join_or_kill
 
 from .autops_pushpull import seed_parameters
+from .sampler import read_text
 
 ITERATION_S: dict[str, float] = {"vgg19": 1.0, "bert-base": 0.8, "resnet50": 0.6, "alexnet": 0.3,
                                  "bert-large": 1.6, "flat64m": 0.5}
@@ -233,8 +234,9 @@ class Workers:
 
 
 # --- measurement helpers -------------------------------------------------------------------
-def proc_counters(pids: dict[str, int]) -> dict[str, tuple[float, int]]:
-    """name -> (CPU seconds user+system, minor page faults) from /proc/PID/stat."""
+def proc_counters(pids: dict[str, int], read: Callable[[str], str] = read_text) -> dict[str, tuple[float, int]]:
+    """name -> (CPU seconds user+system, minor page faults) from /proc/PID/stat (``read``:
+    how a file's text is read, a sampler's ``ProcFiles.read``)."""
     tick = 100.0
     try:
         tick = float(os.sysconf("SC_CLK_TCK"))
@@ -243,8 +245,7 @@ def proc_counters(pids: dict[str, int]) -> dict[str, tuple[float, int]]:
     out = {}
     for name, pid in pids.items():
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+            fields = read(f"/proc/{pid}/stat").rsplit(")", 1)[1].split()
             out[name] = ((int(fields[11]) + int(fields[12])) / tick, int(fields[7]))
         except (OSError, IndexError, ValueError):
             pass

@@ -6,26 +6,27 @@ was made, at least in part, by the host."""
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 from .autops_elastic import proc_counters
-from .sampler import PeriodicSampler
+from .sampler import PeriodicSampler, ProcFiles, read_text
 
 # /proc/stat's columns after "cpu", in order (proc(5))
 COLUMNS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 TICK_MS = 1000.0 / os.sysconf("SC_CLK_TCK")
 
 
-def read_cpu(path: str = "/proc/stat") -> dict[str, int]:
-    """The clock ticks every CPU together spent in each of ``COLUMNS`` so far."""
-    with open(path) as f:
-        for line in f:
-            fields = line.split()
-            if fields and fields[0] == "cpu":
-                return {k: int(v) for k, v in zip(COLUMNS, fields[1:])}
+def read_cpu(path: str = "/proc/stat", read: Callable[[str], str] = read_text) -> dict[str, int]:
+    """The clock ticks every CPU together spent in each of ``COLUMNS`` so far (``read``: how
+    the file's text is read, a sampler's ``ProcFiles.read``)."""
+    for line in read(path).splitlines():
+        fields = line.split()
+        if fields and fields[0] == "cpu":
+            return {k: int(v) for k, v in zip(COLUMNS, fields[1:])}
     raise ValueError(f"{path}: no 'cpu' line")
 
 
-def thread_cpu(pid: int, tick_ms: float = TICK_MS) -> dict[str, float]:
+def thread_cpu(pid: int, tick_ms: float = TICK_MS, read: Callable[[str], str] = read_text) -> dict[str, float]:
     """CPU ms of process ``pid``'s threads so far, by thread name (``/proc/PID/task/TID/stat``;
     threads of one name summed, the main thread as ``main``, threads gone since left out);
     empty when the process is gone."""
@@ -36,8 +37,7 @@ def thread_cpu(pid: int, tick_ms: float = TICK_MS) -> dict[str, float]:
         return out
     for tid in tids:
         try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                text = f.read()
+            text = read(f"/proc/{pid}/task/{tid}/stat")
         except OSError:
             continue
         name = "main" if tid == str(pid) else text[text.index("(") + 1:text.rindex(")")]
@@ -70,13 +70,17 @@ class CpuSampler(PeriodicSampler):
         self.path = path
         self.pids = dict(pids or {})
         self.threads = threads
+        self.files = ProcFiles()
 
     def read(self) -> dict:
-        got = {"machine": read_cpu(self.path),
-               "processes": {name: cpu for name, (cpu, _) in proc_counters(self.pids).items()}}
+        got = {"machine": read_cpu(self.path, self.files.read),
+               "processes": {name: cpu for name, (cpu, _) in proc_counters(self.pids, self.files.read).items()}}
         if self.threads:
-            got["threads"] = {name: thread_cpu(pid) for name, pid in self.pids.items()}
+            got["threads"] = {name: thread_cpu(pid, read=self.files.read) for name, pid in self.pids.items()}
         return got
+
+    def closed(self) -> None:
+        self.files.close()
 
     def delta(self, a: dict, b: dict) -> dict:
         procs_a, procs_b = a.get("processes", {}), b.get("processes", {})

@@ -9,7 +9,10 @@ the sending host in the window; a loss recovered fast shows as retransmitted seg
 """
 from __future__ import annotations
 
-from .sampler import PeriodicSampler
+import functools
+from typing import Callable
+
+from .sampler import PeriodicSampler, ProcFiles, read_text
 
 # the counters kept, by the table of /proc/PID/net/{snmp,netstat} they are in
 SNMP = {"Tcp": ("RetransSegs", "OutSegs")}
@@ -20,30 +23,38 @@ FIELDS = tuple(name for table in (SNMP, NETSTAT) for names in table.values() for
 Counters = dict[str, int]
 
 
-def _tables(path: str, wanted: dict[str, tuple[str, ...]]) -> Counters:
-    """The ``wanted`` fields of a ``/proc/net/snmp``-style file (a header line and a value
-    line per table)."""
+def _tables(text: str, wanted: dict[str, tuple[str, ...]]) -> Counters:
+    """The ``wanted`` fields of a ``/proc/net/snmp``-style text (a header line and a value
+    line per table); only the wanted tables' value lines are split, at the positions their
+    header line gives (``_positions``, worked out once per header)."""
     out: Counters = {}
-    with open(path) as f:
-        lines = f.read().splitlines()
+    lines = text.splitlines()
     for head, values in zip(lines[::2], lines[1::2]):
-        table, _, names = head.partition(":")
-        if table in wanted:
-            row = dict(zip(names.split(), values.partition(":")[2].split()))
-            out.update({k: int(row[k]) for k in wanted[table] if k in row})
+        fields = wanted.get(head[:head.find(":")])
+        if fields:
+            row = values.split()
+            out.update({name: int(row[i]) for name, i in _positions(head, fields)})
     return out
 
 
-def host_counters(pid: int) -> Counters:
-    """TCP counters of the network namespace process ``pid`` is in (``OSError`` once it is gone)."""
-    return {**_tables(f"/proc/{pid}/net/snmp", SNMP), **_tables(f"/proc/{pid}/net/netstat", NETSTAT)}
+@functools.lru_cache(maxsize=64)
+def _positions(head: str, fields: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    """Where each of ``fields`` is on a table's value line (``head``: its header line; the
+    table's name comes first on both lines); fields the header lacks left out."""
+    names = head.split()
+    return tuple((name, names.index(name)) for name in fields if name in names)
 
 
-def softnet_drops(path: str = "/proc/net/softnet_stat") -> int:
+def host_counters(pid: int, read: Callable[[str], str] = read_text) -> Counters:
+    """TCP counters of the network namespace process ``pid`` is in (``OSError`` once it is
+    gone); ``read`` reads a file's text (a sampler's ``ProcFiles.read``)."""
+    return {**_tables(read(f"/proc/{pid}/net/snmp"), SNMP), **_tables(read(f"/proc/{pid}/net/netstat"), NETSTAT)}
+
+
+def softnet_drops(path: str = "/proc/net/softnet_stat", read: Callable[[str], str] = read_text) -> int:
     """Packets dropped because a CPU's input backlog was full, summed over CPUs (the second
     column, hexadecimal)."""
-    with open(path) as f:
-        return sum(int(line.split()[1], 16) for line in f if line.strip())
+    return sum(int(line.split()[1], 16) for line in read(path).splitlines() if line.strip())
 
 
 class TcpLossSampler(PeriodicSampler):
@@ -56,19 +67,23 @@ class TcpLossSampler(PeriodicSampler):
     def __init__(self, pids: dict[str, int], interval: float = 0.02) -> None:
         super().__init__(interval)
         self.pids = dict(pids)
+        self.files = ProcFiles()
 
     def read(self) -> dict[str, Counters]:
         sample: dict[str, Counters] = {}
         for host, pid in self.pids.items():
             try:
-                sample[host] = host_counters(pid)
+                sample[host] = host_counters(pid, self.files.read)
             except (OSError, ValueError):
                 pass                      # the process ended: its host's counters stop here
         try:
-            sample[""] = {SOFTNET_DROPS: softnet_drops()}
+            sample[""] = {SOFTNET_DROPS: softnet_drops(read=self.files.read)}
         except (OSError, ValueError, IndexError):
             pass
         return sample
+
+    def closed(self) -> None:
+        self.files.close()
 
     def delta(self, a: dict[str, Counters], b: dict[str, Counters]) -> dict:
         """The totals over hosts, ``softnet_drops``, and ``by_host`` for the hosts that
