@@ -8,9 +8,7 @@
 # Then: run(command="bash bench/device/migrate.sh", carry=[".device"], timeout_s=590).
 set -eu
 cd "$(git rev-parse --show-toplevel)"
-exclude="$(git rev-parse --git-path info/exclude)"
-mkdir -p "$(dirname "$exclude")" .device/whl .device/deb
-grep -qx '/.device/' "$exclude" 2>/dev/null || echo '/.device/' >> "$exclude"
+mkdir -p .device/whl .device/deb          # .gitignore keeps .device/ out of the repository
 PYZMQ=${PYZMQ:-pyzmq==27.3.0}
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
