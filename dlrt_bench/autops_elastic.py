@@ -234,6 +234,13 @@ class Workers:
 
 
 # --- measurement helpers -------------------------------------------------------------------
+def stat_counters(text: str) -> tuple[int, int]:
+    """(CPU clock ticks user+system, minor page faults) from a ``/proc/PID/stat`` or
+    ``/proc/PID/task/TID/stat`` text (the fields after the name, which may hold spaces)."""
+    fields = text.rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12]), int(fields[7])
+
+
 def proc_counters(pids: dict[str, int], read: Callable[[str], str] = read_text) -> dict[str, tuple[float, int]]:
     """name -> (CPU seconds user+system, minor page faults) from /proc/PID/stat (``read``:
     how a file's text is read, a sampler's ``ProcFiles.read``)."""
@@ -245,8 +252,8 @@ def proc_counters(pids: dict[str, int], read: Callable[[str], str] = read_text) 
     out = {}
     for name, pid in pids.items():
         try:
-            fields = read(f"/proc/{pid}/stat").rsplit(")", 1)[1].split()
-            out[name] = ((int(fields[11]) + int(fields[12])) / tick, int(fields[7]))
+            ticks, faults = stat_counters(read(f"/proc/{pid}/stat"))
+            out[name] = (ticks / tick, faults)
         except (OSError, IndexError, ValueError):
             pass
     return out

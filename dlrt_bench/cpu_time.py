@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from .autops_elastic import proc_counters
-from .sampler import PeriodicSampler, ProcFiles, read_text
+from .autops_elastic import proc_counters, stat_counters
+from .sampler import PeriodicSampler, read_text
 
 # /proc/stat's columns after "cpu", in order (proc(5))
 COLUMNS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
@@ -41,8 +41,7 @@ def thread_cpu(pid: int, tick_ms: float = TICK_MS, read: Callable[[str], str] = 
         except OSError:
             continue
         name = "main" if tid == str(pid) else text[text.index("(") + 1:text.rindex(")")]
-        fields = text.rsplit(")", 1)[1].split()
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) * tick_ms
+        out[name] = out.get(name, 0.0) + stat_counters(text)[0] * tick_ms
     return out
 
 
@@ -70,7 +69,6 @@ class CpuSampler(PeriodicSampler):
         self.path = path
         self.pids = dict(pids or {})
         self.threads = threads
-        self.files = ProcFiles()
 
     def read(self) -> dict:
         got = {"machine": read_cpu(self.path, self.files.read),
@@ -78,9 +76,6 @@ class CpuSampler(PeriodicSampler):
         if self.threads:
             got["threads"] = {name: thread_cpu(pid, read=self.files.read) for name, pid in self.pids.items()}
         return got
-
-    def closed(self) -> None:
-        self.files.close()
 
     def delta(self, a: dict, b: dict) -> dict:
         procs_a, procs_b = a.get("processes", {}), b.get("processes", {})

@@ -56,12 +56,14 @@ class ProcFiles:
 
 class PeriodicSampler(ABC):
     """Samples ``read()`` every ``interval`` seconds; ``window(t0, t1)`` is ``delta`` of the
-    last samples taken at or before ``t0`` and ``t1`` plus one interval."""
+    last samples taken at or before ``t0`` and ``t1`` plus one interval. ``read`` reads its
+    files through ``files`` (closed at ``stop``)."""
 
     name = "sampler"
 
     def __init__(self, interval: float = 0.02) -> None:
         self.interval = interval
+        self.files = ProcFiles()
         self.times: list[float] = []
         self.samples: list[Any] = []
         self._stop = threading.Event()
@@ -85,10 +87,7 @@ class PeriodicSampler(ABC):
         if self._thread.is_alive():
             self._thread.join()
         self._sample()
-        self.closed()
-
-    def closed(self) -> None:
-        """Sampling is over: release what reading held (nothing here)."""
+        self.files.close()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

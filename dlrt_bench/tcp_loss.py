@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from typing import Callable
 
-from .sampler import PeriodicSampler, ProcFiles, read_text
+from .sampler import PeriodicSampler, read_text
 
 # the counters kept, by the table of /proc/PID/net/{snmp,netstat} they are in
 SNMP = {"Tcp": ("RetransSegs", "OutSegs")}
@@ -67,7 +67,6 @@ class TcpLossSampler(PeriodicSampler):
     def __init__(self, pids: dict[str, int], interval: float = 0.02) -> None:
         super().__init__(interval)
         self.pids = dict(pids)
-        self.files = ProcFiles()
 
     def read(self) -> dict[str, Counters]:
         sample: dict[str, Counters] = {}
@@ -81,9 +80,6 @@ class TcpLossSampler(PeriodicSampler):
         except (OSError, ValueError, IndexError):
             pass
         return sample
-
-    def closed(self) -> None:
-        self.files.close()
 
     def delta(self, a: dict[str, Counters], b: dict[str, Counters]) -> dict:
         """The totals over hosts, ``softnet_drops``, and ``by_host`` for the hosts that

@@ -33,3 +33,15 @@ fi
 
 # seconds left before DEADLINE_S (counted from the sourcing script's start)
 left() { echo $(( ${DEADLINE_S:-540} - SECONDS )); }
+
+# bounded NEED CMD...: run CMD under a timeout that ends it 10 s before DEADLINE_S, or skip it
+# (saying so) when fewer than NEED seconds are left
+bounded() {
+    local need=$1 remaining; shift
+    remaining=$(left)
+    if [ "$remaining" -lt "$need" ]; then
+        echo "skipped (${remaining} s left, it needs ${need}): $*"
+        return 0
+    fi
+    timeout -k 10 $((remaining - 10)) "$@"
+}

@@ -28,17 +28,13 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$OUT/gp
 
 echo "== the GPU tests"
 set -o pipefail
-timeout -k 10 $(( $(left) - 10 )) "$PY" -m pytest -q -ra -p no:cacheprovider tests/gpu \
+bounded 30 "$PY" -m pytest -q -ra -p no:cacheprovider tests/gpu \
     tests/unit/test_torch_device.py tests/integration/test_torch_api.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 15
 
 for model in ${MODELS:-resnet50 vgg19 flat64m}; do
-    remaining=$(left)
-    if [ "$remaining" -lt 60 ]; then
-        echo "skipped (${remaining} s left): the CUDA push+pull benchmark of $model"
-        continue
-    fi
     echo "== autops bench pushpull --device cuda --model $model"
-    timeout -k 10 $((remaining - 10)) "$PY" -m autops.cli bench pushpull --device cuda --model "$model" \
+    rm -f /tmp/dlrt-pushpull-$model.json
+    bounded 60 "$PY" -m autops.cli bench pushpull --device cuda --model "$model" \
         --workers ${WORKERS:-2 4} --aggregators same --transport ipc --json /tmp/dlrt-pushpull-$model.json 2>&1 | tail -n 8
     cat /tmp/dlrt-pushpull-$model.json >> "$OUT/pushpull_gpu.json" 2>/dev/null
 done

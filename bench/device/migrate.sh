@@ -29,14 +29,9 @@ probe=$("$PY" -c 'from dlrt.testbed import available; print(available() or "ok")
 
 # one benchmark run, if the time left allows one of `need` seconds: migrate NEED FILE ARGS...
 migrate() {
-    local need=$1 file=$2 remaining; shift 2
-    remaining=$(left)
-    if [ "$remaining" -lt "$need" ]; then
-        echo "skipped (${remaining} s left, a run needs ${need}): $*"
-        return 0
-    fi
+    local need=$1 file=$2; shift 2
     echo "== autops bench migrate $*"
-    timeout -k 15 $((remaining - 10)) "$PY" -m autops.cli bench migrate --model vgg19 "$@" \
+    bounded "$need" "$PY" -m autops.cli bench migrate --model vgg19 "$@" \
         --json "$file" --append 2>&1 | grep -v '^ *repeat ' | tail -n 12
 }
 
