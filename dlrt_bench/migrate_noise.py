@@ -16,6 +16,10 @@ window from the iteration the call came in to the one it was done in, and takes 
 as ``autops_migrate.pauses`` does. The windows are approximate (a call or a done near an
 iteration's edge shifts them by one), so the rebuilt figures are too; what a row stored is
 taken as it is.
+
+``against_noise`` pools the moves of many runs against the same statistic over their
+iterations without a migration, per site, mode and neighbour job: whether the moves pause
+the job more than the machine's noise does, when no single run can tell.
 """
 from __future__ import annotations
 
@@ -111,6 +115,43 @@ def summarize(assessed: Iterable[dict]) -> list[dict]:
         quiet = [r["quiet_median"] for r in runs if r.get("quiet_median") is not None]
         out.append({"site": site, "mode": mode, "baseline": baseline, "runs": len(runs),
                     "quiet_median_ms": round(statistics.median(quiet), 1) if quiet else None, "goals": goals})
+    return out
+
+
+def against_noise(rows: Iterable[dict], over_ms: float = 60.0, baseline: str = "job") -> list[dict]:
+    """Per (site, mode, neighbour job) of stored rows: every move's pause pooled, against the
+    same statistic pooled over the stretches without a migration (``figures``) -- whether the
+    moves pause the job more than this machine's noise does. Per group: ``runs``, ``moves``,
+    ``quiet`` (how many no-migration values), the medians and p90s of both (ms), the share of
+    each above ``over_ms``, the Hodges-Lehmann shift (the median of every move-minus-quiet
+    difference, ms: what a move adds to the statistic) and the two-sided Mann-Whitney U
+    test's p-value (no shift: a large p)."""
+    from scipy.stats import mannwhitneyu
+
+    groups: dict[tuple, tuple[list[float], list[float], list[int]]] = {}
+    for row in rows:
+        if row.get("benchmark") != "migrate" or not row.get("pause_ms_per_repeat") or "comm_ms" not in row:
+            continue
+        pause, quiet = figures(row, baseline)
+        if not pause or not quiet:
+            continue
+        other = (row.get("params") or {}).get("other") or "none"
+        moves, noise, runs = groups.setdefault((row.get("site"), row["mode"], other), ([], [], []))
+        moves.extend(pause)
+        noise.extend(quiet)
+        runs.append(1)
+    out = []
+    for (site, mode, other), (moves, noise, runs) in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        m, q = np.asarray(moves, dtype=float), np.asarray(noise, dtype=float)
+        out.append({"site": site, "mode": mode, "other": other, "baseline": baseline, "runs": len(runs),
+                    "moves": len(m), "quiet": len(q),
+                    "median_ms": round(float(np.median(m)), 1), "quiet_median_ms": round(float(np.median(q)), 1),
+                    "p90_ms": round(float(np.percentile(m, 90)), 1),
+                    "quiet_p90_ms": round(float(np.percentile(q, 90)), 1),
+                    f"share_over_{over_ms:.0f}ms": round(float(np.mean(m > over_ms)), 3),
+                    f"quiet_share_over_{over_ms:.0f}ms": round(float(np.mean(q > over_ms)), 3),
+                    "shift_ms": round(float(np.median(np.subtract.outer(m, q))), 1),
+                    "p_value": round(float(mannwhitneyu(m, q, alternative="two-sided").pvalue), 4)})
     return out
 
 

@@ -108,3 +108,25 @@ def test_the_iterations_around_each_switch_are_pooled_against_the_same_baseline(
     assert first_offsets[-2]["median_ms"] == pytest.approx(0.0)
     assert got["later"]["offsets"][0]["mean_ms"] == pytest.approx(60.0)
     assert sorted(first_offsets) == list(range(-5, 5))
+
+
+def test_moves_are_pooled_against_the_stretches_without_a_migration_per_neighbour():
+    from dlrt_bench.migrate_noise import against_noise
+    noise = [float(x) for x in range(-40, 41, 4)]           # 21 values, median 0
+    move = lambda ms: {"iteration_at_call": 5, "iteration_at_done": 6,  # noqa: E731
+                       "switch_iterations": [7, 7], "pause_ms": ms}
+
+    def run(pauses: list[float], other: str) -> dict:
+        return stored_row([200.0] * 12, [move(p) for p in pauses], pause_baseline="job", quiet_pause_ms=noise,
+                          params={"skip": 2, "gap": 4, "other": other})
+
+    alone = [run(noise[i::3], "none") for i in range(3)]             # the moves drawn from the noise itself
+    beside = [run([q + 50.0 for q in noise[i::3]], "resnet50") for i in range(3)]   # each move adds 50 ms
+    got = {g["other"]: g for g in against_noise([*alone, *beside, {"benchmark": "packing"}])}
+    assert set(got) == {"none", "resnet50"}
+    assert got["none"]["runs"] == 3 and got["none"]["moves"] == 21 and got["none"]["quiet"] == 63
+    assert got["none"]["shift_ms"] == pytest.approx(0.0) and got["none"]["p_value"] > 0.9
+    assert got["none"]["share_over_60ms"] == got["none"]["quiet_share_over_60ms"] == 0.0
+    assert got["resnet50"]["shift_ms"] == pytest.approx(50.0) and got["resnet50"]["p_value"] < 0.001
+    assert got["resnet50"]["median_ms"] == pytest.approx(50.0) and got["resnet50"]["quiet_median_ms"] == 0.0
+    assert got["resnet50"]["share_over_60ms"] == pytest.approx(8 / 21, abs=1e-3)     # 12 .. 40 plus 50
