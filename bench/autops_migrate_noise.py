@@ -2,9 +2,9 @@
 ``autops bench migrate`` runs, against how often the runs met them (dlrt_bench/migrate_noise.py),
 with the pause taken against the job's communication time and against the workers' median
 (the definition before). ``--around``: instead, the job's excess in each iteration around the
-switch, pooled over the stored moves (``migrate_noise.around_switch``). ``--against-noise``: the moves' pauses pooled against the
-same statistic over the iterations without a migration, per site, mode and neighbour job
-(``migrate_noise.against_noise``).
+switch, pooled over the stored moves (``migrate_noise.around_switch``). ``--against-noise``:
+instead, the moves' pauses pooled against the same statistic over the iterations without a
+migration, per site, mode and neighbour job (``migrate_noise.against_noise``).
 
     python bench/autops_migrate_noise.py bench/results/autops_migrate*.json
     python bench/autops_migrate_noise.py bench/results/autops_migrate_connection_warm.json --order W --json -

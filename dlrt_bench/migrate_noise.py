@@ -79,15 +79,24 @@ def quiet_pauses(row: dict, baseline: str = "job") -> list[float] | None:
     return figures(row, baseline)[1]
 
 
+def both_figures(row: dict, baseline: str = "job") -> tuple[list[float], list[float]] | None:
+    """``figures`` of a stored ``migrate`` row that gives both its per-move pauses and its
+    no-migration statistic; None for any other row, or one without switch iterations or
+    iterations without a migration."""
+    if row.get("benchmark") != "migrate" or not row.get("pause_ms_per_repeat") or "comm_ms" not in row:
+        return None
+    pause, quiet = figures(row, baseline)
+    return (pause, quiet) if pause and quiet else None
+
+
 def assess(row: dict, baseline: str = "job") -> dict | None:
     """One stored row against ``baseline``: where and how it ran, the goals it met, and the
     shares a run without a pause would meet them in (``noise_only_share``); None for a row
     this cannot read."""
-    if row.get("benchmark") != "migrate" or not row.get("pause_ms_per_repeat") or "comm_ms" not in row:
+    got = both_figures(row, baseline)
+    if got is None:
         return None
-    pause, quiet = figures(row, baseline)
-    if not pause or not quiet:           # no switch iterations, or none without a migration
-        return None
+    pause, quiet = got
     stored = row.get("noise_only_targets_share") if row.get("pause_baseline", "worker") == baseline else None
     shares = stored or noise_only_share(quiet, len(pause), row["mode"])
     met = targets_met(pause, row["mode"])
@@ -128,21 +137,16 @@ def against_noise(rows: Iterable[dict], over_ms: float = 60.0, baseline: str = "
     test's p-value (no shift: a large p)."""
     from scipy.stats import mannwhitneyu
 
-    groups: dict[tuple, tuple[list[float], list[float], list[int]]] = {}
+    groups: dict[tuple, list[tuple[list[float], list[float]]]] = {}     # per group, each run's figures
     for row in rows:
-        if row.get("benchmark") != "migrate" or not row.get("pause_ms_per_repeat") or "comm_ms" not in row:
-            continue
-        pause, quiet = figures(row, baseline)
-        if not pause or not quiet:
-            continue
-        other = (row.get("params") or {}).get("other") or "none"
-        moves, noise, runs = groups.setdefault((row.get("site"), row["mode"], other), ([], [], []))
-        moves.extend(pause)
-        noise.extend(quiet)
-        runs.append(1)
+        got = both_figures(row, baseline)
+        if got is not None:
+            other = (row.get("params") or {}).get("other") or "none"
+            groups.setdefault((row.get("site"), row["mode"], other), []).append(got)
     out = []
-    for (site, mode, other), (moves, noise, runs) in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
-        m, q = np.asarray(moves, dtype=float), np.asarray(noise, dtype=float)
+    for (site, mode, other), runs in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        m = np.asarray([x for pause, _ in runs for x in pause], dtype=float)
+        q = np.asarray([x for _, quiet in runs for x in quiet], dtype=float)
         out.append({"site": site, "mode": mode, "other": other, "baseline": baseline, "runs": len(runs),
                     "moves": len(m), "quiet": len(q),
                     "median_ms": round(float(np.median(m)), 1), "quiet_median_ms": round(float(np.median(q)), 1),
