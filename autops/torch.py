@@ -48,13 +48,13 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import torch
 
 from .agent import DEFAULT_TIMEOUT, Agent, AuthRefused, AutoPSError, Handle
-from .optim import hp_from_torch_group, optimizer_name_of
-from .torch_device import DeviceStager, StagedHandle, host_array
+from .torch_context import WorkerContext, dtype_name, flat_numpy, on_device
+from .torch_optimizer import DistributedMixin, create_missing_state, group_scalars, set_group_scalars, wrap_optimizer
 
 log = logging.getLogger("autops.torch")
 
@@ -63,30 +63,20 @@ __all__ = ["init", "shutdown", "rank", "size", "DistributedOptimizer", "broadcas
            "any_rank", "any_rank_async", "allgather", "AutoPSError", "AuthRefused"]
 
 
-class _Context:
-    def __init__(self, agent: Agent | None, rank: int, size: int) -> None:
-        self.agent = agent
-        self.rank = rank
-        self.size = size
-        self.iterations: dict[str, int] = {}
-        self.bcast_seq: dict[str, int] = {}
-        self.declared: set[str] = set()
-        self.outstanding: list[tuple[Handle, Any]] = []
-        self._stager: DeviceStager | None = None
-
-    def stager(self) -> DeviceStager:
-        """The pinned-memory stager for device tensors (started on first use)."""
-        if self._stager is None:
-            self._stager = DeviceStager()
-        return self._stager
-
-    def close(self) -> None:
-        if self._stager is not None:
-            self._stager.close()
-            self._stager = None
+_ctx: WorkerContext | None = None
 
 
-_ctx: _Context | None = None
+def _no_master_advice(world_size: int) -> str:
+    """Why a job of several workers cannot start without ``AUTOPS_MASTER``, and what to do:
+    for a job the Tiresias master started (it sets ``TIRESIAS_JOB_ID``), what to pass to
+    ``tiresias submit``; otherwise how to start a pool."""
+    if os.environ.get("TIRESIAS_JOB_ID"):
+        gpus = os.environ.get("TIRESIAS_GPUS") or str(world_size)
+        return (f"AUTOPS_MASTER is not set: Tiresias job {os.environ['TIRESIAS_JOB_ID']} has {world_size} "
+                f"workers and exchanges gradients through AutoPS; submit it with aggregators: `tiresias submit "
+                f"--gpus {gpus} --autops-aggregators K -- SCRIPT ...` (its master needs --autops-master ADDR)")
+    return ("AUTOPS_MASTER is not set; start a pool (`autops local -- CMD` or "
+            "`autops master` + `autops aggregator`) and point AUTOPS_MASTER at it")
 
 
 def init(master: str | None = None, job: str | None = None, rank: int | None = None,
@@ -108,10 +98,9 @@ def init(master: str | None = None, job: str | None = None, rank: int | None = N
     world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
     if not master:
         if world_size > 1:
-            raise AutoPSError("AUTOPS_MASTER is not set; start a pool (`autops local -- CMD` or "
-                              "`autops master` + `autops aggregator`) and point AUTOPS_MASTER at it")
+            raise AutoPSError(_no_master_advice(world_size))
         log.info("AUTOPS_MASTER not set and world size 1: training locally without a parameter service")
-        _ctx = _Context(None, 0, 1)
+        _ctx = WorkerContext(None, 0, 1)
         return
     job = job or os.environ.get("AUTOPS_JOB")
     if not job:
@@ -125,10 +114,10 @@ def init(master: str | None = None, job: str | None = None, rank: int | None = N
                   transport=transport or os.environ.get("AUTOPS_TRANSPORT", "auto"),
                   secret=secret,
                   fault_tolerant=os.environ.get("AUTOPS_FAULT_TOLERANT", "1").lower() not in ("0", "false", "no"))
-    _ctx = _Context(agent, rank, world_size)
+    _ctx = WorkerContext(agent, rank, world_size)
 
 
-def _context() -> _Context:
+def _context() -> WorkerContext:
     if _ctx is None:
         raise AutoPSError("call autops.torch.init() first")
     return _ctx
@@ -159,34 +148,6 @@ def placement() -> dict[str, list[str]]:
     return ctx.agent.placement() if ctx.agent is not None else {}
 
 
-def _flat_numpy(t: torch.Tensor):
-    """A CPU tensor's flat numpy view; a device tensor's copy on the host (read-only use)."""
-    if not t.is_contiguous():
-        raise AutoPSError("tensor must be contiguous")
-    return host_array(t if t.device.type == "cpu" else t.detach().cpu())
-
-
-def _on_device(t: torch.Tensor) -> bool:
-    if t.device.type == "cpu":
-        return False
-    if t.device.type != "cuda":
-        raise AutoPSError(f"tensor on {t.device}: AutoPS moves CPU and CUDA tensors")
-    if not t.is_contiguous():
-        raise AutoPSError("tensor must be contiguous")
-    return True
-
-
-def _declare(ctx: _Context, entries: list[tuple]) -> None:
-    new = [e for e in entries if e[0] not in ctx.declared]
-    if new:
-        ctx.agent.declare(new)
-        ctx.declared.update(e[0] for e in new)
-
-
-def _dtype_name(t: torch.Tensor) -> str:
-    return str(t.dtype).replace("torch.", "")
-
-
 # --- collective-style helpers -------------------------------------------------------------
 def push_pull_async(tensor: torch.Tensor, name: str, average: bool = True) -> Handle | None:
     """Start aggregating ``tensor`` over all workers; the result lands in ``tensor`` in place."""
@@ -194,13 +155,13 @@ def push_pull_async(tensor: torch.Tensor, name: str, average: bool = True) -> Ha
     if ctx.agent is None:
         return None
     key = f"push_pull.{name}" if average else f"push_pull_sum.{name}"
-    _declare(ctx, [(key, tuple(tensor.shape), _dtype_name(tensor), {"mode": "sum", "average": average})])
+    ctx.declare([(key, tuple(tensor.shape), dtype_name(tensor), {"mode": "sum", "average": average})])
     it = ctx.iterations.get(key, 0) + 1
     ctx.iterations[key] = it
-    if _on_device(tensor):
+    if on_device(tensor):
         handle = ctx.stager().submit(key, tensor, lambda a: ctx.agent.push_pull(key, a, a, it), result=tensor)
     else:
-        arr = _flat_numpy(tensor)
+        arr = flat_numpy(tensor)
         handle = ctx.agent.push_pull(key, arr, arr, it)
     ctx.outstanding.append((handle, tensor))
     return handle
@@ -263,14 +224,14 @@ def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[tuple[str
         h.wait()
 
 
-def _broadcast_start(ctx: _Context, name: str, tensor: torch.Tensor, root_rank: int) -> Handle:
+def _broadcast_start(ctx: WorkerContext, name: str, tensor: torch.Tensor, root_rank: int) -> Handle:
     seq = ctx.bcast_seq.get(name, 0)
     ctx.bcast_seq[name] = seq + 1
-    if _on_device(tensor):
+    if on_device(tensor):
         return ctx.stager().submit(f"bcast.{name}", tensor.data,
                                    lambda a: ctx.agent.broadcast(f"bcast.{name}", a, root_rank, seq),
                                    result=tensor.data)
-    return ctx.agent.broadcast(f"bcast.{name}", _flat_numpy(tensor.data), root_rank, seq)
+    return ctx.agent.broadcast(f"bcast.{name}", flat_numpy(tensor.data), root_rank, seq)
 
 
 def allgather(tensor: torch.Tensor, name: str) -> list[torch.Tensor]:
@@ -295,208 +256,56 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     ctx = _context()
     if ctx.agent is None:
         return
-    if isinstance(optimizer, _DistributedMixin) and optimizer._aps_mode == "server":
+    if isinstance(optimizer, DistributedMixin) and optimizer._aps_mode == "server":
         optimizer._aps_init(root_rank, with_state=True)
         return
+    # which parameters have state is root's to say: the others create what they lack (a fresh
+    # optimizer has none until its first step) and drop what root has not, so every rank
+    # broadcasts the same tensors
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    has = torch.tensor([1.0 if optimizer.state.get(p) else 0.0 for p in params])
+    broadcast_parameters([("opt.has_state", has)], root_rank)
+    with_state = [p for p, flag in zip(params, has.tolist()) if flag]
+    create_missing_state(optimizer, [p for p in with_state if not optimizer.state.get(p)])
+    for p in set(params) - set(with_state):
+        optimizer.state.pop(p, None)
     tensors = []
     for gi, group in enumerate(optimizer.param_groups):
+        hyper = group_scalars(group)
+        if hyper is not None:
+            tensors.append((f"opt.{gi}.hyper", hyper))
         for pi, p in enumerate(group["params"]):
             for key, value in sorted(optimizer.state.get(p, {}).items()):
                 if isinstance(value, torch.Tensor):
                     tensors.append((f"opt.{gi}.{pi}.{key}", value))
     broadcast_parameters(tensors, root_rank)
+    for gi, group in enumerate(optimizer.param_groups):
+        set_group_scalars(group, dict(tensors).get(f"opt.{gi}.hyper"))
 
 
 # --- DistributedOptimizer -----------------------------------------------------------------
-class _DistributedMixin:
-    """Methods mixed into a dynamic subclass of the wrapped optimizer's class."""
-
-    _aps_mode: str
-
-    def _aps_setup(self, named_parameters, mode: str, class_name: str) -> None:
-        ctx = _context()
-        self._aps_ctx = ctx
-        self._aps_mode = mode
-        self._aps_handles: dict[torch.nn.Parameter, Handle] = {}
-        self._aps_staging: dict[torch.nn.Parameter, torch.Tensor] = {}
-        self._aps_iteration = 0
-        self._aps_hp_sent: dict[int, dict] = {}
-        self._aps_initialized = False
-        self._aps_loaded = False         # load_state_dict() ran: root's INIT carries the state
-        self._aps_optimizer = optimizer_name_of(class_name) if mode == "server" else None
-        if named_parameters is None:
-            named = [(f"param.{gi}.{pi}", p) for gi, g in enumerate(self.param_groups)
-                     for pi, p in enumerate(g["params"])]
-        else:
-            named = list(named_parameters)
-        names = {}
-        in_groups = {p for g in self.param_groups for p in g["params"] if p.requires_grad}
-        for name, p in named:
-            if p in in_groups and p.requires_grad:
-                if name in names.values():
-                    raise ValueError(f"parameter name {name!r} appears twice")
-                names[p] = name
-        missing = [p for p in in_groups if p not in names]
-        if missing:
-            raise ValueError(f"{len(missing)} optimizer parameters are missing from named_parameters")
-        self._aps_names = names
-        self._aps_group_of = {p: gi for gi, g in enumerate(self.param_groups) for p in g["params"]}
-        if ctx.agent is None:
-            return
-        entries = []
-        for p, name in names.items():
-            opts: dict[str, Any] = {"mode": mode, "average": True}
-            if mode == "server":
-                opts["optimizer"] = self._aps_optimizer
-                opts["hp"] = self._aps_hp(p)
-            entries.append((name, tuple(p.shape), _dtype_name(p), opts))
-        _declare(ctx, entries)
-        for p in names:
-            if mode == "server":        # where pulled parameters land (pinned host memory for a GPU's)
-                self._aps_staging[p] = (ctx.stager().buffer(names[p], "params", p.data).view(p.shape)
-                                        if _on_device(p.data) else
-                                        torch.empty_like(p.data, memory_format=torch.contiguous_format))
-            p.register_post_accumulate_grad_hook(self._aps_hook)
-
-    def _aps_hp(self, p) -> dict:
-        group = self.param_groups[self._aps_group_of[p]]
-        return hp_from_torch_group(self._aps_optimizer, {k: v for k, v in group.items() if k != "params"})
-
-    def _aps_init(self, root_rank: int = 0, with_state: bool = False) -> None:
-        """Server mode: root sends the master copy (and optimizer state) to the aggregators."""
-        ctx = self._aps_ctx
-        self._aps_initialized = True
-        self._aps_loaded = False
-        if ctx.rank != root_rank:
-            return
-        handles = []
-        for p, name in self._aps_names.items():
-            state, step = {}, 0
-            if with_state:
-                for key, value in self.state.get(p, {}).items():
-                    if key == "step":
-                        step = int(value.item() if isinstance(value, torch.Tensor) else value)
-                    elif isinstance(value, torch.Tensor):
-                        state[key] = _flat_numpy(value)
-            hp = self._aps_hp(p)
-            self._aps_hp_sent[id(p)] = hp
-            handles.append(ctx.agent.init(name, _flat_numpy(p.data), hp=hp, opt_state=state, step=step))
-        for h in handles:
-            h.wait()
-
-    def _aps_hook(self, p: torch.Tensor) -> None:
-        if p in self._aps_handles:
-            raise AutoPSError(f"gradient of {self._aps_names[p]!r} computed twice before step(); "
-                              "gradient accumulation over several backward passes is not supported")
-        self._aps_start(p)
-
-    def _aps_start(self, p: torch.Tensor) -> None:
-        ctx = self._aps_ctx
-        if self._aps_mode == "server" and not self._aps_initialized:
-            self._aps_init(root_rank=0, with_state=self._aps_loaded)
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        grad = p.grad
-        if not grad.is_contiguous():
-            p.grad = grad = grad.contiguous()
-        it = self._aps_iteration + 1
-        name, agent = self._aps_names[p], ctx.agent
-        changed = None
-        if self._aps_mode == "server":
-            hp = self._aps_hp(p)
-            changed = hp if self._aps_hp_sent.get(id(p)) != hp else None
-            if changed:
-                self._aps_hp_sent[id(p)] = hp
-        if _on_device(grad):
-            if self._aps_mode == "sum":
-                handle = ctx.stager().submit(name, grad, lambda g: agent.push_pull(name, g, g, it), result=grad)
-            else:
-                out = host_array(self._aps_staging[p])
-                handle = ctx.stager().submit(name, grad, lambda g: agent.push_pull(name, g, out, it, hp=changed))
-        else:
-            g = _flat_numpy(grad)
-            out = g if self._aps_mode == "sum" else _flat_numpy(self._aps_staging[p])
-            handle = agent.push_pull(name, g, out, it, hp=changed)
-        self._aps_handles[p] = handle
-
-    def synchronize(self) -> None:
-        """Push what backward did not (unused parameters) and wait for every result."""
-        if self._aps_ctx.agent is None:
-            return
-        for p in self._aps_names:
-            if p not in self._aps_handles:
-                self._aps_start(p)
-        for handle in self._aps_handles.values():
-            if isinstance(handle, StagedHandle):
-                handle.submitted()       # staged pushes reach the agent before it flushes its batches
-        self._aps_ctx.agent.flush()
-        handles, self._aps_handles = self._aps_handles, {}
-        for handle in handles.values():
-            handle.wait()
-        self._aps_iteration += 1
-
-    def step(self, closure=None):
-        if self._aps_ctx.agent is None:
-            return super().step(closure)
-        if closure is not None:
-            raise AutoPSError("step(closure) is not supported by DistributedOptimizer")
-        self.synchronize()
-        if self._aps_mode == "sum":
-            return super().step()
-        with torch.no_grad():
-            for p, staged in self._aps_staging.items():
-                p.copy_(staged)
-        return None
-
-    def state_dict(self) -> dict[str, Any]:
-        """The full optimizer state (``torch.optim`` format); in server mode the aggregators'
-        state after the last ``step()`` is fetched into this optimizer first."""
-        if self._aps_server_side():
-            self._aps_fetch_state()
-        return super().state_dict()
-
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Load a ``state_dict()``; in server mode root's next step (or
-        ``broadcast_optimizer_state``) sends it to the aggregators with the parameters."""
-        super().load_state_dict(state_dict)
-        if self._aps_mode == "server" and self._aps_ctx.agent is not None:
-            self._aps_initialized = False
-            self._aps_loaded = True
-
-    def _aps_server_side(self) -> bool:
-        """Do the aggregators hold state newer than the local one?"""
-        return self._aps_mode == "server" and self._aps_ctx.agent is not None and self._aps_initialized
-
-    def _aps_fetch_state(self) -> None:
-        if self._aps_handles:
-            raise AutoPSError("state_dict() during an iteration: call it before backward or after step()")
-        agent = self._aps_ctx.agent
-        handles = {p: agent.fetch_state(name, self._aps_iteration) for p, name in self._aps_names.items()}
-        for p, handle in handles.items():
-            handle.wait()
-            state: dict[str, Any] = {}
-            if self._aps_optimizer != "sgd":        # torch's Adam/AdamW keep the step as a tensor
-                scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
-                state["step"] = torch.tensor(float(handle.step), dtype=scalar)
-            for key, value in handle.state.items():
-                state[key] = torch.from_numpy(value).view(p.shape).to(device=p.device, dtype=p.dtype)
-            self.state[p] = state
-
-
-def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None,
-                         mode: str = "sum") -> torch.optim.Optimizer:
+def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None, mode: str = "sum", *,
+                         backward_passes_per_step: int = 1, clip_grad_norm: float | None = None,
+                         averaged_grads: bool = False, sparse_as_dense: bool = False,
+                         prefix: str = "") -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that gradients are aggregated by the parameter service.
 
     ``mode="sum"``: the mean gradient comes back and ``optimizer`` steps locally.
     ``mode="server"``: the aggregators apply the same optimizer (SGD, Adam or AdamW) with the
     hyper-parameters of ``optimizer``'s param groups; workers receive parameters.
     The returned object is an instance of ``optimizer``'s class sharing its state, so LR
-    schedulers and ``state_dict()`` keep working.
+    schedulers and ``state_dict()`` keep working; it adds ``synchronize()`` and
+    ``skip_synchronize()`` (Horovod's contract, see ``autops.torch_optimizer``).
+
+    ``backward_passes_per_step``: backward passes whose gradients are summed before one push.
+    ``clip_grad_norm``: clip the averaged gradient by its global norm before the optimizer runs
+    (both modes; in server mode it implies ``averaged_grads``). ``averaged_grads`` (server
+    mode): ``synchronize()`` leaves the averaged gradients in ``p.grad`` for the script to
+    change before ``step()``, at the cost of one more round trip per step.
+    ``sparse_as_dense``: push sparse gradients as dense (else they are refused).
+    ``prefix``: prepended to every parameter name, so two models with the same parameter names
+    (a GAN's generator and discriminator) can be trained in one job; names are unique per job.
     """
-    if mode not in ("sum", "server"):
-        raise ValueError(f"mode must be 'sum' or 'server', got {mode!r}")
-    cls = type(optimizer.__class__.__name__, (_DistributedMixin, optimizer.__class__), {})
-    wrapped = object.__new__(cls)
-    wrapped.__dict__ = optimizer.__dict__
-    wrapped._aps_setup(named_parameters, mode, optimizer.__class__.__name__)
-    return wrapped
+    return wrap_optimizer(optimizer, _context(), named_parameters, mode,
+                          backward_passes_per_step=backward_passes_per_step, clip_grad_norm=clip_grad_norm,
+                          averaged_grads=averaged_grads, sparse_as_dense=sparse_as_dense, prefix=prefix)

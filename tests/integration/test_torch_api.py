@@ -169,10 +169,13 @@ def test_the_staged_path_trains_like_a_single_process(pool1, monkeypatch, mode, 
     result equals single-process training (a shape slip in the staged parameters of server
     mode was found only on a GPU before this)."""
     import autops.torch as aps
+    import autops.torch_context as context
+    import autops.torch_optimizer as optimizer
     from autops.torch_device import DeviceStager
     ops = HostOps()
-    monkeypatch.setattr(aps, "DeviceStager", lambda: DeviceStager(ops))
-    monkeypatch.setattr(aps, "_on_device", lambda t: True)
+    monkeypatch.setattr(context, "DeviceStager", lambda: DeviceStager(ops))
+    for module in (aps, optimizer):
+        monkeypatch.setattr(module, "on_device", lambda t: True)
     aps.init(master=pool1.master, job=f"staged-{uuid.uuid4().hex[:6]}", rank=0, world_size=1, timeout=30,
              secret=new_job_secret())
     try:
