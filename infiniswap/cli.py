@@ -193,6 +193,13 @@ def _cmd_device(args: argparse.Namespace) -> int:
     if args.transport == "rdma":
         from infiniswap.rdma import check_transport
         check_transport(args.transport)         # fails at once, before the backup file is made
+    from infiniswap.backupspace import backup_shortfall
+    short = backup_shortfall(args.backup, args.size)
+    if short and args.swap:                     # pages the kernel swaps out past it would be lost
+        raise UsageError(f"{short}: as swap, pages written past it would be lost; use a smaller "
+                         "--size or a --backup on a disk with room")
+    if short:
+        log.warning("%s: a disk write past it fails and that page is lost", short)
     if args.mount and not args.no_harden:
         # First thing, before threads start and before a daemon's memfd is mapped: this
         # process serves the pages the kernel swaps out.
@@ -488,7 +495,8 @@ def _device_args(v: argparse.ArgumentParser) -> None:
     v.add_argument("--loop", action="store_true",
                    help="attach DIR/disk as a loop device (direct I/O)")
     v.add_argument("--swap", action="store_true",
-                   help="mkswap + swapon the loop device (implies --loop)")
+                   help="mkswap + swapon the loop device (implies --loop); refused when --size exceeds "
+                        "the space available for --backup (without --swap: a warning)")
     v.add_argument("--swap-priority", type=int, default=None, metavar="N",
                    help="swapon --priority N (default: the kernel's)")
     v.add_argument("--no-harden", action="store_true",

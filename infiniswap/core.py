@@ -339,6 +339,12 @@ class CoreDevice(_Handle):
         for 0, a kernel before 6.15, or not a TCP remote)."""
         return _check(lib.isw_device_remote_rto_min_us(self._p(), remote_id), "remote_rto_min_us")
 
+    def remote_bytes(self, remote_id: int) -> tuple[int, int]:
+        """``(bytes read, bytes written)`` by page I/O that succeeded through the remote."""
+        out = ffi.new("uint64_t[2]")
+        _check(lib.isw_device_remote_bytes(self._p(), remote_id, out, out + 1), "remote_bytes")
+        return int(out[0]), int(out[1])
+
     def remote_error(self, remote_id: int) -> str:
         """The last error message of the remote ('' if none)."""
         out = ffi.new("char[]", 256)

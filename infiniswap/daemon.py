@@ -79,6 +79,7 @@ log = logging.getLogger("infiniswap.daemon")
 MiB = 1 << 20
 GiB = 1 << 30
 _MAX_BATCH = 256          # messages handled per wake-up before the monitor gets a turn
+MAX_SHM_PEERS = 1024      # devices whose shared-memory counts are kept one by one
 
 
 @dataclass
@@ -219,6 +220,10 @@ class Daemon:
         self._mem_stop = False
         self._mem_thread: threading.Thread | None = None
         self._names: dict[bytes, str] = {}               # routing id -> device_id
+        # shared-memory traffic devices report (PING, UNMAP): the daemon's CPU never sees it.
+        # Per device the last (read, written) it reported; counts of devices reset or gone
+        self._shm_peers: dict[bytes, tuple[int, int]] = {}
+        self._shm_done = (0, 0)
         self._round: _Round | None = None
         self._next_id = 0
         self._closing = False
@@ -551,6 +556,8 @@ class Daemon:
             self._send(envelope, p.error(f"malformed message: {exc}", code="bad_request"))
             return
         op = msg.op
+        if op in (p.PING, p.UNMAP) and msg.get("shm_read") is not None:
+            self._note_shm(peer, msg["shm_read"], msg["shm_written"])
         if op in (p.ACTIVITY, p.DONE):
             self._on_reply(peer, msg)
             return
@@ -590,6 +597,39 @@ class Daemon:
             reply = p.reply_to(msg, p.ERROR, reason=f"a daemon does not accept {op}",
                                code="unexpected")
         self._send(envelope, reply)
+
+    def _note_shm(self, peer: bytes, read: int, written: int) -> None:
+        """A device's running shared-memory counts; a drop means it counts anew (it mapped
+        this daemon's memory again): what it reported before stays counted."""
+        last = self._shm_peers.get(peer, (0, 0))
+        if read < last[0] or written < last[1]:
+            self._shm_done = (self._shm_done[0] + last[0], self._shm_done[1] + last[1])
+        self._shm_peers[peer] = (read, written)
+        if len(self._shm_peers) > MAX_SHM_PEERS:        # devices long gone: keep only the sums
+            active = {lease.peer for lease in self._leases.values()}
+            for old in [q for q in self._shm_peers if q not in active and q != peer]:
+                r, w = self._shm_peers.pop(old)
+                self._shm_done = (self._shm_done[0] + r, self._shm_done[1] + w)
+
+    def _shm_served(self) -> tuple[int, int]:
+        """Bytes devices read from / wrote to this daemon's memory over shared memory."""
+        return (self._shm_done[0] + sum(r for r, _ in self._shm_peers.values()),
+                self._shm_done[1] + sum(w for _, w in self._shm_peers.values()))
+
+    def _served(self, tcp: Any) -> dict[str, Any] | None:
+        """What this daemon served: its TCP data server's counts plus the shared-memory
+        traffic devices reported (None with neither a data server nor such traffic)."""
+        shm_read, shm_written = self._shm_served()
+        if tcp is None and not self._shm_peers and self._shm_done == (0, 0):
+            return None
+        tcp_read = 0 if tcp is None else tcp.bytes_read
+        tcp_written = 0 if tcp is None else tcp.bytes_written
+        return {"requests": 0 if tcp is None else tcp.requests,
+                "bytes_read": tcp_read + shm_read, "bytes_written": tcp_written + shm_written,
+                "tcp_bytes_read": tcp_read, "tcp_bytes_written": tcp_written,
+                "shm_bytes_read": shm_read, "shm_bytes_written": shm_written,
+                "connections": 0 if tcp is None else tcp.connections,
+                "errors": 0 if tcp is None else tcp.errors}
 
     def _challenge(self, peer: bytes) -> dict[str, str]:
         """The ``challenge`` field for ``peer`` while it has not proved the key."""
@@ -891,10 +931,7 @@ class Daemon:
                 "bad_messages": self.bad_messages,
                 **self._auth_stats(served),
                 "evict_time_s": self._evict_times.summary(),
-                "served": None if served is None else {
-                    "requests": served.requests, "bytes_read": served.bytes_read,
-                    "bytes_written": served.bytes_written, "connections": served.connections,
-                    "errors": served.errors},
+                "served": self._served(served),
                 "eviction_in_progress": self._round is not None,
                 "rdma": None if self._lending is None else {
                     "slabs_registered": self._lending.registered,

@@ -519,6 +519,17 @@ class Controller:
             self._reset_socket(d)
         self._remap = True
 
+    def _shm_counts(self, d: _Daemon) -> dict[str, int]:
+        """``shm_read``/``shm_written`` for a message to ``d`` while this device reaches its
+        memory over shared memory (traffic the daemon cannot count itself), else nothing."""
+        if d.transport != "shm" or d.remote_id is None:
+            return {}
+        try:
+            read, written = self._core.remote_bytes(d.remote_id)
+        except (OSError, ValueError):
+            return {}
+        return {"shm_read": read, "shm_written": written}
+
     def _unmap_local(self, s: int) -> None:
         self._core.begin_evict(s)
         with self._mu:
@@ -546,7 +557,7 @@ class Controller:
             elif now - d.last_ping >= max(self.period, d.retry):
                 d.last_ping = now
                 rid = self._new_id()
-                if self._send(d, p.encode(p.PING, id=rid)):
+                if self._send(d, p.encode(p.PING, id=rid, **self._shm_counts(d))):
                     d.ping_id, d.ping_sent = rid, now
                     d.ping_snapshot = frozenset(s for s, w in self._where.items() if w is d)
                 else:
@@ -802,7 +813,7 @@ class Controller:
                 self.unmaps += 1
             groups.setdefault(d, []).append(s)
         for d, ss in groups.items():
-            self._send(d, p.encode(p.UNMAP, device_id=self.device_id, slabs=ss))
+            self._send(d, p.encode(p.UNMAP, device_id=self.device_id, slabs=ss, **self._shm_counts(d)))
         return len(todo)
 
     def _shutdown(self) -> None:
@@ -810,7 +821,7 @@ class Controller:
         for s, d in sorted(self._where.items()):
             self._unmap_local(s)
             groups.setdefault(d, []).append(s)
-        reqs = [(d, p.UNMAP, {"device_id": self.device_id, "slabs": ss})
+        reqs = [(d, p.UNMAP, {"device_id": self.device_id, "slabs": ss, **self._shm_counts(d)})
                 for d, ss in groups.items()]
         if reqs:
             self._request_many(reqs, min(self.timeout, 1.0))

@@ -23,7 +23,9 @@ can only come back through it (DESIGN.md §4: the tmpfs swap-loop deadlock).
   device down with it).
 
 Each step that fails is logged as a warning saying what it costs and what to do; the
-caller decides whether to go on.
+caller decides whether to go on.  What to do depends on why a capability is missing:
+:func:`capability_hint` tells a non-root process to run as root, and a root process that
+lacks the capability (a container, or a launcher that dropped it) where it went missing.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-__all__ = ["HardeningReport", "harden_process"]
+__all__ = ["HardeningReport", "harden_process", "capability_hint"]
 
 log = logging.getLogger("infiniswap.hardening")
 
@@ -42,6 +44,8 @@ MCL_FUTURE = 2
 MCL_ONFAULT = 4
 PR_SET_IO_FLUSHER = 57
 PR_GET_IO_FLUSHER = 58
+CAP_IPC_LOCK = 14
+CAP_SYS_RESOURCE = 24
 
 
 @dataclass
@@ -62,6 +66,42 @@ class HardeningReport:
                  (("mlockall", self.mlocked), ("io_flusher", self.io_flusher),
                   ("oom_score_adj=-1000", self.oom_protected))]
         return ", ".join(parts)
+
+
+def _capability_sets() -> tuple[int | None, int | None]:
+    """This process's (effective, bounding) capability masks from /proc/self/status."""
+    found: dict[str, int] = {}
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key in ("CapEff", "CapBnd"):
+                    found[key] = int(value.strip(), 16)
+    except (OSError, ValueError):
+        pass
+    return found.get("CapEff"), found.get("CapBnd")
+
+
+def capability_hint(name: str, bit: int, *, euid: int | None = None, effective: int | None = None,
+                    bounding: int | None = None) -> str:
+    """What to tell the user when an operation needing capability ``name`` (number ``bit``)
+    was refused.  ``euid``, ``effective`` and ``bounding`` (capability masks) default to
+    this process's own; a mask that cannot be read counts as lacking the capability."""
+    if euid is None:
+        euid = os.geteuid()
+    if effective is None and bounding is None:
+        effective, bounding = _capability_sets()
+    if effective is not None and effective >> bit & 1:
+        return (f"needs {name}, which this process has: a security policy refused it "
+                "(seccomp, AppArmor, SELinux)")
+    if euid != 0:
+        return f"needs {name} (run as root)"
+    short = name.removeprefix("CAP_")
+    if bounding is not None and not bounding >> bit & 1:
+        return (f"needs {name}, which is missing from the capability bounding set of this root "
+                f"process (e.g. a container started without it: add it, e.g. --cap-add {short})")
+    return (f"needs {name}, which is missing from the effective capability set of this root "
+            "process (dropped by whatever started it, e.g. capsh or setpriv: keep it)")
 
 
 def _libc() -> ctypes.CDLL:
@@ -87,7 +127,8 @@ def _mlockall(libc: ctypes.CDLL, report: HardeningReport) -> None:
     for flags in (first, MCL_FUTURE | MCL_ONFAULT):
         if libc.mlockall(flags) != 0:
             err = ctypes.get_errno()
-            hint = ("raise RLIMIT_MEMLOCK (ulimit -l) or run as root (CAP_IPC_LOCK)"
+            hint = ("raise RLIMIT_MEMLOCK (ulimit -l), or: "
+                    + capability_hint("CAP_IPC_LOCK", CAP_IPC_LOCK)
                     if err in (errno.ENOMEM, errno.EPERM, errno.EAGAIN) else
                     "the kernel lacks MCL_ONFAULT (Linux >= 4.4 needed)" if err == errno.EINVAL
                     else "")
@@ -105,7 +146,7 @@ def _io_flusher(libc: ctypes.CDLL, report: HardeningReport) -> None:
                       ctypes.c_ulong]
     if prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) != 0:
         err = ctypes.get_errno()
-        hint = ("needs CAP_SYS_RESOURCE (run as root)" if err == errno.EPERM else
+        hint = (capability_hint("CAP_SYS_RESOURCE", CAP_SYS_RESOURCE) if err == errno.EPERM else
                 "needs Linux >= 5.6" if err == errno.EINVAL else "")
         report.failures["io_flusher"] = f"prctl(PR_SET_IO_FLUSHER): {os.strerror(err)}" + (
             f"; {hint}" if hint else "")
@@ -120,7 +161,7 @@ def _oom(report: HardeningReport) -> None:
         with open("/proc/self/oom_score_adj", encoding="ascii") as fh:
             report.oom_protected = fh.read().strip() == "-1000"
     except OSError as exc:
-        hint = "; needs CAP_SYS_RESOURCE (run as root)" if exc.errno in (
+        hint = "; " + capability_hint("CAP_SYS_RESOURCE", CAP_SYS_RESOURCE) if exc.errno in (
             errno.EACCES, errno.EPERM) else ""
         report.failures["oom_score_adj"] = f"/proc/self/oom_score_adj: {exc.strerror}{hint}"
 

@@ -24,8 +24,8 @@ The eight messages of the paper, then the few extras this control plane needs::
   EVICT           daemon -> device     slabs                                           DONE
   DONE            device -> daemon     slabs (after EVICT: unmapped and drained;       --
                   daemon -> device      after UNMAP: released)
-  UNMAP           device -> daemon     device_id, slabs                                DONE
-  PING            either -> either     (none)                                          PONG
+  UNMAP           device -> daemon     device_id, slabs, [shm_read, shm_written]       DONE
+  PING            either -> either     [shm_read, shm_written] (device -> daemon)      PONG
   PONG            either -> either     [instance], [slabs]                             --
   STATUS          tool -> either       (none)                                          REPORT
   REPORT          either -> tool       report {str: any}                               --
@@ -52,6 +52,10 @@ Field meanings:
 * ``instance`` (optional on FREE_MEM, MR_INFO, PONG): a daemon's incarnation id, new each
   time a daemon starts, so a device notices a restart behind the same address (its slabs
   there are gone) and never mixes up the shared memory of two incarnations.
+* ``shm_read`` / ``shm_written`` (optional on PING and UNMAP, both or neither, device ->
+  daemon): the bytes this device has read from / written to the daemon's memory over
+  shared memory so far (since it mapped that memory), which the daemon's CPU never sees;
+  the daemon adds them to what it served (its TCP data server counts its own).
 * ``slabs`` on a daemon's PONG: the slabs the daemon holds for the device that pinged it,
   so both sides can reconcile (a slab the daemon dropped is unmapped by the device; a slab
   the device does not use there is given back with UNMAP).
@@ -175,8 +179,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
     ACTIVITY: {"activity": Field(ACTIVITY_MAP)},
     EVICT: {"slabs": Field(SLABS)},
     DONE: {"slabs": Field(SLABS)},
-    UNMAP: {"device_id": Field(STR), "slabs": Field(SLABS)},
-    PING: {},
+    UNMAP: {"device_id": Field(STR), "slabs": Field(SLABS), "shm_read": _opt(U64),
+            "shm_written": _opt(U64)},
+    PING: {"shm_read": _opt(U64), "shm_written": _opt(U64)},
     PONG: {"instance": _opt(STR), "slabs": _opt(SLABS), "challenge": _opt(STR)},
     STATUS: {},
     REPORT: {"report": Field(OBJ)},
@@ -186,7 +191,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
 }
 
 # Optional fields that come together or not at all.
-TOGETHER: dict[str, tuple[str, ...]] = {MR_INFO: ("rdma_addr", "rdma_rkey")}
+TOGETHER: dict[str, tuple[str, ...]] = {MR_INFO: ("rdma_addr", "rdma_rkey"),
+                                        UNMAP: ("shm_read", "shm_written"),
+                                        PING: ("shm_read", "shm_written")}
 
 
 @dataclass(frozen=True)

@@ -327,6 +327,7 @@ static int write_piece(struct isw_device *d, uint32_t si, uint64_t soff,
         if (rc == 0) {
             bits_set(d, si, soff >> ISW_PAGE_SHIFT, len >> ISW_PAGE_SHIFT);
             atomic_fetch_add(&s->wr_remote, len);
+            atomic_fetch_add(&r->bytes_written, len);
             atomic_fetch_sub(&s->in_flight, 1);
             /* Queued before write() returns, so any later read of the slab waits for it. */
             return isw_backup_write_async(d->backup, si, dev_off, buf, len);
@@ -379,6 +380,7 @@ static int read_piece(struct isw_device *d, uint32_t si, uint64_t soff, unsigned
                 return disk_read(d, si, dev_off + o, buf + o, len - o);
             }
             atomic_fetch_add(&s->rd_remote, n);
+            atomic_fetch_add(&r->bytes_read, n);
         } else {
             rc = disk_read(d, si, dev_off + o, buf + o, n);
             if (rc < 0)
@@ -614,6 +616,20 @@ int isw_device_remote_rto_min_us(struct isw_device *d, int remote_id)
     rc = r->rto_min_us;
     ctl_release(d);
     return rc;
+}
+
+int isw_device_remote_bytes(struct isw_device *d, int remote_id, uint64_t *bytes_read,
+                            uint64_t *bytes_written)
+{
+    int rc;
+    struct isw_remote *r = remote_acquire(d, remote_id, &rc);
+
+    if (r == NULL)
+        return rc;
+    *bytes_read = atomic_load(&r->bytes_read);
+    *bytes_written = atomic_load(&r->bytes_written);
+    ctl_release(d);
+    return 0;
 }
 
 int isw_device_remote_error(struct isw_device *d, int remote_id, char *out, size_t n)

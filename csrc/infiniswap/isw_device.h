@@ -83,6 +83,9 @@ int isw_device_remote_error(struct isw_device *d, int remote_id, char *out, size
 /* The retransmission-timeout floor (us) a TCP remote's connections took; 0: the kernel's, or
  * not a TCP remote. */
 int isw_device_remote_rto_min_us(struct isw_device *d, int remote_id);
+/* Bytes read from and written to the remote's memory by page I/O that succeeded. */
+int isw_device_remote_bytes(struct isw_device *d, int remote_id, uint64_t *bytes_read,
+                            uint64_t *bytes_written);
 
 /* Mapping control (thesis §2.4.2, §2.4.4). */
 int isw_device_begin_map(struct isw_device *d, uint32_t slab);

@@ -21,6 +21,8 @@ void isw_remote_init(struct isw_remote *r, const struct isw_remote_ops *ops, uin
     r->rto_min_us = 0;
     atomic_init(&r->dead, 0);
     atomic_init(&r->errors, 0);
+    atomic_init(&r->bytes_read, 0);
+    atomic_init(&r->bytes_written, 0);
     pthread_mutex_init(&r->err_mu, NULL);
     r->err[0] = '\0';
     snprintf(r->desc, sizeof r->desc, "%s", desc);

@@ -39,6 +39,8 @@ struct isw_remote {
     uint64_t slab_size;          /* the store's slab size; 0 when unknown (TCP) */
     atomic_int dead;
     _Atomic uint64_t errors;
+    _Atomic uint64_t bytes_read;     /* page I/O that succeeded through this remote */
+    _Atomic uint64_t bytes_written;
     pthread_mutex_t err_mu;
     char err[256];               /* last error message, under err_mu */
     char desc[160];              /* "shm:/proc/1/fd/5" or "tcp:host:port" */
