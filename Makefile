@@ -78,6 +78,7 @@ bench: setup
 	$(PY) bench/autops_pushpull.py --workers 2 --model flat64m resnet50 --transport tcp shm --curve off on --json bench/results/autops_pushpull_curve.json
 	$(PY) bench/autops_pushpull.py --emulate-hosts --workers 2 --aggregators same --model flat64m resnet50 --link 1gbit 10gbit --curve off on --json bench/results/autops_pushpull_curve_hosts.json
 	$(PY) bench/autops_failover.py --repeats 4 --json bench/results/autops_failover.json
+	$(PY) bench/autops_torch_step.py --model mlp many-small --json bench/results/autops_torch_step.json
 	$(PY) bench/autops_tail_loss.py --trials 9 --json bench/results/autops_tail_loss.json
 	$(PY) bench/infiniswap_tail_loss.py --trials 9 --json bench/results/infiniswap_tail_loss.json
 	$(PY) -m autops.simulate --trace ../shared/data/traces/philly.csv --json bench/results/autops_simulate.json --plot bench/results/autops_simulate.png

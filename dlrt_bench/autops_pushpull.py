@@ -24,10 +24,8 @@ object per configuration (``-``: stdout). Model shapes come from ``autops.models
 """
 from __future__ import annotations
 
-import json
 import math
 import os
-import selectors
 import statistics
 import subprocess
 import sys
@@ -45,10 +43,11 @@ from autops.partition import DEFAULT_PARTITION_BYTES
 from dlrt.keys import temporary_cluster
 from autops.models import model_tensors
 from dlrt import cli
-from dlrt.procs import exit_on_sigterm, stop_processes
+from dlrt.procs import exit_on_sigterm
 from dlrt.testbed import DEFAULT_CONGESTION, add_rps_option
 
 from .pushpull_sites import EmulatedSite, LocalSite, emulation_unavailable
+from .answers import read_answers, stop_workers
 from .pushpull_workers import seed_parameters
 
 __all__ = ["main", "seed_parameters", "owned_rss", "RssSampler"]
@@ -139,27 +138,8 @@ class WorkerGroup:
             raise
 
     def _answers(self) -> list[dict]:
-        """One JSON line from every worker; ``RuntimeError`` on an error, an exit or no answer."""
-        answers: dict[int, dict] = {}
-        deadline = time.monotonic() + ANSWER_TIMEOUT
-        with selectors.DefaultSelector() as sel:
-            for rank, proc in enumerate(self.procs):
-                sel.register(proc.stdout, selectors.EVENT_READ, rank)
-            while len(answers) < len(self.procs):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise RuntimeError(f"{self.label} workers did not answer within {ANSWER_TIMEOUT:.0f}s")
-                for key, _ in sel.select(left):
-                    rank = key.data
-                    line = self.procs[rank].stdout.readline()
-                    if not line:
-                        raise RuntimeError(f"{self.label} worker {rank} exited with {self.procs[rank].wait()}")
-                    answer = json.loads(line)
-                    if "error" in answer:
-                        raise RuntimeError(answer["error"])
-                    answers[rank] = answer
-                    sel.unregister(self.procs[rank].stdout)
-        return [answers[rank] for rank in range(len(self.procs))]
+        """One JSON line from every rank (``read_answers``)."""
+        return read_answers(self.procs, ANSWER_TIMEOUT, self.label)
 
     def run(self, count: int) -> list[dict]:
         """``count`` iterations on every worker; their answers by rank."""
@@ -170,19 +150,7 @@ class WorkerGroup:
 
     def close(self, timeout: float = 30.0) -> None:
         """Ask the workers to leave their job, then stop whatever is still running."""
-        for proc in self.procs:
-            try:
-                proc.stdin.write(b"stop\n")
-                proc.stdin.close()
-            except OSError:
-                pass
-        deadline = time.monotonic() + timeout
-        for proc in self.procs:
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        stop_processes(self.procs)
+        stop_workers(self.procs, timeout)
 
 
 def worker_argv(system: str, rank: int, world: int, model: str, shapes: str | None, extra: list[str]) -> list[str]:
