@@ -21,21 +21,30 @@ Every rank presents its job's secret (from its launcher: ``secret=`` or
 ``$AUTOPS_JOB_SECRET``, ``jobauth``) to pMaster and with every data request; pMaster never
 sends it. A refusal raises ``AuthRefused`` naming it. Sockets run CURVE beyond loopback when
 the key directory holds the cluster's CURVE keys (``dlrt.curve``).
+
+Leaving: ``close`` (``autops.torch.shutdown``) tells pMaster the rank is done, and an agent
+still open when its process exits does so at exit; pMaster releases the job once every rank
+is done. A registration pMaster refuses for now (admission control, a pool restarting:
+``PoolBusy``) or that it does not answer (``MasterUnreachable``) also asks the run's launcher
+to requeue it (``dlrt.requeue``), e.g. the Tiresias master, rather than fail it.
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import itertools
 import logging
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Iterable
 
 import numpy as np
 import zmq
 
+from dlrt import requeue
 from dlrt.curve import Security, default_security
 from dlrt.procs import name_this_thread
 from dlrt.waker import Waker
@@ -51,6 +60,7 @@ from .transport.rdma_verbs import require_device
 log = logging.getLogger("autops.agent")
 
 DEFAULT_TIMEOUT = 60.0
+JOB_DONE_TIMEOUT = 5.0     # seconds a finished rank waits for pMaster to take its JOB_DONE
 PROFILE_PERIOD = float(os.environ.get("AUTOPS_PROFILE_PERIOD", "1.0"))
 # a request unanswered this long makes the agent ask pMaster whether an aggregator was lost
 PROBE_AFTER = float(os.environ.get("AUTOPS_PROBE_AFTER", "1.0"))
@@ -61,6 +71,29 @@ COALESCE_ENV = "AUTOPS_COALESCE"
 # before its switch (``_IOLoop.warm``); "0" turns it off
 WARM_ENV = "AUTOPS_WARM_BYTES"
 WARM_BYTES = 32 << 20
+# agents not closed yet; at interpreter exit each leaves its job (``_leave_at_exit``), waiting
+# at most this long for pMaster's answer (a pool already gone must not hold the exit up)
+_OPEN: "weakref.WeakSet[Agent]" = weakref.WeakSet()
+EXIT_DONE_TIMEOUT = 2.0
+
+
+def _leave_at_exit() -> None:
+    """At interpreter exit every agent this process left open leaves its job (JOB_DONE,
+    as ``close``): a script that ends without ``autops.torch.shutdown()`` -- by returning,
+    by ``sys.exit``, by ``tiresias.job.exit_stopped()`` -- frees its registration at pMaster
+    once all its ranks are gone, instead of after pMaster's ``--job-timeout``, so a resumed
+    run of the job finds its aggregators free."""
+    for agent in list(_OPEN):
+        if agent._pid != os.getpid():
+            continue                                  # a forked child's copy: not its job
+        try:
+            agent._master.timeout = min(agent._master.timeout, EXIT_DONE_TIMEOUT)
+            agent.close()
+        except Exception as exc:                      # exiting anyway: say it, do not raise
+            log.warning("could not leave job %s at exit: %s", agent.job, exc)
+
+
+atexit.register(_leave_at_exit)
 
 
 class AutoPSError(RuntimeError):
@@ -74,6 +107,10 @@ def _as_autops_error(exc: BaseException, what: str) -> AutoPSError:
 
 class MasterUnreachable(AutoPSError):
     """pMaster did not answer (it may be restarting)."""
+
+
+class PoolBusy(AutoPSError):
+    """pMaster cannot take the job now (admission refused, the pool restarting): retry later."""
 
 
 class AuthRefused(AutoPSError):
@@ -258,6 +295,8 @@ class MasterClient:
             if reply.op == wire.ERROR:
                 if reply.get("refused"):
                     raise AuthRefused(f"pMaster refused {op}: {reply['message']}")
+                if reply.get("retry"):
+                    raise PoolBusy(f"master: {reply['message']}")
                 raise AutoPSError(f"master: {reply['message']}")
             return reply
 
@@ -380,9 +419,11 @@ class Agent:
         self._declared: list = []
         try:
             reply = self._master.call(wire.REGISTER_JOB, secret=secret, **self._registration)
-        except BaseException:
+        except BaseException as exc:
             self._master.close()
             self.ctx.term()
+            if isinstance(exc, (PoolBusy, MasterUnreachable)):     # a launcher may run it again later
+                requeue.request(f"AutoPS pool refused the job for now: {str(exc).removeprefix('master: ')}")
             raise
         self.secret: str = secret
         self.aggregators: list[str] = list(reply["aggregators"])
@@ -403,6 +444,8 @@ class Agent:
         self._io.start()
         self._io_ready.wait()
         self._submit(("table", self.table))
+        self._pid = os.getpid()
+        _OPEN.add(self)
 
     # --- control (user thread) --------------------------------------------------------
     def declare(self, tensors: Iterable[tuple]) -> None:
@@ -532,8 +575,9 @@ class Agent:
             return
         self._done = True
         with self._master_lock:
-            try:
-                self._master.call(wire.JOB_DONE, job=self.job, secret=self.secret, rank=self.rank)
+            try:      # bounded: a pMaster that is down releases the job after its --job-timeout
+                self._master.call(wire.JOB_DONE, timeout=min(self._master.timeout, JOB_DONE_TIMEOUT),
+                                  job=self.job, secret=self.secret, rank=self.rank)
             except AutoPSError as exc:
                 log.warning("could not report job completion: %s", exc)
 
@@ -541,10 +585,8 @@ class Agent:
         """Leave the job (as ``job_done``) and stop the I/O thread."""
         if self._closed:
             return
-        if not self._done:
-            timeout, self._master.timeout = self._master.timeout, min(self._master.timeout, 5.0)
-            self.job_done()
-            self._master.timeout = timeout
+        _OPEN.discard(self)
+        self.job_done()
         self._closed = True
         self._submit(("stop",))
         self._io.join(timeout=5)

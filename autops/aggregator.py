@@ -8,6 +8,9 @@ pulls are parked until their iteration is published. Published values live in th
 transport's memory, so a channel that can lend them sends references instead of bytes,
 and a push whose buffer the worker lent is summed in place when its iteration completes.
 Any bad request is answered with an error to that client only; the loop never dies on input.
+It outlives pMaster (training goes on; a restarted pMaster is told what is held here and the
+record pMaster last sent with its heartbeat answers, ``note``), but not for ever: heard from by
+no pMaster for ``orphan_timeout`` seconds, it exits (``orphan``).
 
 Elasticity (thesis §4.3): the aggregator measures the CPU time of every key and reports it
 with its heartbeat (one record per period); it runs the jobs packed on it in cycles
@@ -51,6 +54,7 @@ import numpy as np
 import psutil
 import zmq
 
+from dlrt.cpus import usable_cpus
 from dlrt.curve import Security, default_security, warn_if_exposed
 from dlrt.hostid import host_id
 from dlrt.keys import ensure_cluster_secret
@@ -62,6 +66,7 @@ from .batch_reports import BatchReports
 from .cycle import CyclicSchedule
 from .partition import KeySpec
 from .held import HeldMessages
+from .orphan import DEFAULT_ORPHAN_TIMEOUT, OrphanWatch
 from .precopy import Follower, Precopies
 from .spare import SpareBuffers
 from .store import JobState, KeyState, SecretMismatch, Store, StoreError
@@ -117,7 +122,8 @@ class Aggregator:
                  heartbeat_interval: float = 1.0, register_timeout: float = 30.0,
                  name: str | None = None, transport: str = "auto", security: Security | None = None,
                  cluster_secret: bytes | None = None, prefault_share: float = PREFAULT_SHARE,
-                 reserve: int = 0, reserve_shared: float = RESERVE_SHARED) -> None:
+                 reserve: int = 0, reserve_shared: float = RESERVE_SHARED,
+                 orphan_timeout: float = DEFAULT_ORPHAN_TIMEOUT) -> None:
         """``security``: CURVE for every tcp socket (default: the key directory's);
         ``cluster_secret``: what it proves to pMaster (default: the key directory's);
         ``prefault_share``: at most this share of a core populates memory for keys migrating
@@ -125,8 +131,15 @@ class Aggregator:
         CPU the host has to spare it uses first (``prefault.Pace``); ``reserve``: bytes of
         memory populated at that pace when the aggregator starts, for what arrives
         later (``_keep_reserve``), ``reserve_shared`` of it as shared segments where the
-        transport lends memory."""
+        transport lends memory; ``orphan_timeout``: seconds without hearing from any pMaster
+        after which it exits (``orphan``; 0: never)."""
         self.master = master
+        if 0 < orphan_timeout < 2 * heartbeat_interval:
+            raise ValueError(f"orphan timeout {orphan_timeout:g}s: give 0 (never) or at least two heartbeat "
+                             f"intervals ({2 * heartbeat_interval:g}s), or it exits while pMaster is there")
+        self.orphan = OrphanWatch(orphan_timeout)
+        self.orphaned = False                # it exited for want of a pMaster
+        self.note: dict | None = None        # pMaster's record of this aggregator, for a restarted one
         Pace(prefault_share)        # a share outside (0, 1] is refused here, not in a helper thread later
         self.prefault_share = prefault_share
         if reserve < 0:
@@ -162,7 +175,8 @@ class Aggregator:
         self.security.client(self.ctrl, master)
         self.ctrl.connect(master)
         self.proc = psutil.Process()
-        self.stats = {"pushes": 0, "pulls": 0, "errors": 0, "bytes_in": 0, "bytes_out": 0, "warm_bytes": 0,
+        self.stats = {"cpus": usable_cpus(),     # what this process can use (affinity, cgroup quota)
+                      "pushes": 0, "pulls": 0, "errors": 0, "bytes_in": 0, "bytes_out": 0, "warm_bytes": 0,
                       "late": 0, "postponed": 0, "migrated_in": 0, "migrated_out": 0,
                       # hand-overs sent as the old owner (TENSOR_COPY messages with keys) and
                       # the loop's CPU seconds sending them and taking their answers
@@ -274,8 +288,8 @@ class Aggregator:
             reply = self._ask_master(wire.encode(
                 wire.REGISTER_AGG, req=next(self._copy_reqs), nonce=nonce,
                 answer=clusterauth.answer(self.cluster_secret, challenge, nonce), endpoints=self.endpoints,
-                host=host_id(), pid=os.getpid(), name=self.name or self.agg_name, cpus=os.cpu_count(),
-                holding=self._holding()), session)
+                host=host_id(), pid=os.getpid(), name=self.name or self.agg_name, cpus=self.stats["cpus"],
+                holding=self._holding(), note=self.note), session)
             if reply is None:
                 continue
             self.session = session
@@ -297,6 +311,7 @@ class Aggregator:
         wait_until = time.monotonic() + 1.0
         while (left := wait_until - time.monotonic()) > 0 and self.ctrl.poll(int(left * 1000) + 1):
             frames = self.ctrl.recv_multipart()
+            self.orphan.seen()
             opened = session.open(frames) if session is not None else frames[:1]
             try:
                 reply = wire.decode(opened or frames[:1])
@@ -344,6 +359,11 @@ class Aggregator:
         next_beat = time.monotonic()
         while not self._stop.is_set():
             now = time.monotonic()
+            if self.orphan.expired():
+                log.warning("no pMaster heard from at %s for %.0fs (--orphan-timeout): exiting", self.master,
+                            self.orphan.silent_for())
+                self.orphaned = True
+                return
             if now >= next_beat:
                 self._heartbeat()
                 next_beat = now + self.heartbeat_interval
@@ -368,6 +388,7 @@ class Aggregator:
                 frames = self.ctrl.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
+            self.orphan.seen()          # (pMaster answers every heartbeat)
             self._on_master(frames)
 
     def _drain(self, source) -> None:
@@ -436,6 +457,8 @@ class Aggregator:
         elif msg.op == wire.MIGRATE_DROP:
             self._migrate_drop(msg)
         elif msg.op in (wire.OK, wire.ERROR):
+            if msg.op == wire.OK and isinstance(msg.get("note"), dict):
+                self.note = msg["note"]      # given back when registering with a restarted pMaster
             if msg.op == wire.ERROR:
                 log.warning("master: %s", msg["message"])
                 if msg.get("reregister"):

@@ -22,6 +22,7 @@ from dlrt import cli
 from dlrt.endpoints import DEFAULT_BIND_HOST, host_port
 
 from .jobauth import ENV as SECRET_ENV, default_state_dir, new_job_secret
+from .orphan import DEFAULT_ORPHAN_TIMEOUT
 from .transport.prefault import PREFAULT_SHARE
 from .transport.shm import RESERVE_SHARED
 
@@ -39,6 +40,9 @@ RESERVE_SHARED_ENV = "AUTOPS_AGGREGATOR_RESERVE_SHARED"     # and of its --reser
 
 
 def _cmd_master(args: argparse.Namespace) -> int:
+    from dlrt import statelock
+    # one pMaster per state dir: the lock comes before anything there is read or written
+    owner = statelock.acquire(args.state_dir, "autops master", hint="give this one another --state-dir")
     from .elastic import ElasticConfig
     from .master import serve
     config = ElasticConfig(enabled=not args.static, loss_limit=args.loss_limit, warmup_iters=args.warmup_iters,
@@ -46,9 +50,12 @@ def _cmd_master(args: argparse.Namespace) -> int:
                            period=args.period, threshold=args.threshold, spare=args.spare,
                            job_timeout=args.job_timeout)
     serve(args.bind, provider=args.provider, max_aggregators=args.max_aggregators, log_level=args.log_level,
-          aggregator_transport=args.aggregator_transport, heartbeat_timeout=args.heartbeat_timeout,
+          aggregator_transport=args.aggregator_transport, aggregator_orphan_timeout=args.aggregator_orphan_timeout,
+          heartbeat_timeout=args.heartbeat_timeout,
           elastic=config, report_bind=args.report_bind,
-          metrics_port=args.metrics_port, report_period=args.report_period, state_dir=args.state_dir)
+          metrics_port=args.metrics_port, report_period=args.report_period, state_dir=args.state_dir,
+          on_listening=lambda address: owner.record(url=address))
+    owner.release()             # (on an exception the process's exit drops it)
     return 0
 
 
@@ -61,7 +68,8 @@ def _cmd_aggregator(args: argparse.Namespace) -> int:
     serve(args.master, bind_host=host.strip("[]"), port=port, advertise_host=args.advertise_host,
           ipc=not args.no_ipc, name=args.name, register_timeout=args.register_timeout,
           heartbeat_interval=args.heartbeat_interval, transport=args.transport,
-          prefault_share=args.prefault_share, reserve=args.reserve, reserve_shared=args.reserve_shared)
+          prefault_share=args.prefault_share, reserve=args.reserve, reserve_shared=args.reserve_shared,
+          orphan_timeout=args.orphan_timeout)
     return 0
 
 
@@ -86,7 +94,11 @@ def _cmd_local(args: argparse.Namespace) -> int:
         # SIGTERM to us goes to the command; the pool is torn down when it has exited
         signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
         try:
-            return proc.wait()
+            while True:
+                try:
+                    return proc.wait(timeout=0.5)
+                except subprocess.TimeoutExpired:
+                    pool.reap()             # a pMaster that died is no zombie meanwhile
         except KeyboardInterrupt:
             proc.send_signal(signal.SIGINT)
             return proc.wait()
@@ -135,6 +147,10 @@ def _aggregator_bind(text: str) -> str:
         return cli.bind_address(f"{text.strip()}:0")
 
 
+class _LegendFormatter(argparse.RawDescriptionHelpFormatter, cli.HelpFormatter):
+    """The runtime's help format, with the description and epilog kept line by line."""
+
+
 def _master_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--master", type=cli.address, default=os.environ.get("AUTOPS_MASTER", DEFAULT_MASTER),
                    metavar="ADDR", help="pMaster address ($AUTOPS_MASTER when set)")
@@ -160,6 +176,10 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                    help="local provider: most aggregator processes it starts (default: CPU count)")
     p.add_argument("--aggregator-transport", choices=("auto", "tcp", "rdma", "cma"), default="auto",
                    help="local provider: the --transport of the aggregators it starts")
+    p.add_argument("--aggregator-orphan-timeout", type=cli.non_negative(float), default=DEFAULT_ORPHAN_TIMEOUT,
+                   metavar="SECONDS",
+                   help="local provider: the aggregators it starts exit after this long without a pMaster "
+                        f"(their --orphan-timeout; default {DEFAULT_ORPHAN_TIMEOUT:.0f}; 0: never)")
     p.add_argument("--static", action="store_true",
                    help="no elasticity: jobs keep the aggregators they registered on (no packing, no migration)")
     p.add_argument("--loss-limit", type=cli.non_negative(float), default=0.1,
@@ -209,6 +229,12 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     p.add_argument("--register-timeout", type=cli.positive(float), default=30.0)
     p.add_argument("--heartbeat-interval", type=cli.positive(float), default=1.0,
                    help="seconds between heartbeats (keep it well below pMaster's --heartbeat-timeout)")
+    p.add_argument("--orphan-timeout", type=cli.non_negative(float), default=0.0, metavar="SECONDS",
+                   help="exit after this long without hearing from any pMaster (it answers every heartbeat); "
+                        "meanwhile it serves its jobs and registers again with a pMaster restarted at the "
+                        "same address; 0 (default, for an aggregator an operator runs as a service): never; "
+                        "pMaster's local provider starts its aggregators with --aggregator-orphan-timeout "
+                        f"(default {DEFAULT_ORPHAN_TIMEOUT:.0f})")
     p.add_argument("--prefault-share", type=cli.share, default=PREFAULT_SHARE, metavar="SHARE",
                    help="memory for keys migrating in is populated on this host's idle CPU; a host busy "
                         "for over a second gets it at this share of a core, so that the job's and its "
@@ -235,8 +261,11 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
     p.set_defaults(func=_cmd_local)
 
+    from .report import STATUS_LEGEND
     p = cli.add_command(sub, "status", "print the pool: aggregators, load and jobs", log_level=None,
-                        json_help="write the status as JSON to FILE ('-' for stdout instead of the table)")
+                        json_help="write the status as JSON to FILE ('-' for stdout instead of the table)",
+                        epilog=STATUS_LEGEND)
+    p.formatter_class = _LegendFormatter         # the legend keeps its lines
     _master_arg(p)
     p.add_argument("--timeout", type=cli.positive(float), default=5.0)
     p.set_defaults(func=_cmd_status)

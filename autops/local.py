@@ -3,9 +3,12 @@
 Used by ``autops local``, ``make demo``, the benchmarks and the integration tests.
 Children are started as separate processes and stopped by pid (SIGTERM, then SIGKILL,
 ``dlrt.procs.stop_processes``), also when the caller fails. pMaster keeps its state (the
-live jobs' secret hashes) in the pool's runtime directory, so it survives ``kill_master`` and
-``start_master`` and goes with the pool. The processes share this process's key directory
-(``$DLRT_KEYS``): the cluster key and operator token are made there on the first start.
+live jobs' secret hashes, and the records of the aggregators its local provider starts) in
+the pool's runtime directory, so it survives ``kill_master`` and ``start_master`` and goes
+with the pool. Aggregators outlive a pMaster that dies; ``stop`` also stops the ones a killed
+pMaster left behind, found by their records (``poolfiles``). The processes share this
+process's key directory (``$DLRT_KEYS``): the cluster key and operator token are made there
+on the first start.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from dlrt.curve import Security, default_security
 from dlrt.keys import Keys
 from dlrt.procs import die_with_parent, stop_processes
 
+from . import poolfiles
 from .admin import query_status
 
 
@@ -49,6 +53,8 @@ class LocalPool:
         keys = (env or {}).get("DLRT_KEYS")
         self.security: Security = Security(Keys.load(keys)) if keys else default_security()
         self.master_args = list(master_args or [])
+        given = self.master_args.index("--state-dir") + 1 if "--state-dir" in self.master_args else None
+        self.state_dir = self.master_args[given] if given else os.path.join(self.runtime_dir, "state")
         self.aggregator_args = list(aggregator_args or [])
         self.aggregators: dict[str, subprocess.Popen] = {}
 
@@ -71,7 +77,7 @@ class LocalPool:
 
     def start_master(self) -> subprocess.Popen:
         """Start pMaster at ``self.master`` (again, after ``kill_master``)."""
-        state = [] if "--state-dir" in self.master_args else ["--state-dir", os.path.join(self.runtime_dir, "state")]
+        state = [] if "--state-dir" in self.master_args else ["--state-dir", self.state_dir]
         proc = self._spawn("master", "--bind", self.master, *state, *self.master_args)
         self.procs.insert(0, self.procs.pop())       # stopped last
         return proc
@@ -96,6 +102,10 @@ class LocalPool:
         proc.wait()
         self.procs.remove(proc)
 
+    def reap(self) -> list[subprocess.Popen]:
+        """Collect the pool's processes that exited (no zombies); returns them."""
+        return [proc for proc in self.procs if proc.poll() is not None]
+
     def wait_ready(self) -> dict:
         deadline = time.monotonic() + self.start_timeout
         last = None
@@ -115,8 +125,11 @@ class LocalPool:
         raise TimeoutError(f"local pool did not come up within {self.start_timeout:.0f}s: {last}")
 
     def stop(self, timeout: float = 5.0) -> None:
-        stop_processes(reversed(self.procs), timeout)      # aggregators first, pMaster last
+        """Stop the pool's processes: aggregators first, pMaster last (it stops the ones it
+        started), then those a killed pMaster left behind."""
+        stop_processes(reversed(self.procs), timeout)
         self.procs.clear()
+        poolfiles.stop_recorded(self.state_dir, timeout)
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
 
     def status(self) -> dict:

@@ -11,7 +11,10 @@ The pool's records and queries live in ``pool`` (``PoolState``), control message
 aggregators and their replies in ``outbox``; elasticity (profiling, packing, revert,
 recycling, clusters) in ``elastic`` and live migration in ``migration`` get that state, the
 outbox and their collaborators from here and never see pMaster itself; the aggregator supply
-is ``providers``. pMaster publishes a utilization report and Prometheus metrics (``report``).
+is ``providers``, whose exited processes pMaster reaps several times a second. pMaster answers
+each heartbeat, so that aggregators know it is there (``orphan``), with a note of the pool's
+records about that aggregator, which they give back to a restarted pMaster (``rebuild``).
+pMaster publishes a utilization report and Prometheus metrics (``report``).
 
 Security (docs/autops.md, "Security"): the first registration of a job id sets the job's
 secret, every later request of the job must present it, and pMaster never sends it
@@ -50,6 +53,7 @@ from .migration import Migrations
 from .outbox import AggregatorOutbox
 from .pool import AggInfo, JobInfo, PoolState
 from .providers import Provider, StandbyProvider
+from .rebuild import Restorer, note_for
 from .replication import choose_replica, replica_info
 from .scaling import cluster_free_cpu
 from .partition import (DEFAULT_PARTITION_BYTES, DEFAULT_SMALL_BYTES, MIN_AUTO_PARTITION_BYTES, KeySpec,
@@ -68,6 +72,14 @@ log = logging.getLogger("autops.master")
 # what only an aggregator sends pMaster: accepted only sealed by its session (``clusterauth``)
 AGGREGATOR_OPS = frozenset({wire.HEARTBEAT, wire.OK, wire.ERROR, wire.TENSOR_COPY_DONE, wire.WORKER_DONE,
                             wire.MIGRATE_CUTOVER})
+
+
+class PoolBusy(ValueError):
+    """A job the pool cannot take now but may later (admission control, a restart under
+    way): its error reply carries ``retry``, so its launcher can requeue it."""
+
+
+REAP_PERIOD_S = 0.2     # how often pMaster collects the aggregator processes it started that exited
 
 
 def same_secret(given: object, secret: str) -> bool:
@@ -118,6 +130,8 @@ class Master:
         self.migrations = Migrations(self.state, self.outbox)
         self.elastic = Elastic(self.state, self.outbox, self.config, self.provider, self.migrations)
         self.failover = Failover(self.state, self.outbox, self.migrations, self._flush_parked, self.provider)
+        self.restorer = Restorer(self.state)     # after a restart: the pool's records from the aggregators' notes
+        self._next_reap = self.clock()
         self.report_period = report_period
         self._next_report = self.clock()
         # after a restart, ids of jobs that did not come back within this long are free again
@@ -160,6 +174,9 @@ class Master:
                         self.release_job(job_id)
                     self.elastic.tick(now)
                     self._prune_claims(now)
+                    if now >= self._next_reap:
+                        self._next_reap = now + REAP_PERIOD_S
+                        self.provider.reap()    # no exited aggregator stays a zombie
                 except Exception:  # keep the shared service alive
                     log.exception("internal error in a periodic pass")
                 if now >= self._next_report:
@@ -257,7 +274,8 @@ class Master:
             self._refused(identity, exc.reason, msg.op, msg.get("job"), msg.get("rank"))
             self._reply(identity, wire.error(str(exc), req=req, refused=exc.reason))
         except (wire.ProtocolError, ValueError) as exc:
-            self._reply(identity, wire.error(str(exc), req=req))
+            retry = {"retry": True} if isinstance(exc, PoolBusy) else {}
+            self._reply(identity, wire.error(str(exc), req=req, **retry))
         except Exception as exc:  # keep the shared service alive
             log.exception("internal error")
             self._reply(identity, wire.error(f"internal master error: {exc.__class__.__name__}: {exc}", req=req))
@@ -289,6 +307,7 @@ class Master:
                  " after it was lost: it drops what it held" if reset else "")
         if not reset:
             self._adopt(info, msg.get("holding") or {})
+            self.restorer.restore(info, msg.get("note"))
         self.sessions[identity] = session         # from here on its control messages are sealed
         self._reply(identity, wire.encode(wire.OK, req=msg.get("req"), agg=agg_id, reset=reset))
         if self.failover.aggregator_registered(info):
@@ -351,6 +370,9 @@ class Master:
         info.last_seen = self.clock()
         info.stats = {k: v for k, v in msg.fields.items() if k not in ("agg", "profile")}
         self.elastic.on_aggregator_profile(msg.get("profile") or {})
+        # answered, so that the aggregator knows a pMaster is there (``orphan``), with the
+        # record a restarted pMaster gets back from it (``rebuild``)
+        self._reply(identity, wire.encode(wire.OK, note=note_for(self.state, agg_id)))
 
     # --- jobs -----------------------------------------------------------------------
     def _register_job(self, identity: bytes, msg: wire.Message) -> None:
@@ -372,19 +394,19 @@ class Master:
         if msg.get("rejoin") and self.clock() - self.started < self.state.heartbeat_timeout:
             # every live aggregator registers again within a heartbeat timeout: until then the
             # job's table may lack the keys of one that has not
-            raise ValueError(f"job {job_id} is not registered yet: pMaster restarted and waits for its "
-                             "aggregators to register again; retry")
+            raise PoolBusy(f"job {job_id} is not registered yet: pMaster restarted and waits for its "
+                           "aggregators to register again; retry")
         if job is None and msg.get("rejoin"):
             raise ValueError(f"job {job_id} is not registered: pMaster restarted and no aggregator holds "
                              "the job (its state is lost)")
         if job is None:
             requested = max(0, int(msg["num_aggregators"] or 0))
             if not self.state.live_aggregators() and not self.provider.can_start(0):
-                raise ValueError("no aggregator is registered with this master; start one with "
-                                 "`autops aggregator --master ADDRESS`")
+                raise PoolBusy("no aggregator is registered with this master; start one with "
+                               "`autops aggregator --master ADDRESS`")
             refused = self.elastic.refuse_reason(requested)
             if refused:
-                raise ValueError(f"job {job_id}: {refused}")
+                raise PoolBusy(f"job {job_id}: {refused}")
             self.secrets.claim(job_id, secret)
             job = JobInfo(job_id, secret, world, requested, mode,
                           bool(msg.get("average", True)), optimizer, hp,
@@ -732,10 +754,18 @@ class Master:
 
 
 def serve(bind: str, provider: str = "standby", max_aggregators: int | None = None,
-          log_level: str = "WARNING", aggregator_transport: str = "auto", **kwargs) -> None:
+          log_level: str = "WARNING", aggregator_transport: str = "auto",
+          on_listening: Callable[[str], None] | None = None, aggregator_orphan_timeout: float | None = None,
+          **kwargs) -> None:
+    """Run a pMaster until stopped; ``on_listening(address)`` once its socket is bound."""
     from .providers import make_provider
     master = Master(bind, make_provider=lambda address: make_provider(provider, address, max_aggregators,
                                                                       log_level=log_level,
-                                                                      transport=aggregator_transport), **kwargs)
+                                                                      transport=aggregator_transport,
+                                                                      state_dir=kwargs.get("state_dir"),
+                                                                      orphan_timeout=aggregator_orphan_timeout),
+                    **kwargs)
+    if on_listening is not None:
+        on_listening(master.address)
     master.install_signal_handlers()
     master.run()

@@ -154,8 +154,19 @@ class PoolState:
                       and self.aggs[a].exclusive is None)
 
     def open_cluster(self) -> Cluster:
-        cluster = Cluster(f"c{next(self._cluster_ids)}")
+        """A new cluster under a name no cluster has (restored ones included)."""
+        name = f"c{next(self._cluster_ids)}"
+        while name in self.clusters:
+            name = f"c{next(self._cluster_ids)}"
+        cluster = Cluster(name)
         self.clusters[cluster.name] = cluster
+        return cluster
+
+    def cluster_named(self, name: str) -> Cluster:
+        """The cluster called ``name``, made when there is none (a restarted pMaster's)."""
+        cluster = self.clusters.get(name)
+        if cluster is None:
+            cluster = self.clusters[name] = Cluster(name)
         return cluster
 
     # --- what the aggregators carry ------------------------------------------------------------

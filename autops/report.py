@@ -27,6 +27,7 @@ JSON object::
         "cluster": "c0" | null,
         "state": "active" | "idle" | "temporary" | "draining",
         "alive": true,
+        "cpus": 8 | null,                # CPUs its process can use (affinity, cgroup quota)
         "cpu_percent": 37.5,             # measured process CPU %, 100 = one core
         "busy_fraction": 0.42 | null,    # estimated share of its execution cycle in use
         "tasks": 12,                     # keys it serves
@@ -48,6 +49,8 @@ JSON object::
         "aggregators_allocated": 1,      # alive aggregators whose state is not "idle"
         "aggregators_requested": 2,      # sum of the jobs' requested_aggregators
         "cpu_saving": 0.5 | null,        # 1 - allocated / requested; null if nothing requested
+        "cpus": 8 | null,                # the pool's CPUs: per host of alive aggregators, the
+                                         # most any of them can use, summed over the hosts
         "jobs": 1                        # number of jobs
       }
     }
@@ -121,6 +124,41 @@ def _requested(jobs: Sequence[Mapping[str, Any]]) -> int:
     return sum(_int(j.get("requested_aggregators")) for j in jobs)
 
 
+def pool_cpus(aggregators: Sequence[Mapping[str, Any]]) -> tuple[int | None, int]:
+    """The pool's CPUs and hosts: per host of the alive aggregators, the most CPUs any of
+    them can use (aggregators of one host share its CPUs), summed over the hosts; None when
+    no alive aggregator reported its CPUs."""
+    per_host: dict[str, int] = {}
+    for a in aggregators:
+        cpus = _num(a.get("cpus"))
+        if a.get("alive") and cpus is not None and cpus > 0:
+            host = str(a.get("host") or a.get("id"))
+            per_host[host] = max(per_host.get(host, 0), int(cpus))
+    return (sum(per_host.values()) if per_host else None), len(per_host)
+
+
+STATUS_LEGEND = """\
+columns of the aggregators table:
+  ID       the aggregator's name
+  CLUSTER  the cluster it is packed in (-: none)
+  STATE    idle | temporary (profiling a new job) | active | draining | lost
+  ALIVE    whether its heartbeats arrive within pMaster's --heartbeat-timeout
+  CPUS     CPUs its process can use: the host's, less what its CPU affinity or
+           cgroup quota withholds. Aggregators of one host share them, so the
+           total in the heading ("N CPUs on H hosts") counts each host once
+  CPU%     CPU its process used over its last heartbeat interval; 100 = one
+           whole core, so at most 100 x CPUS
+  BUSY     estimated share of its execution cycle its packed jobs take
+  TASKS    keys it serves
+  MiB      bytes of those keys
+  JOBS     the jobs they belong to
+"capacity" in the first line is how many aggregators the pool can hold (the
+local provider's --max-aggregators plus those registered on their own).
+columns of the jobs table: W workers; MODE sum or server; ITER s and ALONE s
+the iteration time now and profiled alone; SPEED their ratio; AGGS aggregators
+used / asked for; SKEW the largest tensor's share of the model's bytes."""
+
+
 def cpu_saving(allocated: int, requested: int) -> float | None:
     """``1 - allocated / requested``; None when nothing was requested."""
     if requested <= 0:
@@ -145,6 +183,7 @@ def utilization_report(status: Mapping[str, Any]) -> dict:
             "cluster": a.get("cluster"),
             "state": a.get("state"),
             "alive": bool(a.get("alive")),
+            "cpus": _num(a.get("cpus")),
             "cpu_percent": _num(a.get("cpu_percent")),
             "busy_fraction": _num(a.get("busy_fraction")),
             "tasks": _int(a.get("tasks")),
@@ -166,6 +205,7 @@ def utilization_report(status: Mapping[str, Any]) -> dict:
             "aggregators_allocated": allocated,
             "aggregators_requested": requested,
             "cpu_saving": cpu_saving(allocated, requested),
+            "cpus": pool_cpus(aggs)[0],
             "jobs": len(jobs),
         },
     }
@@ -533,14 +573,17 @@ def format_status(status: Mapping[str, Any]) -> str:
                f"  capacity {'unbounded' if capacity is None else capacity}  at {stamp}")
     out.append("")
 
-    out.append(f"Aggregators: {len(aggs)} ({totals['aggregators_allocated']} allocated)")
+    cpus, hosts = pool_cpus(aggs)
+    where = "" if cpus is None else f", {cpus} CPU{'s' if cpus != 1 else ''} on {hosts} host{'s' if hosts != 1 else ''}"
+    out.append(f"Aggregators: {len(aggs)} ({totals['aggregators_allocated']} allocated){where}")
     if aggs:
-        header = ["ID", "CLUSTER", "STATE", "ALIVE", "CPU%", "BUSY", "TASKS", "MiB", "JOBS"]
+        header = ["ID", "CLUSTER", "STATE", "ALIVE", "CPUS", "CPU%", "BUSY", "TASKS", "MiB", "JOBS"]
         rows = []
         for a in aggs:
             rows.append([
                 _s(a.get("id")), _s(a.get("cluster")), _s(a.get("state")),
                 "yes" if a.get("alive") else "no",
+                _f(a.get("cpus"), "{:.0f}"),
                 _f(a.get("cpu_percent")),
                 _f(None if _num(a.get("busy_fraction")) is None else a["busy_fraction"] * 100,
                    "{:.0f}", "%"),
@@ -549,11 +592,11 @@ def format_status(status: Mapping[str, Any]) -> str:
                 "",
             ])
         # Give the JOBS column what is left of the 100 columns (at least 12).
-        fixed = _table(header[:-1] + [""], [r[:-1] + [""] for r in rows], {4, 5, 6, 7})[0]
+        fixed = _table(header[:-1] + [""], [r[:-1] + [""] for r in rows], {4, 5, 6, 7, 8})[0]
         room = max(12, WIDTH - len(fixed) - 2)
         for r, a in zip(rows, aggs):
             r[-1] = _fit_list(_strs(a.get("jobs")), room)
-        out.extend("  " + ln for ln in _table(header, rows, {4, 5, 6, 7}))
+        out.extend("  " + ln for ln in _table(header, rows, {4, 5, 6, 7, 8}))
     else:
         out.append("  (no aggregators)")
 
@@ -621,7 +664,7 @@ def format_status(status: Mapping[str, Any]) -> str:
 
 
 __all__ = [
-    "REPORT_VERSION", "REPORT_TYPE", "TOPIC", "utilization_report", "cpu_saving",
+    "REPORT_VERSION", "REPORT_TYPE", "TOPIC", "utilization_report", "cpu_saving", "pool_cpus", "STATUS_LEGEND",
     "encode_report", "parse_message", "skew_of", "ReportPublisher", "ReportSubscriber",
     "subscribe", "metric_samples", "PrometheusExporter", "format_status",
 ]

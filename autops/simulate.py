@@ -82,7 +82,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from dlrt import cli
-from dlrt.trace import load_trace, skipped_message
+from dlrt.trace import ignored_message, load_trace, skipped_message
 
 from .assignment import (LOSS_LIMIT, _EPS, Loads, busy_fraction, final_moves, holds, job_demand, joined_cycle,
                          pack_job, recycle, runs_per_cycle)
@@ -815,6 +815,8 @@ def run(args: argparse.Namespace) -> int:
     ``ValueError`` (the CLI's exit status 2), a trace without a valid job ``NoValidJob``
     (exit status 1). Skipped bad rows are counted on stderr, the first few named."""
     report = load_trace(args.trace, limit=args.limit)
+    if report.ignored_columns:
+        print(f"autops simulate: {ignored_message(report, args.trace)}", file=sys.stderr)
     if report.skipped:
         print(f"autops simulate: {skipped_message(report, args.trace)}", file=sys.stderr)
     iter_seconds = dict(ITER_SECONDS)

@@ -12,6 +12,11 @@ name, in any order):
 * ``generic``  -- ``job_id,submit_time,num_gpus,duration`` plus optional ``model`` and
   ``skew`` (seconds; skew in [0, 1]).
 
+A header with columns no format knows is read as the format whose columns it holds (the one
+with the fewest unknown columns; a tie is an error); the unknown columns are ignored and
+listed in ``LoadReport.ignored_columns``, which ``ignored_message`` turns into the one line
+a command prints about them.
+
 Jobs come back sorted by submit time (stable: ties keep file order), shifted so the
 earliest submit is 0.0, and renumbered 0..N-1. Bad rows are either skipped and reported
 (``on_bad="skip"``) or raise ``TraceError`` naming ``FILE:LINE`` (``on_bad="reject"``).
@@ -30,7 +35,7 @@ from datetime import datetime, timezone
 from typing import Sequence
 
 __all__ = ["TraceJob", "TraceError", "NoValidJob", "LoadReport", "FORMATS", "detect_format", "load_trace",
-           "problems_summary", "skipped_message"]
+           "problems_summary", "skipped_message", "ignored_message"]
 
 FIRST_PROBLEMS = 3       # bad rows named in messages (the count says how many there were)
 
@@ -72,12 +77,22 @@ def skipped_message(report: LoadReport, path: str | os.PathLike) -> str:
     return "skipped " + problems_summary(report.problems, of=os.fspath(path))
 
 
+def ignored_message(report: LoadReport, path: str | os.PathLike) -> str:
+    """The line a command prints about the columns of ``path`` it ignored ("" when none was)."""
+    if not report.ignored_columns:
+        return ""
+    cols = ", ".join(repr(c) for c in report.ignored_columns)
+    return (f"ignored column{'s' if len(report.ignored_columns) != 1 else ''} {cols} of {os.fspath(path)} "
+            f"(not part of the {report.format} format)")
+
+
 @dataclass
 class LoadReport:
     jobs: list[TraceJob]
     skipped: int
     problems: list[str] = field(default_factory=list)   # "FILE:LINE: reason", one per bad row
     format: str = ""
+    ignored_columns: list[str] = field(default_factory=list)   # header columns no format reads
 
 
 # format -> (required columns, optional columns)
@@ -104,22 +119,37 @@ def _norm_header(header: list[str]) -> list[str]:
     return [h.strip().lower() for h in header]
 
 
-def _matches(cols: list[str], fmt: str) -> bool:
+def _extra(cols: list[str], fmt: str) -> list[str] | None:
+    """The columns of ``cols`` that ``fmt`` does not read, or None when ``fmt`` does not fit
+    (a required column missing, or a column named twice)."""
     req, opt = FORMATS[fmt]
-    s = set(cols)
-    return len(s) == len(cols) and set(req) <= s and s <= set(req) | set(opt)
+    if len(set(cols)) != len(cols) or not set(req) <= set(cols):
+        return None
+    return [c for c in cols if c not in req and c not in opt]
+
+
+def _matches(cols: list[str], fmt: str) -> bool:
+    return _extra(cols, fmt) is not None
 
 
 def detect_format(header: list[str]) -> str:
     """Return ``"philly"``, ``"tiresias"`` or ``"generic"`` for a CSV header row.
 
     Column names are compared case-insensitively after stripping blanks, in any order.
-    An unknown header raises ``TraceError`` listing the accepted headers.
+    Extra columns are allowed (the reader ignores them): of the formats whose columns the
+    header holds, the one with the fewest extra columns wins. An unknown header (the message
+    lists the accepted ones), or one that fits two formats equally, raises ``TraceError``.
     """
     cols = _norm_header(header)
-    for fmt in FORMATS:
-        if _matches(cols, fmt):
-            return fmt
+    fits = sorted((len(extra), fmt) for fmt in FORMATS if (extra := _extra(cols, fmt)) is not None)
+    if len(fits) > 1 and fits[0][0] == fits[1][0]:
+        raise TraceError(f"trace header {','.join(cols)!r} fits both the {fits[0][1]} and the {fits[1][1]} "
+                         f"format; name the format or drop columns")
+    if fits:
+        return fits[0][1]
+    if len(set(cols)) != len(cols):
+        twice = sorted({c for c in cols if cols.count(c) > 1})
+        raise TraceError(f"trace header {','.join(cols)!r} names column(s) {', '.join(twice)} twice")
     raise TraceError(f"unrecognised trace header {','.join(cols)!r}; accepted headers are "
                      f"{_accepted_headers()}")
 
@@ -231,10 +261,10 @@ def load_trace(path: str | os.PathLike, fmt: str | None = None, max_gpus: int | 
                 raise TraceError(f"{fname}: empty trace file (no header line)")
             cols = _norm_header(header)
             try:
-                found = detect_format(cols)
+                found = fmt if fmt is not None and _matches(cols, fmt) else detect_format(cols)
             except TraceError as e:
                 raise TraceError(f"{fname}:{line}: {e}") from None
-            if fmt is not None and fmt != found and not _matches(cols, fmt):
+            if fmt is not None and fmt != found:
                 raise TraceError(f"{fname}:{line}: header {','.join(cols)!r} is not a {fmt} "
                                  f"header (looks like {found})")
             use = fmt or found
@@ -279,7 +309,8 @@ def load_trace(path: str | os.PathLike, fmt: str | None = None, max_gpus: int | 
         rows = rows[:limit]
     t0 = rows[0][0] if rows else 0.0
     jobs = [TraceJob(i, r[0] - t0, r[2], r[3], r[4], r[5], r[6]) for i, r in enumerate(rows)]
-    return LoadReport(jobs=jobs, skipped=len(problems), problems=problems, format=use)
+    return LoadReport(jobs=jobs, skipped=len(problems), problems=problems, format=use,
+                      ignored_columns=_extra(cols, use) or [])
 
 
 def _row_parser(fmt: str, ix: dict[str, int]):

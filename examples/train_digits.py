@@ -3,6 +3,7 @@
 Alone:            python examples/train_digits.py
 With AutoPS:      autops local --aggregators 2 -- torchrun --nproc-per-node 2 examples/train_digits.py
 Server-side Adam: ... examples/train_digits.py --mode server --optimizer adam
+Clipping:         ... examples/train_digits.py --clip-grad-norm 0.1
 
 Each worker trains on its own shard of the training set; the three AutoPS lines are marked.
 Prints per-epoch loss, final test accuracy and samples/s; ``--json FILE`` writes them.
@@ -69,6 +70,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lr-step-size", type=int, default=8, help="epochs between halvings of the lr (default 8)")
     parser.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default="sgd")
     parser.add_argument("--mode", choices=["sum", "server"], default="sum")
+    parser.add_argument("--clip-grad-norm", type=float, default=None, metavar="MAX",
+                        help="clip the averaged gradients by their global norm before each step")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="write the results of rank 0 here")
     parser.add_argument("--checkpoint-dir", type=pathlib.Path, default=None,
@@ -174,7 +177,8 @@ def main() -> None:
 
     model = DigitsCNN()
     opt = make_optimizer(args, model)
-    opt = aps.DistributedOptimizer(opt, named_parameters=model.named_parameters(), mode=args.mode)  # line 2
+    opt = aps.DistributedOptimizer(opt, named_parameters=model.named_parameters(), mode=args.mode,  # line 2
+                                   averaged_grads=args.clip_grad_norm is not None)   # server mode: see p.grad
     aps.broadcast_parameters(model.state_dict(), root_rank=0)                  # AutoPS line 3
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=args.lr_step_size, gamma=0.5)
 
@@ -220,7 +224,13 @@ def main() -> None:
             opt.zero_grad()
             loss = F.cross_entropy(model(x_tr[idx]), y_tr[idx])
             loss.backward()
-            opt.step()
+            if args.clip_grad_norm is None:
+                opt.step()
+            else:                                          # Horovod's way: the averaged gradients, clipped
+                opt.synchronize()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
+                with opt.skip_synchronize():
+                    opt.step()
             total += loss.item()
             samples += len(idx)
             stop_agreed = stop_vote is not None and stop_vote()

@@ -14,7 +14,7 @@ import json
 import sys
 
 from dlrt import cli
-from dlrt.trace import skipped_message
+from dlrt.trace import ignored_message, skipped_message
 
 from . import progress as guarantee
 from .cluster import parse_cluster
@@ -25,6 +25,7 @@ from .policies import POLICIES, make_policy
 from .policies.gandiva import SWITCH_SECONDS
 from .queues import QueueConfig, queue_config
 from .sim import PLACEMENTS, SimConfig, simulate
+from .sim.progressbar import LINE_EVERY_S, ProgressLines
 from .trace import CYCLE_MODELS, load_trace, with_models
 
 __all__ = ["main", "CYCLE_MODELS"]
@@ -36,7 +37,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="default: detected from the header")
     p.add_argument("--cluster", required=True, help="NODESxGPUS (e.g. 48x8) or a cluster spec CSV")
     p.add_argument("--on-bad", choices=["skip", "reject"], default="skip", help="bad trace rows")
-    p.add_argument("--limit", type=int, default=None, help="first N jobs only")
+    p.add_argument("--limit", type=cli.positive(int), default=None, help="first N jobs only")
     p.add_argument("--queues", default="2",
                    help="las/gittins: the number of queues K, or 'auto': thresholds doubling from the median "
                         "of the service distribution (--distribution, else the trace's jobs' GPU-seconds) "
@@ -46,13 +47,15 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "--queues auto)")
     p.add_argument("--promote-knob", type=float, default=None)
     p.add_argument("--continuous", action="store_true", help="continuous priorities (no queues)")
-    p.add_argument("--interval", type=float, default=1.0)
+    p.add_argument("--interval", type=cli.positive(float), default=1.0,
+                   help="--continuous: seconds between priority updates")
     p.add_argument("--distribution", default=None,
                    help="CSV of past job GPU-seconds for gittins and --queues auto (default: the trace's "
                         "own jobs)")
-    p.add_argument("--switch", type=float, default=SWITCH_SECONDS,
+    p.add_argument("--switch", type=cli.positive(float), default=SWITCH_SECONDS,
                    help="gandiva: the time-slicing switching period (s)")
-    p.add_argument("--quantum", type=float, default=1800.0, help="gandiva-rr: the round-robin quantum (s)")
+    p.add_argument("--quantum", type=cli.positive(float), default=1800.0,
+                   help="gandiva-rr: the round-robin quantum (s)")
     p.add_argument("--placement", choices=PLACEMENTS, default="tiresias",
                    help="count: GPUs counted cluster-wide (the original simulator); tiresias: consolidate "
                         "jobs with skew > PACKLIMIT, others limit fragmentation; consolidate / spread: all jobs")
@@ -72,12 +75,16 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stall-limit", type=float, default=guarantee.DEFAULT_STALL_LIMIT, metavar="SECONDS",
                    help="stop with an error when no job makes progress for this much simulated time")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bar (default: when stderr is a terminal)")
+                   help="progress on stderr: a bar on a terminal, else a line every "
+                        f"{LINE_EVERY_S:g} s and one as each run ends (default: compare: on; simulate: "
+                        "on a terminal)")
 
 
 def _load(args):
     cluster = parse_cluster(args.cluster)
     report = load_trace(args.trace, args.format, max_gpus=cluster.total_gpus, on_bad=args.on_bad, limit=args.limit)
+    if report.ignored_columns:
+        print(f"tiresias: {ignored_message(report, args.trace)}", file=sys.stderr)
     if report.skipped:
         print(f"tiresias: {skipped_message(report, args.trace)}", file=sys.stderr)
     jobs = with_models(report.jobs) if args.models == "cycle" else report.jobs
@@ -105,8 +112,18 @@ def _queues(args, jobs) -> QueueConfig:
     return queue_config(args.queues, args.thresholds, services)
 
 
+def _progress(args, label: str) -> bool | ProgressLines:
+    """What the simulator reports progress with: a bar on a terminal, lines elsewhere, or
+    nothing (``--no-progress``; by default ``simulate`` reports only on a terminal)."""
+    tty = sys.stderr.isatty()
+    on = args.progress if args.progress is not None else (tty or args.command == "compare")
+    if not on:
+        return False
+    return True if tty else ProgressLines(label)
+
+
 def _run(name: str, args, cluster, jobs, queues: QueueConfig, record: bool = False):
-    progress = sys.stderr.isatty() if args.progress is None else args.progress
+    progress = _progress(args, f"tiresias {args.command}: {name}")
     config = _config(args)
     target = cluster if config.placement != "count" else cluster.total_gpus
     policy = make_policy(name, thresholds=queues.thresholds, promote_knob=args.promote_knob,

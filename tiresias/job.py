@@ -15,20 +15,39 @@ every step); when it turns true the job saves a checkpoint to ``checkpoint_dir()
 When the job ignores the request, the master sends SIGTERM and then SIGKILL after its
 ``--stop-grace``. Outside Tiresias every call is harmless: ``should_stop()`` is False and
 ``checkpoint_dir()`` is None.
+
+Several workers (``WORLD_SIZE`` > 1, as torchrun sets it) must stop after the same
+iteration, or the ones still training wait for the others' gradients. Every rank calls
+``should_stop()`` at the same points (once per iteration), and it turns true on every rank
+at the same call: the first rank that sees the request writes down the call at which all
+stop (``AGREE_AHEAD`` calls later) in a file next to the stop file and named after it (so
+one left from an earlier request is never read), and the others read it. This
+holds for data-parallel training that exchanges every iteration's gradients (AutoPS,
+all-reduce): no rank can then be more than one iteration ahead of another, so each rank
+reads the decision before it reaches that call.
+
+A run that cannot start for a reason that passes (``exit_requeue``; AutoPS does this itself
+when its pool refuses the job for now) is queued again by the master instead of failed.
 """
 from __future__ import annotations
 
 import os
 import pathlib
 import sys
+import time
 from typing import NoReturn
 
-__all__ = ["job_id", "checkpoint_dir", "should_stop", "mark_stopped", "exit_stopped", "under_tiresias"]
+from dlrt import requeue
+
+__all__ = ["job_id", "checkpoint_dir", "should_stop", "mark_stopped", "exit_stopped", "exit_requeue",
+           "under_tiresias", "StopPoll"]
 
 ENV_JOB_ID = "TIRESIAS_JOB_ID"
 ENV_CHECKPOINT_DIR = "TIRESIAS_CHECKPOINT_DIR"
 ENV_STOP_FILE = "TIRESIAS_STOP_FILE"
 ENV_STOPPED_FILE = "TIRESIAS_STOPPED_FILE"
+AGREE_AHEAD = 2           # ranks stop this many should_stop() calls after the first saw the request
+EXIT_REQUEUE = 75         # exit status of exit_requeue (EX_TEMPFAIL)
 
 
 def under_tiresias() -> bool:
@@ -50,10 +69,81 @@ def checkpoint_dir() -> pathlib.Path | None:
     return p
 
 
+class StopPoll:
+    """``should_stop`` of one rank: the stop file, and with ``world_size`` > 1 the call at
+    which all ranks agreed to stop (the file ``STOP_FILE-at-...``, written by the first rank
+    that saw the stop file, read by the others)."""
+
+    def __init__(self, stop_file: str | None, world_size: int = 1) -> None:
+        self.stop_file = stop_file
+        self.world_size = world_size
+        self.calls = 0
+        self._target: int | None = None          # the agreed call, once known
+
+    def __call__(self) -> bool:
+        self.calls += 1
+        if not self.stop_file or not os.path.exists(self.stop_file):
+            return False
+        if self.world_size <= 1:
+            return True
+        if self._target is None:
+            self._target = self._agreed()
+        return self.calls >= self._target
+
+    def _agreed(self) -> int:
+        """The call at which every rank stops: the one written down, or this rank's proposal."""
+        proposal = self.calls + AGREE_AHEAD
+        at = self._decision_file()
+        if at is None:
+            return proposal
+        try:
+            fd = os.open(at, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return _read_call(at, proposal)
+        except OSError:
+            return proposal                      # cannot write there: stop on its own count
+        try:
+            os.write(fd, f"{proposal}\n".encode())
+        finally:
+            os.close(fd)
+        return proposal
+
+    def _decision_file(self) -> str | None:
+        """``STOP_FILE-at-INODE-MTIME``: named after this stop request, so that one left by an
+        earlier request (the master removes them at each launch) is never read."""
+        try:
+            st = os.stat(self.stop_file)
+        except OSError:
+            return None
+        return f"{self.stop_file}-at-{st.st_ino:x}-{st.st_mtime_ns:x}"
+
+
+def _read_call(path: str, fallback: int, wait: float = 2.0) -> int:
+    """The call number in ``path``; another rank may be writing it (empty for a moment)."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            with open(path, encoding="ascii") as f:
+                text = f.read()
+            if text.endswith("\n"):
+                return int(text)
+        except (OSError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            return fallback
+        time.sleep(0.001)
+
+
+_poll: StopPoll | None = None
+
+
 def should_stop() -> bool:
-    """Has the master asked this job to stop (checkpoint and exit)?"""
-    path = os.environ.get(ENV_STOP_FILE)
-    return bool(path) and os.path.exists(path)
+    """Has the master asked this job to stop (checkpoint and exit)? With several workers,
+    call it at the same points on every rank: it turns true on all of them at the same call."""
+    global _poll
+    if _poll is None:
+        _poll = StopPoll(os.environ.get(ENV_STOP_FILE), int(os.environ.get("WORLD_SIZE") or 1))
+    return _poll()
 
 
 def mark_stopped() -> None:
@@ -65,7 +155,17 @@ def mark_stopped() -> None:
 
 
 def exit_stopped() -> NoReturn:
-    """``mark_stopped()`` then exit 0."""
+    """``mark_stopped()`` then exit 0. An AutoPS worker left open leaves its job on the way
+    out (``autops.agent``), so the resumed run finds the job's aggregators free."""
     mark_stopped()
     sys.stdout.flush()
     sys.exit(0)
+
+
+def exit_requeue(reason: str) -> NoReturn:
+    """Exit ``EXIT_REQUEUE`` asking the master to queue the job again, for ``reason`` (shown
+    in ``tiresias jobs`` and the job's events) -- e.g. a service it needs is busy. Outside
+    Tiresias it only exits."""
+    requeue.request(reason)
+    sys.stdout.flush()
+    sys.exit(EXIT_REQUEUE)

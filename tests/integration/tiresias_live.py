@@ -9,22 +9,12 @@ from __future__ import annotations
 import pathlib
 import subprocess
 import sys
-import time
 
 from tiresias.service.launch import LocalMaster
+from waiting import wait_for  # noqa: F401 (the live tests import it from here)
 
 BIN = pathlib.Path(sys.executable).parent
 JOBS = pathlib.Path(__file__).with_name("tiresias_jobs")
-
-
-def wait_for(predicate, timeout: float = 30.0, what: str = "condition", step: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
 class MasterProcess(LocalMaster):

@@ -1,4 +1,6 @@
+import contextlib
 import copy
+import io
 import json
 import threading
 import time
@@ -20,16 +22,16 @@ STATUS = {
     "capacity": 8,
     "aggregators": [
         {"id": "agg-0", "cluster": "c0", "state": "active", "alive": True, "host": "h0", "pid": 11,
-         "endpoints": {"tcp": "tcp://127.0.0.1:6000"}, "cpu_percent": 37.5, "busy_fraction": 0.42,
+         "endpoints": {"tcp": "tcp://127.0.0.1:6000"}, "cpus": 4, "cpu_percent": 37.5, "busy_fraction": 0.42,
          "cycle_s": 0.8, "tasks": 12, "jobs": ["job-a", "job-b"], "assigned_bytes": 3 << 20},
         {"id": "agg-1", "cluster": None, "state": "idle", "alive": True, "host": "h0", "pid": 12,
-         "endpoints": {}, "cpu_percent": 0.0, "busy_fraction": None, "cycle_s": None, "tasks": 0,
+         "endpoints": {}, "cpus": 4, "cpu_percent": 0.0, "busy_fraction": None, "cycle_s": None, "tasks": 0,
          "jobs": [], "assigned_bytes": 0},
         {"id": "agg-2", "cluster": "c0", "state": "temporary", "alive": True, "host": "h1",
-         "pid": 13, "endpoints": {}, "cpu_percent": 12.25, "busy_fraction": 0.1, "cycle_s": None,
+         "pid": 13, "endpoints": {}, "cpus": 2, "cpu_percent": 12.25, "busy_fraction": 0.1, "cycle_s": None,
          "tasks": 3, "jobs": ["job-b"], "assigned_bytes": 1 << 20},
         {"id": "agg-3", "cluster": "c1", "state": "draining", "alive": False, "host": "h1",
-         "pid": 14, "endpoints": {}, "cpu_percent": None, "busy_fraction": None, "cycle_s": None,
+         "pid": 14, "endpoints": {}, "cpus": 16, "cpu_percent": None, "busy_fraction": None, "cycle_s": None,
          "tasks": 0, "jobs": [], "assigned_bytes": 0},
     ],
     "clusters": [{"name": "c0", "aggregators": ["agg-0", "agg-2"], "jobs": ["job-a", "job-b"],
@@ -64,10 +66,10 @@ def test_report_fields_and_totals():
     assert rep["type"] == "autops.utilization" and rep["version"] == REPORT_VERSION == 1
     assert rep["time"] == 1732000000.0 and rep["master"] == "tcp://127.0.0.1:5555"
     assert [a["id"] for a in rep["aggregators"]] == ["agg-0", "agg-1", "agg-2", "agg-3"]
-    assert set(rep["aggregators"][0]) == {"id", "cluster", "state", "alive", "cpu_percent",
+    assert set(rep["aggregators"][0]) == {"id", "cluster", "state", "alive", "cpus", "cpu_percent",
                                           "busy_fraction", "tasks", "jobs"}
     assert rep["aggregators"][0] == {"id": "agg-0", "cluster": "c0", "state": "active",
-                                     "alive": True, "cpu_percent": 37.5, "busy_fraction": 0.42,
+                                     "alive": True, "cpus": 4, "cpu_percent": 37.5, "busy_fraction": 0.42,
                                      "tasks": 12, "jobs": ["job-a", "job-b"]}
     assert rep["aggregators"][1]["busy_fraction"] is None and rep["aggregators"][1]["cluster"] is None
     assert rep["aggregators"][3]["cpu_percent"] is None and rep["aggregators"][3]["alive"] is False
@@ -79,9 +81,10 @@ def test_report_fields_and_totals():
     assert job_a["bytes"] == 574000000 and job_a["skew"] == 0.71 and job_a["tensors"] == 38
     assert job_b["iteration_time_s"] is None and job_b["speed_vs_standalone"] is None
     assert job_b["aggregators"] == ["agg-0", "agg-2"] and job_b["requested_aggregators"] == 4
-    # allocated: alive and not idle -> agg-0, agg-2 (agg-1 idle, agg-3 dead)
+    # allocated: alive and not idle -> agg-0, agg-2 (agg-1 idle, agg-3 dead); CPUs: h0's 4
+    # (agg-0 and agg-1 share them) + h1's 2 (agg-3's 16 are not there: it is dead)
     assert rep["totals"] == {"aggregators_allocated": 2, "aggregators_requested": 6,
-                             "cpu_saving": pytest.approx(1 - 2 / 6), "jobs": 2}
+                             "cpu_saving": pytest.approx(1 - 2 / 6), "cpus": 6, "jobs": 2}
     text = json.dumps(rep, allow_nan=False)                   # strict JSON
     assert json.loads(text) == rep
 
@@ -90,7 +93,7 @@ def test_report_empty_pool_and_missing_values():
     rep = utilization_report(EMPTY)
     assert rep["aggregators"] == [] and rep["jobs"] == []
     assert rep["totals"] == {"aggregators_allocated": 0, "aggregators_requested": 0,
-                             "cpu_saving": None, "jobs": 0}
+                             "cpu_saving": None, "cpus": None, "jobs": 0}
     # a bare dict and non-finite numbers still give strict JSON
     rep = utilization_report({"aggregators": [{"id": "a", "state": "active", "alive": True,
                                                "cpu_percent": float("nan")}]})
@@ -120,6 +123,35 @@ def test_format_status_contains_ids_and_figures():
     agg1 = next(line for line in text.splitlines() if "agg-1" in line and "idle" in line)
     assert " - " in agg1 or agg1.rstrip().endswith("-")      # None busy / no jobs shows as "-"
     assert max(len(line) for line in text.splitlines()) <= 100
+    # the pool's real CPUs: each host counted once, dead aggregators not at all
+    assert "Aggregators: 4 (2 allocated), 6 CPUs on 2 hosts" in text
+    lines = text.splitlines()
+    header = next(line for line in lines if line.strip().startswith("ID"))
+    agg0 = next(line for line in lines if line.strip().startswith("agg-0"))
+    assert header.split()[4:6] == ["CPUS", "CPU%"] and agg0.split()[4:6] == ["4", "37.5"]
+
+
+def test_pool_cpus_counts_each_host_once_and_only_reported_figures():
+    assert report.pool_cpus([]) == (None, 0)
+    aggs = [{"id": "a", "host": "h", "alive": True, "cpus": 8}, {"id": "b", "host": "h", "alive": True, "cpus": 8},
+            {"id": "c", "host": "g", "alive": True, "cpus": 3}, {"id": "d", "host": "f", "alive": False, "cpus": 64},
+            {"id": "e", "host": "e", "alive": True}]                      # no figure (yet): not counted
+    assert report.pool_cpus(aggs) == (11, 2)
+    # an older aggregator without the figure shows "-", and the heading no total
+    text = format_status({**EMPTY, "aggregators": [{"id": "old", "state": "idle", "alive": True}]})
+    assert "Aggregators: 1 (0 allocated)\n" in text
+
+
+def test_status_help_explains_every_column():
+    from autops.cli import main
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as done:
+        main(["status", "--help"])
+    assert done.value.code == 0
+    text = out.getvalue()
+    for column in ["ID", "CLUSTER", "STATE", "ALIVE", "CPUS", "CPU%", "BUSY", "TASKS", "MiB", "JOBS"]:
+        assert f"\n  {column} " in text, column
+    assert "100 = one\n           whole core" in text and "each host once" in text
 
 
 def test_format_status_empty_and_long_job_lists():

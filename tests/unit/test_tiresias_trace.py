@@ -209,8 +209,44 @@ def test_detect_format():
     assert detect_format(["job_id", "submit_time", "num_gpus", "duration", "skew"]) == "generic"
     with pytest.raises(TraceError, match="accepted headers.*philly.*tiresias.*generic"):
         detect_format(["a", "b"])
-    with pytest.raises(TraceError):   # unknown extra column
-        detect_format(["job_id", "submit_time", "num_gpus", "duration", "colour"])
+    # an extra column: the format whose columns are all there (the reader ignores the rest)
+    assert detect_format(["job_id", "submit_time", "num_gpus", "duration", "colour"]) == "generic"
+    with pytest.raises(TraceError, match="names column\\(s\\) duration twice"):
+        detect_format(["job_id", "submit_time", "num_gpus", "duration", "duration"])
+    with pytest.raises(TraceError, match="accepted headers"):       # a required column missing
+        detect_format(["job_id", "submit_time", "num_gpus", "colour"])
+
+
+def test_extra_columns_are_ignored_and_reported(tmp_path):
+    p = write(tmp_path, "User,job_id,submit_time,num_gpus,duration,skew,Queue\n"
+                        "alice,0,10,2,30,0.5,q1\nbob,1,0,1,20,,q2\n")
+    rep = load_trace(p)
+    assert rep.format == "generic" and rep.ignored_columns == ["user", "queue"]
+    assert rep.jobs == [TraceJob(0, 0.0, 1, 20.0, None, None, 3), TraceJob(1, 10.0, 2, 30.0, None, 0.5, 2)]
+    assert dlrt.trace.ignored_message(rep, p) == (f"ignored columns 'user', 'queue' of {p} "
+                                                  "(not part of the generic format)")
+    assert load_trace(p, fmt="generic").ignored_columns == ["user", "queue"]      # forced: the same
+    clean = load_trace(write(tmp_path, GENERIC_HEADER + "0,0,1,5,,\n", "clean.csv"))
+    assert clean.ignored_columns == [] and dlrt.trace.ignored_message(clean, p) == ""
+    # philly with a job id: philly holds all but one column, generic is missing submit_time
+    p = write(tmp_path, "timestamp,duration,num_gpus,gpu_time,cluster,job_id\n"
+                        "2017-10-03 00:00:00,60,1,60,c1,7\n", "philly.csv")
+    rep = load_trace(p)
+    assert rep.format == "philly" and rep.ignored_columns == ["job_id"] and len(rep.jobs) == 1
+
+
+def test_a_header_that_fits_two_formats_equally_needs_the_format_named(tmp_path):
+    header = "timestamp,duration,num_gpus,gpu_time,cluster,job_id,submit_time"
+    assert detect_format(header.split(",")) == "philly"               # 2 extra columns against 3
+    header += ",model"                                                # 3 against 3
+    with pytest.raises(TraceError, match="fits both the generic and the philly format"):
+        detect_format(header.split(","))
+    p = write(tmp_path, header + "\n2017-10-03 00:00:00,60,1,60,c1,7,5,vgg16\n")
+    with pytest.raises(TraceError, match=f"{re.escape(str(p))}:1: .*fits both"):
+        load_trace(p)
+    assert load_trace(p, fmt="philly").ignored_columns == ["job_id", "submit_time", "model"]
+    generic = load_trace(p, fmt="generic")
+    assert generic.ignored_columns == ["timestamp", "gpu_time", "cluster"] and generic.jobs[0].model == "vgg16"
 
 
 def test_unknown_header(tmp_path):

@@ -1,8 +1,9 @@
 """The live-service commands of ``tiresias``: ``master`` and its clients.
 
 ``tiresias master --state DIR --bind HOST:PORT --executor local|ray --nodes NxG --policy ...``
-runs a master; ``submit``, ``jobs``, ``job``, ``cancel``, ``nodes``, ``drain``, ``undrain``,
-``logs`` and ``events`` talk to one, found through ``--state DIR`` (its address and token
+runs a master, the only one on its state dir (``dlrt.statelock``: a second exits 1 naming the
+owner, before it reads anything); ``submit``, ``jobs``, ``job``, ``cancel``, ``nodes``,
+``drain``, ``undrain``, ``logs`` and ``events`` talk to one, found through ``--state DIR`` (its address and token
 files) or ``--master URL --token-file FILE`` (defaults: ``$TIRESIAS_MASTER``,
 ``$TIRESIAS_TOKEN_FILE``; a token file with ``--state`` replaces ``STATE/token``: a user's
 token). ``tiresias master users add|list|revoke`` manages the users (``user_commands``).
@@ -19,7 +20,7 @@ import sys
 import time
 from typing import Any
 
-from dlrt import cli, sizes
+from dlrt import cli, sizes, statelock
 from dlrt.cli import UsageError
 from dlrt.endpoints import host_port
 
@@ -48,6 +49,14 @@ def parse_bind(text: str) -> tuple[str, int]:
     return host.strip("[]"), port
 
 
+def _skew(text: str) -> float:
+    """argparse type: a skew, a number in [0, 1]."""
+    value = cli.non_negative(float)(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+    return value
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Add ``master`` and the client commands to ``tiresias``'s subcommands."""
     p = cli.add_command(sub, "master", "run a live master (scheduler + HTTP API)")
@@ -56,13 +65,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_user_commands(p)
 
     p = _client(sub, "submit", "submit a job: tiresias submit --gpus N [options] -- CMD ...")
-    p.add_argument("--gpus", type=int, required=True)
+    p.add_argument("--gpus", type=cli.positive(int), required=True, help="GPUs the job needs (1 or more)")
     p.add_argument("--name", default=None, help="the job's name (default: the command's file name)")
     p.add_argument("--memory", default=None, help="memory the job needs per node (e.g. 4G): placed where it "
                                                   "fits, enforced by a memory cgroup")
-    p.add_argument("--autops-aggregators", type=int, default=None,
+    p.add_argument("--autops-aggregators", type=cli.positive(int), default=None,
                    help="run on the shared AutoPS pool, asking for K aggregators")
-    p.add_argument("--duration", type=float, default=None, help="declared duration in seconds (srtf/srsf)")
+    p.add_argument("--duration", type=cli.positive(float), default=None,
+                   help="declared duration in seconds (srtf/srsf)")
     p.add_argument("--launcher", choices=["torchrun", "plain"], default=None,
                    help="torchrun: one worker per GPU (default for a .py script); plain: the command once per node")
     p.add_argument("--model", default=None, help="model name, for its skew until AutoPS measures it")
@@ -92,7 +102,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_logs)
     p = _client(sub, "events", "recent events")
     p.add_argument("--job", type=int, default=None)
-    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--limit", type=cli.positive(int), default=50)
     p.set_defaults(func=cmd_events)
 
 
@@ -117,13 +127,14 @@ def _master_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", default="2x4", help="local executor: NODESxGPUS emulated on this machine")
     p.add_argument("--ray-address", default=None, help="ray executor: the Ray cluster's address")
     p.add_argument("--policy", choices=LIVE_POLICIES, default="las")
-    p.add_argument("--queues", type=int, default=2)
+    p.add_argument("--queues", type=cli.positive(int), default=2)
     p.add_argument("--thresholds", default="3200", help="queue thresholds in GPU-seconds, comma-separated")
-    p.add_argument("--promote-knob", type=float, default=None)
+    p.add_argument("--promote-knob", type=cli.positive(float), default=None)
     p.add_argument("--distribution", default=None, help="gittins: CSV of past jobs' GPU-seconds")
-    p.add_argument("--packlimit", type=float, default=DEFAULT_PACKLIMIT)
-    p.add_argument("--interval", type=float, default=5.0, help="seconds between scheduling passes")
-    p.add_argument("--stop-grace", type=float, default=30.0,
+    p.add_argument("--packlimit", type=_skew, default=DEFAULT_PACKLIMIT,
+                   help="consolidate jobs whose skew is above this (0..1)")
+    p.add_argument("--interval", type=cli.positive(float), default=5.0, help="seconds between scheduling passes")
+    p.add_argument("--stop-grace", type=cli.non_negative(float), default=30.0,
                    help="seconds a job has to checkpoint and exit before SIGTERM (SIGKILL 5 s later)")
     p.add_argument("--checkpoint-root", default=None,
                    help="where checkpoints live, a path every node sees (default: STATE/checkpoints)")
@@ -135,7 +146,8 @@ def _master_args(p: argparse.ArgumentParser) -> None:
                    help="Infiniswap daemons' utilization PUB addresses")
     p.add_argument("--node-host", action="append", default=[], metavar="NODE=HOST",
                    help="the host name a node's Infiniswap reports carry (default: the node's name)")
-    p.add_argument("--report-max-age", type=float, default=10.0, help="older reports are ignored and flagged")
+    p.add_argument("--report-max-age", type=cli.positive(float), default=10.0,
+                   help="older reports are ignored and flagged")
     p.add_argument("--run-as-owner", action="store_true",
                    help="local executor, master as root: run each job as the OS user named like its owner "
                         "(it must exist), its checkpoint dir and log that user's, mode 0700/0600")
@@ -147,31 +159,36 @@ def _master_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_master(args) -> int:
     from ..cluster import parse_cluster
+    from ..queues import queue_config
     from .master import Master, MasterConfig
     from .reports import ReportFeed
     from .server import serve
     host, port = parse_bind(args.bind)
-    thresholds = tuple(float(t) for t in args.thresholds.split(",") if t.strip())
-    if len(thresholds) != args.queues - 1:
-        raise UsageError(f"--queues {args.queues} needs {args.queues - 1} thresholds, got {list(thresholds)}")
+    thresholds = tuple(queue_config(args.queues, args.thresholds).thresholds)   # ValueError: exit 2
     node_hosts = _pairs("--node-host", args.node_host, "NODE=HOST")
     config = MasterConfig(args.state, args.policy, thresholds, args.promote_knob, args.distribution,
                           args.packlimit, args.interval, args.stop_grace, args.checkpoint_root,
                           args.autops_master, node_hosts, args.min_run_factor, args.min_run,
                           args.run_as_owner, _user_map(args))
+    shape = None
     if args.executor == "local":
-        from .local import LocalExecutor
         shape = parse_cluster(args.nodes) if re.match(r"^\s*\d+\s*[xX]\s*\d+\s*$", args.nodes) else None
         if shape is None:
             raise UsageError(f"--nodes {args.nodes!r}: expected NODESxGPUS, e.g. 2x4")
-        executor = LocalExecutor(shape.nodes, shape.gpus_per_node)
-    else:
-        from .ray_executor import RayExecutor
-        executor = RayExecutor(args.ray_address)
-    os.makedirs(args.state, exist_ok=True)
-    reports = ReportFeed(args.autops_reports, args.infiniswap_reports, max_age=args.report_max_age)
-    master = Master(config, executor, reports=reports)
-    return serve(master, host, port)
+    # one master per state dir: the lock comes before anything there is read or written
+    owner = statelock.acquire(args.state, "tiresias master", hint="give this one another --state")
+    try:
+        if shape is not None:
+            from .local import LocalExecutor
+            executor = LocalExecutor(shape.nodes, shape.gpus_per_node)
+        else:
+            from .ray_executor import RayExecutor
+            executor = RayExecutor(args.ray_address)
+        reports = ReportFeed(args.autops_reports, args.infiniswap_reports, max_age=args.report_max_age)
+        master = Master(config, executor, reports=reports)
+        return serve(master, host, port, ready=lambda url: owner.record(url=url))
+    finally:
+        owner.release()
 
 
 def _pairs(option: str, items: list[str], form: str) -> dict[str, str]:

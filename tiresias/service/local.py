@@ -2,10 +2,11 @@
 
 Each run gets a supervisor process (``tiresias.service.supervisor``) in a session of its own
 that starts the node commands, each in its own process group, and writes how the run ended
-to ``RUN_DIR/exit.json``. Nothing of a run lives in the master's memory that a restarted
-master cannot find again: ``reconcile`` reads the run dirs, checks that the supervisor is
-still alive (by pid and command line, so a recycled pid is not mistaken for it) and adopts
-it. No GPU is needed: ``CUDA_VISIBLE_DEVICES`` is set from the placement all the same.
+to ``RUN_DIR/exit.json``; the executor reaps every supervisor it started (``poll``), so a
+master that has run many jobs holds no zombie. Nothing of a run lives in the master's memory
+that a restarted master cannot find again: ``reconcile`` reads the run dirs, checks that the
+supervisor is still alive (by pid and command line, so a recycled pid is not mistaken for it)
+and adopts it. No GPU is needed: ``CUDA_VISIBLE_DEVICES`` is set from the placement all the same.
 
 A run whose supervisor died without recording how it ended is lost, but its node commands
 may still run: before reporting it lost (the master then starts it again), the executor stops
@@ -40,6 +41,7 @@ class LocalExecutor:
         self._nodes = [NodeInfo(f"node{i}", gpus_per_node) for i in range(nodes)]
         self._runs: dict[tuple[int, int], dict[str, Any]] = {}      # tracked: (job, run) -> handle
         self._children: dict[int, subprocess.Popen] = {}            # supervisors we started (to reap)
+        self._exiting: list[subprocess.Popen] = []                  # ended runs' supervisors, not yet reaped
         self._stopping: dict[tuple[int, int], float] = {}           # lost runs being stopped: SIGKILL deadline
 
     def nodes(self) -> list[NodeInfo]:
@@ -78,7 +80,16 @@ class LocalExecutor:
             if end is not None:
                 del self._runs[(job_id, run)]
                 ended.append(end)
+                self._retire(handle["supervisor"])
+        self._exiting = [proc for proc in self._exiting if proc.poll() is None]     # reaps the exited
         return ended
+
+    def _retire(self, pid: int) -> None:
+        """An ended run's supervisor (ours): reaped now, or by a later ``poll`` once it has
+        exited (it writes ``exit.json`` just before), so none is left a zombie."""
+        child = self._children.pop(pid, None)
+        if child is not None and child.poll() is None:
+            self._exiting.append(child)
 
     def reconcile(self, runs: dict[tuple[int, int], dict[str, Any]]) -> list[RunEnd]:
         ended = []

@@ -38,6 +38,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from dlrt import requeue
+
 from ..cluster import ClusterSpec, skew_of
 from ..driver import Driver, DriverConfig
 from ..placement import DEFAULT_PACKLIMIT
@@ -54,6 +56,7 @@ log = logging.getLogger("tiresias.master")
 LIVE_POLICIES = tuple(p for p in POLICIES if p not in SIMULATOR_ONLY)
 KILL_AFTER_S = 5.0           # SIGTERM -> SIGKILL
 MAX_LAUNCH_FAILURES = 3      # consecutive failed launches before a job is failed
+REQUEUE_MAX_DELAY_S = 60.0   # a run that asked to be requeued waits interval x 2^(n-1), at most this
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 LOG_TAIL_BYTES = 2000
 OPERATOR_OWNER = "operator"
@@ -111,6 +114,9 @@ class _Run:
     launch_failures: int = 0
     owner: str = OPERATOR_OWNER
     secret: str | None = None                # the job's AutoPS secret (every run presents it)
+    requeues: int = 0                        # runs in a row that asked to be requeued (dlrt.requeue)
+    retry_at: float | None = None            # not started again before this (after a requeue)
+    requeue_reason: str = ""
 
 
 class Master:
@@ -432,8 +438,9 @@ class Master:
         if self.config.run_as_owner:                 # the owner's, or the master's own (the operator's jobs)
             uid, gid = (acct.uid, acct.gid) if acct is not None else (os.geteuid(), os.getegid())
             runas.hand_over(uid, gid, job_ckpt, control, job_dir, self.log_path(job_id))
-        for name in ("stop", "stopped"):
+        for name in ("stop", "stopped", "requeue"):
             runas.remove_control(job_ckpt, name)
+        runas.remove_controls(job_ckpt, "stop-at-")       # the ranks' stop decisions (tiresias.job)
         if run.secret is None:                        # a job from before per-job secrets
             run.secret = secrets.token_hex(32)
             self.store.update_job(job_id, secret=run.secret)
@@ -441,7 +448,8 @@ class Master:
         env.update({"TIRESIAS_JOB_ID": str(job_id), "TIRESIAS_JOB_NAME": run.name,
                     "TIRESIAS_CHECKPOINT_DIR": self.checkpoint_dir(job_id),
                     "TIRESIAS_STOP_FILE": os.path.join(control, "stop"),
-                    "TIRESIAS_STOPPED_FILE": os.path.join(control, "stopped"), SECRET_ENV: run.secret})
+                    "TIRESIAS_STOPPED_FILE": os.path.join(control, "stopped"), SECRET_ENV: run.secret,
+                    requeue.ENV: os.path.join(control, "requeue")})
         if acct is not None:
             env.update(runas.account_env(acct))
         if spec.get("autops_aggregators"):
@@ -490,8 +498,12 @@ class Master:
         job = self.states[end.job_id]
         self._release_gpus(run.placement)
         outcome = "lost" if end.lost else f"exit {end.exit_code}"
-        self.store.end_placement(end.job_id, end.run, now, outcome + (" (stopped)" if end.stopped else ""))
+        asked = self._requeue_asked(end)
+        self.store.end_placement(end.job_id, end.run, now, outcome + (" (stopped)" if end.stopped else "") +
+                                 (" (asked to be requeued)" if asked else ""))
         run.handle = None
+        if not asked:
+            run.requeues, run.retry_at, run.requeue_reason = 0, None, ""
         if run.status == "stopping":
             if run.stop_reason == "cancel":
                 self.driver.released(job)
@@ -503,7 +515,8 @@ class Master:
             else:
                 self.driver.released(job)
                 how = "checkpointed and exited" if end.stopped else (
-                    "lost" if end.lost else f"exit {end.exit_code} (signalled after the grace period)")
+                    "lost" if end.lost else f"asked to be requeued: {asked}" if asked else
+                    f"exit {end.exit_code} (signalled after the grace period)")
                 run.status = "preempted"
                 run.stop_requested = run.term_sent = None
                 self._persist_job(end.job_id, events=[(now, end.job_id, "preempted", f"run {end.run}: {how}; "
@@ -516,6 +529,9 @@ class Master:
             run.status = "preempted"
             self._persist_job(end.job_id, events=[(now, end.job_id, "lost", end.detail or "run lost")])
             return
+        if asked:                                      # e.g. the AutoPS pool refused it for now
+            self._requeue(job, run, end.run, asked, now)
+            return
         self.driver.finish(job)
         if end.exit_code == 0:
             self._close(end.job_id, "finished", now, code=0)
@@ -524,6 +540,24 @@ class Master:
             self._close(end.job_id, "failed", now, code=end.exit_code,
                         detail=f"exit code {end.exit_code}" + (f"; {end.detail}" if end.detail else "") +
                         (f"\n{tail}" if tail else ""))
+
+    def _requeue_asked(self, end: RunEnd) -> str:
+        """The reason a run that failed gave for being run again later (``dlrt.requeue``), or ''."""
+        if end.exit_code in (0, None) or end.lost:
+            return ""
+        text = runas.read_control(os.path.join(self.ckpt_root, str(end.job_id)), "requeue", 4 * requeue.MAX_REASON)
+        return requeue.clean(text) if text and text.strip() else ""
+
+    def _requeue(self, job: JobState, run: _Run, number: int, reason: str, now: float) -> None:
+        """Back to the queue (not failed), started again no sooner than interval x 2^(n-1)
+        seconds (at most ``REQUEUE_MAX_DELAY_S``) after the n-th such run in a row."""
+        run.requeues += 1
+        delay = min(REQUEUE_MAX_DELAY_S, self.config.interval * 2 ** (run.requeues - 1))
+        run.retry_at, run.requeue_reason = now + delay, reason
+        self.driver.abort_start(job)                   # its GPUs are free at once; not a preemption
+        run.status = "preempted" if job.preemptions else "waiting"
+        self._persist_job(job.job_id, events=[(now, job.job_id, "requeued",
+                                               f"run {number}: {reason}; retry in {delay:g} s")])
 
     def _close(self, job_id: int, status: str, now: float, detail: str = "", code: int | None = None) -> None:
         assert status in TERMINAL
@@ -565,6 +599,8 @@ class Master:
     def _eligible(self, job: JobState) -> list[bool] | None:
         """Nodes whose free memory plus the cluster's lendable remote memory covers the job's."""
         run = self.runs.get(job.job_id)
+        if run is not None and run.retry_at is not None and self.clock() < run.retry_at:
+            return [False] * len(self.node_infos)       # requeued: not before its retry time
         memory = run.spec.get("memory") if run else None
         if not memory or not self.reports.infiniswap_endpoints:
             return None
@@ -694,6 +730,10 @@ class Master:
                         ("running", "stopping") else view["placement"])
             if run.status in ("waiting", "preempted"):
                 view["reason"] = self.driver.reasons.get(job_id) or "queued behind higher-priority jobs"
+                if run.requeue_reason:
+                    retry = "" if run.retry_at is None or run.retry_at <= self.clock() else \
+                        f"; retry in {run.retry_at - self.clock():.0f} s"
+                    view["reason"] = f"requeued: {run.requeue_reason}{retry}"
         if view["status"] in ("waiting", "preempted"):
             view["placement"] = {}
         return view

@@ -9,15 +9,16 @@
 * ``dropper(account, first)``: a ``preexec_fn`` for the job's processes that runs ``first``
   (joining a memory cgroup needs root) and then gives up root for good: supplementary groups,
   gid, uid.
-* ``touch_control`` / ``remove_control``: the master's stop-request files live in a dir the
-  job's user owns, so they are created and removed relative to directory descriptors opened
-  with ``O_NOFOLLOW``: a symlink the job plants there cannot make root touch or remove a file
-  elsewhere.
+* ``touch_control`` / ``remove_control(s)`` / ``read_control``: the master's stop-request files
+  live in a dir the job's user owns, so they are created, removed and read relative to
+  directory descriptors opened with ``O_NOFOLLOW``: a symlink the job plants there cannot make
+  root touch, remove or read a file elsewhere.
 """
 from __future__ import annotations
 
 import os
 import pwd
+import stat
 from dataclasses import dataclass
 from typing import Callable
 
@@ -104,6 +105,40 @@ def touch_control(checkpoint_job_dir: str, name: str) -> None:
     def touch(control: int) -> None:
         os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644, dir_fd=control))
     _in_control(checkpoint_job_dir, touch)
+
+
+def read_control(checkpoint_job_dir: str, name: str, limit: int = 4096) -> str | None:
+    """The first ``limit`` bytes of ``CHECKPOINT_JOB_DIR/control/NAME`` as text, or None when it
+    is not there or not a regular file (never read through a symlink, never blocking on a FIFO)."""
+    found: list[str] = []
+
+    def read(control: int) -> None:
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=control)
+        except OSError:
+            return
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                found.append(os.read(fd, limit).decode("utf-8", "replace"))
+        finally:
+            os.close(fd)
+    try:
+        _in_control(checkpoint_job_dir, read)
+    except OSError:
+        return None
+    return found[0] if found else None
+
+
+def remove_controls(checkpoint_job_dir: str, prefix: str) -> None:
+    """Remove every ``CHECKPOINT_JOB_DIR/control/PREFIX*`` (symlinks removed, not followed)."""
+    def remove(control: int) -> None:
+        for name in os.listdir(control):
+            if name.startswith(prefix):
+                try:
+                    os.unlink(name, dir_fd=control)
+                except (FileNotFoundError, IsADirectoryError, PermissionError):
+                    pass
+    _in_control(checkpoint_job_dir, remove)
 
 
 def remove_control(checkpoint_job_dir: str, name: str) -> None:

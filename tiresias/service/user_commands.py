@@ -20,7 +20,8 @@ from .users import USER, USER_ROLES, UserDirectory
 
 def add_user_commands(master_parser: argparse.ArgumentParser) -> None:
     """``users add|list|revoke`` under ``tiresias master``."""
-    sub = cli.add_commands(master_parser, dest="master_command")
+    sub = master_parser.add_subparsers(dest="master_command", metavar="COMMAND",
+                                       title="commands on the master's state (instead of running it)")
     group = cli.add_command(sub, "users", "manage the master's API users (per-user tokens)")
     group.set_defaults(func=lambda args: cli.no_subcommand(group))
     users = cli.add_commands(group, dest="users_command")
@@ -34,6 +35,9 @@ def add_user_commands(master_parser: argparse.ArgumentParser) -> None:
     p = _command(users, "revoke", "revoke a user's token at once")
     p.add_argument("name")
     p.set_defaults(func=cmd_revoke)
+    # the master itself takes no command argument: its usage says so (argparse would show
+    # the optional ``users`` group as a required MASTER_COMMAND)
+    master_parser.usage = (f"%(prog)s [options]\n       %(prog)s users {{{','.join(users.choices)}}} ...")
 
 
 def _command(sub: argparse._SubParsersAction, name: str, help_text: str) -> argparse.ArgumentParser:

@@ -1,0 +1,120 @@
+"""The aggregator processes a local provider started, on disk: one small JSON file per process
+in ``STATE_DIR/aggregators/`` with its name, pid, start time and pMaster's address.
+
+Aggregators outlive a pMaster that dies (``orphan``), so whoever must stop them later finds
+them here: a pMaster restarted on the same state directory adopts them (``LocalProvider``), and
+``autops local`` stops them when its command ends (``stop_recorded``). A record names a process
+only while a process with that pid, that start time and an aggregator's command line runs (pids
+are reused); records of processes that are gone are removed as they are read.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+log = logging.getLogger("autops.poolfiles")
+
+DIRNAME = "aggregators"
+START_SLACK_S = 0.05          # start times read by two processes agree to this much
+
+
+@dataclass(frozen=True)
+class Record:
+    name: str
+    pid: int
+    started: float              # the process's start time (psutil ``create_time``)
+    master: str                 # the pMaster it was started for
+
+
+def records_dir(state_dir: str | os.PathLike) -> Path:
+    return Path(state_dir) / DIRNAME
+
+
+def record(state_dir: str | os.PathLike, name: str, pid: int, master: str) -> Record:
+    """Write the record of aggregator process ``pid`` (started for ``master``) as ``name``."""
+    rec = Record(name, pid, psutil.Process(pid).create_time(), master)
+    folder = records_dir(state_dir)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = folder / f".{name}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(rec.__dict__, f)
+    os.replace(tmp, folder / f"{name}.json")
+    return rec
+
+
+def forget(state_dir: str | os.PathLike, name: str) -> None:
+    """Remove the record of ``name`` (no error when there is none)."""
+    try:
+        (records_dir(state_dir) / f"{name}.json").unlink()
+    except FileNotFoundError:
+        pass
+
+
+def process_of(rec: Record) -> psutil.Process | None:
+    """The running process ``rec`` names, or None when it is gone (or the pid is another's now)."""
+    try:
+        proc = psutil.Process(rec.pid)
+        if abs(proc.create_time() - rec.started) > START_SLACK_S or proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        if "aggregator" not in proc.cmdline():
+            return None
+        return proc
+    except psutil.Error:
+        return None
+
+
+def running(state_dir: str | os.PathLike) -> dict[str, tuple[Record, psutil.Process]]:
+    """The recorded aggregators still running, by name; the other records are removed."""
+    out: dict[str, tuple[Record, psutil.Process]] = {}
+    folder = records_dir(state_dir)
+    if not folder.is_dir():
+        return out
+    for path in sorted(folder.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+            rec = Record(str(data["name"]), int(data["pid"]), float(data["started"]), str(data["master"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            log.warning("unreadable aggregator record %s removed", path)
+            path.unlink(missing_ok=True)
+            continue
+        proc = process_of(rec)
+        if proc is None:
+            path.unlink(missing_ok=True)
+        else:
+            out[rec.name] = (rec, proc)
+    return out
+
+
+def stop(procs: list[psutil.Process], timeout: float = 5.0) -> None:
+    """SIGTERM every process, wait up to ``timeout`` for all together, SIGKILL the rest (reaping
+    the ones that are this process's children)."""
+    for proc in procs:
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=timeout)
+
+
+def stop_recorded(state_dir: str | os.PathLike, timeout: float = 5.0) -> list[int]:
+    """Stop every recorded aggregator still running and remove the records; their pids."""
+    found = running(state_dir)
+    stop([proc for _, proc in found.values()], timeout)
+    for name in found:
+        forget(state_dir, name)
+    if found:
+        log.info("stopped aggregator(s) %s left behind by a pMaster", sorted(found))
+    return [rec.pid for rec, _ in found.values()]
