@@ -1255,7 +1255,7 @@ class _IOLoop:
             except wire.ProtocolError as exc:
                 log.warning("bad reply from pMaster: %s", exc)
                 continue
-            if reply.get("req") != self.probe_req:
+            if self.probe_req is None or reply.get("req") != self.probe_req:
                 continue
             self.probe_req = None
             if reply.op == wire.ERROR:

@@ -172,8 +172,9 @@ class Elastic:
             return
         job.rank_d[msg["rank"]] = float(duration)
         job.measured = max(job.rank_d.values())
-        if msg["rank"] != min(job.ranks):
-            return                      # one rank's records drive the job's profile
+        if msg["rank"] != (min(job.ranks) if job.ranks else 0):
+            return                      # one rank's records drive the job's profile (rank 0's for a job
+                                        # adopted after a restart, whose ranks have not registered again)
         if job.state == "profiling" and job.iterations > self.cfg.warmup_iters:
             job.samples.append((count, float(duration)))
             job.standalone = weighted_median(job.samples)
@@ -216,7 +217,8 @@ class Elastic:
         """Jobs whose workers were not heard from for ``job_timeout``: pMaster releases them."""
         expired = []
         for job in self.state.jobs.values():
-            if job.ranks and now - job.last_heard > self.cfg.job_timeout:
+            # a job adopted after a restart counts as heard from when adopted, and by its profiles
+            if (job.ranks or job.adopted) and now - job.last_heard > self.cfg.job_timeout:
                 log.warning("job %s: no worker heard from for %.0fs; releasing it", job.job, now - job.last_heard)
                 expired.append(job.job)
         return expired

@@ -162,7 +162,7 @@ class Failover:
 
     def _take_over(self, job: JobInfo, dead: str, keys: list[str], owner: str | None = None) -> None:
         """New owners for ``keys`` of lost ``dead`` (all of them to ``owner`` when given)."""
-        modes = {k: job.tensors[job.keys[k].tensor][2]["mode"] for k in keys}
+        modes = {k: job.conf(job.keys[k].tensor)["mode"] for k in keys}
         summed = [k for k in keys if modes[k] != "server"]
         if summed and not job.replicate:
             self._fail(job, f"aggregator {dead} was lost with keys of this job, which runs without "
@@ -190,7 +190,7 @@ class Failover:
         self._join_cluster(job, set(placed.values()))
         groups: dict[tuple, list[str]] = {}
         for key in keys:
-            conf = job.tensors[job.keys[key].tensor][2]
+            conf = job.conf(job.keys[key].tensor)
             sig = (conf["mode"], conf["average"], conf["optimizer"], json.dumps(conf["hp"], sort_keys=True))
             if conf["mode"] == "server":
                 replica = job.replicas.pop(key, None)
@@ -268,7 +268,7 @@ class Failover:
             else:
                 job.replicas[key] = new
                 job.touched.add(new)
-            conf = job.tensors[job.keys[key].tensor][2]
+            conf = job.conf(job.keys[key].tensor)
             by_owner.setdefault((owner, new, conf["average"], conf["optimizer"],
                                  json.dumps(conf["hp"], sort_keys=True)), []).append(key)
         for (owner, new, average, optimizer, hp), group in by_owner.items():

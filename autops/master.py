@@ -528,7 +528,7 @@ class Master:
     def _send_assign(self, job: JobInfo, keys: list[KeySpec]) -> None:
         groups: dict[tuple, list] = {}
         for spec in keys:
-            conf = job.tensors[spec.tensor][2]
+            conf = job.conf(spec.tensor)
             group = (job.table[spec.key], conf["mode"], conf["average"], conf["optimizer"],
                      json.dumps(conf["hp"], sort_keys=True))
             groups.setdefault(group, []).append(spec)
@@ -626,7 +626,9 @@ class Master:
         job = self._job(msg)
         job.done_ranks.add(msg["rank"])
         self._reply(identity, wire.encode(wire.OK, req=msg.get("req")))
-        if job.done_ranks >= job.ranks:
+        # every rank of the world, not only those registered here: after a restart the ranks of
+        # a job that trains on are not registered again until they need pMaster
+        if job.done_ranks >= set(range(job.world_size)):
             self.release_job(job.job)
 
     def release_job(self, job_id: str) -> None:
@@ -642,7 +644,10 @@ class Master:
         if not same_secret(msg["secret"], job.secret):
             self._refused(identity, "wrong_secret", wire.PROFILE, msg["job"], msg["rank"])
             return
-        self.elastic.on_profile(job, msg)
+        try:
+            self.elastic.on_profile(job, msg)
+        except (KeyError, TypeError, ValueError) as exc:     # unanswered: an error reply would reach no request
+            log.warning("job %s: bad profile record from rank %r: %s", msg["job"], msg.get("rank"), exc)
 
     def _operator(self, msg: wire.Message) -> None:
         """An operator command must present the operator token (``SecretRefused`` otherwise)."""

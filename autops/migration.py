@@ -101,7 +101,7 @@ class Migrations:
             src = job.table.get(key)
             if src is None or src == dst or (job.job, key) in self.moving:
                 continue
-            conf = job.tensors[job.keys[key].tensor][2]
+            conf = job.conf(job.keys[key].tensor)
             sig = (src, dst, conf["mode"], conf["average"], conf["optimizer"], json.dumps(conf["hp"], sort_keys=True))
             groups.setdefault(sig, []).append(key)
         mids = []

@@ -93,6 +93,13 @@ class JobInfo:
     hint: dict = field(default_factory=dict)       # key -> preferred new owner (during a failover)
     adopted: dict = field(default_factory=dict)    # tensor -> settings, from aggregators after a restart
 
+    def conf(self, tensor: str) -> dict:
+        """A tensor's settings (mode, average, optimizer, hp): as its workers declared it, or,
+        for a job adopted after a restart whose workers have not declared again, as the
+        aggregators holding it reported."""
+        declared = self.tensors.get(tensor)
+        return declared[2] if declared is not None else self.adopted[tensor]
+
     def cost(self, key: str) -> float:
         """e_t of a key; keys not measured yet get the job's CPU time per byte times their size."""
         e = self.e.get(key)

@@ -9,13 +9,16 @@ elastic record of every job it holds something of (state, cluster, aggregators a
 standalone iteration time ``D_j``, reverts, temporaries, home). The aggregator keeps the latest
 note and gives it back when it registers with a restarted pMaster, next to what it holds
 (``Master._adopt`` rebuilds the jobs' keys and tables from that); ``Restorer.restore`` then puts
-the records back. The per-key CPU times come back by themselves with the heartbeats' profiles.
+the records back, each job's from the newest note that names it (notes carry the wall-clock
+time pMaster wrote them: aggregators register again in any order, and one that was slow to
+hear from pMaster may hold a record from before the job was packed). The per-key CPU times come back by themselves with the heartbeats' profiles.
 Notes are plain data checked field by field: a malformed one is ignored, never fatal.
 """
 from __future__ import annotations
 
 import logging
 import math
+import time
 from typing import Any
 
 from .pool import AggInfo, JobInfo, PoolState
@@ -36,7 +39,7 @@ def note_for(state: PoolState, agg_id: str) -> dict:
                              "standalone": job.standalone, "reverts": job.reverts, "temps": list(job.temps),
                              "best_effort": job.best_effort, "home": job.home}
     return {"state": info.state, "cluster": info.cluster, "exclusive": info.exclusive,
-            "reserved_for": info.reserved_for, "busy": info.busy, "jobs": jobs}
+            "reserved_for": info.reserved_for, "busy": info.busy, "jobs": jobs, "at": time.time()}
 
 
 def _name(value: Any) -> str | None:
@@ -51,12 +54,12 @@ def _number(value: Any) -> float | None:
 
 class Restorer:
     """Puts the records of a restarted pMaster's pool back from its aggregators' notes. A job's
-    record is taken from the first note that names it, and only for jobs rebuilt from what
+    record is taken from the newest note that names it, and only for jobs rebuilt from what
     aggregators hold (``JobInfo.adopted``): a job registered anew is this pMaster's own."""
 
     def __init__(self, state: PoolState) -> None:
         self.state = state
-        self.restored: set[str] = set()          # jobs whose record came back already
+        self.restored: dict[str, float] = {}     # job -> the time of the note its record came from
 
     def restore(self, info: AggInfo, note: Any) -> None:
         """Aggregator ``info`` registered again with ``note`` (None: it never got one)."""
@@ -71,13 +74,17 @@ class Restorer:
         if cluster is not None:
             info.cluster = cluster
             self.state.cluster_named(cluster).aggs.add(info.agg_id)
+        written = _number(note.get("at")) or 0.0
         jobs = note.get("jobs")
         if isinstance(jobs, dict):
             for job_id, record in jobs.items():
                 job = self.state.jobs.get(job_id)
-                if job is not None and job.adopted and job_id not in self.restored and isinstance(record, dict):
-                    self.restored.add(job_id)
-                    self._restore_job(job, record)
+                if job is None or not job.adopted or not isinstance(record, dict):
+                    continue
+                if job_id in self.restored and self.restored[job_id] >= written:
+                    continue                     # a newer note gave this job's record already
+                self.restored[job_id] = written
+                self._restore_job(job, record)
         log.info("aggregator %s restored as %s%s", info.agg_id, info.state,
                  f" in cluster {info.cluster}" if info.cluster else "")
 
@@ -97,9 +104,11 @@ class Restorer:
         home = _name(record.get("home"))
         if home is not None:
             job.home = home
+        if job.cluster is not None and job.cluster in self.state.clusters:     # from an older note
+            self.state.clusters[job.cluster].jobs.discard(job.job)
         cluster = _name(record.get("cluster"))
+        job.cluster = cluster
         if cluster is not None:
-            job.cluster = cluster
             self.state.cluster_named(cluster).jobs.add(job.job)
         log.info("job %s restored as %s%s (D=%s)", job.job, job.state,
                  f" in cluster {job.cluster}" if job.cluster else "", job.standalone)

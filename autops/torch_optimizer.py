@@ -98,8 +98,8 @@ class DistributedMixin:
             return
         self._aps_grad_key = {p: name + AVERAGED_SUFFIX if self._aps_two_phase else name for p, name in names.items()}
         self._aps_usage_key = next(iter(names.values())) + USAGE_SUFFIX
-        ctx.take_names(list(names.values()) + [self._aps_usage_key] +
-                       ([k for k in self._aps_grad_key.values()] if self._aps_two_phase else []))
+        ctx.take_names(list(names.values()))          # the internal keys below follow from them
+        ctx.optimizer_names.update([self._aps_usage_key, *self._aps_grad_key.values()])
         entries = [(self._aps_usage_key, (len(names),), "float32", {"mode": "sum", "average": False})]
         for p, name in names.items():
             if mode == "sum" or self._aps_two_phase:

@@ -134,3 +134,68 @@ def test_training_under_autops_local_survives_pmaster_sigkill_bit_identical(tmp_
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+
+
+def test_a_job_that_trains_on_while_pmaster_is_killed_and_restarted_ends_right_and_is_released(tmp_path):
+    """The README's pool (`autops master --provider local --state-dir`) and its example job
+    under torchrun, asking for two aggregators, whose steps wait for nothing: the ranks train on
+    through pMaster's SIGKILL and restart, and never register again (they need nothing from
+    pMaster). The restarted pMaster adopts the job from its aggregators; the ranks' profile
+    records and their exits must neither fail the job nor release it early (once, a rank's
+    profile record raised in the restarted pMaster, the error reached the rank, and its exit
+    released the adopted job -- whose registered ranks were none -- under the other rank), and
+    it releases the job once both ranks are done. The result is the uninterrupted run's."""
+    import torch
+    from autops.jobauth import new_job_secret
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    pmaster = [sys.executable, "-m", "autops.cli", "master", "--provider", "local", "--bind", f"127.0.0.1:{port}",
+               "--state-dir", str(tmp_path / "state"), "--max-aggregators", "4", "--log-level", "WARNING"]
+    env = {**os.environ, "AUTOPS_MASTER": address, "AUTOPS_AGGREGATORS": "2", "AUTOPS_JOB_SECRET": new_job_secret(),
+           "OMP_NUM_THREADS": "1"}
+    procs: list[subprocess.Popen] = []
+
+    def run_job(name: str) -> subprocess.Popen:
+        log = open(tmp_path / f"{name}.log", "wb")
+        procs.append(subprocess.Popen(
+            [str(pathlib.Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node", "2",
+             str(EXAMPLE), "--epochs", "40", "--save-params", str(tmp_path / f"{name}.pt")],
+            env={**env, "AUTOPS_JOB": name}, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+        log.close()
+        return procs[-1]
+
+    def epoch(name: str, n: int) -> bool:
+        return f"epoch {n:2d}" in (tmp_path / f"{name}.log").read_text()
+    try:
+        procs.append(subprocess.Popen(pmaster, stdin=subprocess.DEVNULL))
+        assert run_job("reference").wait(RUN_TIMEOUT_S) == 0, (tmp_path / "reference.log").read_text()[-3000:]
+        job = run_job("killed")
+        until("epoch 8", lambda: epoch("killed", 8) or job.poll() is not None, 60)
+        procs[0].send_signal(signal.SIGKILL)
+        procs[0].wait()
+        procs.append(subprocess.Popen(pmaster, stdin=subprocess.DEVNULL))
+        assert not epoch("killed", 40), "the job ended before pMaster came back: make it longer"
+        assert job.wait(RUN_TIMEOUT_S) == 0, (tmp_path / "killed.log").read_text()[-3000:]
+        got, want = torch.load(tmp_path / "killed.pt"), torch.load(tmp_path / "reference.pt")
+        assert all(torch.equal(got[name], want[name]) for name in want), "differs from the uninterrupted run"
+        assert until("the restarted pMaster to release the job",
+                     lambda: query_status(address, timeout=2.0)["jobs"] == [], 20)
+    finally:
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+EXAMPLE = HERE.parents[1] / "examples" / "train_digits.py"
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -126,9 +126,10 @@ def test_a_sparse_gradient_without_sparse_as_dense_is_refused_in_backward(one_wo
 def test_two_optimizers_with_the_same_names_are_refused_with_the_names(one_worker):
     gen, disc = _model(0), _model(1)
     one_worker.DistributedOptimizer(torch.optim.SGD(gen.parameters(), lr=0.1), named_parameters=gen.named_parameters())
-    with pytest.raises(ValueError, match=r"'0\.weight'.*prefix="):
+    with pytest.raises(ValueError, match=r"'0\.weight'.*prefix=") as refused:
         one_worker.DistributedOptimizer(torch.optim.SGD(disc.parameters(), lr=0.1),
                                         named_parameters=disc.named_parameters())
+    assert "~" not in str(refused.value), "only the names the script gave"
     one_worker.DistributedOptimizer(torch.optim.SGD(disc.parameters(), lr=0.1),
                                     named_parameters=disc.named_parameters(), prefix="disc.")
 

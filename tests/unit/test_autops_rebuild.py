@@ -110,3 +110,44 @@ def test_malformed_notes_are_ignored_and_a_job_registered_anew_is_not_overwritte
         restorer.restore(info, note)
     assert info.state == "idle" and info.cluster is None and info.exclusive is None and info.busy is None
     assert fresh.state == "profiling" and fresh.cluster is None and not pool.state.clusters
+
+
+def _adopted_job(pool: Pool, job_id: str, world: int = 2) -> JobInfo:
+    """A job as ``Master._adopt`` rebuilds it: keys held, no rank registered again yet."""
+    job = JobInfo(job_id, "s", world, 0, "sum", True, None, {}, 4 << 20, 64 << 10, [])
+    job.state, job.adopted, job.last_heard = "dedicated", {"w": CONF}, pool.clock()
+    pool.state.jobs[job_id] = job
+    return job
+
+
+def test_each_job_is_restored_from_the_newest_note_in_whichever_order_they_come():
+    """An aggregator slow to hear from pMaster holds a note from before the job was packed."""
+    for order in ((0, 1), (1, 0)):
+        pool = Pool(0)
+        restorer = Restorer(pool.state)
+        job = _adopted_job(pool, "J")
+        old = {"state": "temporary", "jobs": {"J": {"state": "profiling", "requested": 1}}, "at": 100.0}
+        new = {"state": "active", "cluster": "c0",
+               "jobs": {"J": {"state": "packed", "cluster": "c0", "standalone": 0.2, "requested": 1}}, "at": 101.0}
+        notes = (old, new)
+        for i in order:
+            info = AggInfo(f"agg-{i}", b"x", {"tcp": "tcp://x"}, "host", 1, pool.clock())
+            pool.state.add_aggregator(info)
+            restorer.restore(info, notes[i])
+        assert (job.state, job.cluster, job.standalone) == ("packed", "c0", 0.2), order
+        assert pool.state.clusters["c0"].jobs == {"J"}
+
+
+def test_an_adopted_job_whose_ranks_have_not_registered_again_is_profiled_and_expires():
+    """Its workers train on without registering again: rank 0's profile records count (no
+    error), they keep it alive, and without them it is released after the job timeout."""
+    pool = Pool(0)
+    job = _adopted_job(pool, "J")
+    for rank in (1, 0):
+        pool.elastic.on_profile(job, {"job": "J", "rank": rank, "iteration": 50, "count": 10, "duration": 0.1})
+    assert job.iterations == 50 and job.measured == 0.1
+    assert pool.elastic.expired_jobs(pool.clock() + CONF_TIMEOUT - 1) == []
+    assert pool.elastic.expired_jobs(pool.clock() + CONF_TIMEOUT + 1) == ["J"]
+
+
+CONF_TIMEOUT = Pool(0).elastic.cfg.job_timeout
