@@ -163,8 +163,9 @@ class HostOps:
         dst.view(-1).copy_(src)
 
 
-@pytest.mark.parametrize("mode, optname", [("server", "adam"), ("sum", "adam"), ("server", "sgd")])
-def test_the_staged_path_trains_like_a_single_process(pool1, monkeypatch, mode, optname):
+@pytest.mark.parametrize("mode, optname, averaged", [("server", "adam", False), ("sum", "adam", False),
+                                                     ("server", "sgd", False), ("server", "adam", True)])
+def test_the_staged_path_trains_like_a_single_process(pool1, monkeypatch, mode, optname, averaged):
     """Every tensor treated as a device tensor (staged through host buffers), one worker: the
     result equals single-process training (a shape slip in the staged parameters of server
     mode was found only on a GPU before this)."""
@@ -182,7 +183,7 @@ def test_the_staged_path_trains_like_a_single_process(pool1, monkeypatch, mode, 
         torch.manual_seed(100)
         model = make_model()
         opt = aps.DistributedOptimizer(make_optimizer(optname, model), named_parameters=model.named_parameters(),
-                                       mode=mode)
+                                       mode=mode, averaged_grads=averaged)   # averaged: both phases staged
         aps.broadcast_parameters(model.state_dict(), root_rank=0)
         got = train(model, opt)
     finally:
