@@ -61,7 +61,7 @@ from dlrt.keys import ensure_cluster_secret
 from dlrt.procs import name_this_thread
 from dlrt.waker import Waker
 
-from . import clusterauth, wire
+from . import clusterauth, memroom, wire
 from .batch_reports import BatchReports
 from .cycle import CyclicSchedule
 from .partition import KeySpec
@@ -123,7 +123,8 @@ class Aggregator:
                  name: str | None = None, transport: str = "auto", security: Security | None = None,
                  cluster_secret: bytes | None = None, prefault_share: float = PREFAULT_SHARE,
                  reserve: int = 0, reserve_shared: float = RESERVE_SHARED,
-                 orphan_timeout: float = DEFAULT_ORPHAN_TIMEOUT) -> None:
+                 orphan_timeout: float = DEFAULT_ORPHAN_TIMEOUT, max_job_bytes: int | None = None,
+                 headroom: int = memroom.DEFAULT_HEADROOM) -> None:
         """``security``: CURVE for every tcp socket (default: the key directory's);
         ``cluster_secret``: what it proves to pMaster (default: the key directory's);
         ``prefault_share``: at most this share of a core populates memory for keys migrating
@@ -132,7 +133,9 @@ class Aggregator:
         memory populated at that pace when the aggregator starts, for what arrives
         later (``_keep_reserve``), ``reserve_shared`` of it as shared segments where the
         transport lends memory; ``orphan_timeout``: seconds without hearing from any pMaster
-        after which it exits (``orphan``; 0: never)."""
+        after which it exits (``orphan``; 0: never); ``max_job_bytes``: the most one job's
+        declared keys may take here (default: half of what this machine can give when the
+        aggregator starts, ``memroom``); ``headroom``: bytes never committed to jobs."""
         self.master = master
         if 0 < orphan_timeout < 2 * heartbeat_interval:
             raise ValueError(f"orphan timeout {orphan_timeout:g}s: give 0 (never) or at least two heartbeat "
@@ -148,6 +151,17 @@ class Aggregator:
         if not 0 < reserve_shared <= 1:
             raise ValueError(f"reserve_shared must be above 0 and at most 1, not {reserve_shared}")
         self.reserve_shared = reserve_shared
+        if headroom < 0 or (max_job_bytes is not None and max_job_bytes <= 0):
+            raise ValueError(f"headroom must be 0 or more and max_job_bytes above 0 "
+                             f"(not {headroom}, {max_job_bytes})")
+        self.headroom = int(headroom)
+        # the bytes of keys declared here per job (committed when assigned, until released):
+        # allocation is lazy, so the host's figures show them only once written (``memroom``)
+        self.committed: dict[str, int] = {}
+        self._assigning: str | None = None    # the job whose assignment committed its bytes already
+        self._rss_base = psutil.Process().memory_info().rss
+        self.max_job_bytes = int(max_job_bytes) if max_job_bytes is not None else \
+            max(1, memroom.room(memroom.mem_available(), memroom.cgroup_room(), headroom=self.headroom) // 2)
         self.security = security if security is not None else default_security()
         self.cluster_secret = cluster_secret if cluster_secret is not None else ensure_cluster_secret()
         self.session: clusterauth.ControlSession | None = None   # the control channel, once registered
@@ -241,22 +255,49 @@ class Aggregator:
         same-host agents read them in place (one memcpy). ``StoreError`` when this machine
         cannot hold them: a job's keys never exhaust its memory."""
         need = sum(numel * np.dtype(dtype).itemsize for numel, dtype in sizes)
-        self._check_room(job, need)
+        if self._assigning != job:          # an assignment checked and committed its bytes already
+            self._check_room(job, need)
+            self._commit(job, need)
         try:
             return [(buf.array, buf) for buf in self.memory.allocate(sizes, job)]
         except (OSError, MemoryError) as exc:
             raise StoreError(f"job {job!r}: cannot allocate {need} bytes for its keys: {exc}") from None
 
-    def _check_room(self, job: str, need: int) -> None:
-        """``StoreError`` when this machine has not ``need`` bytes of memory available, counting
-        what this process holds ready as available: its heap's free bytes (the reserve's
-        warmed heap, freed buffers) and the reserve's shared segments -- memory the reserve
-        took from ``available`` to give to jobs like this one."""
-        available = psutil.virtual_memory().available
+    def _room(self) -> int:
+        """Bytes a new declaration may still take here (``memroom.room``): the least of the
+        host's ``MemAvailable`` and the cgroups' limit less usage (v1 and v2), plus what this
+        process holds ready -- its heap's free bytes (the reserve's warmed heap, freed buffers)
+        and the reserve's shared segments, memory the reserve took from ``available`` to give
+        to jobs like this one -- less the headroom and the bytes committed to jobs and not
+        yet written (this process's growth since it started counts as written)."""
         ready = heap_free() + (self.memory.reserve.held if self.memory.reserve is not None else 0)
-        if need > available + ready:
-            raise StoreError(f"job {job!r}: its keys need {need} bytes, this machine has {available} available"
-                             f" and this aggregator {ready} ready")
+        touched = self.proc.memory_info().rss - self._rss_base if hasattr(self, "proc") else 0
+        return memroom.room(memroom.mem_available(), memroom.cgroup_room(), ready=ready, headroom=self.headroom,
+                            committed=sum(self.committed.values()), touched=touched)
+
+    def _check_room(self, job: str, need: int) -> None:
+        """``StoreError`` when ``need`` more bytes for ``job`` are more than this aggregator can
+        give (``_room``), or take the job past ``max_job_bytes``."""
+        room = self._room()
+        if need > room:
+            raise StoreError(f"job {job!r}: its keys need {need} bytes, this machine has {room} available for "
+                             f"them (host MemAvailable and cgroup limit, less {sum(self.committed.values())} "
+                             f"bytes committed to jobs and {self.headroom} kept)")
+        held = self.committed.get(job, 0)
+        if held + need > self.max_job_bytes:
+            raise StoreError(f"job {job!r}: its keys need {need} bytes ({held} more held here), over this "
+                             f"aggregator's limit of {self.max_job_bytes} bytes per job (--max-job-bytes)")
+
+    def _commit(self, job: str, nbytes: int) -> None:
+        if nbytes > 0:
+            self.committed[job] = self.committed.get(job, 0) + nbytes
+
+    def _uncommit(self, job: str, nbytes: int) -> None:
+        left = self.committed.get(job, 0) - nbytes
+        if left > 0:
+            self.committed[job] = left
+        else:
+            self.committed.pop(job, None)
 
     # --- lifecycle ------------------------------------------------------------------
     def stop(self) -> None:
@@ -357,8 +398,16 @@ class Aggregator:
         poller.register(self._waker.fd, zmq.POLLIN)
         self.poller = poller
         next_beat = time.monotonic()
+        # the listeners' connection limits (handshake deadline, idle timeout, accepting again
+        # after running out of descriptors: ``sockpoll.LinkListener.housekeep``)
+        housekeepers = [hk for hk in (getattr(lst, "housekeep", None) for lst in self.transport.listeners) if hk]
+        next_housekeep = 0.0
         while not self._stop.is_set():
             now = time.monotonic()
+            if now >= next_housekeep:
+                for housekeep in housekeepers:
+                    housekeep(now)
+                next_housekeep = now + 0.25
             if self.orphan.expired():
                 log.warning("no pMaster heard from at %s for %.0fs (--orphan-timeout): exiting", self.master,
                             self.orphan.silent_for())
@@ -506,6 +555,7 @@ class Aggregator:
             for pending in self.waiters.pop(id(ks), []):
                 self._send_error(pending.reply, pending.req, f"job {job!r} was released")
         self.store.release(job)
+        self.committed.pop(job, None)
         self.precopies.forget(job)
         self.spare.release(job)
         self.worker_reports.forget(job)
@@ -536,6 +586,10 @@ class Aggregator:
                 raise SecretMismatch(f"{msg.op} of job {msg['job']} without an aggregator's proof of the "
                                      "cluster key: only aggregators send it")
             serve(reply, msg)
+            if msg.op != wire.WARM:         # (the one request without a secret)
+                vouch = getattr(reply, "vouch", None)
+                if vouch is not None:
+                    vouch()                 # a job's channel: no idle timeout, never closed for room
         except SecretMismatch as exc:
             self.stats["auth_refusals"] += 1
             log.warning("refused a data request: %s", exc)
@@ -789,21 +843,24 @@ class Aggregator:
             sizes = Store.buffer_sizes(msg["mode"], fresh)
             private = Store.private_sizes(msg["mode"], msg.get("optimizer"), msg.get("hp"), fresh)
             nbytes = sum(numel * np.dtype(dtype).itemsize for numel, dtype in sizes + private)
-            if fresh and self.memory.slow_to_allocate(nbytes):
+            if fresh:
                 self._check_room(msg["job"], nbytes)
         except (KeyError, ValueError, TypeError, IndexError, StoreError) as exc:
             self._to_master(wire.error(str(exc), req=msg.get("req"), agg=self.agg_id))
             return
+        committed = nbytes if fresh else 0
+        self._commit(msg["job"], committed)
         if not fresh or not self.memory.slow_to_allocate(nbytes):
-            self._finish_assign(msg, keys)
+            self._finish_assign(msg, keys, committed=committed)
             return
         self.held.hold()
         log.info("job %s: allocating %d bytes for %d keys off the loop", msg["job"], nbytes, len(fresh))
         self._ready_in_background(msg["job"], sizes, private, nbytes, 0,
-                                  lambda made, arrays: self._finish_assign(msg, keys, made, arrays), at_once=True)
+                                  lambda made, arrays: self._finish_assign(msg, keys, made, arrays, committed),
+                                  at_once=True)
 
     def _finish_assign(self, msg: wire.Message, keys: list, made: tuple | None = None,
-                       private: list | None = None) -> None:
+                       private: list | None = None, committed: int = 0) -> None:
         """Create ``keys`` (in ``made`` -- ``(buffers, allocation error)`` from a helper thread,
         with ``private``: their server-mode arrays -- or in memory allocated now), answer
         pMaster, then handle what it sent meanwhile."""
@@ -815,15 +872,20 @@ class Aggregator:
                 if error is not None:
                     raise StoreError(f"job {msg['job']!r}: cannot allocate memory for its keys: {error}")
                 buffers = [(buf.array, buf) for buf in shared]
-            self.store.assign(msg["job"], msg["secret"], msg["world_size"], msg["mode"], keys,
-                              average=bool(msg.get("average", True)), optimizer=msg.get("optimizer"),
-                              hp=msg.get("hp") or {}, buffers=buffers, private=private)
+            self._assigning = msg["job"]        # its bytes are committed (``_assign``)
+            try:
+                self.store.assign(msg["job"], msg["secret"], msg["world_size"], msg["mode"], keys,
+                                  average=bool(msg.get("average", True)), optimizer=msg.get("optimizer"),
+                                  hp=msg.get("hp") or {}, buffers=buffers, private=private)
+            finally:
+                self._assigning = None
             state = self.store.jobs[msg["job"]]
             for key, info in (msg.get("replicas") or {}).items():
                 if key in state.keys:
                     self._set_replica(state.keys[key], info)
             self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id))
         except (StoreError, ValueError, TypeError) as exc:
+            self._uncommit(msg["job"], committed)
             self._to_master(wire.error(str(exc), req=req, agg=self.agg_id))
         finally:
             if made is not None:

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
+import resource
 import select
 import socket
+import time
 from abc import abstractmethod
 from collections import deque
 from typing import Any, Sequence
@@ -26,6 +29,51 @@ from .base import Channel, Inbound, Listener, TransportError
 log = logging.getLogger("autops.transport")
 
 _NO_LENT: frozenset = frozenset()
+
+# Limits on connections nobody has vouched for (docs/autops.md, "Limits on connections"):
+# a listener that sets them (``StreamListener``) closes a connection that has not delivered a
+# whole message within HANDSHAKE_S, and one that delivered some but never became a job's
+# channel (``PeerLink.vouch``) once idle for IDLE_S; it keeps at most ``max_links``
+# connections (the oldest one not vouched for makes room for a new one, else the new one is
+# closed); and where accept fails for want of descriptors it stops accepting for
+# ACCEPT_PAUSE_S, logging once per LOG_EVERY_S.
+MAX_LINKS_ENV = "AUTOPS_STREAM_MAX_CONNECTIONS"
+HANDSHAKE_ENV = "AUTOPS_STREAM_HANDSHAKE_S"
+IDLE_ENV = "AUTOPS_STREAM_IDLE_S"
+HANDSHAKE_S = 10.0
+IDLE_S = 120.0
+ACCEPT_PAUSE_S = 0.5
+LOG_EVERY_S = 10.0
+_HOUSEKEEP_EVERY_S = 0.25
+
+
+def default_max_links() -> int:
+    """Half of this process's open-file limit, between 16 and 4096 (512 at the usual 1024)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 16
+    return max(16, min(4096, soft // 2))
+
+
+def _env_number(name: str, default, cast=float):
+    text = os.environ.get(name)
+    if not text:
+        return default
+    try:
+        value = cast(text)
+    except ValueError:
+        log.warning("$%s=%r is not a number: %s used", name, text, default)
+        return default
+    if value <= 0:
+        log.warning("$%s=%r must be above 0: %s used", name, text, default)
+        return default
+    return value
+
+
+def connection_limits() -> tuple[int, float, float]:
+    """``(max_links, handshake_s, idle_s)`` from the environment, else the defaults."""
+    return (_env_number(MAX_LINKS_ENV, default_max_links(), int), _env_number(HANDSHAKE_ENV, HANDSHAKE_S),
+            _env_number(IDLE_ENV, IDLE_S))
 
 
 def first_n(items: deque, n: int):
@@ -88,6 +136,11 @@ class PeerLink:
     def send(self, header: bytes, payloads: Sequence = ()) -> None:
         self.link.send(header, payloads)
         self.listener.track(self.link)
+
+    def vouch(self) -> None:
+        """The service served a request of a job on this connection (its secret was right):
+        a job's channel, kept however long it is idle and never closed to make room."""
+        self.listener.vouch(self.link)
 
 
 class LinkChannel(Channel):
@@ -166,7 +219,14 @@ class LinkChannel(Channel):
 
 class LinkListener(Listener):
     """A bound, listening ``sock`` whose connections each become a link (``_link_for``);
-    messages are taken from the links in turn, each answered on its own."""
+    messages are taken from the links in turn, each answered on its own. ``max_links``,
+    ``handshake_s`` and ``idle_s`` (None: no limit) bound the connections nobody vouched
+    for (see ``HANDSHAKE_S``); ``housekeep`` applies them, from ``recv`` and from the
+    service's loop."""
+
+    max_links: int | None = None
+    handshake_s: float | None = None
+    idle_s: float | None = None
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
@@ -175,6 +235,15 @@ class LinkListener(Listener):
         self.poll.add(sock.fileno())
         self.links: dict[int, Any] = {}
         self._senders: dict[int, PeerLink] = {}
+        self._since: dict[int, float] = {}      # fd -> when accepted, then when its last message came
+        self._greeted: set[int] = set()         # fds that delivered a whole message
+        self._vouched: set[int] = set()         # fds that are a job's channel
+        self._accept_paused_until = 0.0
+        self._housekept = 0.0
+        self._logged: dict[str, float] = {}     # what was logged (rate-limited) -> when
+        self._quiet: dict[str, int] = {}        # what was not logged since, how often
+        self.limit_counts = {"refused_over_cap": 0, "evicted": 0, "handshake_timeouts": 0,
+                             "idle_timeouts": 0, "accept_pauses": 0}
 
     @abstractmethod
     def _link_for(self, sock: socket.socket, peer: Any) -> Any:
@@ -186,7 +255,10 @@ class LinkListener(Listener):
 
     def recv(self) -> Inbound | None:
         ready = self.poll.ready()
-        if self.sock.fileno() in ready:
+        now = time.monotonic()
+        if now - self._housekept >= _HOUSEKEEP_EVERY_S:
+            self.housekeep(now)
+        if self.sock.fileno() in ready and self._accept_paused_until == 0.0:
             self._accept()
         for fd, link in list(self.links.items()):
             if link.broken is None and (fd in ready or link.wants_pump):
@@ -197,6 +269,8 @@ class LinkListener(Listener):
                     sender = self._senders[fd]
                     del self.links[fd]             # to the back of the queue: fair to the others
                     self.links[fd] = link
+                    self._greeted.add(fd)
+                    self._since[fd] = now
                     if link.has_records:
                         self.poll.waker.wake()     # messages wait that no descriptor will announce
                     return Inbound(message[0], message[1], _NO_LENT, sender)
@@ -204,6 +278,66 @@ class LinkListener(Listener):
                 self._drop(fd)
         self.poll.waker.clear()
         return None
+
+    def _say(self, what: str, message: str, *args: Any) -> None:
+        """A warning about ``what``, at most once per LOG_EVERY_S (with how often it was not said)."""
+        now = time.monotonic()
+        if now - self._logged.get(what, -LOG_EVERY_S) < LOG_EVERY_S:
+            self._quiet[what] = self._quiet.get(what, 0) + 1
+            return
+        self._logged[what] = now
+        quiet = self._quiet.pop(what, 0)
+        log.warning("%s: " + message + (f" ({quiet} more like it not logged)" if quiet else ""),
+                    self.kind, *args)
+
+    def housekeep(self, now: float | None = None) -> None:
+        """Close connections past their handshake deadline or idle timeout, and accept again
+        after a pause (cheap; the service's loop calls it every turn)."""
+        now = time.monotonic() if now is None else now
+        self._housekept = now
+        if self._accept_paused_until and now >= self._accept_paused_until:
+            self._accept_paused_until = 0.0
+            self.poll.add(self.sock.fileno())
+        if self.handshake_s is None and self.idle_s is None:
+            return
+        for fd, since in list(self._since.items()):
+            if fd in self._vouched:
+                continue
+            greeted = fd in self._greeted
+            limit = self.idle_s if greeted else self.handshake_s
+            if limit is None or now - since < limit:
+                continue
+            link = self.links.get(fd)
+            if link is None:
+                self._drop(fd)
+                continue
+            self.limit_counts["idle_timeouts" if greeted else "handshake_timeouts"] += 1
+            self._say("idle" if greeted else "handshake", "closed %s: %s", link.name,
+                      f"idle for {limit:g}s and not a job's channel" if greeted
+                      else f"no whole message within {limit:g}s of connecting")
+            self._close_link(fd, link)
+
+    def _close_link(self, fd: int, link: Any) -> None:
+        self._drop(fd)
+        try:
+            link.close()
+        except OSError:
+            pass
+
+    def _make_room(self) -> bool:
+        """Whether a new connection may come in under ``max_links``: the oldest connection not
+        vouched for -- one still in its handshake first -- is closed to make room."""
+        if self.max_links is None or len(self.links) < self.max_links:
+            return True
+        candidates = [fd for fd in self._since if fd not in self._vouched and fd in self.links]
+        if not candidates:
+            return False
+        fd = min(candidates, key=lambda f: (f in self._greeted, self._since[f]))
+        self.limit_counts["evicted"] += 1
+        self._say("evict", "%d connections (the limit, $%s): closed %s, not a job's channel, for a new one",
+                  self.max_links, MAX_LINKS_ENV, self.links[fd].name)
+        self._close_link(fd, self.links[fd])
+        return True
 
     def _accept(self) -> None:
         while True:
@@ -213,15 +347,32 @@ class LinkListener(Listener):
                 return
             except OSError as exc:
                 if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    log.warning("%s: cannot accept a connection: %s", self.kind, exc)
+                    # the listening socket stays readable: stop watching it for a while, or
+                    # this loop spins on it (and logs) until descriptors are free again
+                    self.limit_counts["accept_pauses"] += 1
+                    self._say("accept", "cannot accept a connection (%s): not accepting for %gs",
+                              exc.strerror or exc, ACCEPT_PAUSE_S)
+                    self._accept_paused_until = time.monotonic() + ACCEPT_PAUSE_S
+                    self.poll.remove(self.sock.fileno())
                     return
                 raise
+            if not self._make_room():
+                self.limit_counts["refused_over_cap"] += 1
+                self._say("cap", "%d connections, every one a job's channel (the limit, $%s): refused one "
+                          "from %s", self.max_links, MAX_LINKS_ENV, peer)
+                sock.close()
+                continue
             link = self._link_for(sock, peer)
             fd = link.fd
             self._drop(fd)                          # a closed link whose number was reused
             self.links[fd] = link
             self._senders[fd] = PeerLink(self, link)
+            self._since[fd] = time.monotonic()
             self.poll.add(fd)
+
+    def vouch(self, link: Any) -> None:
+        if self.links.get(link.fd) is link:
+            self._vouched.add(link.fd)
 
     def track(self, link: Any) -> None:
         if link.broken is None:
@@ -234,6 +385,9 @@ class LinkListener(Listener):
         self.poll.remove(fd)
         self.links.pop(fd, None)
         self._senders.pop(fd, None)
+        self._since.pop(fd, None)
+        self._greeted.discard(fd)
+        self._vouched.discard(fd)
 
     def close(self) -> None:
         for fd, link in list(self.links.items()):
@@ -241,5 +395,8 @@ class LinkListener(Listener):
             link.close()
         self.links.clear()
         self._senders.clear()
+        self._since.clear()
+        self._greeted.clear()
+        self._vouched.clear()
         self.sock.close()
         self.poll.close()

@@ -45,7 +45,7 @@ import numpy as np
 from dlrt.endpoints import host_port
 
 from .base import TransportError, buffer_of
-from .sockpoll import LinkChannel, LinkListener, first_n
+from .sockpoll import LinkChannel, LinkListener, connection_limits, first_n
 from .tcpopts import rto_min_us_from_env, set_rto_min
 
 __all__ = ["StreamChannel", "StreamListener", "StreamLink", "SPLICE_MIN", "socket_path", "stream_kind"]
@@ -510,10 +510,18 @@ class StreamListener(LinkListener):
     """A stream socket that many peers connect to: a unix one at ``ipc://PATH`` (removed on
     close), or TCP bound to ``tcp://HOST:PORT`` (port 0: a free one), whose ``address``
     then names ``advertise_host`` and the port bound. ``kind``, the endpoint's name in what
-    a service registers: ``ipc``, or ``stream`` for TCP (``tcp`` is its ZeroMQ endpoint)."""
+    a service registers: ``ipc``, or ``stream`` for TCP (``tcp`` is its ZeroMQ endpoint).
+    Its connections are bounded (``sockpoll.connection_limits``: a cap, a handshake deadline,
+    an idle timeout for those that never became a job's channel; the arguments override the
+    environment's)."""
 
-    def __init__(self, address: str, advertise_host: str | None = None) -> None:
+    def __init__(self, address: str, advertise_host: str | None = None, max_links: int | None = None,
+                 handshake_s: float | None = None, idle_s: float | None = None) -> None:
         self.path: str | None = None
+        env_max, env_handshake, env_idle = connection_limits()
+        self.max_links = max_links or env_max
+        self.handshake_s = handshake_s or env_handshake
+        self.idle_s = idle_s or env_idle
         self.kind = "stream" if stream_kind(address) == "tcp" else "ipc"
         if self.kind == "stream":
             host, port = _tcp_host_port(address, bind=True)

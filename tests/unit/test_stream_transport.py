@@ -321,3 +321,122 @@ def test_over_tcp_the_reader_wakes_for_a_payloads_rest_not_for_every_piece():
     finally:
         sender.close()
         listener.close()
+
+
+# --- limits on connections nobody vouched for (sockpoll.LinkListener) --------------------
+
+def _closed_by_peer(sock: socket.socket, timeout: float = 0.05) -> bool:
+    sock.settimeout(timeout)
+    try:
+        return sock.recv(1) == b""
+    except socket.timeout:
+        return False
+    except OSError:
+        return True
+
+
+def test_a_connection_without_a_whole_message_is_closed_at_the_handshake_deadline():
+    listener = StreamListener("tcp://127.0.0.1:0", handshake_s=0.3, idle_s=60)
+    channel = StreamChannel(listener.address)
+    try:
+        silent = raw_connection(listener)
+        partial = raw_connection(listener)
+        partial.sendall(struct.pack("<BxxxIIQ", stream.DATA, 100, 0, 0) + b"x" * 10)   # never finished
+        channel.send(b"hello")
+        got = wait(listener)
+        got.reply.vouch()                       # the service served it: a job's channel
+        assert listener.recv() is None and len(listener.links) == 3
+        time.sleep(0.4)
+        listener.recv()
+        assert _closed_by_peer(silent) and _closed_by_peer(partial)
+        assert list(listener.links.values())[0].broken is None and len(listener.links) == 1
+        assert listener.limit_counts["handshake_timeouts"] == 2
+        channel.send(b"still served")
+        assert bytes(wait(listener).header) == b"still served"
+        silent.close()
+        partial.close()
+    finally:
+        channel.close()
+        listener.close()
+
+
+def test_a_connection_that_never_became_a_jobs_channel_is_closed_when_idle():
+    listener = StreamListener("tcp://127.0.0.1:0", handshake_s=30, idle_s=0.3)
+    vouched, unvouched = StreamChannel(listener.address), StreamChannel(listener.address)
+    try:
+        vouched.send(b"a job's request")
+        wait(listener).reply.vouch()
+        unvouched.send(b"garbage")
+        wait(listener)
+        time.sleep(0.4)
+        listener.housekeep()
+        assert len(listener.links) == 1 and listener.limit_counts["idle_timeouts"] == 1
+        vouched.send(b"again")
+        assert bytes(wait(listener).header) == b"again"
+    finally:
+        vouched.close()
+        unvouched.close()
+        listener.close()
+
+
+def test_at_the_cap_the_oldest_idle_connection_makes_room_and_job_channels_stay():
+    listener = StreamListener("tcp://127.0.0.1:0", max_links=3, handshake_s=30, idle_s=60)
+    job = StreamChannel(listener.address)
+    idle = []
+    try:
+        job.send(b"a job's request")
+        wait(listener).reply.vouch()
+        for _ in range(6):
+            idle.append(raw_connection(listener))
+            listener.recv()
+        assert len(listener.links) == 3 and listener.limit_counts["evicted"] == 4
+        assert [_closed_by_peer(s) for s in idle] == [True] * 4 + [False] * 2
+        job.send(b"served")
+        assert bytes(wait(listener).header) == b"served"
+        for fd in list(listener.links):
+            listener.vouch(listener.links[fd])  # every one a job's channel: a new one is refused
+        extra = raw_connection(listener)
+        listener.recv()
+        assert _closed_by_peer(extra, 1.0) and listener.limit_counts["refused_over_cap"] == 1
+        extra.close()
+    finally:
+        for s in idle:
+            s.close()
+        job.close()
+        listener.close()
+
+
+def test_out_of_descriptors_the_listener_pauses_accepting_and_logs_once(monkeypatch, caplog):
+    from autops.transport import sockpoll
+    listener = StreamListener("tcp://127.0.0.1:0")
+    real = listener.sock
+
+    class Exhausted:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def accept(self):
+            raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(sockpoll, "ACCEPT_PAUSE_S", 0.2)
+    listener.sock = Exhausted()
+    waiting = socket.create_connection(real.getsockname()[:2], timeout=2)
+    try:
+        with caplog.at_level("WARNING", logger="autops.transport"):
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline:
+                listener.recv()
+                time.sleep(0.01)
+        said = [r for r in caplog.records if "cannot accept" in r.getMessage()]
+        assert len(said) == 1                       # not once per turn of the loop
+        assert 2 <= listener.limit_counts["accept_pauses"] <= 8    # paused, not spinning
+        listener.sock = real                        # descriptors free again: accepted
+        deadline = time.monotonic() + 2.0
+        while not listener.links and time.monotonic() < deadline:
+            listener.recv()
+            time.sleep(0.05)
+        assert len(listener.links) == 1
+    finally:
+        waiting.close()
+        listener.sock = real
+        listener.close()
