@@ -48,7 +48,7 @@ def _cmd_master(args: argparse.Namespace) -> int:
     config = ElasticConfig(enabled=not args.static, loss_limit=args.loss_limit, warmup_iters=args.warmup_iters,
                            profile_iters=args.profile_iters, window=args.window, cluster_size=args.cluster_size,
                            period=args.period, threshold=args.threshold, spare=args.spare,
-                           job_timeout=args.job_timeout)
+                           job_timeout=args.job_timeout, job_idle_timeout=args.job_idle_timeout)
     serve(args.bind, provider=args.provider, max_aggregators=args.max_aggregators, log_level=args.log_level,
           aggregator_transport=args.aggregator_transport, aggregator_orphan_timeout=args.aggregator_orphan_timeout,
           heartbeat_timeout=args.heartbeat_timeout,
@@ -69,7 +69,7 @@ def _cmd_aggregator(args: argparse.Namespace) -> int:
           ipc=not args.no_ipc, name=args.name, register_timeout=args.register_timeout,
           heartbeat_interval=args.heartbeat_interval, transport=args.transport,
           prefault_share=args.prefault_share, reserve=args.reserve, reserve_shared=args.reserve_shared,
-          orphan_timeout=args.orphan_timeout)
+          orphan_timeout=args.orphan_timeout, max_job_bytes=args.max_job_bytes)
     return 0
 
 
@@ -197,6 +197,10 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                    help="idle aggregators the local provider keeps running")
     p.add_argument("--job-timeout", type=cli.positive(float), default=30.0,
                    help="release a job when none of its workers was heard from for this long")
+    p.add_argument("--job-idle-timeout", type=cli.positive(float), default=1800.0, metavar="SECONDS",
+                   help="release a job that made no progress (pushes and pulls, new iterations) for this long, "
+                        "whatever else it sends (a job id held without training); long enough for a job's "
+                        "evaluation or checkpoint phases (default 1800)")
     p.add_argument("--report-bind", type=cli.bind_address, default=None, metavar="ADDR",
                    help="publish utilization reports (JSON) on this ZeroMQ PUB address, e.g. 127.0.0.1:5557")
     p.add_argument("--metrics-port", type=cli.port, default=None,
@@ -250,6 +254,10 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                         "from where workers on this host read them in place; the rest is heap, for server-mode "
                         f"state and received pushes (default: ${RESERVE_SHARED_ENV} or {RESERVE_SHARED}, for "
                         "server mode with Adam; 0.67 suits sum mode)")
+    p.add_argument("--max-job-bytes", type=cli.size, default=None, metavar="SIZE",
+                   help="the most one job's declared keys may take on this aggregator (e.g. 8G; default: half of "
+                        "what it can give when it starts: the least of the host's MemAvailable and its memory "
+                        "cgroup's limit less usage); a declaration past it, or past what it can give, is refused")
     p.set_defaults(func=_cmd_aggregator)
 
     p = cli.add_command(sub, "local", "run CMD against a master that starts aggregators on this machine",

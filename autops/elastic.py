@@ -63,7 +63,8 @@ class ElasticConfig:
     period: float = 10.0
     threshold: int = 1
     spare: int = 0
-    job_timeout: float = 30.0
+    job_timeout: float = 30.0          # no word from any worker: the job is gone
+    job_idle_timeout: float = 1800.0   # words but no progress (pushes, new iterations): a squatter, or a long pause
 
 
 class Elastic:
@@ -165,9 +166,12 @@ class Elastic:
 
     # --- profiles ------------------------------------------------------------------------
     def on_profile(self, job: JobInfo, msg: wire.Message) -> None:
-        job.last_heard = self.clock()
         count, duration = int(msg["count"]), msg.get("duration")
-        job.iterations = max(job.iterations, int(msg["iteration"]))
+        iteration = int(msg["iteration"])
+        job.last_heard = self.clock()           # its workers are there
+        if count > 0 and iteration > job.iterations:
+            job.last_progress = job.last_heard  # and it moves on (see ``expired_jobs``)
+        job.iterations = max(job.iterations, iteration)
         if count <= 0 or not isinstance(duration, (int, float)) or duration <= 0:
             return
         job.rank_d[msg["rank"]] = float(duration)
@@ -207,6 +211,7 @@ class Elastic:
                     continue
                 if iters <= 0 or key not in job.keys:
                     continue
+                job.last_heard = job.last_progress = self.clock()   # pushes and pulls on its aggregators
                 e = cpu / iters
                 old = job.e.get(key)
                 job.e[key] = e if old is None else (1 - EWMA) * old + EWMA * e
@@ -214,12 +219,24 @@ class Elastic:
 
     # --- the periodic driver -------------------------------------------------------------
     def expired_jobs(self, now: float) -> list[str]:
-        """Jobs whose workers were not heard from for ``job_timeout``: pMaster releases them."""
+        """Jobs pMaster releases: those none of whose workers was heard from for ``job_timeout``
+        (their workers are gone), and those that made no progress for ``job_idle_timeout``.
+        Progress is a profile record of iterations past the job's last, or an aggregator's report
+        of pushes and pulls of its keys; registering again and records of no new iterations are
+        not, so a job id held by someone who only keeps talking (a squatter) loses its
+        aggregators after the idle timeout, while a job in a long evaluation or checkpoint phase
+        (its workers still send their records) keeps them that long."""
         expired = []
         for job in self.state.jobs.values():
             # a job adopted after a restart counts as heard from when adopted, and by its profiles
-            if (job.ranks or job.adopted) and now - job.last_heard > self.cfg.job_timeout:
+            if not (job.ranks or job.adopted):
+                continue
+            if now - job.last_heard > self.cfg.job_timeout:
                 log.warning("job %s: no worker heard from for %.0fs; releasing it", job.job, now - job.last_heard)
+                expired.append(job.job)
+            elif now - job.last_progress > self.cfg.job_idle_timeout:
+                log.warning("job %s: no progress (pushes, new iterations) for %.0fs; releasing it", job.job,
+                            now - job.last_progress)
                 expired.append(job.job)
         return expired
 

@@ -358,7 +358,7 @@ class Master:
             job.touched.add(info.agg_id)
             job.aggregators = sorted(set(job.table.values()))
             job.home = job.home or (job.aggregators[0] if job.aggregators else None)
-            job.last_heard = self.clock()
+            job.last_heard = job.last_progress = self.clock()
 
     def _heartbeat(self, identity: bytes, msg: wire.Message) -> None:
         agg_id = self.state.by_identity.get(identity)
@@ -413,6 +413,7 @@ class Master:
                           int(msg.get("partition_bytes") or 0),      # 0: chosen at the first DECLARE
                           int(msg.get("small_bytes") or DEFAULT_SMALL_BYTES), [], requested=requested)
             job.replicate = bool(msg.get("replicate", True))
+            job.last_heard = job.last_progress = self.clock()   # re-registering does not move them on
             self.elastic.reserve(job)
             job.home = job.aggregators[0] if job.aggregators else None
             self.state.jobs[job_id] = job
@@ -432,8 +433,7 @@ class Master:
             if rank in job.ranks and not msg.get("rejoin"):
                 raise ValueError(f"job {job_id}: rank {rank} has already joined; job ids must be unique "
                                  "per running job")
-        job.ranks.add(rank)
-        job.last_heard = self.clock()
+        job.ranks.add(rank)               # no ``last_heard``: a registration (repeated) is not progress
         if job.pending:
             job.registrations.append((identity, msg.get("req")))
         else:

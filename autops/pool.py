@@ -84,7 +84,8 @@ class JobInfo:
     recent: collections.deque = field(default_factory=collections.deque)   # (iterations, mean d) in the window
     reverts: int = 0
     revert_waiting: tuple | None = None
-    last_heard: float = field(default_factory=time.monotonic)
+    last_heard: float = field(default_factory=time.monotonic)      # any word from its workers
+    last_progress: float = field(default_factory=time.monotonic)   # its last pushes or new iterations
     # failures: server-mode keys' replicas, and what the agents compare to learn of a failover
     replicate: bool = True
     replicas: dict = field(default_factory=dict)   # key -> aggregator holding its replica

@@ -248,3 +248,37 @@ def test_claims_of_jobs_that_never_came_back_are_dropped_after_the_grace(make_ma
     assert restarted.secrets.jobs() == ["gone"]
     restarted._prune_claims(restarted.started + restarted.claim_grace)
     assert restarted.secrets.jobs() == []
+
+
+def test_a_squatter_that_only_registers_again_and_sends_empty_profiles_loses_the_job(make_master):
+    """Whoever registers a job id first owns it; one who then only repeats its registration and
+    sends profile records of no new iterations, every 5 s, is released after the idle timeout
+    (and the id with it), while a job whose records progress is kept."""
+    master = make_master()
+    now = [1000.0]
+    clock = lambda: now[0]                                    # noqa: E731
+    master.clock = master.state.clock = master.elastic.clock = clock
+    master.started = now[0] - 60.0                            # long up: registrations again are allowed
+    register_agg(master, b"agg")
+    register_agg(master, b"agg2", name="agg-1")
+    squat, real = new_job_secret(), new_job_secret()
+    one = dict(JOB, world_size=1)
+    assert ask(master, b"s0", wire.REGISTER_JOB, job="squatted", rank=0, secret=squat, **one).op == wire.OK
+    assert ask(master, b"r0", wire.REGISTER_JOB, job="real", rank=0, secret=real, **one).op == wire.OK
+    timeout = master.elastic.cfg.job_idle_timeout = 120.0
+    for i in range(1, int(2 * timeout / 5) + 2):
+        now[0] += 5.0
+        for info in master.state.aggs.values():               # the aggregators heartbeat
+            info.last_seen = clock()
+        held = "squatted" in master.state.jobs
+        again = ask(master, b"s0", wire.REGISTER_JOB, job="squatted", rank=0, secret=squat, rejoin=True, **one)
+        assert (again.op == wire.OK) == held                  # once released, its id is gone for it too
+        master._dispatch([b"s0", *wire.encode(wire.PROFILE, job="squatted", secret=squat, rank=0,
+                                              iteration=0, count=0, duration=None)])
+        master._dispatch([b"r0", *wire.encode(wire.PROFILE, job="real", secret=real, rank=0,
+                                              iteration=10 * i, count=10, duration=0.1)])
+        for job_id in master.elastic.expired_jobs(clock()):
+            master.release_job(job_id)
+        if now[0] - 1000.0 <= timeout:
+            assert "squatted" in master.state.jobs
+    assert "squatted" not in master.state.jobs and "real" in master.state.jobs

@@ -94,7 +94,7 @@ class Pool:
     def register(self, name: str, requested: int = 1) -> JobInfo:
         """A W=2 job joins and declares TENSORS (what pMaster's register and declare do)."""
         job = JobInfo(name, "secret", 2, requested, "sum", False, None, {}, 4 << 20, 64 << 10, [],
-                      requested=requested, last_heard=self.clock())
+                      requested=requested, last_heard=self.clock(), last_progress=self.clock())
         self.elastic.reserve(job)
         job.home = job.aggregators[0] if job.aggregators else None
         self.state.jobs[name] = job
@@ -345,7 +345,7 @@ def test_an_aggregator_a_job_was_given_is_not_released_before_the_job_declared()
     pool = Pool(1, provider=OwningProvider(owned={"agg-0"}))
     pool.register("X", requested=0)
     y = JobInfo("Y", "secret", 2, 0, "sum", False, None, {}, 4 << 20, 64 << 10, [], requested=0,
-                last_heard=pool.clock())
+                last_heard=pool.clock(), last_progress=pool.clock())
     pool.elastic.reserve(y)
     pool.state.jobs["Y"] = y
     assert y.aggregators == ["agg-0"] and y.best_effort
@@ -405,3 +405,46 @@ def test_static_pools_do_not_pack_but_still_time_jobs_out():
     assert job.state == "dedicated" and not pool.outbox.to(wire.MIGRATE_PREPARE)
     pool.tick(advance=6.0)
     assert "J" not in pool.state.jobs
+
+
+def test_only_progress_keeps_a_job_a_squatter_that_only_talks_is_released():
+    """A job id is its first registrant's: one who only repeats registrations and profile
+    records of no new iterations (a squatter holding the pool) loses its aggregators after the
+    idle timeout; a job whose profile records progress, or whose keys its aggregators report
+    pushed and pulled, keeps them."""
+    pool = Pool(3, job_timeout=30.0, job_idle_timeout=60.0)
+    squat, real, quiet_ps = pool.register("squat"), pool.register("real"), pool.register("pushes")
+    squat.iterations = 0
+    for _ in range(20):                                 # one message every 5 s, for 100 s
+        pool.tick(advance=5.0)
+        pool.heartbeat_all()
+        for rank in (0, 1):                             # heartbeats: the same iteration, or none
+            pool.elastic.on_profile(squat, message(wire.PROFILE, job="squat", secret="secret", rank=rank,
+                                                   iteration=0, count=0, duration=None))
+        pool.elastic.on_profile(squat, message(wire.PROFILE, job="squat", secret="secret", rank=0,
+                                               iteration=0, count=5, duration=0.1))   # no new iteration
+        if "real" in pool.state.jobs:
+            pool.report(real, 0.1)                      # iterations move on
+        if "pushes" in pool.state.jobs:                 # its aggregators saw pushes and pulls
+            pool.elastic.on_aggregator_profile({"pushes": {k: [0.01, 3] for k in quiet_ps.keys}})
+    assert "squat" not in pool.state.jobs
+    assert any(f == {"job": "squat"} for _, f in pool.outbox.to(wire.RELEASE_JOB))
+    assert "real" in pool.state.jobs and "pushes" in pool.state.jobs
+
+
+
+def test_a_job_pausing_longer_than_the_job_timeout_but_talking_keeps_its_aggregators():
+    """An evaluation or checkpoint phase: no pushes for 10 minutes, while the workers send their
+    records (no new iterations). Kept up to the idle timeout; a job whose workers went silent is
+    released after the job timeout."""
+    pool = Pool(2, job_timeout=30.0, job_idle_timeout=1800.0)
+    paused, silent = pool.register("paused"), pool.register("silent")
+    pool.report(paused, 0.1)
+    pool.report(silent, 0.1)
+    for _ in range(120):                                 # 10 minutes, a record every 5 s
+        pool.tick(advance=5.0)
+        pool.heartbeat_all()
+        if "paused" in pool.state.jobs:
+            pool.elastic.on_profile(paused, message(wire.PROFILE, job="paused", secret="secret", rank=0,
+                                                    iteration=paused.iterations, count=0, duration=None))
+    assert "paused" in pool.state.jobs and "silent" not in pool.state.jobs

@@ -49,7 +49,7 @@ def restarted(before: Pool, notes: bool = True) -> Pool:
                 job.table[key] = agg_id
                 job.adopted[old.keys[key].tensor] = CONF
             job.tensors.update({t: (s, d, CONF) for t, s, d in TENSORS})
-            job.ranks, job.last_heard = {0, 1}, after.clock()
+            job.ranks, job.last_heard, job.last_progress = {0, 1}, after.clock(), after.clock()
             job.touched.add(agg_id)
             job.aggregators = sorted(set(job.table.values()))
             job.home = job.home or job.aggregators[0]
@@ -116,6 +116,7 @@ def _adopted_job(pool: Pool, job_id: str, world: int = 2) -> JobInfo:
     """A job as ``Master._adopt`` rebuilds it: keys held, no rank registered again yet."""
     job = JobInfo(job_id, "s", world, 0, "sum", True, None, {}, 4 << 20, 64 << 10, [])
     job.state, job.adopted, job.last_heard = "dedicated", {"w": CONF}, pool.clock()
+    job.last_progress = pool.clock()
     pool.state.jobs[job_id] = job
     return job
 
