@@ -1,8 +1,10 @@
 """The master's dashboard, rendered by headless Chromium (Debian's ``chromium``).
 
-A real master runs jobs on two emulated nodes; Chromium loads ``/`` from loopback (no token
-needed there), runs the page's script, and the DOM it dumps must show the nodes, the running
-jobs on the GPU map, the waiting job with its reason, and the events.
+A real master runs jobs on two emulated nodes; Chromium loads ``/#token=TOKEN`` (loopback
+callers need a token too: the login page posts the fragment's token to ``/login``, which sets
+the cookie, and reloads), runs the page's script, and the DOM it dumps must show the nodes, the
+running jobs on the GPU map, the waiting job with its reason, and the events. Without the
+token the page is the login form and shows no job.
 """
 from __future__ import annotations
 
@@ -42,7 +44,9 @@ def test_dashboard_shows_nodes_jobs_queue_and_events(tmp_path):
         for job_id in (a, b):
             m.wait_status(job_id, "running")
         wait_for(lambda: m.job(c)["reason"], 10, "the waiting job's reason")
-        url = m.client.url + "/"
+        bare = render(m.client.url + "/", tmp_path / "bare")
+        assert "resnet-a" not in bare and "token" in bare
+        url = m.client.url + "/#token=" + m.client.token
         dom = render(url, tmp_path)
         for text in ("node0", "node1", "resnet-a", "vgg-b", "bert-c", f"j{a}", f"j{b}", "started",
                      "submitted", "policy", "las", "GPUs", "4/4"):

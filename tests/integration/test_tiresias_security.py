@@ -227,3 +227,32 @@ def test_run_as_owner_runs_a_job_as_its_owners_os_user(master, os_user):
         assert (m.state / "jobs" / str(mine)).stat().st_mode & 0o777 == 0o711
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_run_as_owner_never_looks_at_a_jobs_workdir_as_root(master, os_user):
+    """A tenant names a root-only 0700 dir (or a path in it) as its workdir and reads a relative
+    path: the submission is refused with one answer, the same for a path that does not exist."""
+    base = tempfile.mkdtemp(prefix="dlrt-runas-", dir="/tmp")
+    os.chmod(base, 0o711)
+    vault = tempfile.mkdtemp(prefix="dlrt-vault-", dir="/tmp")      # root's, 0700
+    try:
+        os.chmod(vault, 0o700)
+        secret_text = secrets.token_hex(8)
+        with open(os.path.join(vault, "secret"), "w") as f:
+            f.write(secret_text)
+        os.makedirs(os.path.join(vault, "inner"))
+        m = master("--nodes", "1x2", "--interval", "0.5", "--run-as-owner", state=os.path.join(base, "state"))
+        token, _ = add_user(m, os_user.pw_name)
+        tenant = Client(m.client.url, token)
+        answers = []
+        for workdir in (vault, os.path.join(vault, "inner"), os.path.join(vault, "nothing-here")):
+            with pytest.raises(ClientError) as err:
+                tenant.post("/api/v1/jobs", {"gpus": 1, "name": "peek", "command": ["cat", "secret"],
+                                             "workdir": workdir})
+            assert err.value.status == 400
+            answers.append(str(err.value).replace(workdir, "WORKDIR"))
+        assert answers[0] == answers[1] == answers[2] and "can enter" in answers[0], answers
+        assert secret_text not in "".join(answers)
+    finally:
+        shutil.rmtree(vault, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)

@@ -67,10 +67,14 @@ def test_bad_input_is_a_400_with_the_reason_and_nothing_is_stored(master):
                  ({**GOOD, "priority": 1}, "unknown field"), ([1, 2], "JSON object"),
                  ({**GOOD, "memory": -5}, "memory")]
         for body, reason in cases:
-            kw = {"data": body} if isinstance(body, bytes) else {"json": body}
-            r = await c.post("/api/v1/jobs", headers=AUTH, **kw)
+            kw = {"data": body, "headers": {**AUTH, "Content-Type": "application/json"}} \
+                if isinstance(body, bytes) else {"json": body, "headers": AUTH}
+            r = await c.post("/api/v1/jobs", **kw)
             assert r.status == 400, body
             assert reason in (await r.json())["error"]
+        for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+            r = await c.post("/api/v1/jobs", headers={**AUTH, "Content-Type": ctype}, data=b'{"gpus": 1}')
+            assert r.status == 415, ctype                     # a submit is JSON only (no form a page can post)
         assert master.jobs() == []
         r = await c.get("/api/v1/jobs/abc", headers=AUTH)
         assert r.status == 400
@@ -96,14 +100,16 @@ def test_metrics_need_no_token_and_describe_the_cluster(master):
     run(master, scenario)
 
 
-def test_dashboard_is_open_on_loopback_and_needs_the_token_elsewhere(master):
+def test_dashboard_needs_the_token_on_loopback_too(master):
     async def local(c):
         r = await c.get("/")
-        assert r.status == 200 and "Tiresias master" in await r.text()
-        r = await c.get("/api/v1/dashboard")
+        assert r.status == 401 and "token" in await r.text() and "Tiresias master" in await r.text()
+        assert (await c.get("/api/v1/dashboard")).status == 401
+        assert (await c.get("/api/v1/dashboard", headers={"Authorization": "Bearer wrong"})).status == 401
+        r = await c.get("/api/v1/dashboard", headers=AUTH)
         assert r.status == 200 and {"summary", "nodes", "jobs", "events"} <= set(await r.json())
-        r = await c.get("/api/v1/jobs")            # the rest of the API still needs the token
-        assert r.status == 401
+        r = await c.get("/", headers=AUTH)
+        assert r.status == 200 and "/api/v1/dashboard" in await r.text()
     run(master, local)
 
     async def remote(c):

@@ -204,9 +204,12 @@ def test_dashboard_of_a_master_bound_beyond_loopback_needs_a_token_even_from_loo
     assert refused["no_token"] == 2 and refused["bad_token"] == 1
 
     async def loopback(c):
-        board = await (await c.get("/api/v1/dashboard")).json()       # loopback master: open, as before
+        assert (await c.get("/api/v1/dashboard")).status == 401      # loopback is not trusted either
+        assert (await c.get("/")).status == 401
+        board = await (await c.get("/api/v1/dashboard", headers=bearer(tokens["operator"]))).json()
         assert sorted(j["name"] for j in board["jobs"]) == ["alices", "bobs"]
-        assert (await c.get("/api/v1/jobs")).status == 401
+        board = await (await c.get("/api/v1/dashboard", headers=bearer(tokens["bob"]))).json()
+        assert [j["name"] for j in board["jobs"]] == ["bobs"]
     run(master, loopback)
 
 
@@ -245,3 +248,27 @@ def test_user_env_cannot_choose_the_secret(tmp_path):
     m.tick()
     assert ex.launched[-1].env[SECRET_ENV] != "chosen-by-the-user"
     m.close()
+
+
+def test_host_rule_names_only_the_master_and_origin_must_be_its_own():
+    from aiohttp.test_utils import make_mocked_request
+
+    from tiresias.service.auth import HostRule, same_origin
+    local = HostRule(public=False, extra=[])
+    for host in ("127.0.0.1", "127.0.0.1:8470", "localhost:8470", "LOCALHOST", "[::1]:8470", "[::1]"):
+        assert local.allows(host), host
+    for host in ("", "evil.example", "evil.example:8470", "10.0.0.5:8470", "127.0.0.1:x", "[::1]x",
+                 "localhost.evil.example", "127.0.0.1.nip.io", "a@127.0.0.1", "[::1"):
+        assert not local.allows(host), host
+    public = HostRule(public=True, bind="0.0.0.0", extra=["tiresias.example.org"])
+    assert public.allows("10.0.0.5:8470") and public.allows("tiresias.example.org")
+    assert not public.allows("evil.example")
+
+    def origin_ok(host, origin=None):
+        headers = {"Host": host, **({"Origin": origin} if origin is not None else {})}
+        return same_origin(make_mocked_request("POST", "/api/v1/jobs", headers=headers))
+    assert origin_ok("127.0.0.1:8470") and origin_ok("127.0.0.1:8470", "http://127.0.0.1:8470")
+    assert origin_ok("localhost", "http://localhost") and origin_ok("[::1]:9", "http://[::1]:9")
+    for origin in ("http://evil.example", "http://127.0.0.1:8471", "null", "file://", "http://127.0.0.1",
+                   "ftp://127.0.0.1:8470", "http://localhost:8470"):
+        assert not origin_ok("127.0.0.1:8470", origin), origin

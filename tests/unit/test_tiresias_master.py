@@ -8,6 +8,7 @@ none started twice, service kept), and the two report feeds steering placement.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -271,13 +272,40 @@ def test_measured_skew_consolidates_from_the_next_start(tmp_path):
     m.tick()
     assert status(m, j) == "running" and len(ex.launched[-1].placement) == 2   # spread: skew unknown
     report = {"type": "autops.utilization", "version": 1, "master": "tcp://127.0.0.1:5555",
-              "jobs": [{"job": autops_job_name(j, 1), "skew": 0.71, "tensors": 38}]}
+              "jobs": [{"job": ex.launched[-1].env["AUTOPS_JOB"], "skew": 0.71, "tensors": 38}]}
     assert feed.ingest(b"autops.utilization " + json.dumps(report).encode())
     m.tick()
     assert m.job(j)["skew"] == pytest.approx(0.71) and m.job(j)["skew_measured"]
     ex.end(j, 1, None, lost=True)                     # it must start again: consolidated now
     m.tick()
     assert status(m, j) == "preempted" and "PACKLIMIT" in m.job(j)["reason"]
+
+
+def test_autops_job_names_are_unguessable_per_run_and_survive_a_restart(tmp_path):
+    """Whoever registers an AutoPS job id first owns it: a run's AUTOPS_JOB carries a tag derived
+    from the job's secret, so nobody can name it from the job id and run number."""
+    names = {}
+    for state in ("a", "b"):                           # two masters: the same job ids and run numbers
+        m, clock, ex = make(tmp_path / state, autops_master="tcp://127.0.0.1:5555")
+        j = m.submit(spec(1, "ps", autops_aggregators=1))["id"]
+        m.tick()
+        first = ex.launched[-1].env["AUTOPS_JOB"]
+        ex.end(j, 1, None, lost=True)
+        m.tick()
+        m.tick()
+        second = ex.launched[-1].env["AUTOPS_JOB"]
+        assert ex.launched[-1].run == 2
+        for run, name in ((1, first), (2, second)):
+            assert re.fullmatch(rf"tiresias-{j}-r{run}-[0-9a-f]{{16}}", name), name
+            assert name == autops_job_name(j, run, m.runs[j].secret)
+        names[state] = (first, second)
+        m.close()
+    assert names["a"][0] != names["a"][1]              # each run registers a new job
+    assert names["a"][0] != names["b"][0] and names["a"][1] != names["b"][1]   # not from id and run alone
+    m2 = Master(MasterConfig(str(tmp_path / "a" / "state"), thresholds=(100.0,), stop_grace=10.0, interval=1.0),
+                FakeExecutor(), reports=ReportFeed(clock=Clock()), clock=Clock())
+    assert autops_job_name(j, 2, m2.runs[j].secret) == names["a"][1]     # the same after a restart
+    m2.close()
 
 
 def test_declared_memory_places_where_reports_say_it_fits(tmp_path, monkeypatch):

@@ -18,9 +18,12 @@ who may do what is ``tiresias.service.users``' roles, checked through ``auth``):
     GET  /                              the dashboard (read-only)
 
 A user asking for another user's job gets the 404 of a job that does not exist. The
-dashboard and its data (``/api/v1/dashboard``) need no token from a loopback client of a
-master bound to loopback; otherwise the token is entered once on a login form and kept in
-an HttpOnly cookie. A refused request gets 400 (bad input, with the reason), 401 (no or
+dashboard and its data (``/api/v1/dashboard``) need a token like the rest, loopback callers
+too: it is entered once on a login form (or given as ``/#token=TOKEN``) and kept in an
+HttpOnly cookie. A viewer sees no log content: a failed job's ``detail`` (which ends with
+the tail of its log) shows a viewer its first line only. Requests whose ``Host`` is not the
+master's, and cross-origin writes, get 403 (``auth``); a submit must be
+``application/json`` (else 415). A refused request gets 400 (bad input, with the reason), 401 (no or
 wrong token), 403 (a role that may not) or 404, and nothing is stored. Master calls run in
 a thread pool: a pass never blocks the server.
 """
@@ -28,21 +31,30 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
+import math
 import pathlib
+import re
 from typing import Any, Callable
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from .auth import COOKIE, Authenticator, Refusals, login_handler, middleware, owner_scope, require
+from .auth import (COOKIE, PRINCIPAL, Authenticator, HostRule, Refusals, login_handler, middleware, owner_scope,
+                   require)
 from .master import Master, NotFound, Refused
-from .users import OPERATOR, USER
+from .users import OPERATOR, USER, VIEWER
 
 __all__ = ["build_app", "COOKIE"]
 
 STATIC = pathlib.Path(__file__).with_name("static")
 SUBMITTERS = (OPERATOR, USER)
+
+MAX_BODY = 1 << 20             # bytes of a request body
+MAX_DEPTH = 32                 # nesting of a JSON body (a job spec needs 3)
+MAX_QUERY_INT = 1 << 53        # offset, since, limit and job ids above this are refused
+_INT_RE = re.compile(r"[+-]?[0-9]{1,20}")
 
 
 @web.middleware
@@ -60,32 +72,36 @@ def _error(status: int, message: str) -> web.Response:
 
 
 def build_app(master: Master, auth: Authenticator | str, public: bool = False,
-              refusals: Refusals | None = None) -> web.Application:
+              refusals: Refusals | None = None, hosts: HostRule | None = None,
+              guard: Any = None) -> web.Application:
     """The API of ``master``. ``auth``: an ``Authenticator`` (a bare token: the operator's only);
-    ``public``: the master listens beyond loopback (the dashboard then needs a token everywhere)."""
+    ``public``: the master listens beyond loopback (``hosts``: the Host names it answers,
+    ``auth.HostRule``); ``guard``: a ``httpguard.ConnectionGuard`` whose middleware times requests."""
     if isinstance(auth, str):
         auth = Authenticator(auth)
     refusals = refusals or Refusals()
-    app = web.Application(middlewares=[middleware(auth, refusals, public), _errors], client_max_size=1 << 20)
+    first = [guard.middleware()] if guard is not None else []
+    app = web.Application(middlewares=[*first, middleware(auth, refusals, public, hosts), _errors],
+                          client_max_size=MAX_BODY)
 
     async def call(fn: Callable, *args: Any, **kwargs: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args, **kwargs))
 
     async def submit(request: web.Request) -> web.Response:
         owner = require(request, *SUBMITTERS).name
-        try:
-            spec = await request.json()
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise Refused(f"malformed JSON: {exc}") from None
+        if request.content_type != "application/json":
+            return _error(415, f"a job is submitted as application/json, not {request.content_type or 'nothing'}")
+        spec = _parse_json(await request.read())
         return web.json_response(await call(master.submit, spec, owner=owner), status=201)
 
     async def jobs(request: web.Request) -> web.Response:
         status = request.query.get("status")
-        return web.json_response(await call(master.jobs, status.split(",") if status else None,
-                                            owner=owner_scope(request)))
+        return web.json_response(_redact(request, await call(master.jobs, status.split(",") if status else None,
+                                                             owner=owner_scope(request))))
 
     async def job(request: web.Request) -> web.Response:
-        return web.json_response(await call(master.job, _job_id(request), owner=owner_scope(request)))
+        return web.json_response(_redact(request, [await call(master.job, _job_id(request),
+                                                              owner=owner_scope(request))])[0])
 
     async def cancel(request: web.Request) -> web.Response:
         require(request, *SUBMITTERS)
@@ -109,7 +125,7 @@ def build_app(master: Master, auth: Authenticator | str, public: bool = False,
     async def events(request: web.Request) -> web.Response:
         job_id = request.query.get("job")
         return web.json_response(await call(master.events, _int_query(request, "since", 0),
-                                            int(job_id) if job_id and job_id.isdigit() else None,
+                                            _id_of("job", job_id) if job_id else None,
                                             min(1000, _int_query(request, "limit", 200)),
                                             owner=owner_scope(request)))
 
@@ -117,7 +133,9 @@ def build_app(master: Master, auth: Authenticator | str, public: bool = False,
         return web.json_response(await call(master.summary))
 
     async def dashboard_data(request: web.Request) -> web.Response:
-        return web.json_response(await call(master.dashboard, owner=owner_scope(request)))
+        board = await call(master.dashboard, owner=owner_scope(request))
+        _redact(request, board["jobs"])
+        return web.json_response(board)
 
     async def dashboard(request: web.Request) -> web.Response:
         return web.FileResponse(STATIC / "dashboard.html")
@@ -140,21 +158,80 @@ def build_app(master: Master, auth: Authenticator | str, public: bool = False,
     return app
 
 
+def _redact(request: web.Request, views: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A viewer reads no log content: a job's ``detail`` (a failed job's ends with the tail of
+    its log) is cut to its first line."""
+    principal = request.get(PRINCIPAL)
+    if principal is not None and principal.role == VIEWER:
+        for view in views:
+            if view.get("detail"):
+                view["detail"] = view["detail"].splitlines()[0]
+    return views
+
+
 def _job_id(request: web.Request) -> int:
-    raw = request.match_info["id"]
-    if not raw.isdigit():
-        raise Refused(f"job id must be a number, got {raw!r}")
+    return _id_of("job id", request.match_info["id"])
+
+
+def _id_of(name: str, raw: str) -> int:
+    """A job id: ASCII digits only (``str.isdigit`` also takes '²' and '٣'), at most ``MAX_QUERY_INT``."""
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 20 or int(raw) > MAX_QUERY_INT:
+        raise Refused(f"{name} must be a number (ASCII digits, at most {MAX_QUERY_INT}), got {raw[:40]!r}")
     return int(raw)
 
 
 def _int_query(request: web.Request, name: str, default: int) -> int:
+    """A non-negative integer query parameter (a negative one counts as 0), at most ``MAX_QUERY_INT``."""
     raw = request.query.get(name)
     if raw is None:
         return default
+    if not _INT_RE.fullmatch(raw):
+        raise Refused(f"{name} must be an integer, got {raw[:40]!r}")
+    value = int(raw)
+    if value > MAX_QUERY_INT:
+        raise Refused(f"{name} must be at most {MAX_QUERY_INT}, got {raw}")
+    return max(0, value)
+
+
+def _parse_json(body: bytes) -> Any:
+    """A request's JSON body; ``Refused`` when it is not UTF-8 JSON, nests deeper than
+    ``MAX_DEPTH``, or holds a non-finite number (``NaN``, ``Infinity``, ``1e999``)."""
     try:
-        return max(0, int(raw))
-    except ValueError:
-        raise Refused(f"{name} must be an integer, got {raw!r}") from None
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Refused(f"malformed JSON: not UTF-8 ({exc.reason})") from None
+    if text.count("[") + text.count("{") > MAX_DEPTH and _depth(text) > MAX_DEPTH:
+        raise Refused(f"malformed JSON: nested deeper than {MAX_DEPTH} levels")
+    try:
+        return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
+    except Refused:
+        raise
+    except (ValueError, RecursionError) as exc:
+        raise Refused(f"malformed JSON: {exc}") from None
+
+
+def _depth(text: str) -> int:
+    """The deepest nesting of arrays and objects in JSON ``text`` (brackets in strings skipped)."""
+    depth = deepest = 0
+    for m in re.finditer(r'"(?:[^"\\]|\\.)*"|[\[{]|[\]}]', text):
+        c = m.group()
+        if c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth -= 1
+    return deepest
+
+
+def _no_constant(name: str) -> float:
+    raise Refused(f"malformed JSON: {name} is not a number this API accepts (finite numbers only)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise Refused(f"malformed JSON: {text[:40]} is out of range (finite numbers only)")
+    return value
 
 
 class _Collector:
@@ -196,7 +273,7 @@ class _Collector:
                 free.add_metric([node["name"]], node["memory_free_bytes"])
         yield free
         refused = CounterMetricFamily("tiresias_auth_refusals", "API requests refused, by reason "
-                                      "(no_token, bad_token, role)", labels=["reason"])
+                                      "(no_token, bad_token, role, host, origin)", labels=["reason"])
         for reason, n in sorted(self.refusals.snapshot().items()):
             refused.add_metric([reason], n)
         yield refused

@@ -4,13 +4,18 @@
 compared with ``hmac.compare_digest``) or a user's (``users.UserDirectory``). ``middleware``
 puts the caller's principal on every request (``request[PRINCIPAL]``) or refuses it:
 
-* ``/metrics`` needs nothing;
+* a request whose ``Host`` is not one of the master's own names (``HostRule``: for a
+  loopback bind 127.0.0.1, localhost, [::1], any port) gets 403 (reason ``host``): a web
+  page that rebinds its DNS name to 127.0.0.1 cannot read the API;
+* a write (POST...) whose ``Origin`` is present and is not the master's own (the origin of
+  its ``Host``) gets 403 (reason ``origin``): another site or local web page cannot post;
+* ``/metrics`` needs nothing more;
 * ``POST /login`` (the dashboard's form) checks the token it is given itself and sets it as
   an HttpOnly, SameSite=Strict cookie;
-* the dashboard (``/``, ``/api/v1/dashboard``) is open without a token only when the master
-  is bound to loopback and the caller is on loopback (``public=False``); a master bound
-  beyond loopback (``public=True``) asks everyone for a token, loopback callers too;
-* everything else needs ``Authorization: Bearer TOKEN`` (or the dashboard's cookie).
+* everything else, the dashboard (``/``, ``/api/v1/dashboard``) included, needs a token:
+  ``Authorization: Bearer TOKEN`` or the dashboard's cookie. A loopback caller is no more
+  trusted than any other (every local user's processes reach loopback); ``/`` without a
+  token answers the login form.
 
 A handler states the roles an action needs with ``require``. Every refusal (no token:
 ``no_token``, an unknown or revoked token: ``bad_token``, a role that may not: ``role``)
@@ -24,8 +29,11 @@ import asyncio
 import hmac
 import ipaddress
 import logging
+import os
+import socket
 import threading
 from typing import Awaitable, Callable
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -38,7 +46,78 @@ OPEN_PATHS = {"/metrics"}
 DASHBOARD_PATHS = {"/", "/api/v1/dashboard"}
 LOGIN_PATH = "/login"
 REASONS = ("no_token", "bad_token", "role")
-PRINCIPAL: web.RequestKey[Principal | None] = web.RequestKey("principal")   # None: the open dashboard
+PRINCIPAL: web.RequestKey[Principal | None] = web.RequestKey("principal")
+SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
+LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
+
+
+class HostRule:
+    """Which ``Host`` headers name this master. Bound to loopback: a loopback address or
+    ``localhost``. Bound beyond loopback: also any IP literal (a DNS-rebinding page always
+    sends its own name), the bind name, this machine's host name and FQDN, and the names in
+    ``$TIRESIAS_ALLOWED_HOSTS`` (comma-separated, e.g. a proxy's public name)."""
+
+    def __init__(self, public: bool = False, bind: str | None = None, extra: list[str] | None = None) -> None:
+        self.public = public
+        names = set(LOOPBACK_NAMES)
+        if extra is None:
+            extra = [h for h in os.environ.get("TIRESIAS_ALLOWED_HOSTS", "").split(",") if h.strip()]
+        names.update(h.strip().lower().rstrip(".") for h in extra)
+        if public:
+            if bind:
+                names.add(bind.strip("[]").lower())
+            for name in (socket.gethostname(), socket.getfqdn()):
+                if name:
+                    names.add(name.lower().rstrip("."))
+        self.names = names
+
+    def allows(self, host_header: str) -> bool:
+        host = _hostname(host_header)
+        if not host:
+            return False
+        try:
+            ip = ipaddress.ip_address(host.split("%")[0])
+        except ValueError:
+            return host in self.names
+        return ip.is_loopback or self.public
+
+
+def _hostname(host_header: str) -> str:
+    """The name of a ``Host`` header (``name[:port]``, ``[v6][:port]``), lower case; '' if malformed."""
+    h = (host_header or "").strip().lower()
+    if h.startswith("["):
+        end = h.find("]")
+        if end < 0 or (h[end + 1:] and not (h[end + 1] == ":" and h[end + 2:].isdigit())):
+            return ""
+        return h[1:end]
+    name, sep, port = h.rpartition(":") if ":" in h else (h, "", "")
+    if sep and not port.isdigit():
+        return ""
+    if any(c in name for c in "/@\\ ") or not name:
+        return ""
+    return name.rstrip(".")
+
+
+def same_origin(request: web.Request) -> bool:
+    """``Origin`` (when present) names the master's own origin: the one its ``Host`` header gives."""
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return True
+    try:
+        parts = urlsplit(origin.strip())
+        port = parts.port
+    except ValueError:
+        return False
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return False
+    default = 80 if parts.scheme == "http" else 443
+    origin_host = parts.hostname.lower().rstrip(".")
+    origin_port = port or default
+    host = _hostname(request.headers.get("Host", ""))
+    raw = request.headers.get("Host", "").strip().lower()
+    tail = raw.rsplit("]", 1)[-1] if raw.startswith("[") else raw
+    host_port = int(tail.rpartition(":")[2]) if ":" in tail else default
+    return origin_host == host and origin_port == host_port
 
 
 class Forbidden(Exception):
@@ -92,9 +171,11 @@ def require(request: web.Request, *roles: str) -> Principal:
 
 
 def owner_scope(request: web.Request) -> str | None:
-    """Whose jobs the caller sees: None for all (operator, viewer, the open dashboard), else its name."""
+    """Whose jobs the caller sees: None for all (operator, viewer), else its name."""
     principal = request.get(PRINCIPAL)
-    return None if principal is None or principal.sees_all else principal.name
+    if principal is None:
+        raise Forbidden(f"a caller without a token may not {request.method} {request.path}")
+    return None if principal.sees_all else principal.name
 
 
 def given_token(request: web.Request) -> str:
@@ -130,25 +211,27 @@ def refuse(request: web.Request, refusals: Refusals, reason: str, status: int, m
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def middleware(auth: Authenticator, refusals: Refusals, public: bool) -> Callable[..., Awaitable[web.StreamResponse]]:
+def middleware(auth: Authenticator, refusals: Refusals, public: bool,
+               hosts: HostRule | None = None) -> Callable[..., Awaitable[web.StreamResponse]]:
     """The aiohttp middleware described in the module docstring."""
+    hosts = hosts or HostRule(public)
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
+        if not hosts.allows(request.headers.get("Host", "")):
+            return refuse(request, refusals, "host", 403, "this Host is not the master's")
+        if request.method not in SAFE_METHODS and not same_origin(request):
+            return refuse(request, refusals, "origin", 403, "cross-origin request refused")
         if path in OPEN_PATHS or path == LOGIN_PATH:
             return await handler(request)
         token = given_token(request)
         principal = await _lookup(auth, token)
         if principal is None:
-            if path in DASHBOARD_PATHS and not public and is_loopback_peer(request):
-                request[PRINCIPAL] = None              # the open loopback dashboard
-            else:
-                reason = "bad_token" if token else "no_token"
-                return refuse(request, refusals, reason, 401, "missing or wrong bearer token (see STATE/token, "
-                              "or tiresias ... --state DIR / --token-file FILE)")
-        else:
-            request[PRINCIPAL] = principal
+            reason = "bad_token" if token else "no_token"
+            return refuse(request, refusals, reason, 401, "missing or wrong bearer token (see STATE/token, "
+                          "or tiresias ... --state DIR / --token-file FILE)")
+        request[PRINCIPAL] = principal
         try:
             return await handler(request)
         except Forbidden as exc:
@@ -186,4 +269,13 @@ def login_page(error: str = "") -> str:
     return ("<!doctype html><title>Tiresias</title><h1>Tiresias master</h1>"
             "<p>The dashboard needs a token: the master's (STATE/token) or a user's.</p>" + note +
             "<form method=post action=/login><input name=token type=password size=50 autofocus> "
-            "<button>Open</button></form>")
+            "<button>Open</button></form>" + LOGIN_SCRIPT)
+
+
+# ``/#token=TOKEN`` logs in without the form (the fragment never reaches the server or its
+# logs): the page posts it to /login, which sets the cookie, and reloads.
+LOGIN_SCRIPT = ("<script>const m = location.hash.match(/^#token=(.+)$/);"
+                "if (m) { history.replaceState(null, '', location.pathname);"
+                "fetch('/login', {method: 'POST', credentials: 'same-origin',"
+                " body: new URLSearchParams({token: decodeURIComponent(m[1])})})"
+                ".then(r => { if (r.ok) location.replace('/'); }); }</script>")

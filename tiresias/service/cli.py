@@ -136,6 +136,9 @@ def _master_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--interval", type=cli.positive(float), default=5.0, help="seconds between scheduling passes")
     p.add_argument("--stop-grace", type=cli.non_negative(float), default=30.0,
                    help="seconds a job has to checkpoint and exit before SIGTERM (SIGKILL 5 s later)")
+    p.add_argument("--backup-interval", type=cli.non_negative(float), default=600.0,
+                   help="seconds between backups of STATE/state.db to STATE/state.db.bak (also made at start "
+                        "and at a clean stop; 0: only then)")
     p.add_argument("--checkpoint-root", default=None,
                    help="where checkpoints live, a path every node sees (default: STATE/checkpoints)")
     p.add_argument("--autops-master", type=cli.address, default=None, metavar="ADDR",
@@ -186,6 +189,7 @@ def cmd_master(args) -> int:
             executor = RayExecutor(args.ray_address)
         reports = ReportFeed(args.autops_reports, args.infiniswap_reports, max_age=args.report_max_age)
         master = Master(config, executor, reports=reports)
+        master.store.start_backups(args.backup_interval)     # the database passed its check
         return serve(master, host, port, ready=lambda url: owner.record(url=url))
     finally:
         owner.release()

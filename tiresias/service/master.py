@@ -29,6 +29,8 @@ Every public method takes the master's lock; the HTTP API and the scheduling thr
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import os
 import re
@@ -61,6 +63,10 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 LOG_TAIL_BYTES = 2000
 OPERATOR_OWNER = "operator"
 SECRET_ENV = "AUTOPS_JOB_SECRET"
+
+
+SPEC_LIMITS = {"memory": 1 << 50, "autops_aggregators": 4096}   # bytes (1 PiB); aggregators
+MAX_DURATION = 10 * 365 * 86400.0                                 # seconds (also refuses NaN, inf)
 
 
 class Refused(ValueError):
@@ -207,11 +213,13 @@ class Master:
     def submit(self, spec: dict[str, Any], owner: str = OPERATOR_OWNER) -> dict[str, Any]:
         """Validate and store ``owner``'s job; it is scheduled at the next pass (woken now)."""
         clean = self._validate(spec)
+        acct = None
         if self.config.run_as_owner:
             try:
-                self.os_account(owner)
+                acct = self.os_account(owner)
             except runas.NoAccount as exc:
                 raise Refused(f"jobs run as their owner's OS user here: {exc}") from None
+        self._check_workdir(clean, acct)
         with self.lock:
             now = self.clock()
             self.driver.advance(now)
@@ -233,6 +241,22 @@ class Master:
         if name is None and owner == OPERATOR_OWNER:
             return None                          # the operator's jobs: the master's user, unless mapped
         return runas.account(name or owner)
+
+    def _check_workdir(self, clean: dict[str, Any], acct: runas.Account | None) -> None:
+        """The job's workdir must be a directory its user can enter. A job of another OS user is
+        checked as that user (never as root: the answer would tell whether any path exists),
+        one answer for a path that is not there and one the user may not reach; without a
+        workdir it starts in / (not in the master's)."""
+        workdir = clean.pop("workdir_given", None)
+        if acct is None:
+            workdir = workdir or os.getcwd()
+            if not os.path.isdir(workdir):
+                raise Refused(f"workdir {workdir!r} is not a directory on the master")
+        else:
+            workdir = workdir or "/"
+            if not runas.can_enter(acct, workdir):
+                raise Refused(runas.cannot_enter(acct, workdir))
+        clean["workdir"] = workdir
 
     def _validate(self, spec: Any) -> dict[str, Any]:
         if not isinstance(spec, dict):
@@ -264,6 +288,8 @@ class Master:
             v = spec.get(key)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise Refused(f"{key} must be a positive integer, got {v!r}")
+            if v is not None and v > SPEC_LIMITS[key]:
+                raise Refused(f"{key} must be at most {SPEC_LIMITS[key]}, got {v}")
             clean[key] = v
         if clean["memory"] is not None:
             from .cgroup import unavailable
@@ -274,8 +300,9 @@ class Master:
             raise Refused("the job asks for AutoPS aggregators but the master has no --autops-master")
         duration = spec.get("duration")
         if duration is not None and (isinstance(duration, bool) or not isinstance(duration, (int, float))
-                                     or not duration > 0):
-            raise Refused(f"duration must be a positive number of seconds, got {duration!r}")
+                                     or not 0 < duration <= MAX_DURATION):
+            raise Refused(f"duration must be a positive number of seconds (at most {MAX_DURATION:g}), "
+                          f"got {duration!r}")
         if duration is None and self.config.policy in ("srtf", "srsf"):
             raise Refused(f"policy {self.config.policy} needs each job's --duration")
         clean["duration"] = float(duration) if duration is not None else None
@@ -283,10 +310,11 @@ class Master:
         if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise Refused("env must map strings to strings")
         clean["env"] = env
-        workdir = spec.get("workdir") or os.getcwd()
-        if not isinstance(workdir, str) or not os.path.isdir(workdir):
-            raise Refused(f"workdir {workdir!r} is not a directory on the master")
-        clean["workdir"] = workdir
+        workdir = spec.get("workdir")
+        if workdir is not None and (not isinstance(workdir, str) or "\0" in workdir
+                                    or not os.path.isabs(workdir)):
+            raise Refused(f"workdir must be an absolute path, got {workdir!r}")
+        clean["workdir_given"] = workdir or None        # checked by ``_check_workdir``, as the job's user
         model = spec.get("model")
         if model is not None and not isinstance(model, str):
             raise Refused("model must be a string")
@@ -453,7 +481,7 @@ class Master:
         if acct is not None:
             env.update(runas.account_env(acct))
         if spec.get("autops_aggregators"):
-            env.update({"AUTOPS_MASTER": self.config.autops_master, "AUTOPS_JOB": autops_job_name(job_id, run.run),
+            env.update({"AUTOPS_MASTER": self.config.autops_master, "AUTOPS_JOB": autops_job_name(job_id, run.run, run.secret),
                         "AUTOPS_AGGREGATORS": str(spec["autops_aggregators"])})
         memory = spec.get("memory")
         launcher = spec.get("launcher") or default_launcher(spec["command"])     # older specs lack it
@@ -587,8 +615,10 @@ class Master:
         if not skews:
             return
         for job_id, run in self.runs.items():
+            if run.secret is None:
+                continue                                   # never launched with AutoPS since secrets
             for r in range(run.run, 0, -1):
-                measured = skews.get(autops_job_name(job_id, r))
+                measured = skews.get(autops_job_name(job_id, r, run.secret))
                 if measured is not None:
                     if run.skew_measured != measured:
                         run.skew_measured = measured
@@ -805,7 +835,10 @@ class Master:
             self.store.close()
 
 
-def autops_job_name(job_id: int, run: int) -> str:
-    """The AutoPS job name of a run (a new registration per run)."""
-    return f"tiresias-{job_id}-r{run}"
+def autops_job_name(job_id: int, run: int, secret: str) -> str:
+    """The AutoPS job name of a run (a new registration per run): ``tiresias-ID-rRUN-TAG``, TAG
+    16 hex digits of an HMAC of the job's secret, so that nobody without the secret can name
+    (and register first, squatting) a run's AutoPS job; the same after a master restart."""
+    tag = hmac.new(secret.encode(), f"tiresias autops job {job_id} r{run}".encode(), hashlib.sha256).hexdigest()
+    return f"tiresias-{job_id}-r{run}-{tag[:16]}"
 

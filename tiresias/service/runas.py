@@ -6,9 +6,13 @@
   0700; its log file the user's, 0600, in a job dir the master keeps (0711: the user reaches
   its log, never the run dirs where the supervisor keeps its records). The operator's jobs,
   which run as the master's own user, get the same modes.
-* ``dropper(account, first)``: a ``preexec_fn`` for the job's processes that runs ``first``
-  (joining a memory cgroup needs root) and then gives up root for good: supplementary groups,
-  gid, uid.
+* ``dropper(account, first, workdir)``: a ``preexec_fn`` for the job's processes that runs
+  ``first`` (joining a memory cgroup needs root), gives up root for good (supplementary groups,
+  gid, uid) and only then enters the job's ``workdir``: no path of the job is looked at as root.
+* ``can_enter(account, path)``: whether ``account`` can enter ``path``, tried in a child process
+  that is already that user (the caller learns nothing a root check would tell: a path that
+  does not exist and one the user may not reach answer the same); ``cannot_enter`` is the
+  message for both.
 * ``touch_control`` / ``remove_control(s)`` / ``read_control``: the master's stop-request files
   live in a dir the job's user owns, so they are created, removed and read relative to
   directory descriptors opened with ``O_NOFOLLOW``: a symlink the job plants there cannot make
@@ -19,6 +23,7 @@ from __future__ import annotations
 import os
 import pwd
 import stat
+import subprocess
 from dataclasses import dataclass
 from typing import Callable
 
@@ -72,15 +77,39 @@ def _chmod_dir(path: str, mode: int) -> None:
         os.close(fd)
 
 
-def dropper(acct: Account, first: Callable[[], None] | None = None) -> Callable[[], None]:
-    """A ``preexec_fn``: ``first()`` (as root), then become ``acct`` (groups, gid, uid)."""
+def dropper(acct: Account, first: Callable[[], None] | None = None,
+            workdir: str | None = None) -> Callable[[], None]:
+    """A ``preexec_fn``: ``first()`` (as root), then become ``acct`` (groups, gid, uid), then
+    enter ``workdir`` as ``acct`` (give ``Popen`` no ``cwd``: it enters it before this runs)."""
     def drop() -> None:
         if first is not None:
             first()
         os.initgroups(acct.name, acct.gid)
         os.setgid(acct.gid)
         os.setuid(acct.uid)
+        if workdir is not None:
+            os.chdir(workdir)
     return drop
+
+
+def cannot_enter(acct: Account, path: str) -> str:
+    """The one answer for a workdir ``acct`` cannot enter, whether or not it exists."""
+    return f"workdir {path!r} is not a directory that OS user {acct.name!r} can enter"
+
+
+def can_enter(acct: Account, path: str, timeout: float = 30.0) -> bool:
+    """Whether ``acct`` can enter the directory ``path`` (an absolute path): ``cd`` in a child
+    that became ``acct`` before it looks at the path (root never does)."""
+    if not os.path.isabs(path):
+        return False
+    try:
+        r = subprocess.run(["/bin/sh", "-c", 'cd -- "$1"', "sh", path], cwd="/", env={"PATH": "/usr/bin:/bin"},
+                           user=acct.uid, group=acct.gid, extra_groups=os.getgrouplist(acct.name, acct.gid),
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=timeout)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return r.returncode == 0
 
 
 def _open_dir(parent: str, name: str) -> int:

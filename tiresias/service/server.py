@@ -6,7 +6,8 @@ users' tokens live (hashed) in the state database (``tiresias master users``).
 given ``--state DIR`` find it. The state dir is made 0711: others cannot list it or read
 its database, token or run records, but a job running as its owner's OS user still reaches
 its checkpoint dir under it. A master bound beyond loopback asks for a token on the
-dashboard too. SIGTERM or SIGINT stops the master cleanly: the HTTP server closes, the scheduling
+dashboard too, and every caller needs one (loopback is not trusted). ``httpguard`` bounds
+slow and excess connections. SIGTERM or SIGINT stops the master cleanly: the HTTP server closes, the scheduling
 thread finishes its pass, state is written. Jobs keep running — a restarted master
 re-attaches them.
 """
@@ -25,7 +26,8 @@ from aiohttp import web
 from dlrt.endpoints import is_loopback
 
 from .api import build_app
-from .auth import Authenticator
+from .auth import Authenticator, HostRule
+from .httpguard import KEEPALIVE_TIMEOUT_S, ConnectionGuard, connection_cap, raise_nofile, rate_limited_accept_errors
 from .master import Master
 from .users import UserDirectory
 
@@ -76,8 +78,13 @@ def serve(master: Master, host: str, port: int, ready=None) -> int:
 
 
 async def _http(master: Master, auth: Authenticator, host: str, port: int, ready) -> int:
-    runner = web.AppRunner(build_app(master, auth, public=not is_loopback(host)), access_log=None)
+    public = not is_loopback(host)
+    guard = ConnectionGuard(connection_cap(raise_nofile()))
+    rate_limited_accept_errors(asyncio.get_running_loop(), guard)
+    app = build_app(master, auth, public=public, hosts=HostRule(public, bind=host), guard=guard)
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=KEEPALIVE_TIMEOUT_S)
     await runner.setup()
+    guard.install(runner.server)
     site = web.TCPSite(runner, host, port)
     try:
         await site.start()

@@ -15,10 +15,19 @@ The schema carries a version (``meta.schema_version``); ``MIGRATIONS[i]`` upgrad
 ``i`` to ``i + 1``, so a master started on an older state dir upgrades it in place. Writes
 happen in short transactions; WAL with ``synchronous=NORMAL`` survives a killed master
 (not a power cut of the last transaction).
+
+A damaged database is refused, never run on nor silently replaced: opening one runs
+``PRAGMA quick_check`` and decodes every job row; an existing empty (0-byte) file is refused
+too (a missing one is a fresh start). Each refusal is one ``StateError`` line naming the file
+and how to restore ``STATE/state.db.bak``, the copy the master keeps with SQLite's online
+backup API (``Store.start_backups``: at start, every interval and at a clean stop, each
+written to a temporary file and renamed over the last, and only from a database that passes
+its check).
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -89,6 +98,12 @@ TERMINAL = ("finished", "failed", "cancelled")
 STATUSES = ACTIVE + TERMINAL
 
 _JSON_COLUMNS = ("spec", "placement", "handle")
+_JSON_TYPES = {"spec": dict, "placement": list, "handle": dict}
+
+BACKUP_SUFFIX = ".bak"
+DEFAULT_BACKUP_INTERVAL = 600.0
+
+log = logging.getLogger("tiresias.store")
 
 
 class StateError(RuntimeError):
@@ -100,16 +115,119 @@ class Store:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.backup_path = path + BACKUP_SUFFIX
         self._lock = threading.RLock()
+        self._backup_stop: threading.Event | None = None
+        self._backup_thread: threading.Thread | None = None
+        if path != ":memory:" and os.path.exists(path) and os.path.getsize(path) == 0:
+            raise StateError(self._damaged("is an empty file (0 bytes)"))
         try:
             _private_file(path)
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10.0)
+        except sqlite3.DatabaseError as exc:
+            raise StateError(f"state database {path}: {exc}") from None
+        try:
             self._db.row_factory = sqlite3.Row
+            problem = self._check()
+            if problem:
+                raise StateError(self._damaged(f"is corrupt ({problem})"))
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self.upgraded_from = self._upgrade()
+            self._check_rows()
         except sqlite3.DatabaseError as exc:
+            self._db.close()
+            if _corrupt(exc):
+                raise StateError(self._damaged(f"cannot be read ({exc})")) from None
             raise StateError(f"state database {path}: {exc}") from None
+        except StateError:
+            self._db.close()
+            raise
+
+    def _check(self) -> str | None:
+        """``PRAGMA quick_check``'s first complaint, or None when the database is sound."""
+        with self._lock:
+            try:
+                rows = self._db.execute("PRAGMA quick_check(5)").fetchall()
+            except sqlite3.DatabaseError as exc:
+                if _corrupt(exc):
+                    return " ".join(str(exc).split())
+                raise
+        found = [" ".join(str(r[0]).split()) for r in rows]
+        return None if found == ["ok"] else "; ".join(found)[:300]
+
+    def _damaged(self, what: str) -> str:
+        """The one-line refusal of a damaged database: what is wrong and how to restore it."""
+        path = os.path.abspath(self.path)
+        bak = path + BACKUP_SUFFIX
+        if os.path.isfile(bak) and os.path.getsize(bak) > 0:
+            how = (f"restore the master's backup {bak} with: rm -f {path}-wal {path}-shm && cp {bak} {path} "
+                   f"(keep a copy of the damaged file first if you want to inspect it)")
+        else:
+            how = (f"there is no backup {bak}; move the damaged file aside to start fresh "
+                   f"(every job and user in it is lost)")
+        return f"state database {path} {what}; {how}"
+
+    def _check_rows(self) -> None:
+        """Decode every job and placement row: a malformed one is named (job id and file)."""
+        for row in self._query("SELECT id, spec, placement, handle FROM jobs"):
+            _row(row, self)
+        for row in self._query("SELECT job_id, run, nodes FROM placements"):
+            try:
+                json.loads(row["nodes"])
+            except (TypeError, ValueError) as exc:
+                raise StateError(self._damaged(f"has a malformed run {row['run']} of job {row['job_id']} "
+                                               f"(nodes: {exc})")) from None
+
+    # --- backups -----------------------------------------------------------------------------
+    def backup(self) -> bool:
+        """Copy the database to ``PATH.bak`` (online backup API, temporary file renamed over the
+        last backup); False, keeping the last backup, when the database fails its check."""
+        if self.path == ":memory:":
+            return False
+        tmp = f"{self.backup_path}.tmp{os.getpid()}"
+        with self._lock:
+            problem = self._check()
+            if problem:
+                log.error("%s fails its check (%s): backup %s not replaced", self.path, problem, self.backup_path)
+                return False
+            try:
+                _private_file(tmp)
+                dst = sqlite3.connect(tmp)
+                try:
+                    self._db.backup(dst)
+                finally:
+                    dst.close()
+                fd = os.open(tmp, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.replace(tmp, self.backup_path)
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                raise
+        return True
+
+    def start_backups(self, interval: float = DEFAULT_BACKUP_INTERVAL) -> None:
+        """Back up now, then every ``interval`` seconds (0: only now) and at ``close``."""
+        self.backup()
+        self._backup_stop = threading.Event()
+        if interval and interval > 0:
+            self._backup_thread = threading.Thread(target=self._backups, args=(interval,),
+                                                   name="tiresias-backup", daemon=True)
+            self._backup_thread.start()
+
+    def _backups(self, interval: float) -> None:
+        assert self._backup_stop is not None
+        while not self._backup_stop.wait(interval):
+            try:
+                self.backup()
+            except (OSError, sqlite3.Error) as exc:
+                log.error("backup of %s to %s failed: %s", self.path, self.backup_path, exc)
 
     # --- schema ------------------------------------------------------------------------------
     def version(self) -> int:
@@ -163,7 +281,7 @@ class Store:
 
     def job(self, job_id: int) -> dict[str, Any] | None:
         rows = self._query("SELECT * FROM jobs WHERE id = ?", (job_id,))
-        return _row(rows[0]) if rows else None
+        return _row(rows[0], self) if rows else None
 
     def jobs(self, statuses: Iterable[str] | None = None, limit: int | None = None,
              owner: str | None = None) -> list[dict[str, Any]]:
@@ -182,7 +300,7 @@ class Store:
         if limit is not None:
             sql += " LIMIT ?"
             args.append(int(limit))
-        return [_row(r) for r in self._query(sql, args)]
+        return [_row(r, self) for r in self._query(sql, args)]
 
     # --- runs and events -----------------------------------------------------------------------
     def add_placement(self, job_id: int, run: int, nodes: Any, started: float) -> None:
@@ -237,6 +355,15 @@ class Store:
         return [dict(r) for r in self._query(sql)]
 
     def close(self) -> None:
+        if self._backup_stop is not None:
+            self._backup_stop.set()
+            if self._backup_thread is not None:
+                self._backup_thread.join(timeout=60)
+            try:
+                self.backup()
+            except (OSError, sqlite3.Error) as exc:
+                log.error("backup of %s to %s failed: %s", self.path, self.backup_path, exc)
+            self._backup_stop = None
         with self._lock:
             self._db.close()
 
@@ -277,6 +404,15 @@ def migrate_to(db: sqlite3.Connection, target: int, start: int = 0) -> None:
         db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)", (str(target),))
 
 
+def _corrupt(exc: sqlite3.Error) -> bool:
+    """Whether SQLite's error says the file is damaged (SQLITE_CORRUPT, SQLITE_NOTADB)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (11, 26)
+    text = str(exc)
+    return "malformed" in text or "not a database" in text
+
+
 def _private_file(path: str) -> None:
     """Create ``path`` mode 0600 if missing; make an existing one 0600."""
     if path == ":memory:":
@@ -288,9 +424,15 @@ def _private_file(path: str) -> None:
         os.close(fd)
 
 
-def _row(row: sqlite3.Row) -> dict[str, Any]:
+def _row(row: sqlite3.Row, store: Store | None = None) -> dict[str, Any]:
     d = dict(row)
     for k in _JSON_COLUMNS:
         if d.get(k) is not None:
-            d[k] = json.loads(d[k])
+            try:
+                d[k] = json.loads(d[k])
+                if not isinstance(d[k], _JSON_TYPES[k]):
+                    raise ValueError(f"a JSON {type(d[k]).__name__}, not a {_JSON_TYPES[k].__name__}")
+            except (TypeError, ValueError) as exc:
+                what = f"has a malformed row for job {d.get('id')} ({k}: {exc})"
+                raise StateError(store._damaged(what) if store is not None else f"state database {what}") from None
     return d

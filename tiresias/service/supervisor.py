@@ -5,7 +5,8 @@ Started by the master in a session of its own, so a run outlives a master crash.
 its own (``CUDA_VISIBLE_DEVICES`` from the placement, a rendezvous port on 127.0.0.1 for a
 job spanning nodes, output appended to the job's log, a memory cgroup when the job declared
 its memory, as the OS user ``run_as`` when the spec names one: the supervisor stays root, the
-node commands drop to that user before they exec), records the process groups in ``RUN_DIR/groups.json``, waits, and records how
+node commands drop to that user before they enter the job's workdir and exec, and a workdir
+that user cannot enter fails the run with one message whether or not it exists), records the process groups in ``RUN_DIR/groups.json``, waits, and records how
 the run ended in ``RUN_DIR/exit.json`` — which is how a restarted master learns it.
 
 When one node's command fails, the others are stopped (SIGTERM, then SIGKILL). SIGTERM or
@@ -103,6 +104,8 @@ class Supervisor:
                   f"{time.strftime('%Y-%m-%d %H:%M:%S')} ===")
         log = open(spec.log_path, "ab", buffering=0)
         acct = runas.account(spec.run_as) if spec.run_as else None
+        if acct is not None and not runas.can_enter(acct, spec.workdir):
+            raise RuntimeError(runas.cannot_enter(acct, spec.workdir))    # checked as the user, never as root
         for rank in range(len(spec.placement)):
             limit = None
             if spec.memory_bytes:
@@ -111,10 +114,11 @@ class Supervisor:
                 self.cgroups.append(limit)
             first = limit.join_self if limit is not None else None
             proc = subprocess.Popen(node_command(spec, rank, "127.0.0.1", port),
-                                    env=node_env(spec, rank, "127.0.0.1", port), cwd=spec.workdir,
+                                    env=node_env(spec, rank, "127.0.0.1", port),
+                                    cwd=spec.workdir if acct is None else None,     # as the user: dropper
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True,
-                                    preexec_fn=runas.dropper(acct, first) if acct is not None else first)
+                                    preexec_fn=runas.dropper(acct, first, spec.workdir) if acct is not None else first)
             self.procs.append(proc)
         log.close()
         write_json(os.path.join(self.run_dir, "groups.json"),
