@@ -169,6 +169,23 @@ def test_lost_run_requeues_and_resumes(tmp_path):
     assert [e["kind"] for e in m.events(job_id=a)][-2:] == ["lost", "resumed"]
 
 
+def test_a_job_whose_runs_are_lost_every_time_fails_after_max_lost_runs(tmp_path):
+    """Lost runs are retried from the checkpoint, but not without limit: after --max-lost-runs
+    in a row the job fails with the reason; a run that ends normally in between resets the count."""
+    m, clock, ex = make(tmp_path, max_lost_runs=3)
+    a = m.submit(spec(1))["id"]
+    m.tick()
+    for run in (1, 2):
+        ex.end(a, run, None, lost=True)
+        m.tick()
+        assert status(m, a) == "running" and ex.launched[-1].run == run + 1
+    ex.end(a, 3, None, lost=True)
+    m.tick()
+    view = m.job(a)
+    assert view["status"] == "failed" and "3 runs in a row were lost" in view["detail"]
+    assert len([r for r in ex.launched if r.job_id == a]) == 3
+
+
 def test_cancel_waiting_and_running(tmp_path):
     m, clock, ex = make(tmp_path, executor=FakeExecutor(1, 2))
     a = m.submit(spec(2, "a"))["id"]

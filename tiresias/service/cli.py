@@ -136,6 +136,9 @@ def _master_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--interval", type=cli.positive(float), default=5.0, help="seconds between scheduling passes")
     p.add_argument("--stop-grace", type=cli.non_negative(float), default=30.0,
                    help="seconds a job has to checkpoint and exit before SIGTERM (SIGKILL 5 s later)")
+    p.add_argument("--max-lost-runs", type=cli.positive(int), default=3, metavar="N",
+                   help="a job whose last N runs were all lost (node gone, master restarted) fails instead of "
+                        "being started again (default 3)")
     p.add_argument("--backup-interval", type=cli.non_negative(float), default=600.0,
                    help="seconds between backups of STATE/state.db to STATE/state.db.bak (also made at start "
                         "and at a clean stop; 0: only then)")
@@ -172,7 +175,7 @@ def cmd_master(args) -> int:
     config = MasterConfig(args.state, args.policy, thresholds, args.promote_knob, args.distribution,
                           args.packlimit, args.interval, args.stop_grace, args.checkpoint_root,
                           args.autops_master, node_hosts, args.min_run_factor, args.min_run,
-                          args.run_as_owner, _user_map(args))
+                          args.run_as_owner, _user_map(args), max_lost_runs=args.max_lost_runs)
     shape = None
     if args.executor == "local":
         shape = parse_cluster(args.nodes) if re.match(r"^\s*\d+\s*[xX]\s*\d+\s*$", args.nodes) else None

@@ -94,12 +94,15 @@ class MasterConfig:
     min_run: float = DEFAULT_MIN_RUN
     run_as_owner: bool = False               # jobs run as their owner's OS user (root, local executor)
     user_map: dict[str, str] = field(default_factory=dict)     # owner -> OS user (default: the same name)
+    max_lost_runs: int = 3                   # runs lost in a row (node gone, master restarted) before it fails
 
     def __post_init__(self) -> None:
         if self.policy not in LIVE_POLICIES:
             raise ValueError(f"unknown policy {self.policy!r} (one of {', '.join(LIVE_POLICIES)})")
         if self.interval <= 0 or self.stop_grace < 0:
             raise ValueError("--interval must be > 0 and --stop-grace >= 0")
+        if self.max_lost_runs < 1:
+            raise ValueError("--max-lost-runs must be >= 1")
 
 
 @dataclass
@@ -551,6 +554,11 @@ class Master:
                                                        f"{run.stop_reason}")])
                 run.stop_reason = ""
             return
+        if end.lost and self._lost_in_a_row(end.job_id) >= self.config.max_lost_runs:
+            self.driver.finish(job)                    # bounded: a run that is lost every time fails
+            self._close(end.job_id, "failed", now, detail=f"{self.config.max_lost_runs} runs in a row were lost "
+                        f"({end.detail or 'node or master gone'}); not retried again (--max-lost-runs)")
+            return
         if end.lost:                                   # node gone: requeue from its checkpoint
             self.driver.preempt(job)
             self.driver.released(job)
@@ -568,6 +576,16 @@ class Master:
             self._close(end.job_id, "failed", now, code=end.exit_code,
                         detail=f"exit code {end.exit_code}" + (f"; {end.detail}" if end.detail else "") +
                         (f"\n{tail}" if tail else ""))
+
+    def _lost_in_a_row(self, job_id: int) -> int:
+        """How many of the job's last runs, up to the one just ended, were lost (from SQLite, so
+        that runs lost across master restarts count too)."""
+        count = 0
+        for placement in reversed(self.store.placements(job_id)):
+            if not str(placement.get("outcome") or "").startswith("lost"):
+                break
+            count += 1
+        return count
 
     def _requeue_asked(self, end: RunEnd) -> str:
         """The reason a run that failed gave for being run again later (``dlrt.requeue``), or ''."""
