@@ -24,6 +24,7 @@ import pytest
 
 from autops import poolfiles
 from autops.admin import query_status
+from dlrt.procs import stop_processes
 from waiting import until
 
 HERE = pathlib.Path(__file__).parent
@@ -126,14 +127,7 @@ def test_training_under_autops_local_survives_pmaster_sigkill_bit_identical(tmp_
             status = query_status(address, timeout=5.0)
             assert status["jobs"] == [], "the restarted pMaster released the job when both ranks ended"
     finally:
-        for proc in (local, restarted):
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+        stop_processes([p for p in (local, restarted) if p is not None], timeout=20)
 
 
 def test_a_job_that_trains_on_while_pmaster_is_killed_and_restarted_ends_right_and_is_released(tmp_path):
@@ -181,14 +175,7 @@ def test_a_job_that_trains_on_while_pmaster_is_killed_and_restarted_ends_right_a
         assert until("the restarted pMaster to release the job",
                      lambda: query_status(address, timeout=2.0)["jobs"] == [], 20)
     finally:
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+        stop_processes(list(reversed(procs)), timeout=20)
 
 
 EXAMPLE = HERE.parents[1] / "examples" / "train_digits.py"
