@@ -5,10 +5,12 @@ the operator's token in ``STATE/token``, or a user's from ``tiresias master user
 who may do what is ``tiresias.service.users``' roles, checked through ``auth``)::
 
     POST /api/v1/jobs                   submit {"gpus", "command", ...} -> job   operator, user
-    GET  /api/v1/jobs[?status=a,b]      list of jobs                            all (a user: its own)
+    GET  /api/v1/jobs[?status=a,b&limit=N]  the newest N jobs (default 1000)    all (a user: its own)
     GET  /api/v1/jobs/{id}              one job, with its runs                  all (a user: its own)
     POST /api/v1/jobs/{id}/cancel       cancel (a running job is stopped first) operator, user (its own)
     GET  /api/v1/jobs/{id}/logs?offset  {"data", "offset", "status"}            operator, user (its own)
+                                        (offsets: absolute bytes of the job's output; one
+                                        rotated away reads from the oldest byte kept)
     GET  /api/v1/nodes                  nodes: GPUs, jobs, memory               all (a user: its jobs)
     POST /api/v1/nodes/{name}/drain     take a node out of service              operator
     POST /api/v1/nodes/{name}/undrain                                           operator
@@ -24,7 +26,9 @@ HttpOnly cookie. A viewer sees no log content: a failed job's ``detail`` (which 
 the tail of its log) shows a viewer its first line only. Requests whose ``Host`` is not the
 master's, and cross-origin writes, get 403 (``auth``); a submit must be
 ``application/json`` (else 415). A refused request gets 400 (bad input, with the reason), 401 (no or
-wrong token), 403 (a role that may not) or 404, and nothing is stored. Master calls run in
+wrong token), 403 (a role that may not) or 404, and nothing is stored. A submit past a
+user's quota gets 429 with ``Retry-After`` (``quota``); one while the state disk is below its
+free-space floor or full gets 507 (``diskspace``); both say which option sets the limit. Master calls run in
 a thread pool: a pass never blocks the server.
 """
 from __future__ import annotations
@@ -43,7 +47,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .auth import (COOKIE, PRINCIPAL, Authenticator, HostRule, Refusals, login_handler, middleware, owner_scope,
                    require)
-from .master import Master, NotFound, Refused
+from .master import Master, NoSpace, NotFound, Refused, Throttled
 from .users import OPERATOR, USER, VIEWER
 
 __all__ = ["build_app", "COOKIE"]
@@ -54,6 +58,8 @@ SUBMITTERS = (OPERATOR, USER)
 MAX_BODY = 1 << 20             # bytes of a request body
 MAX_DEPTH = 32                 # nesting of a JSON body (a job spec needs 3)
 MAX_QUERY_INT = 1 << 53        # offset, since, limit and job ids above this are refused
+DEFAULT_LIST_LIMIT = 1000      # jobs a list read returns unless ?limit= says otherwise
+MAX_LIST_LIMIT = 10000
 _INT_RE = re.compile(r"[+-]?[0-9]{1,20}")
 
 
@@ -61,6 +67,12 @@ _INT_RE = re.compile(r"[+-]?[0-9]{1,20}")
 async def _errors(request: web.Request, handler):
     try:
         return await handler(request)
+    except Throttled as exc:
+        response = _error(429, str(exc))
+        response.headers["Retry-After"] = exc.retry_after
+        return response
+    except NoSpace as exc:
+        return _error(507, str(exc))
     except Refused as exc:
         return _error(400, str(exc))
     except NotFound as exc:
@@ -96,8 +108,9 @@ def build_app(master: Master, auth: Authenticator | str, public: bool = False,
 
     async def jobs(request: web.Request) -> web.Response:
         status = request.query.get("status")
+        limit = min(MAX_LIST_LIMIT, max(1, _int_query(request, "limit", DEFAULT_LIST_LIMIT)))
         return web.json_response(_redact(request, await call(master.jobs, status.split(",") if status else None,
-                                                             owner=owner_scope(request))))
+                                                             owner=owner_scope(request), limit=limit)))
 
     async def job(request: web.Request) -> web.Response:
         return web.json_response(_redact(request, [await call(master.job, _job_id(request),
@@ -261,6 +274,12 @@ class _Collector:
         if s["pass_ms_p50"] is not None:
             yield GaugeMetricFamily("tiresias_pass_seconds", "Median scheduling pass time",
                                     value=s["pass_ms_p50"] / 1e3)
+        disk = s["state_disk"]
+        if disk["free_bytes"] is not None:
+            yield GaugeMetricFamily("tiresias_state_disk_free_bytes", "Free bytes on the state dir's filesystem",
+                                    value=disk["free_bytes"])
+        yield GaugeMetricFamily("tiresias_state_pending_writes", "State writes waiting for disk space",
+                                value=disk["pending_writes"])
         ages = GaugeMetricFamily("tiresias_report_age_seconds", "Age of the latest report per source",
                                  labels=["topic", "source"])
         for r in s["reports"]:

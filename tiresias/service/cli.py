@@ -40,6 +40,26 @@ def parse_size(text: str) -> int:
     return value
 
 
+def size_or_zero(text: str) -> int:
+    """argparse type: a size (``64M``, ``1G``, bytes), 0 allowed (off)."""
+    try:
+        return sizes.parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)\s*$", re.IGNORECASE)
+_DURATION_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def duration(text: str) -> float:
+    """argparse type: ``30d``, ``12h``, ``90m``, ``45s`` or seconds -> seconds (0 allowed)."""
+    m = _DURATION.match(text)
+    if m is None:
+        raise argparse.ArgumentTypeError(f"expected a duration such as 30d, 12h, 90m or seconds, got {text!r}")
+    return float(m.group(1)) * _DURATION_UNITS[m.group(2).lower()]
+
+
 def parse_bind(text: str) -> tuple[str, int]:
     """``HOST:PORT`` or ``tcp://HOST:PORT`` (port 0: any free port) -> ``(host, port)``."""
     try:
@@ -83,6 +103,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     p = _client(sub, "jobs", "list jobs")
     p.add_argument("--status", default=None, help="comma-separated statuses to show")
+    p.add_argument("--limit", type=cli.positive(int), default=None, metavar="N",
+                   help="the newest N jobs (default: the master's, 1000; at most 10000)")
     p.set_defaults(func=cmd_jobs)
     p = _client(sub, "job", "show one job")
     p.add_argument("id", type=int)
@@ -139,6 +161,23 @@ def _master_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-lost-runs", type=cli.positive(int), default=3, metavar="N",
                    help="a job whose last N runs were all lost (node gone, master restarted) fails instead of "
                         "being started again (default 3)")
+    p.add_argument("--max-log-bytes", type=size_or_zero, default=64 << 20, metavar="SIZE",
+                   help="rotate a job's log (STATE/jobs/ID/job.log) to job.log.1 at this size, keeping one "
+                        "previous file: a job's logs take at most about twice this; 64M by default (0: no cap)")
+    p.add_argument("--min-free-bytes", type=size_or_zero, default=None, metavar="SIZE",
+                   help="refuse submits (HTTP 507) while the state dir's filesystem has less than this free "
+                        "(default: the smaller of 256M and 5%% of the filesystem; 0: never refuse)")
+    p.add_argument("--max-queued-per-user", type=cli.non_negative(int), default=1000, metavar="N",
+                   help="a user's jobs not yet ended (queued or running) before submits get HTTP 429 "
+                        "(0: no cap; the operator's token is exempt)")
+    p.add_argument("--submit-rate-per-user", type=cli.non_negative(float), default=600.0, metavar="N",
+                   help="a user's submits per minute (token bucket) before HTTP 429 with Retry-After "
+                        "(0: no limit; the operator's token is exempt)")
+    p.add_argument("--submit-burst", type=cli.positive(int), default=100, metavar="N",
+                   help="submits a user may make at once before --submit-rate-per-user applies")
+    p.add_argument("--retention", type=duration, default=30 * 86400.0, metavar="DURATION",
+                   help="prune finished, failed and cancelled jobs (rows, events, logs, checkpoints) this long "
+                        "after they ended, e.g. 30d, 12h; 30 days by default (0: keep forever); pruned jobs answer 404")
     p.add_argument("--backup-interval", type=cli.non_negative(float), default=600.0,
                    help="seconds between backups of STATE/state.db to STATE/state.db.bak (also made at start "
                         "and at a clean stop; 0: only then)")
@@ -175,7 +214,11 @@ def cmd_master(args) -> int:
     config = MasterConfig(args.state, args.policy, thresholds, args.promote_knob, args.distribution,
                           args.packlimit, args.interval, args.stop_grace, args.checkpoint_root,
                           args.autops_master, node_hosts, args.min_run_factor, args.min_run,
-                          args.run_as_owner, _user_map(args), max_lost_runs=args.max_lost_runs)
+                          args.run_as_owner, _user_map(args), max_lost_runs=args.max_lost_runs,
+                          max_log_bytes=args.max_log_bytes, min_free_bytes=args.min_free_bytes,
+                          max_queued_per_user=args.max_queued_per_user,
+                          submit_rate_per_user=args.submit_rate_per_user, submit_burst=args.submit_burst,
+                          retention_s=args.retention)
     shape = None
     if args.executor == "local":
         shape = parse_cluster(args.nodes) if re.match(r"^\s*\d+\s*[xX]\s*\d+\s*$", args.nodes) else None
@@ -276,7 +319,9 @@ def jobs_table(jobs: list[dict[str, Any]]) -> str:
 
 
 def cmd_jobs(args) -> int:
-    path = "/api/v1/jobs" + (f"?status={args.status}" if args.status else "")
+    query = [f"status={args.status}"] if args.status else []
+    query += [f"limit={args.limit}"] if args.limit else []
+    path = "/api/v1/jobs" + ("?" + "&".join(query) if query else "")
     jobs = _connect(args).get(path)
     _emit(args, jobs, jobs_table(jobs))
     return 0

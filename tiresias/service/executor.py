@@ -41,7 +41,8 @@ class LaunchSpec:
                                                    # that assigns GPUs itself (Ray) records its own in the handle
     env: dict[str, str] = field(default_factory=dict)
     workdir: str = "."
-    log_path: str = "job.log"                      # output of every node, appended
+    log_path: str = "job.log"                      # output of every node, appended (``joblog``)
+    max_log_bytes: int = 0                         # the log's rotation cap (``joblog.CappedLog``; 0: none)
     run_dir: str = "."                             # per-run files: supervisor status, exit record
     memory_bytes: int | None = None                # per-node memory limit (cgroup) when declared
     run_as: str | None = None                      # OS user the node commands run as (local executor, as root)

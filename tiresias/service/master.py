@@ -25,6 +25,19 @@ executor, master as root) a job's processes run as the OS user named like its ow
 (``user_map`` renames), with its checkpoint dir and log handed to that user
 (``tiresias.service.runas``).
 
+Limits (each an option of ``tiresias master``): a job's log is rotated at ``max_log_bytes``
+(``joblog``; offsets of ``read_log`` are absolute byte counts of the job's output, and one that
+was rotated away reads from the oldest byte kept); a submit is refused with ``NoSpace`` (507)
+while the state disk has less than ``min_free_bytes`` free (``diskspace``), and with
+``Throttled`` (429) past a user's queued-jobs cap or submit rate (``quota``; the operator is
+exempt); ended jobs older than ``retention_s`` are pruned, rows and dirs, in batches
+(``prune_step``, ``retention``). A full disk never loses a run's end: the supervisor retries
+its exit record, the store keeps refused writes in order until space returns
+(``Store.flush_pending``, every pass), and a launch that fails for lack of space is retried
+without counting against the job. The dashboard reads active jobs plus the latest
+``dashboard_recent`` ended ones and SQL aggregates, never the whole history, and list reads
+take at most ``limit`` rows; the SQL runs outside the master's lock.
+
 Every public method takes the master's lock; the HTTP API and the scheduling thread share it.
 """
 from __future__ import annotations
@@ -35,6 +48,7 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import threading
 import time
 from dataclasses import dataclass, field
@@ -49,9 +63,11 @@ from ..policies import POLICIES, SIMULATOR_ONLY, make_policy
 from ..progress import DEFAULT_MIN_RUN, DEFAULT_MIN_RUN_FACTOR
 from ..policies.base import JobState
 from .executor import Executor, LaunchSpec, RunEnd, default_launcher
-from . import runas
+from . import diskspace, joblog, runas
+from .quota import QuotaConfig, SubmitQuota
 from .reports import ReportFeed
-from .store import ACTIVE, TERMINAL, Store
+from .retention import RetentionConfig, cutoff as retention_cutoff
+from .store import ACTIVE, TERMINAL, Store, is_full
 
 log = logging.getLogger("tiresias.master")
 
@@ -63,6 +79,9 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 LOG_TAIL_BYTES = 2000
 OPERATOR_OWNER = "operator"
 SECRET_ENV = "AUTOPS_JOB_SECRET"
+DEFAULT_MAX_LOG_BYTES = 64 << 20    # per job log file (about twice this with its one rotated file)
+DEFAULT_DASHBOARD_RECENT = 200      # ended jobs the dashboard shows besides the active ones
+PRUNE_FIRST_S = 2.0                 # the first retention round, after the master's start
 
 
 SPEC_LIMITS = {"memory": 1 << 50, "autops_aggregators": 4096}   # bytes (1 PiB); aggregators
@@ -75,6 +94,18 @@ class Refused(ValueError):
 
 class NotFound(KeyError):
     pass
+
+
+class Throttled(Refused):
+    """A user's submit past a quota (HTTP 429): ``retry_after`` seconds until it may succeed."""
+
+    def __init__(self, message: str, retry_after: str) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class NoSpace(Refused):
+    """The state disk is below its free-space floor or full (HTTP 507); nothing was stored."""
 
 
 @dataclass
@@ -95,6 +126,13 @@ class MasterConfig:
     run_as_owner: bool = False               # jobs run as their owner's OS user (root, local executor)
     user_map: dict[str, str] = field(default_factory=dict)     # owner -> OS user (default: the same name)
     max_lost_runs: int = 3                   # runs lost in a row (node gone, master restarted) before it fails
+    max_log_bytes: int = DEFAULT_MAX_LOG_BYTES   # a job log's rotation cap (0: none)
+    min_free_bytes: int | None = None        # state disk floor for submits (None: min(256 MiB, 5%); 0: off)
+    max_queued_per_user: int = 1000          # a user's not-yet-ended jobs (0: no cap; the operator: none)
+    submit_rate_per_user: float = 600.0      # a user's submits per minute (0: no limit)
+    submit_burst: int = 100                  # submits at once before the rate applies
+    retention_s: float = 30 * 86400.0        # ended jobs older than this are pruned (0: kept forever)
+    dashboard_recent: int = DEFAULT_DASHBOARD_RECENT
 
     def __post_init__(self) -> None:
         if self.policy not in LIVE_POLICIES:
@@ -103,6 +141,12 @@ class MasterConfig:
             raise ValueError("--interval must be > 0 and --stop-grace >= 0")
         if self.max_lost_runs < 1:
             raise ValueError("--max-lost-runs must be >= 1")
+        if self.max_log_bytes < 0 or (self.min_free_bytes is not None and self.min_free_bytes < 0):
+            raise ValueError("--max-log-bytes and --min-free-bytes must be >= 0")
+        if self.dashboard_recent < 0:
+            raise ValueError("the dashboard's recent-jobs count must be >= 0")
+        QuotaConfig(self.max_queued_per_user, self.submit_rate_per_user, self.submit_burst)   # checks them
+        RetentionConfig(self.retention_s)
 
 
 @dataclass
@@ -153,6 +197,9 @@ class Master:
         self.gpus_busy: dict[str, set[int]] = {n.name: set() for n in self.node_infos}
         self.pass_seconds: list[float] = []
         self.last_persist = 0.0
+        self.quota = SubmitQuota(QuotaConfig(config.max_queued_per_user, config.submit_rate_per_user,
+                                             config.submit_burst))
+        self.retention = RetentionConfig(config.retention_s)
         self.driver = Driver(self._policy(), self.cluster,
                              DriverConfig("tiresias", packlimit=config.packlimit, defer_release=True,
                                           min_run_factor=config.min_run_factor, min_run=config.min_run),
@@ -216,6 +263,9 @@ class Master:
     def submit(self, spec: dict[str, Any], owner: str = OPERATOR_OWNER) -> dict[str, Any]:
         """Validate and store ``owner``'s job; it is scheduled at the next pass (woken now)."""
         clean = self._validate(spec)
+        low = diskspace.check(self.config.state_dir, self.config.min_free_bytes)
+        if low:
+            raise NoSpace(low)
         acct = None
         if self.config.run_as_owner:
             try:
@@ -225,9 +275,20 @@ class Master:
         self._check_workdir(clean, acct)
         with self.lock:
             now = self.clock()
+            if owner != OPERATOR_OWNER:
+                queued = sum(1 for r in self.runs.values() if r.owner == owner)
+                limit = self.quota.check(owner, queued, now)
+                if limit is not None:
+                    raise Throttled(limit.reason, limit.retry_after_header)
             self.driver.advance(now)
             secret = secrets.token_hex(32)
-            job_id = self.store.add_job(clean["name"], clean, clean["gpus"], now, owner=owner, secret=secret)
+            try:
+                job_id = self.store.add_job(clean["name"], clean, clean["gpus"], now, owner=owner, secret=secret)
+            except Exception as exc:
+                if not is_full(exc):
+                    raise
+                raise NoSpace(f"the state disk {self.config.state_dir} is full ({exc}); submits are refused "
+                              f"until space is freed (--min-free-bytes)") from None
             job = JobState(job_id, clean["gpus"], now, duration=clean.get("duration"), wait_since=now,
                            skew=skew_of(clean.get("model"), clean.get("skew")), model=clean.get("model"))
             self.states[job_id] = job
@@ -382,6 +443,7 @@ class Master:
     def tick(self) -> None:
         """Learn what ended, escalate stops, take reports, run one pass, start and stop jobs."""
         with self.lock:
+            self.store.flush_pending()                # writes a full disk refused, before any new one
             now = self.clock()
             self.driver.advance(now)
             for end in self.executor.poll():
@@ -441,6 +503,10 @@ class Master:
         except Exception as exc:                      # the executor could not start it (yet)
             log.warning("job %d: launch failed: %s", job.job_id, exc)
             self._release_gpus(placement)
+            if is_full(exc):                          # the master's disk, not the job: retried, not counted
+                self.driver.abort_start(job)
+                self._persist_job(job.job_id, events=[(now, job.job_id, "launch-deferred", f"no space: {exc}")])
+                return
             run.launch_failures += 1
             if run.launch_failures >= MAX_LAUNCH_FAILURES:
                 self.driver.finish(job)
@@ -490,6 +556,7 @@ class Master:
         launcher = spec.get("launcher") or default_launcher(spec["command"])     # older specs lack it
         return LaunchSpec(job_id, run.run, run.name, list(spec["command"]), launcher, run.placement,
                           env=env, workdir=spec.get("workdir") or "/", log_path=self.log_path(job_id),
+                          max_log_bytes=self.config.max_log_bytes,
                           run_dir=os.path.join(job_dir, f"run{run.run}"), memory_bytes=memory,
                           run_as=acct.name if acct is not None else None)
 
@@ -722,26 +789,23 @@ class Master:
 
     def log_tail(self, job_id: int, nbytes: int = LOG_TAIL_BYTES) -> str:
         try:
-            with open(self.log_path(job_id), "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - nbytes))
-                return f.read().decode("utf-8", "replace").strip()
+            return joblog.tail(self.log_path(job_id), nbytes).decode("utf-8", "replace").strip()
         except OSError:
             return ""
 
     def read_log(self, job_id: int, offset: int = 0, limit: int = 1 << 20,
                  owner: str | None = None) -> tuple[str, int, str]:
-        """The job's output from ``offset``: ``(text, next offset, job status)``."""
+        """The job's output from ``offset``: ``(text, next offset, job status)``. Offsets count the
+        job's output from its first byte, across rotations; one rotated away (older than the
+        kept ``job.log.1`` + ``job.log``) reads from the oldest byte kept."""
         with self.lock:
             row = self._row(job_id, owner)
             status = self.runs[job_id].status if job_id in self.runs else row["status"]
         try:
-            with open(self.log_path(job_id), "rb") as f:
-                f.seek(max(0, offset))
-                data = f.read(limit)
-        except FileNotFoundError:
+            data, new = joblog.read_log(self.log_path(job_id), max(0, offset), limit)
+        except OSError:
             return "", offset, status
-        return data.decode("utf-8", "replace"), offset + len(data), status
+        return data.decode("utf-8", "replace"), new, status
 
     def job(self, job_id: int, owner: str | None = None) -> dict[str, Any]:
         """One job with its runs (``owner``: only one of theirs; another's is "no job")."""
@@ -751,9 +815,13 @@ class Master:
             view["runs"] = self.store.placements(job_id)
             return view
 
-    def jobs(self, statuses: list[str] | None = None, owner: str | None = None) -> list[dict[str, Any]]:
+    def jobs(self, statuses: list[str] | None = None, owner: str | None = None,
+             limit: int | None = None) -> list[dict[str, Any]]:
+        """Jobs in id order (``limit``: only the newest that many); the SQL runs outside the lock."""
+        rows = (self.store.jobs(statuses, owner=owner) if limit is None else
+                self.store.latest_jobs(limit, statuses, owner=owner))
         with self.lock:
-            return [self._view(r) for r in self.store.jobs(statuses, owner=owner)]
+            return [self._view(r) for r in rows]
 
     def _view(self, row: dict[str, Any]) -> dict[str, Any]:
         job_id = row["id"]
@@ -807,15 +875,16 @@ class Master:
                             "memory_lendable_bytes": mem.get("lendable_bytes") if mem else None})
             return out
 
-    def summary(self, rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """Cluster-level view: queues, GPU use, JCTs so far, report sources, pass times
-        (``rows``: the jobs' rows when the caller has read them already)."""
+    def summary(self) -> dict[str, Any]:
+        """Cluster-level view: queues, GPU use, JCTs so far, report sources, pass times, the
+        state disk (counts and JCTs by SQL aggregate, outside the lock)."""
+        counts = self.store.status_counts()
+        finished, avg_jct = self.store.finished_jct()
+        try:
+            free, total = diskspace.usage(self.config.state_dir)
+        except OSError:
+            free, total = None, None
         with self.lock:
-            rows = self.store.jobs() if rows is None else rows
-            counts: dict[str, int] = {}
-            for r in rows:
-                counts[r["status"]] = counts.get(r["status"], 0) + 1
-            finished = [r["ended"] - r["submitted"] for r in rows if r["status"] == "finished"]
             queues: dict[int, int] = {}
             for jid, run in self.runs.items():
                 if run.status in ("waiting", "preempted"):
@@ -827,26 +896,65 @@ class Master:
                     "gpus_used": sum(len(s) for s in self.gpus_busy.values()), "jobs": counts,
                     "queues": {str(k): v for k, v in sorted(queues.items())},
                     "thresholds": list(self.config.thresholds),
-                    "finished": len(finished), "avg_jct": sum(finished) / len(finished) if finished else None,
+                    "finished": finished, "avg_jct": avg_jct,
+                    "state_disk": {"free_bytes": free, "total_bytes": total,
+                                   "floor_bytes": diskspace.floor(total, self.config.min_free_bytes)
+                                   if total is not None else None,
+                                   "pending_writes": self.store.pending_writes()},
                     "reports": self.reports.sources(), "lendable_bytes": self.reports.lendable_bytes(),
                     "pass_ms_p50": passes[len(passes) // 2] * 1e3 if passes else None}
 
     def dashboard(self, owner: str | None = None) -> dict[str, Any]:
-        """What the dashboard shows, from one read of the jobs (``owner``: their jobs only; the
-        summary stays the cluster's)."""
+        """What the dashboard shows: active jobs and the latest ``dashboard_recent`` ended ones
+        (``owner``: their jobs only; the summary stays the cluster's), read by index outside the
+        lock; the summary's counts cover every job."""
+        rows = self.store.board_jobs(self.config.dashboard_recent, owner)
+        summary = self.summary()
+        nodes = self.nodes(owner)
+        events = self.events(limit=40, owner=owner)
         with self.lock:
-            rows = self.store.jobs()
-            mine = rows if owner is None else [r for r in rows if r["owner"] == owner]
-            return {"summary": self.summary(rows), "nodes": self.nodes(owner),
-                    "jobs": [self._view(r) for r in mine], "events": self.events(limit=40, owner=owner)}
+            jobs = [self._view(r) for r in rows]
+        return {"summary": summary, "nodes": nodes, "jobs": jobs, "events": events,
+                "recent_ended_shown": self.config.dashboard_recent}
 
     def events(self, since: int = 0, job_id: int | None = None, limit: int = 200,
                owner: str | None = None) -> list[dict[str, Any]]:
         """Recent events (``owner``: only those of their jobs)."""
         return self.store.events(since, job_id, limit, owner=owner)
 
+    # --- retention -------------------------------------------------------------------------------
+    def prune_step(self) -> int:
+        """Prune one batch of ended jobs older than the retention: rows, runs and events in one
+        short transaction (no master lock: ended jobs are not in its memory), then their job and
+        checkpoint dirs. The number pruned (0: nothing due, retention off, or a full disk)."""
+        limit = retention_cutoff(self.clock(), self.retention.retention_s)
+        if limit is None:
+            return 0
+        ids = self.store.expired(limit, self.retention.batch)
+        if not self.store.delete_jobs(ids, cutoff=limit):
+            return 0
+        for job_id in ids:
+            for d in (os.path.join(self.jobs_dir, str(int(job_id))), os.path.join(self.ckpt_root, str(int(job_id)))):
+                shutil.rmtree(d, ignore_errors=True)
+        if ids:
+            log.info("pruned %d job(s) that ended before the retention (%g s)", len(ids), self.retention.retention_s)
+        return len(ids)
+
+    def prune_loop(self, stop: threading.Event) -> None:
+        """``prune_step`` soon after the start, then every ``check_every_s``, batch after batch
+        while there is more."""
+        wait = min(PRUNE_FIRST_S, self.retention.check_every_s)
+        while not stop.wait(wait):
+            wait = self.retention.check_every_s
+            try:
+                while self.prune_step() >= self.retention.batch and not stop.wait(0.05):
+                    pass
+            except Exception:
+                log.exception("pruning ended jobs failed")
+
     def close(self) -> None:
         with self.lock:
+            self.store.flush_pending()
             self._persist(force=True)
             self.reports.stop()
             self.executor.close()

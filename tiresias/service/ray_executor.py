@@ -5,8 +5,9 @@ of the run (``{"GPU": g, "CPU": 0.01}``), each pinned to the Ray node Tiresias c
 bundle label selector on Ray's built-in ``ray.io/node-id`` label, in a detached placement
 group ``tiresias-job{J}-run{R}``. Into bundle i goes a detached launcher actor
 ``tiresias-job{J}-run{R}-node{i}`` (``num_gpus`` = that node's GPUs) that starts
-``node_command`` with ``node_env`` in a process group of its own, output appended to the
-job's log, and keeps the exit code. Both are named in the executor's namespace, so a
+``node_command`` with ``node_env`` in a process group of its own, output piped to the job's
+log through ``joblog.CappedLog`` (the same cap and rotation as the local executor's), and
+keeps the exit code. Both are named in the executor's namespace, so a
 restarted master (a new driver) finds them again: ``reconcile`` adopts the runs SQLite says
 are live, reports those that ended meanwhile, and removes every other ``tiresias-*`` actor
 and placement group. Ray's own state is in memory; the master's SQLite stays the truth.
@@ -47,7 +48,8 @@ from dlrt.procs import die_with_parent, kill_tree, signal_group
 
 from . import cgroup
 from .executor import LaunchSpec, NodeInfo, RunEnd, node_command, node_env
-from .supervisor import KILL_AFTER_S, free_port
+from .joblog import CappedLog, start_pump
+from .supervisor import KILL_AFTER_S, PUMP_DRAIN_S, free_port
 
 try:
     import ray
@@ -106,6 +108,8 @@ class NodeLauncher:
         self.outcome_: dict[str, Any] | None = None
         self.limit: cgroup.MemoryLimit | None = None
         self.stopped_file = ""
+        self.log: CappedLog | None = None
+        self.pump: threading.Thread | None = None
 
     async def free_port(self, host: str) -> int:
         return free_port(host)
@@ -122,17 +126,22 @@ class NodeLauncher:
         if spec.memory_bytes:
             self.limit = cgroup.MemoryLimit.create(f"job{spec.job_id}-run{spec.run}-node{rank}", spec.memory_bytes)
         os.makedirs(os.path.dirname(os.path.abspath(spec.log_path)), exist_ok=True)
-        with open(spec.log_path, "ab", buffering=0) as out:
-            out.write(f"=== tiresias: run {spec.run} of job {spec.job_id}, node {rank} ({spec.placement[rank][0]}, "
-                      f"GPUs {env['CUDA_VISIBLE_DEVICES']}) at {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n".encode())
-            try:
-                self.proc = subprocess.Popen(node_command(spec, rank, host, port), env=env, cwd=spec.workdir,
-                                             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                             start_new_session=True, preexec_fn=_child_setup(self.limit))
-            except Exception:
-                if self.limit is not None:
-                    self.limit.remove()
-                raise
+        self.log = CappedLog(spec.log_path, spec.max_log_bytes)        # the supervisor's cap and rotation
+        self.log.write(f"=== tiresias: run {spec.run} of job {spec.job_id}, node {rank} ({spec.placement[rank][0]}, "
+                       f"GPUs {env['CUDA_VISIBLE_DEVICES']}) at {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n".encode())
+        read_end, write_end = os.pipe()
+        try:
+            self.proc = subprocess.Popen(node_command(spec, rank, host, port), env=env, cwd=spec.workdir,
+                                         stdin=subprocess.DEVNULL, stdout=write_end, stderr=subprocess.STDOUT,
+                                         start_new_session=True, preexec_fn=_child_setup(self.limit))
+        except Exception:
+            os.close(read_end)
+            if self.limit is not None:
+                self.limit.remove()
+            raise
+        finally:
+            os.close(write_end)
+        self.pump = start_pump(self.log, read_end, f"joblog-{spec.job_id}-{spec.run}-{rank}")
         return {"node_id": ctx.get_node_id(), "gpus": gpus, "pid": self.proc.pid}
 
     async def wait(self) -> dict[str, Any]:
@@ -159,6 +168,8 @@ class NodeLauncher:
         if self.outcome_ is not None or self.proc is None or self.proc.poll() is None:
             return
         signal_group(self.proc.pid, signal.SIGKILL)          # what the command left in its group
+        if self.pump is not None:
+            self.pump.join(PUMP_DRAIN_S)                     # its last output reaches the log first
         if self.limit is not None:
             self.limit.remove()
         self.outcome_ = {"code": self.proc.returncode,

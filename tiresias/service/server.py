@@ -7,7 +7,8 @@ given ``--state DIR`` find it. The state dir is made 0711: others cannot list it
 its database, token or run records, but a job running as its owner's OS user still reaches
 its checkpoint dir under it. A master bound beyond loopback asks for a token on the
 dashboard too, and every caller needs one (loopback is not trusted). ``httpguard`` bounds
-slow and excess connections. SIGTERM or SIGINT stops the master cleanly: the HTTP server closes, the scheduling
+slow and excess connections; a ``tiresias-retention`` thread prunes ended jobs past
+``--retention`` (``Master.prune_loop``). SIGTERM or SIGINT stops the master cleanly: the HTTP server closes, the scheduling
 thread finishes its pass, state is written. Jobs keep running — a restarted master
 re-attaches them.
 """
@@ -68,12 +69,15 @@ def serve(master: Master, host: str, port: int, ready=None) -> int:
     stop = threading.Event()
     loop_thread = threading.Thread(target=master.serve, args=(stop,), name="tiresias-scheduler", daemon=True)
     loop_thread.start()
+    prune_thread = threading.Thread(target=master.prune_loop, args=(stop,), name="tiresias-retention", daemon=True)
+    prune_thread.start()
     try:
         return asyncio.run(_http(master, auth, host, port, ready))
     finally:
         stop.set()
         master.wake.set()
         loop_thread.join(timeout=30)
+        prune_thread.join(timeout=30)
         master.close()
 
 

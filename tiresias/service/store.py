@@ -23,9 +23,17 @@ and how to restore ``STATE/state.db.bak``, the copy the master keeps with SQLite
 backup API (``Store.start_backups``: at start, every interval and at a clean stop, each
 written to a temporary file and renamed over the last, and only from a database that passes
 its check).
+
+A full disk (SQLite's ``database or disk is full``, ``ENOSPC``) never loses a state change:
+a write that fails for lack of space is kept, in order, in memory (``pending_writes``) and
+applied before any later write and on every ``flush_pending`` (the master's passes), so the
+database catches up as soon as space returns; the master's in-memory view stays the truth
+meanwhile, and a master killed before then re-learns how its runs ended from the executor.
+A new job or user is not queued: ``add_job``/``add_user`` raise ``StorageFull`` (a 507).
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -34,7 +42,7 @@ import threading
 import time
 from typing import Any, Iterable
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 MIGRATIONS: list[list[str]] = [
     # 0 -> 1: the first schema
@@ -91,6 +99,9 @@ MIGRATIONS: list[list[str]] = [
             hash TEXT NOT NULL,
             created REAL NOT NULL,
             revoked REAL)"""],
+    # 3 -> 4: the dashboard's latest finished jobs and retention's expired ones, by index
+    ["""CREATE INDEX jobs_ended ON jobs(ended)""",
+     """CREATE INDEX jobs_owner_ended ON jobs(owner, ended)"""],
 ]
 
 ACTIVE = ("waiting", "running", "stopping", "preempted")
@@ -99,6 +110,8 @@ STATUSES = ACTIVE + TERMINAL
 
 _JSON_COLUMNS = ("spec", "placement", "handle")
 _JSON_TYPES = {"spec": dict, "placement": list, "handle": dict}
+
+MAX_PENDING = 100_000         # queued statements on a full disk before events (never job updates) are dropped
 
 BACKUP_SUFFIX = ".bak"
 DEFAULT_BACKUP_INTERVAL = 600.0
@@ -110,6 +123,24 @@ class StateError(RuntimeError):
     """The state dir cannot be used (newer schema, corrupt database)."""
 
 
+class StorageFull(sqlite3.OperationalError):
+    """A write failed because the state disk is full (nothing of it was stored)."""
+
+
+def is_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says the disk (or the database's size limit) is full."""
+    if isinstance(exc, StorageFull):
+        return True
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        if code is not None and code & 0xFF == 13:           # SQLITE_FULL
+            return True
+        return "database or disk is full" in str(exc)
+    return False
+
+
 class Store:
     """Thread-safe access to the state database (one connection, one lock)."""
 
@@ -117,6 +148,7 @@ class Store:
         self.path = path
         self.backup_path = path + BACKUP_SUFFIX
         self._lock = threading.RLock()
+        self._pending: list[list[tuple[str, tuple]]] = []     # writes a full disk refused, in order
         self._backup_stop: threading.Event | None = None
         self._backup_thread: threading.Thread | None = None
         if path != ":memory:" and os.path.exists(path) and os.path.getsize(path) == 0:
@@ -255,6 +287,9 @@ class Store:
     # --- jobs ------------------------------------------------------------------------------
     def add_job(self, name: str, spec: dict[str, Any], gpus: int, submitted: float, owner: str = "operator",
                 secret: str | None = None) -> int:
+        """Store a new job; ``StorageFull`` (nothing stored) when the disk is full."""
+        with self._lock:
+            self._require_flushed()
         with self._lock, self._tx() as db:
             cur = db.execute("INSERT INTO jobs(name, spec, gpus, status, submitted, wait_since, owner, secret) "
                              "VALUES (?, ?, ?, 'waiting', ?, ?, ?, ?)",
@@ -302,6 +337,69 @@ class Store:
             args.append(int(limit))
         return [_row(r, self) for r in self._query(sql, args)]
 
+    def board_jobs(self, recent: int, owner: str | None = None) -> list[dict[str, Any]]:
+        """Active jobs plus the ``recent`` latest-ended ones, in id order (by index: never the
+        whole history)."""
+        own, args = ("AND owner = ?", [owner]) if owner is not None else ("", [])
+        marks = ", ".join("?" * len(ACTIVE))
+        rows = self._query(f"SELECT * FROM jobs WHERE status IN ({marks}) {own}", [*ACTIVE, *args])
+        rows += self._query(f"SELECT * FROM jobs WHERE ended IS NOT NULL {own} AND status NOT IN ({marks}) "
+                            f"ORDER BY ended DESC LIMIT ?", [*args, *ACTIVE, int(recent)])
+        return sorted((_row(r, self) for r in rows), key=lambda r: r["id"])
+
+    def latest_jobs(self, limit: int, statuses: Iterable[str] | None = None,
+                    owner: str | None = None) -> list[dict[str, Any]]:
+        """The ``limit`` newest jobs (highest ids) of ``statuses``/``owner``, in id order."""
+        sql, args, where = "SELECT * FROM jobs", [], []
+        if statuses is not None:
+            statuses = list(statuses)
+            where.append(f"status IN ({', '.join('?' * len(statuses))})")
+            args += statuses
+        if owner is not None:
+            where.append("owner = ?")
+            args.append(owner)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        rows = self._query(sql + " ORDER BY id DESC LIMIT ?", [*args, int(limit)])
+        return [_row(r, self) for r in reversed(rows)]
+
+    def status_counts(self) -> dict[str, int]:
+        """Jobs per status (an aggregate over the status index)."""
+        return {r[0]: r[1] for r in self._query("SELECT status, COUNT(*) FROM jobs GROUP BY status")}
+
+    def finished_jct(self) -> tuple[int, float | None]:
+        """(finished jobs, their mean JCT in seconds) by SQL aggregate."""
+        row = self._query("SELECT COUNT(*), AVG(ended - submitted) FROM jobs WHERE status = 'finished'")[0]
+        return int(row[0]), row[1]
+
+    # --- retention ---------------------------------------------------------------------------
+    def expired(self, cutoff: float, limit: int) -> list[int]:
+        """Up to ``limit`` ended jobs (terminal statuses) that ended before ``cutoff``, oldest first."""
+        marks = ", ".join("?" * len(TERMINAL))
+        rows = self._query(f"SELECT id FROM jobs WHERE ended IS NOT NULL AND ended < ? AND status IN ({marks}) "
+                           f"ORDER BY ended LIMIT ?", [cutoff, *TERMINAL, int(limit)])
+        return [int(r[0]) for r in rows]
+
+    def delete_jobs(self, ids: list[int], cutoff: float | None = None, events_limit: int = 1000) -> bool:
+        """Delete these jobs with their runs and events (and up to ``events_limit`` cluster events
+        older than ``cutoff``) in one transaction; False (nothing deleted) on a full disk."""
+        marks = ", ".join("?" * len(ids))
+        stmts = []
+        if ids:
+            stmts = [(f"DELETE FROM events WHERE job_id IN ({marks})", tuple(ids)),
+                     (f"DELETE FROM placements WHERE job_id IN ({marks})", tuple(ids)),
+                     (f"DELETE FROM jobs WHERE id IN ({marks}) AND ended IS NOT NULL", tuple(ids))]
+        if cutoff is not None:
+            stmts.append(("DELETE FROM events WHERE id IN (SELECT id FROM events WHERE job_id IS NULL "
+                          "AND time < ? ORDER BY id LIMIT ?)", (cutoff, int(events_limit))))
+        with self._lock:
+            try:
+                self._require_flushed()
+                self._apply(stmts)
+            except StorageFull:
+                return False
+        return True
+
     # --- runs and events -----------------------------------------------------------------------
     def add_placement(self, job_id: int, run: int, nodes: Any, started: float) -> None:
         self._write([("INSERT OR REPLACE INTO placements(job_id, run, nodes, started) VALUES (?, ?, ?, ?)",
@@ -336,6 +434,8 @@ class Store:
     # --- users ------------------------------------------------------------------------------
     def add_user(self, name: str, role: str, salt: str, digest: str, created: float) -> bool:
         """Store a user (replacing a revoked one of that name); False when an active one exists."""
+        with self._lock:
+            self._require_flushed()
         with self._lock, self._tx() as db:
             row = db.execute("SELECT revoked FROM users WHERE name = ?", (name,)).fetchone()
             if row is not None and row["revoked"] is None:
@@ -373,11 +473,60 @@ class Store:
             return self._db.execute(sql, tuple(args)).fetchall()
 
     def _write(self, stmts: list[tuple[str, tuple]]) -> None:
+        """Apply ``stmts`` in one transaction, after any pending ones; on a full disk keep them
+        pending (in order) instead: a state change is never dropped."""
         if not stmts:
             return
-        with self._lock, self._tx() as db:
+        with self._lock:
+            if self._pending and not self._flush_locked():
+                self._queue(stmts)
+                return
+            try:
+                self._apply(stmts)
+            except StorageFull as exc:
+                log.error("state database %s: %s; keeping the write in memory until space returns", self.path, exc)
+                self._queue(stmts)
+
+    def _apply(self, stmts: list[tuple[str, tuple]]) -> None:
+        with self._tx() as db:
             for sql, args in stmts:
                 db.execute(sql, args)
+
+    def _queue(self, stmts: list[tuple[str, tuple]]) -> None:
+        self._pending.append(list(stmts))
+        if self.pending_writes() > MAX_PENDING:         # bounded: events go first, job updates never
+            dropped = 0
+            for batch in self._pending:
+                keep = [st for st in batch if not st[0].startswith("INSERT INTO events")]
+                dropped += len(batch) - len(keep)
+                batch[:] = keep
+            self._pending = [b for b in self._pending if b]
+            log.error("state database %s: disk still full; dropped %d queued events", self.path, dropped)
+
+    def _flush_locked(self) -> bool:
+        while self._pending:
+            try:
+                self._apply(self._pending[0])
+            except StorageFull:
+                return False
+            self._pending.pop(0)
+        return True
+
+    def _require_flushed(self) -> None:
+        if self._pending and not self._flush_locked():
+            raise StorageFull("database or disk is full (earlier writes still wait for space)")
+
+    def flush_pending(self) -> bool:
+        """Apply the writes a full disk refused; True when none is left."""
+        with self._lock:
+            if self._pending and self._flush_locked():
+                log.warning("state database %s: space is back; queued writes applied", self.path)
+            return not self._pending
+
+    def pending_writes(self) -> int:
+        """Statements waiting for disk space."""
+        with self._lock:
+            return sum(len(b) for b in self._pending)
 
     def _tx(self):
         return _Transaction(self._db)
@@ -388,11 +537,34 @@ class _Transaction:
         self.db = db
 
     def __enter__(self) -> sqlite3.Connection:
-        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if is_full(exc):
+                raise StorageFull(str(exc)) from exc
+            raise
         return self.db
 
-    def __exit__(self, exc_type, *_: Any) -> None:
-        self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            try:
+                self.db.execute("COMMIT")
+                return
+            except sqlite3.Error as commit_exc:       # never leave the transaction open
+                self._rollback()
+                if is_full(commit_exc):
+                    raise StorageFull(str(commit_exc)) from commit_exc
+                raise
+        self._rollback()
+        if exc is not None and not isinstance(exc, StorageFull) and is_full(exc):
+            raise StorageFull(str(exc)) from exc
+
+    def _rollback(self) -> None:
+        if self.db.in_transaction:
+            try:
+                self.db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
 
 
 def migrate_to(db: sqlite3.Connection, target: int, start: int = 0) -> None:

@@ -3,11 +3,15 @@
 Started by the master in a session of its own, so a run outlives a master crash. It reads
 ``RUN_DIR/spec.json`` (a ``LaunchSpec``), starts every node's command in a process group of
 its own (``CUDA_VISIBLE_DEVICES`` from the placement, a rendezvous port on 127.0.0.1 for a
-job spanning nodes, output appended to the job's log, a memory cgroup when the job declared
+job spanning nodes, output into a pipe the supervisor copies to the job's log through
+``joblog.CappedLog``, rotated at the spec's ``max_log_bytes``, a memory cgroup when the job declared
 its memory, as the OS user ``run_as`` when the spec names one: the supervisor stays root, the
 node commands drop to that user before they enter the job's workdir and exec, and a workdir
 that user cannot enter fails the run with one message whether or not it exists), records the process groups in ``RUN_DIR/groups.json``, waits, and records how
-the run ended in ``RUN_DIR/exit.json`` — which is how a restarted master learns it.
+the run ended in ``RUN_DIR/exit.json`` — which is how a restarted master learns it. A full
+disk never loses that record: the supervisor retries writing it (``EXIT_RETRY_S`` apart) until
+space returns, and stays alive (so the run is not taken for lost) meanwhile; output written
+while the disk is full is dropped and counted in the log once space returns.
 
 When one node's command fails, the others are stopped (SIGTERM, then SIGKILL). SIGTERM or
 SIGINT to the supervisor is passed on to every node's process group.
@@ -36,8 +40,11 @@ from dlrt.procs import kill_tree, signal_group
 
 from . import cgroup, runas
 from .executor import LaunchSpec, node_command, node_env
+from .joblog import NO_SPACE, CappedLog, start_pump
 
 KILL_AFTER_S = 10.0
+PUMP_DRAIN_S = 5.0               # after the run: how long the log pump may take to reach EOF
+EXIT_RETRY_S = 1.0               # between tries to record the run's end on a full disk
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -48,15 +55,32 @@ def become_subreaper() -> None:
         pass                                     # not Linux: orphans go to init as usual
 
 
-def write_json(path: str, data: Any) -> None:
+def write_json(path: str, data: Any, retry: bool = False) -> None:
     """Write ``data`` to ``path`` atomically (temp file, fsync, rename), mode 0600 (a run's spec
-    holds the job's secret)."""
+    holds the job's secret). ``retry``: on a full disk, try again every ``EXIT_RETRY_S`` until
+    it is written (a run's end is never dropped)."""
     tmp = f"{path}.tmp{os.getpid()}"
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    while True:
+        try:
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+                json.dump(data, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            return
+        except OSError as exc:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            if not retry or exc.errno not in NO_SPACE:
+                raise
+            try:
+                print(f"supervisor: cannot write {path} ({exc.strerror}); retrying in {EXIT_RETRY_S:g} s",
+                      file=sys.stderr, flush=True)
+            except OSError:
+                pass                                 # supervisor.err is on the same full disk
+            time.sleep(EXIT_RETRY_S)
 
 
 def read_json(path: str) -> Any | None:
@@ -91,10 +115,11 @@ class Supervisor:
         self.procs: list[subprocess.Popen] = []
         self.cgroups: list[cgroup.MemoryLimit] = []
         self.signalled = False
+        self.log = CappedLog(self.spec.log_path, self.spec.max_log_bytes)
+        self.pump = None
 
     def _log(self, text: str) -> None:
-        with open(self.spec.log_path, "a") as f:
-            f.write(text + "\n")
+        self.log.write((text + "\n").encode())
 
     def start(self) -> None:
         spec = self.spec
@@ -102,10 +127,21 @@ class Supervisor:
         nodes = ", ".join(f"{n}[{','.join(map(str, g))}]" for n, g in spec.placement)
         self._log(f"=== tiresias: run {spec.run} of job {spec.job_id} on {nodes} at "
                   f"{time.strftime('%Y-%m-%d %H:%M:%S')} ===")
-        log = open(spec.log_path, "ab", buffering=0)
+        read_end, write_end = os.pipe()
+        os.set_inheritable(write_end, False)       # Popen dups it onto the children's stdout/stderr
+        self.pump = start_pump(self.log, read_end)
         acct = runas.account(spec.run_as) if spec.run_as else None
-        if acct is not None and not runas.can_enter(acct, spec.workdir):
-            raise RuntimeError(runas.cannot_enter(acct, spec.workdir))    # checked as the user, never as root
+        try:
+            if acct is not None and not runas.can_enter(acct, spec.workdir):
+                raise RuntimeError(runas.cannot_enter(acct, spec.workdir))    # checked as the user, never as root
+            self._spawn(spec, acct, port, write_end)
+        finally:
+            os.close(write_end)                    # the children hold it; EOF once they are all gone
+        write_json(os.path.join(self.run_dir, "groups.json"),
+                   {"supervisor": os.getpid(), "groups": [p.pid for p in self.procs],
+                    "started": [_create_time(p.pid) for p in self.procs]}, retry=True)
+
+    def _spawn(self, spec: LaunchSpec, acct, port: int, out: int) -> None:
         for rank in range(len(spec.placement)):
             limit = None
             if spec.memory_bytes:
@@ -116,14 +152,15 @@ class Supervisor:
             proc = subprocess.Popen(node_command(spec, rank, "127.0.0.1", port),
                                     env=node_env(spec, rank, "127.0.0.1", port),
                                     cwd=spec.workdir if acct is None else None,     # as the user: dropper
-                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True,
                                     preexec_fn=runas.dropper(acct, first, spec.workdir) if acct is not None else first)
             self.procs.append(proc)
-        log.close()
-        write_json(os.path.join(self.run_dir, "groups.json"),
-                   {"supervisor": os.getpid(), "groups": [p.pid for p in self.procs],
-                    "started": [_create_time(p.pid) for p in self.procs]})
+
+    def finish_log(self) -> None:
+        """Wait (bounded) for the pump to copy what the run's processes wrote last."""
+        if self.pump is not None:
+            self.pump.join(PUMP_DRAIN_S)
 
     def signal_all(self, sig: int) -> None:
         for p in self.procs:
@@ -189,14 +226,16 @@ def main(argv: list[str] | None = None) -> int:
         sup.start()
     except Exception as exc:                     # a command that cannot start is a failed run
         sup.signal_all(signal.SIGKILL)
+        sup.finish_log()
         sup._log(f"=== tiresias: run {sup.spec.run} could not start: {exc} ===")
         write_json(os.path.join(argv[0], "exit.json"), {"exit_code": 127, "codes": [], "ended": time.time(),
-                                                         "stopped": False, "detail": str(exc)})
+                                                         "stopped": False, "detail": str(exc)}, retry=True)
         return 1
     result = sup.wait()
+    sup.finish_log()
     sup._log(f"=== tiresias: run {sup.spec.run} ended with exit code {result['exit_code']}"
              f"{' (stopped on request)' if result['stopped'] else ''} ===")
-    write_json(os.path.join(argv[0], "exit.json"), result)
+    write_json(os.path.join(argv[0], "exit.json"), result, retry=True)
     return 0
 
 
