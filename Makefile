@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup pyverbs demo demo-hosts test bench clean
+.PHONY: setup pyverbs demo demo-hosts test bench check-pinned clean
 
 setup: $(STAMP) pyverbs
 
@@ -94,6 +94,11 @@ bench: setup
 	    --json bench/results/tiresias_philly_original.json --plot bench/results/tiresias_philly_cdf.png
 	$(VENV)/bin/tiresias compare --trace ../shared/data/traces/philly.csv --cluster 48x8 --models cycle --no-progress \
 	    --json bench/results/tiresias_philly_modelled.json
+
+# Every simulator figure bench/results pins, replayed by the command that wrote it (minutes;
+# make test replays the quick ones): counts exact, floats within 1e-9.
+check-pinned: setup
+	$(PY) bench/tiresias_pinned.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis

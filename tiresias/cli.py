@@ -155,8 +155,8 @@ def _cmd_simulate(args) -> int:
     if _uses_queues(args.policy, args):
         summary["queues"] = queues.as_dict()
     if args.json:
-        cli.write_json(args.json, summary)
-    if args.json != "-":
+        cli.write_json(args.json, summary)      # the file only ('-': stdout)
+    else:
         print(json.dumps(summary, indent=2))
     if args.jobs_csv:
         write_jobs_csv(result, args.jobs_csv)
@@ -227,8 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = cli.parser("tiresias", "Tiresias GPU cluster scheduler: simulator and live master")
     sub = cli.add_commands(parser)
     p = cli.add_command(sub, "simulate", "simulate one policy on a trace", log_level="WARNING",
-                        json_help="write the summary as JSON to FILE ('-' for stdout; it is printed "
-                                  "there anyway unless FILE is '-')")
+                        json_help="write the summary as JSON to FILE only ('-' for stdout; without "
+                                  "--json it is printed)")
     _common(p)
     p.add_argument("--policy", choices=sorted(POLICIES), default="las")
     p.add_argument("--jobs-csv", default=None, metavar="FILE", help="one row per job")

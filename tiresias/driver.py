@@ -17,6 +17,13 @@ Placement (``DriverConfig.placement``):
   onto nodes with Tesserae's migration-minimizing matching);
 * ``consolidate``: every job consolidated (YARN-CS' constraint); ``spread``: none is.
 
+Accounting is lazy: a running job's attained service, execution and stall are settled
+(``settle``) when it stops, when the policy changes it, when it is moved, and before a pass
+of a policy whose keys read them (``reads_running_progress``); between those, advancing the
+clock costs nothing per job. Whether any job executed (the stall detector's
+``last_progress``) comes from a heap of the running jobs' stall ends. The live master settles
+every running job at each ``advance`` (it shows them).
+
 Costs (``tiresias.overheads``, simulator only): a resumed job stalls for its pause + resume
 time (``overheads``); a multi-GPU job placed on more nodes than it needs runs slower by its
 skew (``slowdown``).
@@ -35,6 +42,7 @@ e.g. where its declared memory fits); jobs admitted but not placeable carry a re
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -101,28 +109,45 @@ class Driver:
         self.overhead = 0.0
         self.last_progress = start          # the last time a job executed (or none was active)
         self.guard_wake = INF               # when a job a pass spared loses its protection
+        self._stall_ends: list[tuple[float, int]] = []   # heap: (end of a running job's stall, id)
+        self._stall_end: dict[int, float] = {}           # running job -> its current stall end
+        self._guards: list[tuple[float, int]] = []       # heap: (protected_until, id) of started jobs
 
     # --- time ----------------------------------------------------------------------------
     def advance(self, t: float) -> None:
-        """Account ``t - now`` of service (GPUs x time) and execution to the running jobs."""
+        """Move the clock to ``t``: GPU busy time and whether any job executed are accounted
+        now, each running job's service and execution when it is settled (``settle``)."""
         dt = t - self.now
         if dt <= 0:
             return
-        progressed = not self.policy.active
-        for job in self.running.values():
-            job.service += job.num_gpus * dt
-            if job.stall > 0.0:
-                s = job.stall if job.stall < dt else dt
-                job.stall -= s
-                job.executed += (dt - s) * job.speed
-                progressed = progressed or s < dt
-            else:
-                job.executed += dt * job.speed
-                progressed = True
-        if progressed:
+        if not self.policy.active or self._first_stall_end() < t:
             self.last_progress = t
         self.busy += self.used * dt
         self.now = t
+        if self.config.defer_release:
+            self.settle_all()
+
+    def settle_all(self) -> None:
+        """Account every running job's service and execution up to ``now``."""
+        now = self.now
+        for job in self.running.values():
+            settle(job, now)
+
+    def _first_stall_end(self) -> float:
+        heap, ends = self._stall_ends, self._stall_end
+        while heap and ends.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)                 # stale: the job stopped or its stall changed
+        return heap[0][0] if heap else INF
+
+    def _track(self, job: JobState) -> None:
+        """``job`` runs with ``stall`` seconds left from ``settled``: when it executes again."""
+        end = job.settled + job.stall
+        self._stall_end[job.job_id] = end
+        heapq.heappush(self._stall_ends, (end, job.job_id))
+
+    def _untrack(self, job: JobState) -> None:
+        settle(job, self.now)
+        self._stall_end.pop(job.job_id, None)
 
     def next_change(self) -> float:
         t = self.policy.next_change(self.running.values(), self.now)
@@ -139,6 +164,19 @@ class Driver:
     def _protect(self, job: JobState, cost: float) -> None:
         job.protected_until = progress.protected_until(self.now, cost, self.config.min_run_factor,
                                                        self.config.min_run)
+        self._guard(job)
+
+    def _guard(self, job: JobState) -> None:
+        if job.protected_until > self.now:
+            heapq.heappush(self._guards, (job.protected_until, job.job_id))
+
+    def _protected(self, limit: float) -> frozenset[int]:
+        """The running jobs protected past ``limit`` (the progress guarantee)."""
+        heap, running = self._guards, self.running
+        while heap and heap[0][0] <= limit:
+            heapq.heappop(heap)
+        return frozenset(jid for until, jid in heap
+                         if jid in running and running[jid].protected_until == until)
 
     # --- lifecycle -------------------------------------------------------------------------
     def submit(self, job: JobState) -> None:
@@ -149,6 +187,7 @@ class Driver:
 
     def finish(self, job: JobState) -> None:
         """A running job completed: it leaves the cluster and the policy."""
+        self._untrack(job)
         job.running = False
         self.policy.stopped(job, self.now)
         job.end_time = self.now
@@ -181,6 +220,7 @@ class Driver:
     def abort_start(self, job: JobState) -> None:
         """A job this pass started could not be launched: back to waiting, GPUs free at once
         (not a preemption)."""
+        self._untrack(job)
         job.running = False
         job.wait_since = self.now
         self.policy.stopped(job, self.now)
@@ -210,6 +250,9 @@ class Driver:
         if self.nodes is not None:
             self.nodes.alloc[job.job_id] = alloc
         job.running = True
+        job.settled = self.now
+        self._track(job)
+        self._guard(job)
         self.running[job.job_id] = job
         self.used += job.num_gpus
         self.policy.started(job, self.now)
@@ -219,6 +262,8 @@ class Driver:
         """Apply the policy's due changes (demotions, promotions) to the jobs."""
         now = self.now
         while (change := self.policy.due(now)) is not None:
+            if change.job.running:
+                settle(change.job, now)
             _apply(change, now)
             self.policy.changed(change, now)
 
@@ -226,6 +271,8 @@ class Driver:
         """One scheduling pass at ``now``: policy order, placement, start and stop."""
         now = self.now
         self.apply_changes()
+        if self.policy.reads_running_progress:
+            self.settle_all()
         if self.config.defer_release:
             to_start, to_stop = self._pass_live()
         else:
@@ -235,8 +282,11 @@ class Driver:
                 # whose GPUs nobody could use after all (placement blocked) keeps running
                 nodes = self.nodes
                 held = {job.job_id: nodes.release(job) for job in to_stop}
-                stopping = {job.job_id for job in to_stop}
-                staying = {jid: j for jid, j in self.running.items() if jid not in stopping}
+                if self.config.migrate:      # a repack moves the running jobs that stay
+                    stopping = {job.job_id for job in to_stop}
+                    staying = {jid: j for jid, j in self.running.items() if jid not in stopping}
+                else:
+                    staying = {}
                 to_start = nodes.place_all(to_start, staying, now)
                 to_stop = [job for job in to_stop if not nodes.retake(job, held[job.job_id])]
         self._stop(to_stop)
@@ -245,6 +295,9 @@ class Driver:
         moved: list[JobState] = []
         if self.nodes is not None and self.nodes.moved:
             moved, self.nodes.moved = self.nodes.moved, []
+            for job in moved:
+                self._track(job)
+                self._guard(job)
         if self.used > self.capacity:
             raise AssertionError(f"{self.used} GPUs allocated of {self.capacity} at t={now}")
         return Decision(to_start, to_stop, moved)
@@ -261,7 +314,7 @@ class Driver:
         if not spared:
             self.guard_wake = INF
             return to_start, to_stop
-        keep = frozenset(j.job_id for j in running if j.protected_until > limit)
+        keep = self._protected(limit)
         self.guard_wake = min(spared)
         return allocate(self.policy, capacity, running, now, fits, keep)
 
@@ -322,6 +375,7 @@ class Driver:
     def _stop(self, jobs: Iterable[JobState]) -> None:
         now = self.now
         for job in jobs:
+            self._untrack(job)
             job.running = False
             job.preemptions += 1
             job.wait_since = now
@@ -348,6 +402,8 @@ class Driver:
                 job.overhead += cost
                 self.overhead += cost
         self._protect(job, cost)
+        job.settled = now
+        self._track(job)
         self.running[job.job_id] = job
         self.used += job.num_gpus
         self.policy.started(job, now)
@@ -371,10 +427,24 @@ class Driver:
         return hit
 
 
+def settle(job: JobState, now: float) -> None:
+    """Account a running job's service (GPUs x time), stall and execution up to ``now``."""
+    dt = now - job.settled
+    if dt > 0.0 and job.running:
+        job.service += job.num_gpus * dt
+        if job.stall > 0.0:
+            s = job.stall if job.stall < dt else dt
+            job.stall -= s
+            job.executed += (dt - s) * job.speed
+        else:
+            job.executed += dt * job.speed
+    job.settled = now
+
+
 def _apply(change: Change, now: float) -> None:
     job = change.job
     if change.kind == "demote":
-        job.service = change.service
+        job.service = max(job.service, change.service)
     elif change.kind == "promote":
         job.service = 0.0
         job.waited = 0.0
@@ -448,7 +518,8 @@ class Nodes:
                   eligible: Eligibility | None = None) -> list[JobState]:
         """Place admitted jobs, consolidated ones and larger ones first; return those placed."""
         placed = []
-        order = sorted(to_start, key=lambda j: (not self.consolidate(j), -j.num_gpus, j.job_id))
+        order = to_start if len(to_start) < 2 else \
+            sorted(to_start, key=lambda j: (not self.consolidate(j), -j.num_gpus, j.job_id))
         for job in order:
             if eligible is None and not self.offline:
                 alloc = plc.place(self.free, job.num_gpus, self.consolidate(job), self.per)
@@ -461,7 +532,8 @@ class Nodes:
                 continue
             self._take(job, alloc)
             placed.append(job)
-        placed.sort(key=lambda j: j.job_id)
+        if len(placed) > 1:
+            placed.sort(key=lambda j: j.job_id)
         return placed
 
     def why_not(self, job: JobState, eligible: Eligibility | None, draining: bool) -> str:
@@ -508,6 +580,7 @@ class Nodes:
             self.alloc[jid] = alloc
             moved_job = running.get(jid)
             if changed and moved_job is not None:
+                settle(moved_job, now)
                 moved_job.migrations += 1
                 if self.config.overheads:
                     cost = ovh.preemption_cost(moved_job.model, moved_job.num_gpus)

@@ -46,12 +46,9 @@ def place(free: Sequence[int], gpus: int, consolidate: bool, gpus_per_node: int)
         raise ValueError(f"a job needs at least one GPU, got {gpus}")
     if sum(free) < gpus:
         return None
-    best = None
-    for node, f in enumerate(free):              # best fit on one node
-        if f >= gpus and (best is None or f < free[best]):
-            best = node
-    if best is not None:
-        return [(best, gpus)]
+    for f in range(gpus, max(free) + 1):          # best fit on one node: the fewest free GPUs
+        if f in free:                             # that hold it, the first such node
+            return [(free.index(f), gpus)]
     if consolidate:
         need = min_nodes(gpus, gpus_per_node)
         by_free = sorted(range(len(free)), key=lambda n: (-free[n], n))[:need]

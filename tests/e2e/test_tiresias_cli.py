@@ -24,6 +24,7 @@ def test_simulate_writes_the_contracted_json_and_jobs_csv(tmp_path):
     proc = run("simulate", "--trace", str(DATA / "tiresias" / "60_job.csv"), "--cluster", "2x4",
                "--policy", "las", "--json", str(out), "--jobs-csv", str(jobs))
     assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == ""                  # --json FILE: the file only
     summary = json.loads(out.read_text())
     for key in ("policy", "jobs", "avg_jct", "median_jct", "p95_jct", "avg_queue_delay", "median_queue_delay",
                 "p95_queue_delay", "makespan", "preemptions", "gpu_utilization", "sim_wall_seconds"):

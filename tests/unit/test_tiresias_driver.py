@@ -43,10 +43,12 @@ CASES = {
     "philly1500/srtf": (PHILLY, "48x8", 1500, "srtf", ORIGINAL, {}, (81202.59133333333, 212.0, 2352)),
     "philly1500/gandiva-rr": (PHILLY, "48x8", 1500, "gandiva-rr", ORIGINAL, {}, (78907.21733333333, 445.5, 5033)),
     "philly1500/las": (PHILLY, "48x8", 1500, "las", ORIGINAL, {}, (92434.98466666667, 212.0, 2146)),
+    # K=3: re-pinned when a demotion stopped jumping a queue (it set the service to the next
+    # threshold, not the one crossed: 91459.32533333333, 212.0, 3081 before)
     "philly1500/gittins-k3": (PHILLY, "48x8", 1500, "gittins", ORIGINAL, {"thresholds": K3, "promote_knob": 8.0},
-                              (91459.32533333333, 212.0, 3081)),
+                              (81540.81866666667, 212.0, 1950)),
     "philly1500/las-k3": (PHILLY, "48x8", 1500, "las", ORIGINAL, {"thresholds": K3, "promote_knob": 8.0},
-                          (91459.32533333333, 212.0, 3081)),
+                          (81540.81866666667, 212.0, 1950)),
     "job60-2x4/las": (JOB60, "2x4", None, "las", MODELLED, {"promote_knob": 2.0}, (715.977157899617, 150.5, 0)),
     "job60-2x4/gittins": (JOB60, "2x4", None, "gittins", MODELLED, {"promote_knob": 2.0},
                           (880.2889631405557, 372.0, 58)),
@@ -85,6 +87,26 @@ LIVE = DriverConfig("tiresias", defer_release=True)
 
 def _job(jid, gpus, t=0.0, skew=0.0):
     return JobState(jid, gpus, t, wait_since=t, skew=skew)
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+def test_a_demotion_moves_a_job_one_queue_to_the_threshold_it_crossed(lazy):
+    """K=3 (thresholds 10 and 100 GPU-s): a 1-GPU job crosses 10 at t=10 and lands in Q2 with
+    10 GPU-s (not 100, the next threshold); it reaches Q3 at t=100, whether its service was
+    accounted at every step (the live master) or only when it changed (the simulator)."""
+    config = LIVE if not lazy else DriverConfig("tiresias")
+    drv = Driver(DiscretizedLAS(thresholds=[10.0, 100.0]), ClusterSpec(1, 1), config)
+    a = _job(1, 1)
+    drv.submit(a)
+    drv.schedule()
+    seen = []
+    for t in (5.0, 10.0, 50.0, 100.0):
+        drv.advance(t)
+        drv.schedule()
+        drv.settle_all()
+        seen.append((drv.policy.queue_of(a), a.service))
+    assert [q for q, _ in seen] == [0, 1, 1, 2]
+    assert seen[1][1] == pytest.approx(10.0) and seen[3][1] == pytest.approx(100.0)
 
 
 def test_policy_changes_are_applied_by_the_driver_not_the_policy():

@@ -10,29 +10,42 @@ as a ``Change``; the driver applies it to the job and calls ``changed``.
 
 Every policy's key of a *waiting* job is static while it waits (LAS: its queue and start
 time; SRTF: its remaining time; Gandiva: when it last ran), so the base class keeps waiting
-jobs in one sorted list per GPU count, keyed once when they start waiting. Running jobs are
-few (they fit on the cluster) and are sorted per pass (``running_order``; LAS keeps them
-sorted incrementally). ``allocate`` is the one scheduling pass both drivers run: it merges
-the running order with the waiting lists of the GPU counts that still fit, so a pass costs
-the running jobs plus the jobs it admits — never the whole backlog.
+jobs in one sorted list per GPU count, keyed once when they start waiting. A policy whose
+keys of *running* jobs stay put too (``static_running_keys``: 2D-LAS, smallest-first) has
+them kept in order with their GPU prefix sums (``RunningOrder``), re-filed only when the
+policy changes a job's key (a demotion); the others are sorted per pass (``running_order``).
+``allocate`` is the one scheduling pass both drivers run: it merges the running order with
+the waiting lists of the GPU counts that still fit. Over a ``RunningOrder`` it keeps whole
+stretches of running jobs at once (bisecting the prefix sums), so a pass costs the jobs it
+admits or preempts and the waiting jobs it passes — never the backlog, nor the jobs that
+simply keep running.
+
+Policies that read a running job's attained service or execution in their keys
+(``reads_running_progress``: 2D-Gittins, continuous LAS, SRTF) get them settled by the
+driver before each pass; the others never need them between a job's start and its stop.
 """
 from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
+from itertools import accumulate
 from operator import itemgetter
 from typing import Callable, Iterable, Iterator
 
 from sortedcontainers import SortedList
+
+from .order import RunningOrder
 
 INF = math.inf
 
 
 @dataclass(frozen=True, slots=True)
 class Change:
-    """A job state change a policy decided: ``demote`` sets ``job.service`` to ``service`` (a
-    threshold crossed); ``promote`` resets its service and waiting time (back to Q1)."""
+    """A job state change a policy decided: ``demote`` raises ``job.service`` to at least
+    ``service`` (the threshold it crossed); ``promote`` resets its service and waiting time
+    (back to Q1)."""
     kind: str
     job: "JobState"
     service: float
@@ -60,6 +73,7 @@ class JobState:
     overhead: float = 0.0             # seconds charged to pauses and resumes so far
     migrations: int = 0
     protected_until: float = -INF     # not preemptible before (the progress guarantee)
+    settled: float = 0.0              # running: service, executed and stall accounted up to here
 
     def remaining(self) -> float:
         return INF if self.duration is None else max(0.0, self.duration - self.executed)
@@ -71,12 +85,17 @@ class Policy:
     name = "base"
     preemptive = True       # may a running job be stopped for a higher-priority one?
     blocking = False        # stop at the first job that does not fit (head-of-line blocking)
+    static_running_keys = False     # a running job's key changes only when the policy re-files it
+    reads_running_progress = True   # keys read running jobs' service / execution (settled per pass)
 
     def __init__(self) -> None:
         self.active: dict[int, JobState] = {}
         self.running: dict[int, JobState] = {}
         self.waiting: dict[int, SortedList] = {}      # GPU count -> sorted keys of waiting jobs
         self._wkey: dict[int, tuple] = {}             # job id -> its key in ``waiting``
+        self.heads: dict[int, tuple] = {}             # GPU count -> its first waiting key
+        self.running_gpus = 0                          # GPUs of the running jobs
+        self.order: RunningOrder | None = RunningOrder() if self.static_running_keys else None
 
     # --- what a policy defines -------------------------------------------------------
     def key(self, job: JobState, now: float) -> tuple:
@@ -85,6 +104,9 @@ class Policy:
 
     def running_order(self, now: float) -> list[tuple[tuple, JobState]]:
         """The running jobs as ``(key, job)`` in priority order."""
+        if self.order is not None:
+            active = self.active
+            return [(k, active[k[-1]]) for k in self.order.keys]
         return sorted(((self.key(j, now), j) for j in self.running.values()), key=itemgetter(0))
 
     def due(self, now: float) -> Change | None:
@@ -114,23 +136,39 @@ class Policy:
         self.active[job.job_id] = job
         if job.running:
             self.running[job.job_id] = job
+            self.running_gpus += job.num_gpus
         else:
             self._wait(job, now)
 
     def remove(self, job: JobState, now: float) -> None:
         if self.active.pop(job.job_id, None) is not None:
-            self.running.pop(job.job_id, None)
+            if self.running.pop(job.job_id, None) is not None:
+                self.running_gpus -= job.num_gpus
+                if self.order is not None:
+                    self.order.discard(job.job_id)
             self._unwait(job)
 
     def started(self, job: JobState, now: float) -> None:
         """``job`` was started (``first_start`` is set by the driver before this call)."""
         self._unwait(job)
         self.running[job.job_id] = job
+        self.running_gpus += job.num_gpus
+        if self.order is not None:
+            self.order.add(self.key(job, now), job.num_gpus)
 
     def stopped(self, job: JobState, now: float) -> None:
         """``job`` was preempted (it stays active) or finished (``remove`` follows)."""
-        if self.running.pop(job.job_id, None) is not None and job.job_id in self.active:
-            self._wait(job, now)
+        if self.running.pop(job.job_id, None) is not None:
+            self.running_gpus -= job.num_gpus
+            if self.order is not None:
+                self.order.discard(job.job_id)
+            if job.job_id in self.active:
+                self._wait(job, now)
+
+    def refile_running(self, job: JobState, now: float) -> None:
+        """A running job's key changed (e.g. a demotion): file it anew in the running order."""
+        if self.order is not None and job.job_id in self.running:
+            self.order.add(self.key(job, now), job.num_gpus)
 
     def rekey(self, job: JobState, now: float) -> None:
         """A waiting job's key changed (e.g. promotion): file it again."""
@@ -140,19 +178,27 @@ class Policy:
 
     def _wait(self, job: JobState, now: float) -> None:
         key = self.key(job, now)
-        lst = self.waiting.get(job.num_gpus)
+        size = job.num_gpus
+        lst = self.waiting.get(size)
         if lst is None:
-            lst = self.waiting[job.num_gpus] = SortedList()
+            lst = self.waiting[size] = SortedList()
         lst.add(key)
         self._wkey[job.job_id] = key
+        head = self.heads.get(size)
+        if head is None or key < head:
+            self.heads[size] = key
 
     def _unwait(self, job: JobState) -> None:
         key = self._wkey.pop(job.job_id, None)
         if key is not None:
-            lst = self.waiting[job.num_gpus]
+            size = job.num_gpus
+            lst = self.waiting[size]
             lst.remove(key)
             if not lst:
-                del self.waiting[job.num_gpus]
+                del self.waiting[size]
+                del self.heads[size]
+            elif self.heads[size] == key:
+                self.heads[size] = lst[0]
 
     @property
     def sizes(self) -> list[int]:
@@ -185,16 +231,14 @@ def allocate(policy: Policy, capacity: int, running: Iterable[JobState], now: fl
         return own
     active = policy.active
     if not policy.may_preempt(now):
-        free = capacity - sum(j.num_gpus for j in running)
-        return _fill(policy, free, now, fits), []
+        return _fill(policy, capacity - policy.running_gpus, now, fits), []
+    if policy.order is not None and fits is None:
+        return _pass_ordered(policy, policy.order, capacity, keep)
     order = policy.running_order(now)
     free = capacity - sum(j.num_gpus for j in running if j.job_id in keep) if keep else capacity
     to_start: list[JobState] = []
     to_preempt: list[JobState] = []
-    heads: list = []
-    for size, lst in policy.waiting.items():
-        if size <= free:
-            heads.append((lst[0], size, 0))
+    heads = [(key, size, 0) for size, key in policy.heads.items() if size <= free]
     heapq.heapify(heads)
     for key, job in order:
         # admit the waiting jobs ahead of this running job
@@ -209,6 +253,67 @@ def allocate(policy: Policy, capacity: int, running: Iterable[JobState], now: fl
     while heads:
         free = _admit_head(policy, heads, free, to_start, fits, active)
     to_start.sort(key=lambda j: j.job_id)
+    return to_start, to_preempt
+
+
+def _pass_ordered(policy: Policy, order: RunningOrder, capacity: int, keep: frozenset[int]
+                  ) -> tuple[list[JobState], list[JobState]]:
+    """``allocate``'s walk over a ``RunningOrder``, with the same result: between two waiting
+    jobs admitted, the running jobs that fit are kept in one step (the prefix sums bisected);
+    only a running job that does not fit is visited, to be preempted. Protected jobs (``keep``)
+    count 0 GPUs where they stand, their GPUs being taken first."""
+    keys = order.keys
+    n = len(keys)
+    active = policy.active
+    free = capacity
+    if keep:
+        gpus = list(order.gpus)
+        for job_id in keep:
+            i = order.position(job_id)
+            free -= gpus[i]
+            gpus[i] = 0
+        prefix = list(accumulate(gpus, initial=0))
+    else:
+        prefix = order.prefix()
+    heads = [(key, size, 0) for size, key in policy.heads.items() if size <= free]
+    heapq.heapify(heads)
+    to_start: list[JobState] = []
+    to_preempt: list[JobState] = []
+    waiting = policy.waiting
+    heappop, heapreplace = heapq.heappop, heapq.heapreplace
+    p = 0
+    while True:
+        while heads and heads[0][1] > free:
+            heappop(heads)                     # this GPU count no longer fits this pass
+        if heads:
+            wkey, size, i = heads[0]
+            q = bisect_left(keys, wkey, p)     # the running jobs ahead of the next waiting one
+        else:
+            q = n
+        while p < q:
+            c = bisect_right(prefix, prefix[p] + free, p, q + 1) - 1    # keys[p:c] fit
+            free -= prefix[c] - prefix[p]
+            p = c
+            if p < q:
+                to_preempt.append(active[keys[p][-1]])
+                p += 1
+        if free == 0:
+            to_preempt += [active[k[-1]] for k in keys[p:] if k[-1] not in keep]   # nothing fits
+            break
+        if not heads:
+            break
+        if size > free:
+            heappop(heads)
+            continue
+        to_start.append(active[wkey[-1]])      # the waiting job is admitted
+        free -= size
+        lst = waiting[size]
+        if i + 1 < len(lst) and size <= free:
+            heapreplace(heads, (lst[i + 1], size, i + 1))
+        else:
+            heappop(heads)
+    if len(to_start) > 1:
+        to_start.sort(key=lambda j: j.job_id)
     return to_start, to_preempt
 
 
@@ -241,7 +346,7 @@ def _fill(policy: Policy, free: int, now: float, fits) -> list[JobState]:
             to_start.append(job)
             free -= job.num_gpus
     else:
-        heads = [(lst[0], size, 0) for size, lst in policy.waiting.items() if size <= free]
+        heads = [(key, size, 0) for size, key in policy.heads.items() if size <= free]
         heapq.heapify(heads)
         while heads:
             free = _admit_head(policy, heads, free, to_start, fits, active)

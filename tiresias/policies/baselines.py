@@ -20,6 +20,7 @@ class FIFO(Policy):
     name = "fifo"
     preemptive = False
     blocking = True
+    reads_running_progress = False
 
     def key(self, job: JobState, now: float):
         return (job.submit_time, job.job_id)
@@ -46,6 +47,8 @@ class SRSF(Policy):
 
 class SmallestFirst(Policy):
     name = "sf"
+    static_running_keys = True
+    reads_running_progress = False
 
     def key(self, job: JobState, now: float):
         return (job.num_gpus, job.submit_time, job.job_id)
@@ -53,6 +56,7 @@ class SmallestFirst(Policy):
 
 class GandivaRoundRobin(Policy):
     name = "gandiva-rr"
+    reads_running_progress = False
 
     def __init__(self, quantum: float = 1800.0) -> None:
         super().__init__()

@@ -19,7 +19,6 @@ from operator import itemgetter
 from typing import Iterable
 
 import numpy as np
-from sortedcontainers import SortedList
 
 from .base import INF, Change, JobState, Policy
 
@@ -28,6 +27,8 @@ DEFAULT_THRESHOLDS = (3200.0,)
 
 class DiscretizedLAS(Policy):
     name = "las"
+    static_running_keys = True       # a running job's key changes only at its demotions
+    reads_running_progress = False   # crossings are predicted at start; service settled at stops
 
     def __init__(self, thresholds: Iterable[float] = DEFAULT_THRESHOLDS, promote_knob: float | None = None) -> None:
         super().__init__()
@@ -37,12 +38,10 @@ class DiscretizedLAS(Policy):
         if promote_knob is not None and promote_knob <= 0:
             raise ValueError("PROMOTEKNOB must be positive (leave it unset to disable promotion)")
         self.knob = promote_knob
-        self._run_keys = SortedList()                 # keys of running jobs, in priority order
-        self._run_key: dict[int, tuple] = {}
-        # running jobs' next threshold crossings and waiting jobs' promotion times:
-        # (time, token, job id); a job's token changes when it starts or stops, so entries
-        # left from an earlier state are skipped
-        self.crossings: list[tuple[float, int, int]] = []
+        # running jobs' next threshold crossings (time, token, job id, the threshold) and
+        # waiting jobs' promotion times (time, token, job id); a job's token changes when it
+        # starts or stops, so entries left from an earlier state are skipped
+        self.crossings: list[tuple[float, int, int, float]] = []
         self.promotions: list[tuple[float, int, int]] = []
         self.tokens: dict[int, int] = {}
 
@@ -57,35 +56,12 @@ class DiscretizedLAS(Policy):
             return (q, 1, job.submit_time, job.job_id)
         return (q, 0, job.first_start, job.job_id)
 
-    def running_order(self, now: float) -> list[tuple[tuple, JobState]]:
-        active = self.active
-        return [(k, active[k[-1]]) for k in self._run_keys]
-
-    def _file_running(self, job: JobState, now: float) -> None:
-        old = self._run_key.pop(job.job_id, None)
-        if old is not None:
-            self._run_keys.remove(old)
-        key = self.key(job, now)
-        self._run_keys.add(key)
-        self._run_key[job.job_id] = key
-
-    def _drop_running(self, job: JobState) -> None:
-        old = self._run_key.pop(job.job_id, None)
-        if old is not None:
-            self._run_keys.remove(old)
-
-    def remove(self, job: JobState, now: float) -> None:
-        self._drop_running(job)
-        super().remove(job, now)
-
     def started(self, job: JobState, now: float) -> None:
         super().started(job, now)
         self.tokens[job.job_id] = self.tokens.get(job.job_id, 0) + 1
-        self._file_running(job, now)
         self._schedule_crossing(job, now)
 
     def stopped(self, job: JobState, now: float) -> None:
-        self._drop_running(job)
         super().stopped(job, now)
         token = self.tokens[job.job_id] = self.tokens.get(job.job_id, 0) + 1
         if self.knob is not None and job.job_id in self.active and self.queue_of(job) > 0:
@@ -95,30 +71,29 @@ class DiscretizedLAS(Policy):
     def _schedule_crossing(self, job: JobState, now: float) -> None:
         q = self.queue_of(job)
         if q < len(self.thresholds):
-            due = now + (self.thresholds[q] - job.service) / job.num_gpus
-            heapq.heappush(self.crossings, (due, self.tokens[job.job_id], job.job_id))
+            threshold = self.thresholds[q]
+            due = now + (threshold - job.service) / job.num_gpus
+            heapq.heappush(self.crossings, (due, self.tokens[job.job_id], job.job_id, threshold))
 
-    def _valid_top(self, heap: list) -> tuple[float, int, int] | None:
+    def _valid_top(self, heap: list) -> tuple | None:
         while heap:
-            due, token, job_id = heap[0]
+            job_id, token = heap[0][2], heap[0][1]
             if job_id in self.active and self.tokens.get(job_id) == token:
                 return heap[0]
             heapq.heappop(heap)
         return None
 
     def due(self, now: float) -> Change | None:
-        """The next change due at ``now``: a running job's threshold crossing (``demote``; it
-        is at least at the threshold: a crossing due within the time tolerance snaps to it,
-        else it would be re-filed at the same instant forever) or a waiting job's promotion
-        back to Q1 (``promote``). The driver applies it and calls ``changed``."""
+        """The next change due at ``now``: a running job's threshold crossing (``demote`` to
+        the threshold it crossed: the driver sets its service to at least that threshold, so
+        that a crossing due within the time tolerance snaps to it, else it would be re-filed
+        at the same instant forever) or a waiting job's promotion back to Q1 (``promote``).
+        The driver applies it and calls ``changed``."""
         limit = now + 1e-9 * max(1.0, now)
         top = self._valid_top(self.crossings)
         if top is not None and top[0] <= limit:
             heapq.heappop(self.crossings)
-            job = self.active[top[2]]
-            q = self.queue_of(job)
-            floor = self.thresholds[q] if q < len(self.thresholds) else job.service
-            return Change("demote", job, max(job.service, floor))
+            return Change("demote", self.active[top[2]], top[3])
         top = self._valid_top(self.promotions)
         if top is not None and top[0] <= limit:
             heapq.heappop(self.promotions)
@@ -128,21 +103,26 @@ class DiscretizedLAS(Policy):
     def changed(self, change: Change, now: float) -> None:
         job = change.job
         if change.kind == "demote":
-            self._file_running(job, now)
+            self.refile_running(job, now)
             self._schedule_crossing(job, now)
         else:
             self.tokens[job.job_id] += 1
             self.rekey(job, now)
 
     def next_change(self, running: Iterable[JobState], now: float) -> float:
-        tops = [t[0] for t in (self._valid_top(self.crossings), self._valid_top(self.promotions)) if t]
-        return max(now, min(tops)) if tops else INF
+        crossing, promotion = self._valid_top(self.crossings), self._valid_top(self.promotions)
+        t = crossing[0] if crossing is not None else INF
+        if promotion is not None and promotion[0] < t:
+            t = promotion[0]
+        return t if t >= now else now
 
 
 class DiscretizedGittins(DiscretizedLAS):
     """2D-Gittins: queues ``1..K-1`` by Gittins index (quantum = upper threshold), last FIFO."""
 
     name = "gittins"
+    static_running_keys = False      # a running job's index moves with its service
+    reads_running_progress = True
 
     def __init__(self, distribution, thresholds: Iterable[float] = DEFAULT_THRESHOLDS,
                  promote_knob: float | None = None) -> None:

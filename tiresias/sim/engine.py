@@ -84,9 +84,9 @@ def simulate(trace: Iterable, cluster: ClusterSpec | int, policy: Policy | Gandi
             if tokens.get(job_id) == token:
                 finished.append(drv.running[job_id])
         for job in sorted(finished, key=lambda j: j.job_id):
-            job.executed = job.duration
             tokens[job.job_id] += 1
             drv.finish(job)
+            job.executed = job.duration
             done += 1
             if record:
                 timeline.append((now, job.job_id, "end"))
@@ -107,8 +107,11 @@ def simulate(trace: Iterable, cluster: ClusterSpec | int, policy: Policy | Gandi
                 timeline.append((now, job.job_id, "stop"))
         if record:
             timeline += [(now, job.job_id, "start") for job in decision.started]
-        seen = {j.job_id for j in decision.started}
-        for job in decision.started + [j for j in decision.moved if j.job_id not in seen]:
+        fresh = decision.started
+        if decision.moved:
+            seen = {j.job_id for j in fresh}
+            fresh = fresh + [j for j in decision.moved if j.job_id not in seen]
+        for job in fresh:
             tokens[job.job_id] = token = tokens.get(job.job_id, 0) + 1
             heapq.heappush(ends, (now + job.stall + job.remaining() / job.speed, token, job.job_id))
         if report is not None:

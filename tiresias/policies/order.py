@@ -1,0 +1,72 @@
+"""The running jobs of a policy whose keys stay put while a job runs, in priority order, with
+the prefix sums of their GPU counts.
+
+A scheduling pass walks the running jobs in priority order and keeps each one while its GPUs
+fit in what is left. With the prefix sums, the pass keeps a whole stretch of running jobs at
+once (``bisect`` on the sums finds where the GPUs run out) instead of visiting each job, so it
+costs the jobs it admits or preempts, not the jobs that keep running.
+
+The keys and GPU counts are plain lists kept sorted (insertion and removal move memory, in C);
+the sums are recomputed lazily, from the first position that changed, by
+``itertools.accumulate``.
+"""
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from itertools import accumulate
+
+
+class RunningOrder:
+    """Keys (tuples ending with the job id) of running jobs, sorted, with GPU prefix sums."""
+
+    __slots__ = ("keys", "gpus", "_key_of", "_prefix", "_valid")
+
+    def __init__(self) -> None:
+        self.keys: list[tuple] = []
+        self.gpus: list[int] = []
+        self._key_of: dict[int, tuple] = {}
+        self._prefix: list[int] = [0]       # _prefix[i]: GPUs of keys[:i], right up to _valid
+        self._valid = 0
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __contains__(self, job_id: int) -> bool:
+        return job_id in self._key_of
+
+    def add(self, key: tuple, gpus: int) -> None:
+        """File a running job under ``key`` (its last element is the job id)."""
+        job_id = key[-1]
+        if job_id in self._key_of:
+            self.discard(job_id)
+        i = bisect_left(self.keys, key)
+        self.keys.insert(i, key)
+        self.gpus.insert(i, gpus)
+        self._key_of[job_id] = key
+        if i < self._valid:
+            self._valid = i
+
+    def discard(self, job_id: int) -> None:
+        key = self._key_of.pop(job_id, None)
+        if key is None:
+            return
+        i = bisect_left(self.keys, key)
+        del self.keys[i]
+        del self.gpus[i]
+        if i < self._valid:
+            self._valid = i
+
+    def position(self, job_id: int) -> int:
+        """Where the running job ``job_id`` is in the order."""
+        return bisect_left(self.keys, self._key_of[job_id])
+
+    def prefix(self) -> list[int]:
+        """``p`` with ``p[i]`` = GPUs of the first ``i`` running jobs (do not modify it)."""
+        v, n = self._valid, len(self.keys)
+        if v < n or len(self._prefix) != n + 1:
+            prefix = self._prefix
+            sums = accumulate(self.gpus[v:], initial=prefix[v])
+            next(sums)                  # the initial value, prefix[v], is there already
+            prefix[v + 1:] = sums
+            self._valid = n
+        return self._prefix
