@@ -153,6 +153,7 @@ def _cmd_daemon(args: argparse.Namespace) -> int:
                     "into that device can deadlock it)")
     from infiniswap.daemon import Daemon
 
+    control_limits, data_limits = _daemon_limits(args)
     reader = total = None
     if args.emulate_usage:
         if args.capacity is None:
@@ -171,7 +172,8 @@ def _cmd_daemon(args: argparse.Namespace) -> int:
                         period=args.period, timeout=args.timeout, lock=not args.no_lock,
                         data_host=None if args.no_data_server else args.data_host,
                         data_port=args.data_port, host_name=args.report_host,
-                        reporters=reporters, report_interval=args.report_interval, rdma=rdma)
+                        reporters=reporters, report_interval=args.report_interval, rdma=rdma,
+                        control_limits=control_limits, data_limits=data_limits)
         daemon.start()
         try:
             print(f"infiniswap daemon: control {daemon.address} data "
@@ -181,6 +183,30 @@ def _cmd_daemon(args: argparse.Namespace) -> int:
         finally:
             daemon.stop()
     return 0
+
+
+def _daemon_limits(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The daemon's ``ControlLimits`` and ``DataLimits``: the environment's (or the
+    defaults), overridden by the options given."""
+    import dataclasses
+
+    from infiniswap.limits import ControlLimits, DataLimits
+
+    ctl = ControlLimits.from_env()
+    given = {name: value for name, value in (
+        ("max_peers", args.control_max_peers), ("peer_ttl", args.control_peer_ttl),
+        ("rate", args.control_rate), ("max_message", args.control_max_message))
+        if value is not None}
+    if args.control_rate is not None:
+        given["burst"] = max(1.0, 3 * args.control_rate)
+    data = DataLimits.from_env()
+    data_given = {name: value for name, value in (
+        ("max_connections", args.data_max_connections),
+        ("handshake_timeout", args.data_handshake_timeout)) if value is not None}
+    try:
+        return dataclasses.replace(ctl, **given), dataclasses.replace(data, **data_given)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 # ---- device ----
@@ -467,6 +493,30 @@ def _daemon_args(d: argparse.ArgumentParser) -> None:
     d.add_argument("--metrics-port", type=int, default=0, metavar="PORT",
                    help="serve Prometheus metrics on http://HOST:PORT/metrics, HOST being "
                         "--bind's host (0 = off)")
+    g = d.add_argument_group("limits on peers that have not proved the cluster key "
+                             "(infiniswap/limits.py; each also from its environment variable)")
+    g.add_argument("--data-max-connections", type=_positive(int), default=None, metavar="N",
+                   help="TCP data connections held at once; at the cap the oldest one that has "
+                        "not proved the key is closed (default $INFINISWAP_DATA_MAX_CONNECTIONS, "
+                        "else half the open-file limit, 16..4096)")
+    g.add_argument("--data-handshake-timeout", type=_positive(float), default=None,
+                   metavar="SECONDS",
+                   help="close a data connection that has not proved the key within this "
+                        "(default $INFINISWAP_DATA_HANDSHAKE_S, else 2)")
+    g.add_argument("--control-max-peers", type=_positive(int), default=None, metavar="N",
+                   help="control peers (ZeroMQ routing ids) remembered; past it the least "
+                        "recently seen without leases is forgotten (default "
+                        "$INFINISWAP_CTL_MAX_PEERS, else 4096)")
+    g.add_argument("--control-peer-ttl", type=_positive(float), default=None, metavar="SECONDS",
+                   help="forget a control peer unseen this long, unless it holds leases "
+                        "(default $INFINISWAP_CTL_PEER_TTL_S, else 300)")
+    g.add_argument("--control-rate", type=_positive(float), default=None, metavar="PER_S",
+                   help="messages per second a peer that has not proved the key may send "
+                        "(burst three seconds' worth); the rest are dropped (default "
+                        "$INFINISWAP_CTL_RATE, else 100)")
+    g.add_argument("--control-max-message", type=cli.size, default=None, metavar="BYTES",
+                   help="largest control message accepted; a larger one closes its connection "
+                        "(default $INFINISWAP_CTL_MAX_MESSAGE, else 64K)")
 
 
 def _device_args(v: argparse.ArgumentParser) -> None:

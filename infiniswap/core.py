@@ -127,6 +127,10 @@ class ServerStats:
     auth_refusals: int          # connections closed before proving it (every reason)
     auth_timeouts: int          # of which: silent past the handshake deadline
     rto_min_us: int             # retransmission-timeout floor of the last connection accepted; 0: the kernel's
+    capacity_closes: int        # unproven connections closed to make room / refused at the cap
+    accept_pauses: int          # times accepting paused for want of descriptors or memory
+    accept_errno: int           # errno of the last such accept failure (0: none)
+    max_connections: int        # the connection cap in effect
 
 
 @dataclass(frozen=True)
@@ -567,6 +571,9 @@ class DataServer(_Handle):
     """TCP data server of a daemon: serves READ/WRITE of ``store``'s allocated slabs to
     connections that proved the cluster ``key`` (default: the key directory's) within
     ``handshake_timeout`` seconds; the others are closed and counted (``stats()``).
+    ``max_connections``: the most connections held at once (default
+    ``infiniswap.limits.default_max_connections()``: half the open-file limit, 16..4096); at
+    the cap the oldest one that has not proved the key makes room, proven ones are kept.
     ``port=0`` lets the OS pick; see :meth:`port`. ``rto_min_us``: the retransmission-timeout
     floor every accepted connection asks for (default ``$INFINISWAP_TCP_RTO_MIN_US``, else
     10 ms; 0: the kernel's 200 ms), so a reply that loses its tail is sent again after about a
@@ -576,9 +583,15 @@ class DataServer(_Handle):
 
     def __init__(self, store: SlabStore, host: str = "127.0.0.1", port: int = 0, *,
                  key: bytes | None = None, handshake_timeout: float = 2.0,
-                 rto_min_us: int | None = None) -> None:
+                 rto_min_us: int | None = None, max_connections: int | None = None) -> None:
+        from infiniswap.limits import default_max_connections
+
         self._ptr = None
         _uint(port, "port", 65535)
+        cap = default_max_connections() if max_connections is None else max_connections
+        _uint(cap, "max_connections", int(lib.ISW_SERVER_MAX_CONNECTIONS))
+        if cap < 1:
+            raise ValueError("max_connections must be at least 1")
         key = _cluster_key(key)
         rto_min_us = _rto_min(rto_min_us)
         handshake_ms = int(round(handshake_timeout * 1000))
@@ -586,7 +599,7 @@ class DataServer(_Handle):
             raise ValueError(f"handshake_timeout must be in 0.001..3600 s, got {handshake_timeout}")
         out = ffi.new("struct isw_server **")
         _check(lib.isw_server_start(store._p(), host.encode(), port, key, len(key), handshake_ms,
-                                    rto_min_us, out), "DataServer")
+                                    rto_min_us, cap, out), "DataServer")
         self._ptr = ffi.gc(out[0], lib.isw_server_free)
         self._store = store         # the C server uses the store: keep it alive
         self.host: str = host

@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from dlrt.proof import check, new_nonce, proof
+from infiniswap.peerrecords import PeerRecords
 
 __all__ = ["DEVICE_ROLE", "DAEMON_ROLE", "DaemonAuth", "device_proof", "offer_context",
            "offer_proof", "offer_proven", "new_nonce_hex"]
@@ -83,45 +84,50 @@ def offer_proven(key: bytes, nonce: str, fields: Mapping[str, Any]) -> bool:
 
 
 class DaemonAuth:
-    """A daemon's record of its control peers: the challenge each one got, the ones that
-    proved the key, and the refusals.  Used from the daemon's control thread only."""
+    """A daemon's proofs of its control peers: the challenge each one got and the ones that
+    proved the key, kept in the peer's record (``peerrecords.PeerRecords``: bounded, expired
+    by the daemon; default: a table of its own with ``ControlLimits``' defaults), and the
+    refusals.  A peer that gets no record (the table is full of pinned ones) gets no
+    challenge and is not admitted.  Used from the daemon's control thread only."""
 
-    def __init__(self, key: bytes) -> None:
+    def __init__(self, key: bytes, records: PeerRecords | None = None) -> None:
+        if records is None:
+            from infiniswap.limits import ControlLimits
+            lim = ControlLimits()
+            records = PeerRecords(lim.max_peers, lim.peer_ttl, lim.rate, lim.burst)
         self._key = key
-        self._challenges: dict[bytes, bytes] = {}
-        self._proven: set[bytes] = set()
+        self._records = records
         self.refusals = 0
 
     def challenge(self, peer: bytes) -> str | None:
-        """The challenge for ``peer`` (hex; the same until it is answered), None once it is
-        proven."""
-        if peer in self._proven:
+        """The challenge for ``peer`` (hex; the same until it is answered or its record is
+        dropped), None once it is proven or when it has no record."""
+        rec = self._records.get(peer) or self._records.seen(peer)
+        if rec is None or rec.proven:
             return None
-        nonce = self._challenges.get(peer)
-        if nonce is None:
-            if len(self._challenges) >= 4096:           # bounded: peers that never answer
-                self._challenges.pop(next(iter(self._challenges)))
-            nonce = self._challenges[peer] = new_nonce()
-        return nonce.hex()
+        if rec.challenge is None:
+            rec.challenge = new_nonce()
+        return rec.challenge.hex()
 
     def admit(self, peer: bytes, answer: Any) -> bool:
         """Whether ``peer`` may change state: proven before, or ``answer`` (the MAP's
         ``proof``) answers its challenge now.  A refusal is counted."""
-        if peer in self._proven:
+        rec = self._records.get(peer)
+        if rec is not None and rec.proven:
             return True
-        nonce = self._challenges.get(peer)
         raw = _unhex(answer)
-        if nonce is not None and raw is not None and check(self._key, nonce, raw, DEVICE_ROLE, peer):
-            del self._challenges[peer]
-            self._proven.add(peer)
+        if rec is not None and rec.challenge is not None and raw is not None and \
+                check(self._key, rec.challenge, raw, DEVICE_ROLE, peer):
+            rec.challenge = None
+            rec.proven = True
             return True
         self.refusals += 1
         return False
 
     def proven(self, peer: bytes) -> bool:
-        return peer in self._proven
+        rec = self._records.get(peer)
+        return rec is not None and rec.proven
 
     def forget(self, peer: bytes) -> None:
-        """``peer`` is gone: it proves the key again if it comes back."""
-        self._challenges.pop(peer, None)
-        self._proven.discard(peer)
+        """``peer`` is gone: its record goes, it proves the key again if it comes back."""
+        self._records.forget(peer)

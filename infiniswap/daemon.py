@@ -38,6 +38,17 @@ UNMAP or DONE acts only on the sender's own leases, which only a proven device h
 the key itself in every MR_INFO, and its data server serves only connections that proved it
 (``core.DataServer``); every refusal is counted in ``stats()["auth_refusals"]``.  A malformed or unexpected message gets an
 ERROR reply and a log line; nothing a peer sends stops the daemon.
+
+What the daemon keeps per peer is bounded (``infiniswap.limits``): the control socket queues
+at most ``sndhwm`` / ``rcvhwm`` messages per peer and refuses messages over ``max_message``
+bytes; per routing id one ``peerrecords.PeerRecord`` (challenge, proof, name, shared-memory
+counts, a rate bucket), at most ``max_peers`` of them, forgotten after ``peer_ttl`` unseen
+(a proven peer holding leases never is); an identity that has not proved the key is held
+to ``rate`` messages per second, the rest dropped unanswered.  The data server holds at
+most ``max_connections`` connections (``DataLimits``).  Drops are counted in
+``stats()["control"]`` and logged at most once per ``_LOG_EVERY`` seconds.  The memory
+monitor reads ``/proc/meminfo`` through a descriptor held open (``infiniswap.meminfo``), so
+it keeps measuring when a flood took every descriptor the process may open.
 """
 from __future__ import annotations
 
@@ -67,6 +78,9 @@ from dlrt.keys import ensure_cluster_secret
 from infiniswap.channel import bind_router
 from infiniswap.core import DataServer, SlabStore
 from infiniswap.ctlauth import DaemonAuth, offer_proof
+from infiniswap.limits import ControlLimits, DataLimits
+from infiniswap.meminfo import MemInfo
+from infiniswap.peerrecords import PeerRecord, PeerRecords
 from infiniswap.fencing import RELEASE, REUSE, RegionFence
 from infiniswap.rdma import RdmaDevice, RdmaUnavailable
 from infiniswap.rdmalend import RdmaLending
@@ -79,7 +93,7 @@ log = logging.getLogger("infiniswap.daemon")
 MiB = 1 << 20
 GiB = 1 << 30
 _MAX_BATCH = 256          # messages handled per wake-up before the monitor gets a turn
-MAX_SHM_PEERS = 1024      # devices whose shared-memory counts are kept one by one
+_LOG_EVERY = 60.0         # seconds between two log lines about dropped peers or messages
 
 
 @dataclass
@@ -143,7 +157,9 @@ class Daemon:
     connect a queue pair with RDMA_CONNECT (``infiniswap.rdmalend``).
     ``cluster_key``: the key devices and the data server's clients must prove (default: the
     key directory's, ``dlrt.keys.ensure_cluster_secret``); ``security``: CURVE keys of the
-    control socket (default ``dlrt.curve.default_security()``).
+    control socket (default ``dlrt.curve.default_security()``).  ``control_limits`` /
+    ``data_limits``: what the daemon keeps per control peer and how many data connections it
+    holds (``infiniswap.limits``; default: from the environment, ``from_env()``).
     """
 
     def __init__(self, bind: str = "tcp://127.0.0.1:0", *, headroom: int = 8 * GiB,
@@ -155,7 +171,9 @@ class Daemon:
                  data_port: int = 0, rng: random.Random | None = None,
                  host_name: str | None = None, reporters: Sequence[Reporter] = (),
                  report_interval: float = 1.0, rdma: RdmaDevice | None = None,
-                 cluster_key: bytes | None = None, security: Security | None = None) -> None:
+                 cluster_key: bytes | None = None, security: Security | None = None,
+                 control_limits: ControlLimits | None = None,
+                 data_limits: DataLimits | None = None) -> None:
         if not isinstance(slab_size, int) or not _pow2(slab_size) or slab_size < MiB:
             raise ValueError(f"slab size {slab_size!r} must be a power of two of at least 1 MiB")
         if not isinstance(headroom, int) or headroom < 0:
@@ -219,11 +237,18 @@ class Daemon:
         self._mem_wake = threading.Event()
         self._mem_stop = False
         self._mem_thread: threading.Thread | None = None
-        self._names: dict[bytes, str] = {}               # routing id -> device_id
-        # shared-memory traffic devices report (PING, UNMAP): the daemon's CPU never sees it.
-        # Per device the last (read, written) it reported; counts of devices reset or gone
-        self._shm_peers: dict[bytes, tuple[int, int]] = {}
-        self._shm_done = (0, 0)
+        self.control_limits = control_limits or ControlLimits.from_env()
+        self.data_limits = data_limits or DataLimits.from_env()
+        lim = self.control_limits
+        # one record per control peer (routing id): challenge, proof, name, the shared-memory
+        # traffic it reported (PING, UNMAP: the daemon's CPU never sees it), rate bucket
+        self._peers = PeerRecords(lim.max_peers, lim.peer_ttl, lim.rate, lim.burst,
+                                  pinned=self._holds_leases, on_drop=self._peer_dropped)
+        self._shm_done = (0, 0)                          # counts of records reset or dropped
+        self._replies_dropped = 0                        # a peer's send queue was full
+        self._measure_failures = 0                       # memory usage reads that failed
+        self._meminfo: MemInfo | None = None             # /proc/meminfo, open while started
+        self._logged: dict[str, tuple[float, int]] = {}  # what -> (when logged, count then)
         self._round: _Round | None = None
         self._next_id = 0
         self._closing = False
@@ -240,7 +265,7 @@ class Daemon:
         self._key = cluster_key if cluster_key is not None else ensure_cluster_secret()
         self._security = security or default_security()
         self._curve_refusals_before = refusal_counts()      # this daemon counts its own from here
-        self._auth = DaemonAuth(self._key)
+        self._auth = DaemonAuth(self._key, self._peers)
         self._data_refusals_logged = 0
         self._lending: RdmaLending | None = None         # with the store, when rdma is given
 
@@ -252,20 +277,25 @@ class Daemon:
             raise RuntimeError("daemon already started")
         self._store = SlabStore(self.capacity, self.slab_size, lock=self._lock_slabs)
         self._fence = RegionFence(self._store)
+        self._meminfo = self._open_meminfo()
         if self._rdma is not None:
             self._lending = RdmaLending(self._rdma, self._store, self.slab_size)
         try:
             if self._data_host is not None:
-                self._server = DataServer(self._store, self._data_host, self._data_port,
-                                          key=self._key)
+                self._server = DataServer(
+                    self._store, self._data_host, self._data_port, key=self._key,
+                    handshake_timeout=self.data_limits.handshake_timeout,
+                    max_connections=self.data_limits.max_connections)
             # ROUTER_MANDATORY: a send to a gone device raises; HANDOVER: a device that
-            # reconnects keeps its identity
+            # reconnects keeps its identity; the limits bound every peer's queues
             self._sock, self._address = bind_router(self._bind, "the daemon's control socket",
                                                     security=self._security,
-                                                    ROUTER_MANDATORY=1, ROUTER_HANDOVER=1)
+                                                    ROUTER_MANDATORY=1, ROUTER_HANDOVER=1,
+                                                    **self.control_limits.socket_options())
             self._monitor(time.monotonic())
         except BaseException:
             self._release_data_plane()
+            self._close_meminfo()
             raise
         self._mem_thread = threading.Thread(target=self._memory_loop,
                                             name="infiniswap-daemon-mem", daemon=True)
@@ -291,6 +321,24 @@ class Daemon:
             self._sock = None
         self._release_data_plane()
         self._control.close()
+        self._close_meminfo()
+
+    def _open_meminfo(self) -> MemInfo | None:
+        """/proc/meminfo held open for ``_measure`` (it then needs no new descriptor: it keeps
+        working when a flood took them all); None with a memory reader given, or where it
+        cannot be read (psutil is used then)."""
+        if self._reader is not None:
+            return None
+        try:
+            return MemInfo()
+        except (OSError, ValueError) as exc:
+            log.info("daemon: /proc/meminfo cannot be read (%s): memory use from psutil", exc)
+            return None
+
+    def _close_meminfo(self) -> None:
+        if self._meminfo is not None:
+            self._meminfo.close()
+            self._meminfo = None
 
     def _release_data_plane(self) -> None:
         if self._lending is not None:           # no NIC may touch the slabs once unmapped
@@ -338,9 +386,13 @@ class Daemon:
     def _measure(self) -> int:
         if self._reader is not None:
             return int(self._reader())
-        vm = psutil.virtual_memory()
+        if self._meminfo is not None:
+            used = self._meminfo.used()
+        else:
+            vm = psutil.virtual_memory()
+            used = vm.total - vm.available
         own = (self._held() + len(self._to_free)) * self.slab_size   # what is resident now
-        return max(0, vm.total - vm.available - own)
+        return max(0, used - own)
 
     def _held(self) -> int:
         """Slabs this daemon holds once queued releases are done (allocations included)."""
@@ -523,7 +575,8 @@ class Daemon:
                                                     code="internal"))
 
     def _name(self, peer: bytes) -> str:
-        return self._names.get(peer) or peer.hex()
+        rec = self._peers.get(peer)
+        return (rec.name if rec is not None else None) or peer.hex()
 
     def _send(self, envelope: list[bytes], data: bytes) -> str:
         """``"ok"``, ``"gone"`` (the peer is not connected) or ``"full"`` (its queue is)."""
@@ -535,8 +588,11 @@ class Daemon:
             if exc.errno == errno.EHOSTUNREACH:
                 return "gone"
             if exc.errno == errno.EAGAIN:
-                log.warning("daemon: send queue to %s is full; dropping a message",
-                            self._name(envelope[0]))
+                self._replies_dropped += 1
+                self._log_rarely("full", self._replies_dropped,
+                                 "daemon: %d message(s) dropped so far: the peer's send queue "
+                                 "was full (it does not read its replies; last: %s)",
+                                 self._name(envelope[0]))
                 return "full"
             raise
 
@@ -548,6 +604,8 @@ class Daemon:
 
     def _handle(self, envelope: list[bytes], payload: bytes) -> None:
         peer = envelope[0]
+        if self._peers.seen(peer) is None or not self._peers.allow(peer):
+            return                  # no room for it, or over its rate: dropped, counted
         try:
             msg = p.decode(payload)
         except p.ProtocolError as exc:
@@ -599,28 +657,38 @@ class Daemon:
         self._send(envelope, reply)
 
     def _note_shm(self, peer: bytes, read: int, written: int) -> None:
-        """A device's running shared-memory counts; a drop means it counts anew (it mapped
-        this daemon's memory again): what it reported before stays counted."""
-        last = self._shm_peers.get(peer, (0, 0))
+        """A proven device's running shared-memory counts; a drop means it counts anew (it
+        mapped this daemon's memory again): what it reported before stays counted."""
+        rec = self._peers.get(peer)
+        if rec is None or not rec.proven:       # only a device that mapped memory has any
+            return
+        last = rec.shm
         if read < last[0] or written < last[1]:
             self._shm_done = (self._shm_done[0] + last[0], self._shm_done[1] + last[1])
-        self._shm_peers[peer] = (read, written)
-        if len(self._shm_peers) > MAX_SHM_PEERS:        # devices long gone: keep only the sums
-            active = {lease.peer for lease in self._leases.values()}
-            for old in [q for q in self._shm_peers if q not in active and q != peer]:
-                r, w = self._shm_peers.pop(old)
-                self._shm_done = (self._shm_done[0] + r, self._shm_done[1] + w)
+        rec.shm = (read, written)
+
+    def _peer_dropped(self, peer: bytes, rec: PeerRecord) -> None:
+        """A peer's record goes (expired, made room, device gone): keep its counts' sums."""
+        self._shm_done = (self._shm_done[0] + rec.shm[0], self._shm_done[1] + rec.shm[1])
+
+    def _holds_leases(self, peer: bytes) -> bool:
+        """Whether ``peer`` holds a lease, a revoked one, or a fenced region (its record is
+        kept)."""
+        return (any(lease.peer == peer for lease in self._leases.values()) or
+                any(key[0] == peer for key in self._revoked) or
+                (self._fence is not None and peer in self._fence.holders()))
 
     def _shm_served(self) -> tuple[int, int]:
         """Bytes devices read from / wrote to this daemon's memory over shared memory."""
-        return (self._shm_done[0] + sum(r for r, _ in self._shm_peers.values()),
-                self._shm_done[1] + sum(w for _, w in self._shm_peers.values()))
+        recs = list(self._peers.records())
+        return (self._shm_done[0] + sum(r.shm[0] for r in recs),
+                self._shm_done[1] + sum(r.shm[1] for r in recs))
 
     def _served(self, tcp: Any) -> dict[str, Any] | None:
         """What this daemon served: its TCP data server's counts plus the shared-memory
         traffic devices reported (None with neither a data server nor such traffic)."""
         shm_read, shm_written = self._shm_served()
-        if tcp is None and not self._shm_peers and self._shm_done == (0, 0):
+        if tcp is None and (shm_read, shm_written) == (0, 0):
             return None
         tcp_read = 0 if tcp is None else tcp.bytes_read
         tcp_written = 0 if tcp is None else tcp.bytes_written
@@ -629,6 +697,10 @@ class Daemon:
                 "tcp_bytes_read": tcp_read, "tcp_bytes_written": tcp_written,
                 "shm_bytes_read": shm_read, "shm_bytes_written": shm_written,
                 "connections": 0 if tcp is None else tcp.connections,
+                "active_connections": 0 if tcp is None else tcp.active_connections,
+                "max_connections": 0 if tcp is None else tcp.max_connections,
+                "capacity_closes": 0 if tcp is None else tcp.capacity_closes,
+                "accept_pauses": 0 if tcp is None else tcp.accept_pauses,
                 "errors": 0 if tcp is None else tcp.errors}
 
     def _challenge(self, peer: bytes) -> dict[str, str]:
@@ -650,7 +722,7 @@ class Daemon:
             return p.reply_to(msg, p.ERROR, code="slab_size",
                               reason=f"this daemon's slab size is {self.slab_size} bytes, the "
                                      f"device uses {want}; start both with the same --slab-size")
-        self._names[peer] = msg["device_id"]
+        self._set_name(peer, msg["device_id"])
         if (peer, msg["slab"]) in self._leases:         # a retried MAP: the same region
             return self._mr_info(peer, msg)
         if self._giveable() < self.slab_size:
@@ -693,13 +765,18 @@ class Daemon:
             return p.reply_to(msg, p.ERROR, code="no_rdma",
                               reason="this daemon does not lend over RDMA: start it with "
                                      "--transport rdma")
-        self._names[peer] = msg["device_id"]
+        self._set_name(peer, msg["device_id"])
         try:
             qp = self._lending.accept(peer, msg["qp"])
         except (OSError, ValueError) as exc:
             return p.reply_to(msg, p.ERROR, code="rdma",
                               reason=f"cannot connect a queue pair: {exc}")
         return p.reply_to(msg, p.RDMA_ACCEPT, qp=qp, capacity=self.capacity, instance=self.instance)
+
+    def _set_name(self, peer: bytes, name: str) -> None:
+        rec = self._peers.get(peer)
+        if rec is not None:
+            rec.name = name
 
     def _serve_pending_maps(self, now: float) -> None:
         """Answer MAPs that waited for the memory worker: MR_INFO, or ERROR once hopeless."""
@@ -743,9 +820,9 @@ class Daemon:
         later accesses are refused)."""
         assert self._fence is not None
         slabs = [key for key in self._leases if key[0] == peer]
+        name = self._name(peer)
         if not slow:
             self._fence.gone(peer)
-            self._auth.forget(peer)
             if self._lending is not None:
                 self._lending.peer_gone(peer)
             for key in [k for k in self._revoked if k[0] == peer]:
@@ -755,19 +832,25 @@ class Daemon:
             if slow:
                 self._revoked[key] = region
             self._take_back(region, RELEASE if slow else REUSE)
+        if not slow:
+            self._auth.forget(peer)             # it proves the key again if it comes back
         if slabs:
             self.devices_lost += 1
-            log.warning("daemon: device %s %s; took back its %d slab(s)%s", self._name(peer), why,
+            log.warning("daemon: device %s %s; took back its %d slab(s)%s", name, why,
                         len(slabs), " (fenced: its later accesses are refused)" if slow else "")
 
     # ---- memory monitor (§2.5.1) ----
 
     def _monitor(self, now: float) -> None:
         self._log_data_refusals()
+        self._expire_peers()
         try:
             measured = self._measure()
-        except Exception as exc:
-            log.error("daemon: cannot read memory usage: %s", exc)
+        except Exception as exc:        # e.g. out of descriptors: said once a minute at most
+            self._measure_failures += 1
+            self._log_rarely("measure", self._measure_failures,
+                             "daemon: cannot read memory usage (%d time(s) so far; last: %s)", exc,
+                             level=logging.ERROR)
             return
         self._U = float(measured) if self._U is None else (
             self.beta * measured + (1 - self.beta) * self._U)
@@ -930,6 +1013,7 @@ class Daemon:
                 "devices_lost": self.devices_lost, "requests": self.requests,
                 "bad_messages": self.bad_messages,
                 **self._auth_stats(served),
+                "control": self._control_stats(),
                 "evict_time_s": self._evict_times.summary(),
                 "served": self._served(served),
                 "eviction_in_progress": self._round is not None,
@@ -950,15 +1034,53 @@ class Daemon:
                          "control_refusals": self._auth.refusals, "curve_refusals": curve}}
 
     def _log_data_refusals(self) -> None:
-        """Say in the log when the data server refused connections since the last time."""
+        """Say in the log when the data server refused connections since the last time, and
+        (at most once per ``_LOG_EVERY``) when it hit its connection cap or paused accepting."""
         if self._server is None:
             return
-        refused = self._server.stats().auth_refusals
+        st = self._server.stats()
+        refused = st.auth_refusals
         if refused > self._data_refusals_logged:
             log.warning("daemon: the data server refused %d connection(s) that did not prove the "
                         "cluster key (last: %s)", refused - self._data_refusals_logged,
                         self._server.last_refusal())
             self._data_refusals_logged = refused
+        self._log_rarely("data_cap", st.capacity_closes,
+                         "daemon: the data server closed %d unproven connection(s) so far to make "
+                         "room (at its cap of %d connections, or out of descriptors)",
+                         st.max_connections)
+        self._log_rarely("data_pause", st.accept_pauses,
+                         "daemon: the data server paused accepting %d time(s) so far (last: %s); "
+                         "raise the open-file limit (ulimit -n) or lower --data-max-connections",
+                         os.strerror(st.accept_errno) if st.accept_errno else "?")
+
+    def _log_rarely(self, what: str, count: int, fmt: str, *args: Any,
+                    level: int = logging.WARNING) -> None:
+        """Log ``fmt % (count, *args)`` when ``count`` grew, at most once per ``_LOG_EVERY``."""
+        now = time.monotonic()
+        when, logged = self._logged.get(what, (-_LOG_EVERY, 0))
+        if count > logged and now - when >= _LOG_EVERY:
+            log.log(level, fmt, count, *args)
+            self._logged[what] = (now, count)
+
+    def _expire_peers(self) -> None:
+        """Forget control peers unseen for ``peer_ttl``; say (rarely) what was dropped."""
+        self._peers.expire()
+        peers = self._peers
+        self._log_rarely("peers", peers.dropped + peers.refused,
+                         "daemon: %d control peer record(s) dropped so far to stay within "
+                         "%d identities (a flood of routing ids?)", peers.max_peers)
+        self._log_rarely("rate", peers.limited,
+                         "daemon: %d message(s) dropped so far from peers that have not proved "
+                         "the cluster key and sent more than %g per second", peers.rate)
+
+    def _control_stats(self) -> dict[str, Any]:
+        """What the control socket keeps and dropped (``infiniswap.limits``)."""
+        peers = self._peers
+        return {"peers": len(peers), "max_peers": peers.max_peers,
+                "peers_dropped": peers.dropped, "peers_expired": peers.expired,
+                "peers_refused": peers.refused, "rate_limited": peers.limited,
+                "replies_dropped": self._replies_dropped}
 
 
 def _memlock_limit() -> str:

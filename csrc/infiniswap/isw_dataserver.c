@@ -32,6 +32,19 @@
  * handshake deadline (the worker's epoll_wait wakes for the earliest one), is closed too.
  * Each is counted in auth_refusals, and its reason kept for the daemon's log.
  *
+ * Limits on connections nobody has vouched for (isw_dataserver.h): the server holds at most
+ * max_connections at once.  One more arriving at the cap makes room by closing the oldest
+ * connection of the accepting worker that has not proved the key (proven ones are kept); if
+ * that worker has none, the new connection is closed instead.  Either is counted in
+ * capacity_closes.  A connection costs its struct and a 128-byte buffer until it proved the
+ * key; the 64 KiB receive buffer comes with the proof.  When accept fails for want of
+ * descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) while a connection waits (Linux
+ * fails an accept with EMFILE even when none does, once the last descriptor is taken: that
+ * is ignored) the worker first closes its oldest unproven connection and tries again; with
+ * none, it takes the listener out of its epoll set for ISW_ACCEPT_PAUSE_MS (counted in
+ * accept_pauses, errno kept for the daemon's log, which says so at most once a minute) and
+ * goes on serving its connections: no spinning, no sleeping on the paging path.
+ *
  * READ replies leave from the reply buffer rather than straight from slab memory: that
  * costs a memcpy, but the kernel's copy out of (cold) slab memory measured about twice the
  * memcpy plus the send from a warm buffer (docs/infiniswap.md, "TCP data path").
@@ -48,6 +61,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,6 +80,8 @@
 #define ISW_TX_MIN (ISW_PROTO_REP_SIZE + ISW_PAGE_SIZE)   /* reply buffer to begin with */
 #define ISW_TX_FLUSH (256u << 10)       /* send the replies once this many bytes wait */
 #define ISW_EPOLL_EVENTS 64
+#define ISW_HS_RX 128u                  /* receive buffer until the key is proven */
+#define ISW_HS_TX (ISW_AUTH_HELLO_SIZE + ISW_AUTH_VERDICT_SIZE)   /* reply buffer until then */
 
 enum step { STEP_AGAIN, STEP_WAIT, STEP_CLOSE };
 
@@ -87,7 +103,7 @@ struct conn {
     uint64_t done;              /* its payload bytes handled */
     ssize_t io_rc;              /* result of the receive made inside a fence window */
     unsigned char *rx;          /* rx[head, tail): received, not yet consumed */
-    size_t head, tail;
+    size_t head, tail, rx_cap;  /* rx_cap: ISW_HS_RX until authed, then ISW_RX_BUF */
     unsigned char *tx;          /* tx[tx_off, tx_len): replies not sent yet */
     size_t tx_cap, tx_len, tx_off;
 };
@@ -96,8 +112,11 @@ struct worker {
     struct isw_server *srv;
     int ep;
     pthread_t th;
-    struct conn *conns;
+    struct conn *conns;         /* oldest first */
+    struct conn *last;          /* newest */
     int handshakes;             /* connections of conns not authed yet */
+    int listening;              /* the listener is in ep (not paused) */
+    uint64_t resume_ms;         /* while paused: when to put the listener back (monotonic) */
 };
 
 struct isw_server {
@@ -109,7 +128,9 @@ struct isw_server {
     struct worker workers[ISW_SERVER_WORKERS];
     atomic_int stopped;
     _Atomic uint64_t connections, active, requests, reads, writes, bytes_read, bytes_written,
-        errors, auth_ok, auth_refused, auth_timeouts;
+        errors, auth_ok, auth_refused, auth_timeouts, capacity_closes, accept_pauses;
+    atomic_int accept_errno;    /* errno of the last accept that paused (positive) */
+    uint64_t max_conns;         /* connections held at once at most */
     unsigned char key[ISW_AUTH_KEY_MAX];
     size_t key_len;
     int handshake_ms;
@@ -150,6 +171,8 @@ static void conn_close(struct conn *c)
         w->conns = c->next;
     if (c->next != NULL)
         c->next->prev = c->prev;
+    else
+        w->last = c->prev;
     if (!c->authed)
         w->handshakes--;
     close(c->fd);                       /* also removes it from the epoll set */
@@ -240,7 +263,7 @@ static enum step fill_rx(struct conn *c)
         c->tail -= c->head;
         c->head = 0;
     }
-    ssize_t n = isw_recv_some(c->fd, c->rx + c->tail, ISW_RX_BUF - c->tail);
+    ssize_t n = isw_recv_some(c->fd, c->rx + c->tail, c->rx_cap - c->tail);
     if (n == -EAGAIN)
         return STEP_WAIT;
     if (n < 0)
@@ -366,6 +389,13 @@ static enum step take_answer(struct conn *c)
         c->close_after_send = 1;
         return flush_replies(c);
     }
+    unsigned char *rx = realloc(c->rx, ISW_RX_BUF);    /* served from now on */
+    if (rx == NULL) {
+        refuse(c, "out of memory for the receive buffer of a proven connection", 0);
+        return STEP_CLOSE;
+    }
+    c->rx = rx;
+    c->rx_cap = ISW_RX_BUF;
     c->authed = 1;
     c->w->handshakes--;
     atomic_fetch_add(&srv->auth_ok, 1);
@@ -448,54 +478,175 @@ end:
 
 /* ---------- workers ---------- */
 
+/* Close w's oldest connection that has not proved the key (counted in capacity_closes,
+ * refused with `why`): 1, or 0 when w has none. */
+static int make_room(struct worker *w, const char *why)
+{
+    if (w->handshakes == 0)
+        return 0;
+    for (struct conn *c = w->conns; c != NULL; c = c->next) {
+        if (!c->authed) {
+            refuse(c, why, 0);
+            atomic_fetch_add(&w->srv->capacity_closes, 1);
+            conn_close(c);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Whether a connection waits in the listener's queue (poll needs no new descriptor). */
+static int listener_pending(int lfd)
+{
+    struct pollfd pfd = { .fd = lfd, .events = POLLIN };
+    return poll(&pfd, 1, 0) > 0 && (pfd.revents & POLLIN) != 0;
+}
+
+/* accept failed with err (positive) for want of resources: take the listener out of w's
+ * epoll set for ISW_ACCEPT_PAUSE_MS (worker_main puts it back), so the worker serves its
+ * connections meanwhile instead of spinning on a listener that stays readable. */
+static void pause_accept(struct worker *w, int err)
+{
+    struct isw_server *srv = w->srv;
+
+    atomic_fetch_add(&srv->accept_pauses, 1);
+    atomic_store(&srv->accept_errno, err);
+    w->resume_ms = now_ms() + ISW_ACCEPT_PAUSE_MS;
+    if (w->listening && epoll_ctl(w->ep, EPOLL_CTL_DEL, srv->lfd, NULL) == 0) {
+        w->listening = 0;
+        return;
+    }
+    if (w->listening) {                 /* cannot happen with a valid set; never spin */
+        atomic_store(&srv->accept_errno, errno);
+        isw_sleep_us(ISW_ACCEPT_PAUSE_MS * 1000u);
+    }
+}
+
+/* Put the listener back into w's epoll set once its pause is over; the milliseconds until
+ * then (-1: not paused). */
+static int resume_accept(struct worker *w)
+{
+    struct isw_server *srv = w->srv;
+
+    if (w->listening)
+        return -1;
+    uint64_t now = now_ms();
+    if (now < w->resume_ms)
+        return (int)(w->resume_ms - now);
+    struct epoll_event lev = { .events = EPOLLIN | EPOLLEXCLUSIVE, .data.ptr = &listen_tag };
+    if (epoll_ctl(w->ep, EPOLL_CTL_ADD, srv->lfd, &lev) < 0) {
+        atomic_store(&srv->accept_errno, errno);
+        atomic_fetch_add(&srv->accept_pauses, 1);
+        w->resume_ms = now + ISW_ACCEPT_PAUSE_MS;
+        return ISW_ACCEPT_PAUSE_MS;
+    }
+    w->listening = 1;
+    return -1;
+}
+
+/* The earlier of two epoll timeouts (-1: none). */
+static int earliest(int a, int b)
+{
+    if (a < 0)
+        return b;
+    if (b < 0)
+        return a;
+    return a < b ? a : b;
+}
+
+/* A new connection on fd, its slot in srv->active already taken by the caller: 0, or -errno
+ * (fd closed, the slot given back) when there is no memory for it. */
+static int conn_open(struct worker *w, int fd)
+{
+    struct isw_server *srv = w->srv;
+    int one = 1;
+
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);    /* best effort */
+    atomic_store(&srv->rto_min_taken, (uint64_t)isw_tcp_set_rto_min(fd, srv->rto_min_us));
+    struct conn *c = calloc(1, sizeof *c);
+    unsigned char *rx = malloc(ISW_HS_RX), *tx = malloc(ISW_HS_TX);
+    struct epoll_event ev = { .events = EPOLLIN, .data.ptr = c };
+    if (c == NULL || rx == NULL || tx == NULL || epoll_ctl(w->ep, EPOLL_CTL_ADD, fd, &ev) < 0) {
+        int err = c == NULL || rx == NULL || tx == NULL ? ENOMEM : errno;
+        free(c);
+        free(rx);
+        free(tx);
+        close(fd);
+        atomic_fetch_sub(&srv->active, 1);
+        return -err;
+    }
+    c->w = w;
+    c->fd = fd;
+    c->rx = rx;
+    c->rx_cap = ISW_HS_RX;
+    c->tx = tx;
+    c->tx_cap = ISW_HS_TX;
+    c->prev = w->last;                  /* the newest last: conns is oldest first */
+    if (w->last != NULL)
+        w->last->next = c;
+    else
+        w->conns = c;
+    w->last = c;
+    w->handshakes++;
+    c->deadline_ms = now_ms() + (uint64_t)srv->handshake_ms;
+    atomic_fetch_add(&srv->connections, 1);
+    if (isw_auth_nonce(c->nonce) < 0) {
+        refuse(c, "no nonce could be made for the handshake", 0);
+        conn_close(c);
+        return 0;
+    }
+    isw_auth_hello(c->nonce, c->tx);
+    c->tx_len = ISW_AUTH_HELLO_SIZE;
+    if (flush_replies(c) == STEP_CLOSE) {
+        refuse(c, "the peer broke the connection before the handshake", 0);
+        conn_close(c);
+    }
+    return 0;
+}
+
 static void accept_some(struct worker *w)
 {
     struct isw_server *srv = w->srv;
 
-    for (;;) {
+    while (w->listening) {
         int fd = accept4(srv->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) {
-            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
-                isw_sleep_us(10000);    /* out of resources: back off, keep serving */
-            return;                     /* EAGAIN: another worker took it, or none left */
+            int err = errno;
+            if (err == EINTR || err == ECONNABORTED || err == EPROTO)
+                continue;               /* that connection is gone; the next one */
+            if (err == EAGAIN || err == EWOULDBLOCK)
+                return;                 /* another worker took it, or none left */
+            if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+                /* Linux takes the descriptor before it looks at the queue: with the last
+                 * one just used, accept fails so with nobody waiting.  Then there is
+                 * nothing to make room for (the set reports the next arrival). */
+                if (!listener_pending(srv->lfd))
+                    return;
+                if (make_room(w, "closed to make room: the server is out of descriptors"))
+                    continue;
+            }
+            pause_accept(w, err);       /* out of resources (or worse): back off */
+            return;
         }
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        atomic_store(&srv->rto_min_taken, (uint64_t)isw_tcp_set_rto_min(fd, srv->rto_min_us));
-        struct conn *c = calloc(1, sizeof *c);
-        unsigned char *rx = malloc(ISW_RX_BUF), *tx = malloc(ISW_TX_MIN);
-        struct epoll_event ev = { .events = EPOLLIN, .data.ptr = c };
-        if (c == NULL || rx == NULL || tx == NULL ||
-            epoll_ctl(w->ep, EPOLL_CTL_ADD, fd, &ev) < 0) {
-            free(c);
-            free(rx);
-            free(tx);
+        /* take a slot first (both workers accept): past the cap, one held here makes room */
+        if (atomic_fetch_add(&srv->active, 1) >= srv->max_conns &&
+            !make_room(w, "closed to make room: the server is at its connection cap")) {
+            atomic_fetch_sub(&srv->active, 1);
+            atomic_fetch_add(&srv->capacity_closes, 1);     /* none to spare here: refuse */
+            atomic_fetch_add(&srv->connections, 1);
+            atomic_fetch_add(&srv->auth_refused, 1);
+            pthread_mutex_lock(&srv->why_mu);
+            snprintf(srv->last_refusal, sizeof srv->last_refusal,
+                     "refused at the connection cap (%llu held)",
+                     (unsigned long long)atomic_load(&srv->active));
+            pthread_mutex_unlock(&srv->why_mu);
             close(fd);
             continue;
         }
-        c->w = w;
-        c->fd = fd;
-        c->rx = rx;
-        c->tx = tx;
-        c->tx_cap = ISW_TX_MIN;
-        c->next = w->conns;
-        if (w->conns != NULL)
-            w->conns->prev = c;
-        w->conns = c;
-        w->handshakes++;
-        c->deadline_ms = now_ms() + (uint64_t)srv->handshake_ms;
-        atomic_fetch_add(&srv->connections, 1);
-        atomic_fetch_add(&srv->active, 1);
-        if (isw_auth_nonce(c->nonce) < 0) {
-            refuse(c, "no nonce could be made for the handshake", 0);
-            conn_close(c);
-            continue;
-        }
-        isw_auth_hello(c->nonce, c->tx);
-        c->tx_len = ISW_AUTH_HELLO_SIZE;
-        if (flush_replies(c) == STEP_CLOSE) {
-            refuse(c, "the peer broke the connection before the handshake", 0);
-            conn_close(c);
+        int rc = conn_open(w, fd);
+        if (rc < 0) {
+            pause_accept(w, -rc);
+            return;
         }
     }
 }
@@ -506,26 +657,30 @@ static void *worker_main(void *arg)
     struct epoll_event evs[ISW_EPOLL_EVENTS];
 
     for (;;) {
-        int n = epoll_wait(w->ep, evs, ISW_EPOLL_EVENTS, expire_handshakes(w));
+        int timeout = earliest(expire_handshakes(w), resume_accept(w));
+        int n = epoll_wait(w->ep, evs, ISW_EPOLL_EVENTS, timeout);
         if (n < 0) {
             if (errno != EINTR)
                 isw_sleep_us(10000);
             continue;
         }
+        int listener = 0;
         for (int i = 0; i < n; i++) {
             void *tag = evs[i].data.ptr;
             if (tag == &stop_tag)
                 goto out;
-            if (tag == &listen_tag)
-                accept_some(w);
+            listener |= tag == &listen_tag;
         }
-        /* Connections after the listener, so none is closed while a later event names it:
-         * only conn_ready() closes, and each connection appears once per epoll_wait. */
+        /* Connections first: each appears once per epoll_wait and only its own turn closes
+         * it.  The listener last, since making room closes other connections, which must
+         * not be named by an event still to be handled. */
         for (int i = 0; i < n; i++) {
             void *tag = evs[i].data.ptr;
-            if (tag != &stop_tag && tag != &listen_tag)
+            if (tag != &listen_tag)
                 conn_ready(tag);
         }
+        if (listener)
+            accept_some(w);
     }
 out:
     while (w->conns != NULL)
@@ -616,12 +771,13 @@ static int worker_init(struct isw_server *srv, struct worker *w)
     if (epoll_ctl(w->ep, EPOLL_CTL_ADD, srv->lfd, &lev) < 0 ||
         epoll_ctl(w->ep, EPOLL_CTL_ADD, srv->stop_fd, &sev) < 0)
         return -errno;
+    w->listening = 1;
     return 0;
 }
 
 int isw_server_start(struct isw_store *store, const char *host, int port,
                      const unsigned char *key, size_t key_len, int handshake_timeout_ms,
-                     int rto_min_us, struct isw_server **out)
+                     int rto_min_us, int max_connections, struct isw_server **out)
 {
     int rc, started = 0;
 
@@ -632,6 +788,9 @@ int isw_server_start(struct isw_store *store, const char *host, int port,
     if (handshake_timeout_ms < 0)
         return isw_fail(EINVAL, "the handshake timeout must be >= 0 ms, got %d",
                         handshake_timeout_ms);
+    if (max_connections < 0 || max_connections > ISW_SERVER_MAX_CONNECTIONS)
+        return isw_fail(EINVAL, "the connection cap must be 0..%d, got %d",
+                        ISW_SERVER_MAX_CONNECTIONS, max_connections);
     if (rto_min_us < 0 || rto_min_us > ISW_RTO_MIN_MAX_US)
         return isw_fail(EINVAL, "the retransmission-timeout floor must be 0..%d us, got %d",
                         ISW_RTO_MIN_MAX_US, rto_min_us);
@@ -645,6 +804,8 @@ int isw_server_start(struct isw_store *store, const char *host, int port,
     srv->key_len = key_len;
     srv->handshake_ms = handshake_timeout_ms > 0 ? handshake_timeout_ms : ISW_AUTH_TIMEOUT_MS;
     srv->rto_min_us = rto_min_us;
+    srv->max_conns = max_connections > 0 ? (uint64_t)max_connections
+                                          : (uint64_t)ISW_SERVER_DEFAULT_CONNECTIONS;
     pthread_mutex_init(&srv->why_mu, NULL);
     rc = listen_on(host, port, &srv->lfd, &srv->port);
     if (rc < 0) {
@@ -715,6 +876,10 @@ int isw_server_get_stats(struct isw_server *srv, struct isw_server_stats *out)
     out->auth_refusals = atomic_load(&srv->auth_refused);
     out->auth_timeouts = atomic_load(&srv->auth_timeouts);
     out->rto_min_us = atomic_load(&srv->rto_min_taken);
+    out->capacity_closes = atomic_load(&srv->capacity_closes);
+    out->accept_pauses = atomic_load(&srv->accept_pauses);
+    out->accept_errno = (uint64_t)atomic_load(&srv->accept_errno);
+    out->max_connections = srv->max_conns;
     return 0;
 }
 

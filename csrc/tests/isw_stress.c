@@ -886,7 +886,7 @@ int main(int argc, char **argv)
     fatal_if(isw_store_open(STORE_SLABS * SLAB_SIZE, SLAB_SIZE, &g_store), "isw_store_open");
     snprintf(g_shm_path, sizeof g_shm_path, "/proc/self/fd/%d", isw_store_fd(g_store));
     static const unsigned char key[32] = "isw_stress cluster key, 32 bytes";
-    fatal_if(isw_server_start(g_store, "127.0.0.1", 0, key, sizeof key, 0, TCP_RTO_MIN_US, &srv),
+    fatal_if(isw_server_start(g_store, "127.0.0.1", 0, key, sizeof key, 0, TCP_RTO_MIN_US, 0, &srv),
              "isw_server_start");
     fatal_if(isw_device_open(NSLABS * SLAB_SIZE, SLAB_SIZE, backup, WRITER_THREADS, PENDING_CAP,
                              &g_dev), "isw_device_open");

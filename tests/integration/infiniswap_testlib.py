@@ -146,3 +146,60 @@ def stalled_device_loses_its_lease(daemon, stalled, other, used: list, *, slab: 
     finally:
         stalled.close()
         other.close()
+
+
+class ControlPeer:
+    """One DEALER connected to a daemon's control socket (with the default CURVE keys) and
+    kept for the whole test, so the test can ask for STATUS when the daemon could not accept
+    a new connection (out of descriptors).  ``close()`` when done."""
+
+    def __init__(self, address: str) -> None:
+        import zmq
+
+        from dlrt.curve import default_security
+        from dlrt.endpoints import endpoint
+        from infiniswap.channel import context
+
+        ep = endpoint(address)
+        self._sock = context().socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        default_security().client(self._sock, ep)
+        self._sock.connect(ep)
+        self._id = 0
+
+    def status(self, timeout: float = 10.0) -> dict:
+        """The daemon's report (its STATUS reply)."""
+        from infiniswap import protocol as p
+
+        self._id += 1
+        self._sock.send(p.encode(p.STATUS, id=self._id))
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0 and self._sock.poll(int(left * 1000)), "no STATUS reply"
+            reply = p.decode(self._sock.recv_multipart()[-1])
+            if reply.id == self._id:
+                assert reply.op == p.REPORT, reply
+                return reply["report"]
+
+    def close(self) -> None:
+        self._sock.close(0)
+
+
+def proven_data_connection(address: str, key: bytes | None = None, timeout: float = 1.0):
+    """A TCP connection to the data server at ``address`` (host:port) that proved the cluster
+    key (default: the key directory's) with ``infiniswap.handshake``; ``TimeoutError`` when the
+    server's HELLO or VERDICT does not come within ``timeout`` (the socket is closed then)."""
+    import socket
+
+    from dlrt.keys import ensure_cluster_secret
+    from infiniswap.handshake import client_handshake
+
+    host, port = address.rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=timeout)
+    try:
+        client_handshake(s, key or ensure_cluster_secret())
+    except BaseException:
+        s.close()
+        raise
+    return s
