@@ -55,13 +55,13 @@ import psutil
 import zmq
 
 from dlrt.cpus import usable_cpus
-from dlrt.curve import Security, default_security, warn_if_exposed
+from dlrt.curve import Security, default_security, peer_name, warn_if_exposed
 from dlrt.hostid import host_id
 from dlrt.keys import ensure_cluster_secret
 from dlrt.procs import name_this_thread
 from dlrt.waker import Waker
 
-from . import clusterauth, memroom, wire
+from . import clusterauth, memroom, quota, wire
 from .batch_reports import BatchReports
 from .cycle import CyclicSchedule
 from .partition import KeySpec
@@ -87,7 +87,14 @@ DATA_QUIET_S = 0.02
 # serving-thread work timed in ``stats`` (``Aggregator._timed``)
 TIMED = ("state_snapshot", "state_install", "state_takeover", "replica_install")
 
+REFUSED_JOBS_KEPT = 1024    # jobs dropped past their tenant's quota whose requests are answered why
+
 log = logging.getLogger("autops.aggregator")
+
+
+class NoRoom(StoreError):
+    """Bytes this aggregator will not commit: no room, or past a per-job or per-tenant limit.
+    Answered with ``no_room`` set (an owner then stops replicating to the refusing replica)."""
 
 
 @dataclass
@@ -124,7 +131,7 @@ class Aggregator:
                  cluster_secret: bytes | None = None, prefault_share: float = PREFAULT_SHARE,
                  reserve: int = 0, reserve_shared: float = RESERVE_SHARED,
                  orphan_timeout: float = DEFAULT_ORPHAN_TIMEOUT, max_job_bytes: int | None = None,
-                 headroom: int = memroom.DEFAULT_HEADROOM) -> None:
+                 headroom: int = memroom.DEFAULT_HEADROOM, max_tenant_bytes: int | None = None) -> None:
         """``security``: CURVE for every tcp socket (default: the key directory's);
         ``cluster_secret``: what it proves to pMaster (default: the key directory's);
         ``prefault_share``: at most this share of a core populates memory for keys migrating
@@ -135,7 +142,9 @@ class Aggregator:
         transport lends memory; ``orphan_timeout``: seconds without hearing from any pMaster
         after which it exits (``orphan``; 0: never); ``max_job_bytes``: the most one job's
         declared keys may take here (default: half of what this machine can give when the
-        aggregator starts, ``memroom``); ``headroom``: bytes never committed to jobs."""
+        aggregator starts, ``memroom``); ``headroom``: bytes never committed to jobs;
+        ``max_tenant_bytes``: the most all jobs of one tenant (its CURVE key's name) may take
+        here together (default: ``quota.default_tenant_bytes``)."""
         self.master = master
         if 0 < orphan_timeout < 2 * heartbeat_interval:
             raise ValueError(f"orphan timeout {orphan_timeout:g}s: give 0 (never) or at least two heartbeat "
@@ -151,17 +160,26 @@ class Aggregator:
         if not 0 < reserve_shared <= 1:
             raise ValueError(f"reserve_shared must be above 0 and at most 1, not {reserve_shared}")
         self.reserve_shared = reserve_shared
-        if headroom < 0 or (max_job_bytes is not None and max_job_bytes <= 0):
-            raise ValueError(f"headroom must be 0 or more and max_job_bytes above 0 "
-                             f"(not {headroom}, {max_job_bytes})")
+        if headroom < 0 or (max_job_bytes is not None and max_job_bytes <= 0) or \
+                (max_tenant_bytes is not None and max_tenant_bytes <= 0):
+            raise ValueError(f"headroom must be 0 or more, max_job_bytes and max_tenant_bytes above 0 "
+                             f"(not {headroom}, {max_job_bytes}, {max_tenant_bytes})")
         self.headroom = int(headroom)
-        # the bytes of keys declared here per job (committed when assigned, until released):
-        # allocation is lazy, so the host's figures show them only once written (``memroom``)
-        self.committed: dict[str, int] = {}
-        self._assigning: str | None = None    # the job whose assignment committed its bytes already
+        # what a job holds committed here (``committed``): its keys, replicas and memory made
+        # ready in the store, its spare buffers, and ``pending``: bytes being allocated for it
+        # that the store does not hold yet. Allocation is lazy, so the host's figures show
+        # them only once written (``memroom``)
+        self.pending: dict[str, int] = {}
+        self.tenants: dict[str, str] = {}       # job -> its tenant (CURVE key name), where known
+        self.refused_jobs: dict[str, str] = {}  # job -> why it was dropped past its tenant's quota
+        self._prechecked: str | None = None     # the job whose allocation now was checked already
         self._rss_base = psutil.Process().memory_info().rss
-        self.max_job_bytes = int(max_job_bytes) if max_job_bytes is not None else \
-            max(1, memroom.room(memroom.mem_available(), memroom.cgroup_room(), headroom=self.headroom) // 2)
+        share = None
+        if max_job_bytes is None or max_tenant_bytes is None:
+            share = max(1, memroom.room(memroom.mem_available(), memroom.cgroup_room(), headroom=self.headroom) // 2)
+        self.max_job_bytes = int(max_job_bytes) if max_job_bytes is not None else share
+        self.max_tenant_bytes = int(max_tenant_bytes) if max_tenant_bytes is not None else \
+            quota.default_tenant_bytes(self.max_job_bytes, share)
         self.security = security if security is not None else default_security()
         self.cluster_secret = cluster_secret if cluster_secret is not None else ensure_cluster_secret()
         self.session: clusterauth.ControlSession | None = None   # the control channel, once registered
@@ -196,6 +214,9 @@ class Aggregator:
                       # the loop's CPU seconds sending them and taking their answers
                       "handover_messages": 0, "handover_cpu_s": 0.0,
                       "states_sent_ahead": 0, "taken_over_ahead": 0, "auth_refusals": 0, "ctrl_refusals": 0,
+                      # declarations, moves, replicas and failovers refused for want of room or past
+                      # --max-job-bytes / --max-tenant-bytes (``_check_room``)
+                      "memory_refusals": 0,
                       # memory made ready for keys migrating in: bytes populated, heap warmed, the
                       # CPU seconds it took (of which on CPU the host had to spare), the pauses
                       # that kept the rest to --prefault-share, and the waits for a busy host
@@ -255,9 +276,8 @@ class Aggregator:
         same-host agents read them in place (one memcpy). ``StoreError`` when this machine
         cannot hold them: a job's keys never exhaust its memory."""
         need = sum(numel * np.dtype(dtype).itemsize for numel, dtype in sizes)
-        if self._assigning != job:          # an assignment checked and committed its bytes already
+        if self._prechecked != job:         # (an assignment, a failover, a replica checked it first)
             self._check_room(job, need)
-            self._commit(job, need)
         try:
             return [(buf.array, buf) for buf in self.memory.allocate(sizes, job)]
         except (OSError, MemoryError) as exc:
@@ -275,29 +295,73 @@ class Aggregator:
         return memroom.room(memroom.mem_available(), memroom.cgroup_room(), ready=ready, headroom=self.headroom,
                             committed=sum(self.committed.values()), touched=touched)
 
+    @property
+    def committed(self) -> dict[str, int]:
+        """Bytes committed here per job: what its keys, replicas and memory made ready take in
+        the store (``Store.footprint``: declared, allocated or not yet), its spare buffers, and
+        what is being allocated for it (``pending``). Keys that move away stop counting but
+        for their published buffers, kept for the job (``spare``) until it ends."""
+        jobs = set(self.store.jobs) | set(self.pending)     # (a job's spares go with its record)
+        out = {job: self.store.footprint(job) + self.spare.held(job) + self.pending.get(job, 0) for job in jobs}
+        return {job: n for job, n in out.items() if n > 0}
+
+    def _limits(self) -> quota.Limits:
+        return quota.Limits(self.max_job_bytes, self.max_tenant_bytes)
+
     def _check_room(self, job: str, need: int) -> None:
-        """``StoreError`` when ``need`` more bytes for ``job`` are more than this aggregator can
-        give (``_room``), or take the job past ``max_job_bytes``."""
+        """``StoreError`` (``NoRoom``, counted) when ``need`` more bytes for ``job`` are more
+        than this aggregator can give (``_room``), or take the job past ``max_job_bytes`` or its
+        tenant past ``max_tenant_bytes`` (``quota.admit``)."""
+        committed = self.committed
         room = self._room()
         if need > room:
-            raise StoreError(f"job {job!r}: its keys need {need} bytes, this machine has {room} available for "
-                             f"them (host MemAvailable and cgroup limit, less {sum(self.committed.values())} "
-                             f"bytes committed to jobs and {self.headroom} kept)")
-        held = self.committed.get(job, 0)
-        if held + need > self.max_job_bytes:
-            raise StoreError(f"job {job!r}: its keys need {need} bytes ({held} more held here), over this "
-                             f"aggregator's limit of {self.max_job_bytes} bytes per job (--max-job-bytes)")
+            self.stats["memory_refusals"] += 1
+            raise NoRoom(f"job {job!r}: its keys need {need} bytes, this machine has {room} available for "
+                         f"them (host MemAvailable and cgroup limit, less {sum(committed.values())} "
+                         f"bytes committed to jobs and {self.headroom} kept)")
+        decision = quota.admit(job, need, committed, self.tenants, self._limits())
+        if not decision:
+            self.stats["memory_refusals"] += 1
+            raise NoRoom(decision.reason)
 
-    def _commit(self, job: str, nbytes: int) -> None:
+    def _pend(self, job: str, nbytes: int) -> None:
+        """``nbytes`` are being allocated for ``job`` (checked): committed until the store holds them."""
         if nbytes > 0:
-            self.committed[job] = self.committed.get(job, 0) + nbytes
+            self.pending[job] = self.pending.get(job, 0) + nbytes
 
-    def _uncommit(self, job: str, nbytes: int) -> None:
-        left = self.committed.get(job, 0) - nbytes
+    def _unpend(self, job: str, nbytes: int) -> None:
+        left = self.pending.get(job, 0) - nbytes
         if left > 0:
-            self.committed[job] = left
+            self.pending[job] = left
         else:
-            self.committed.pop(job, None)
+            self.pending.pop(job, None)
+
+    def _learn_tenant(self, job: str, tenant: object) -> None:
+        """pMaster named the tenant of ``job`` (the key it registered with) in a sealed command."""
+        if isinstance(tenant, str) and tenant:
+            self.tenants[job] = tenant
+
+    def _bind_tenant(self, job: str, name: str | None) -> None:
+        """A request of ``job`` (its secret right) came over a CURVE connection whose key is
+        authorized as ``name``: the first such key names the job's tenant, unless pMaster did.
+        Where that takes the tenant past ``max_tenant_bytes`` the job's keys here are dropped
+        (its memory freed) and the request refused, naming the limit (``NoRoom``)."""
+        if name is None or job in self.tenants:
+            return
+        tenants = {**self.tenants, job: name}
+        decision = quota.admit(job, 0, self.committed, tenants, self._limits())
+        if not decision:
+            self.stats["memory_refusals"] += 1
+            self._release(job)
+            self._refuse_job(job, decision.reason)
+            log.warning("dropped job %s: %s", job, decision.reason)
+            raise NoRoom(decision.reason)
+        self.tenants[job] = name
+
+    def _refuse_job(self, job: str, reason: str) -> None:
+        self.refused_jobs[job] = reason
+        while len(self.refused_jobs) > REFUSED_JOBS_KEPT:
+            self.refused_jobs.pop(next(iter(self.refused_jobs)))
 
     # --- lifecycle ------------------------------------------------------------------
     def stop(self) -> None:
@@ -444,6 +508,8 @@ class Aggregator:
         """What is queued at a listener (requests) or a peer channel (replies to our copies)."""
         if isinstance(source, Channel):
             on_message = self._on_peer
+        elif self.security.curve and source.kind == "tcp":
+            on_message, self._data_at = self._on_keyed_data, time.monotonic()
         else:
             on_message, self._data_at = self._on_data, time.monotonic()
         for _ in range(64):
@@ -452,14 +518,25 @@ class Aggregator:
                 return
             on_message(inbound)
 
+    def _on_keyed_data(self, inbound: Inbound) -> None:
+        self._on_data(inbound, keyed=True)
+
     def _heartbeat(self) -> None:
         try:
             cpu = self.proc.cpu_percent(None)
         except psutil.Error:
             cpu = 0.0
+        committed = self.committed
+        by_tenant: dict[str, int] = {}
+        for job, nbytes in committed.items():
+            if quota.is_tenant(self.tenants.get(job)):
+                by_tenant[self.tenants[job]] = by_tenant.get(self.tenants[job], 0) + nbytes
         self._to_master(wire.encode(
             wire.HEARTBEAT, agg=self.agg_id or "", cpu_percent=cpu,
             bytes_held=self.store.bytes_held(), jobs=sorted(self.store.jobs),
+            # commitments: all jobs', each tenant's, and the limits they are checked against
+            committed_bytes=sum(committed.values()), tenant_committed_bytes=by_tenant,
+            max_job_bytes=self.max_job_bytes, max_tenant_bytes=self.max_tenant_bytes,
             profile=self.store.take_profile(), cycle_s=self.schedule.cycle if self.schedule else None,
             **{**self.stats, **self._outliers()}))
 
@@ -548,6 +625,9 @@ class Aggregator:
                 **{f"{k}_at": round(v, 6) for k, v in seen.items() if k != "job"}}
 
     def _release(self, job: str) -> None:
+        self.pending.pop(job, None)
+        self.tenants.pop(job, None)
+        self.refused_jobs.pop(job, None)
         state = self.store.jobs.get(job)
         if state is None:
             return
@@ -555,7 +635,6 @@ class Aggregator:
             for pending in self.waiters.pop(id(ks), []):
                 self._send_error(pending.reply, pending.req, f"job {job!r} was released")
         self.store.release(job)
-        self.committed.pop(job, None)
         self.precopies.forget(job)
         self.spare.release(job)
         self.worker_reports.forget(job)
@@ -568,11 +647,26 @@ class Aggregator:
         log.info("released job %s", job)
 
     # --- data plane -----------------------------------------------------------------
-    def _send_error(self, reply: Sender, req: int | None, text: str) -> None:
+    def _send_error(self, reply: Sender, req: int | None, text: str, no_room: bool = False) -> None:
         self.stats["errors"] += 1
-        reply.send(wire.header(wire.ERROR, message=text, req=req))
+        reply.send(wire.header(wire.ERROR, message=text, req=req, **({"no_room": True} if no_room else {})))
 
-    def _on_data(self, inbound: Inbound) -> None:
+    def _check_tenant(self, msg: wire.Message, header: object, keyed: bool) -> None:
+        """Before serving a job's request: a job dropped past its tenant's quota is told why
+        again; over a CURVE connection (``keyed``) the job's tenant is learnt (``_bind_tenant``)
+        once its secret proved right."""
+        job = msg.get("job")
+        if not isinstance(job, str):
+            return                                      # (serving it answers what is wrong)
+        if job in self.refused_jobs and job not in self.store.jobs:
+            raise NoRoom(self.refused_jobs[job])
+        if keyed and job not in self.tenants and job in self.store.jobs:
+            self.store.job(job, msg.get("secret"))     # SecretMismatch: nobody else names its tenant
+            self._bind_tenant(job, peer_name(header))
+
+    def _on_data(self, inbound: Inbound, keyed: bool = False) -> None:
+        """A request at a listener; ``keyed``: it came over CURVE (a ZeroMQ tcp listener with
+        CURVE on), so its message names the key the client authenticated with."""
         reply = inbound.reply
         req = None
         try:
@@ -585,6 +679,8 @@ class Aggregator:
                     self.cluster_secret, msg["job"], msg["secret"], msg.get("peer")):
                 raise SecretMismatch(f"{msg.op} of job {msg['job']} without an aggregator's proof of the "
                                      "cluster key: only aggregators send it")
+            if msg.op != wire.WARM and msg.op not in clusterauth.PEER_OPS and (keyed or self.refused_jobs):
+                self._check_tenant(msg, inbound.header, keyed)
             serve(reply, msg)
             if msg.op != wire.WARM:         # (the one request without a secret)
                 vouch = getattr(reply, "vouch", None)
@@ -595,7 +691,7 @@ class Aggregator:
             log.warning("refused a data request: %s", exc)
             self._send_error(reply, req, str(exc))
         except (wire.ProtocolError, StoreError) as exc:
-            self._send_error(reply, req, str(exc))
+            self._send_error(reply, req, str(exc), no_room=isinstance(exc, NoRoom))
         except Exception as exc:  # a bug must not take the shared service down
             log.exception("internal error on a data request")
             self._send_error(reply, req, f"internal aggregator error: {exc.__class__.__name__}: {exc}")
@@ -843,13 +939,14 @@ class Aggregator:
             sizes = Store.buffer_sizes(msg["mode"], fresh)
             private = Store.private_sizes(msg["mode"], msg.get("optimizer"), msg.get("hp"), fresh)
             nbytes = sum(numel * np.dtype(dtype).itemsize for numel, dtype in sizes + private)
+            self._learn_tenant(msg["job"], msg.get("tenant"))
             if fresh:
                 self._check_room(msg["job"], nbytes)
         except (KeyError, ValueError, TypeError, IndexError, StoreError) as exc:
             self._to_master(wire.error(str(exc), req=msg.get("req"), agg=self.agg_id))
             return
         committed = nbytes if fresh else 0
-        self._commit(msg["job"], committed)
+        self._pend(msg["job"], committed)
         if not fresh or not self.memory.slow_to_allocate(nbytes):
             self._finish_assign(msg, keys, committed=committed)
             return
@@ -872,22 +969,22 @@ class Aggregator:
                 if error is not None:
                     raise StoreError(f"job {msg['job']!r}: cannot allocate memory for its keys: {error}")
                 buffers = [(buf.array, buf) for buf in shared]
-            self._assigning = msg["job"]        # its bytes are committed (``_assign``)
+            self._prechecked = msg["job"]       # its bytes were checked and are pending (``_assign``)
             try:
                 self.store.assign(msg["job"], msg["secret"], msg["world_size"], msg["mode"], keys,
                                   average=bool(msg.get("average", True)), optimizer=msg.get("optimizer"),
                                   hp=msg.get("hp") or {}, buffers=buffers, private=private)
             finally:
-                self._assigning = None
+                self._prechecked = None
             state = self.store.jobs[msg["job"]]
             for key, info in (msg.get("replicas") or {}).items():
                 if key in state.keys:
                     self._set_replica(state.keys[key], info)
             self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id))
         except (StoreError, ValueError, TypeError) as exc:
-            self._uncommit(msg["job"], committed)
             self._to_master(wire.error(str(exc), req=req, agg=self.agg_id))
         finally:
+            self._unpend(msg["job"], committed)      # the store holds them now, or nothing was made
             if made is not None:
                 self.held.resume(self._on_master)
 
@@ -897,7 +994,10 @@ class Aggregator:
 
         Buffers the job's keys left here when they moved away are used again; large new ones
         are created and populated by a helper thread first, so neither the jobs this
-        aggregator already serves nor the migrating job wait for page faults."""
+        aggregator already serves nor the migrating job wait for page faults. The keys are
+        committed as a declaration is (``_check_room``: room, ``--max-job-bytes``,
+        ``--max-tenant-bytes``); a move that does not fit is refused before anything is
+        allocated (pMaster fails the batch with that error; the old owner keeps the keys)."""
         try:
             keys = [KeySpec.from_wire(k) for k in msg["keys"]]
             sizes = Store.buffer_sizes(msg["mode"], keys)
@@ -905,15 +1005,26 @@ class Aggregator:
             # ahead of the switch fills; made ready here too, or that copy pays their faults
             private = Store.private_sizes(msg["mode"], msg.get("optimizer"), msg.get("hp"), keys)
             nbytes = sum(numel * np.dtype(dtype).itemsize for numel, dtype in sizes + private)
-        except (ValueError, TypeError, IndexError) as exc:
+            self._learn_tenant(msg["job"], msg.get("tenant"))
+        except (KeyError, ValueError, TypeError, IndexError) as exc:
             self._to_master(wire.error(str(exc), req=msg.get("req"), agg=self.agg_id))
             return
         reused = self.spare.take(msg["job"], sizes)
+        # the spares are committed to the job already: only the rest is new
+        need = nbytes - sum(buf.array.nbytes for buf in reused or ())
+        try:
+            self._check_room(msg["job"], need)
+        except StoreError as exc:
+            self.spare.keep(msg["job"], reused or ())
+            log.warning("refused keys moving here: %s", exc)
+            self._to_master(wire.error(f"cannot take the keys: {exc}", req=msg.get("req"), agg=self.agg_id))
+            return
+        self._pend(msg["job"], need)
         if reused is not None:
-            self._finish_prepare(msg, keys, sizes, (reused, None))
+            self._finish_prepare(msg, keys, sizes, (reused, None), pended=need)
             return
         if not self.memory.slow_to_allocate(nbytes):
-            self._finish_prepare(msg, keys, sizes)
+            self._finish_prepare(msg, keys, sizes, pended=need)
             return
 
         # the workers' pushes of the new keys arrive in received-message buffers: warm the
@@ -921,7 +1032,7 @@ class Aggregator:
         # pushes: the keys' bytes once)
         warm = min(sum(spec.nbytes for spec in keys), heap_kept() // 2)
         self._ready_in_background(msg["job"], sizes, private, nbytes, warm,
-                                  lambda made, arrays: self._finish_prepare(msg, keys, sizes, made, arrays))
+                                  lambda made, arrays: self._finish_prepare(msg, keys, sizes, made, arrays, need))
 
     def _ready_in_background(self, job: str, sizes: list, private: list, nbytes: int, warm: int,
                              then: Callable[[tuple, list | None], None], at_once: bool = False) -> None:
@@ -1073,17 +1184,34 @@ class Aggregator:
             params = [(spec.numel, spec.dtype) for spec in keys]
             private = Store.private_sizes(msg["mode"], msg.get("optimizer"), msg.get("hp"), keys, accumulator=False)
             nbytes = sum(numel * np.dtype(dtype).itemsize for numel, dtype in params + private)
-        except (ValueError, TypeError, IndexError) as exc:
+            self._learn_tenant(msg["job"], msg.get("tenant"))
+        except (KeyError, ValueError, TypeError, IndexError) as exc:
             self._to_master(wire.error(str(exc), req=req, agg=self.agg_id))
             return
-        if msg["mode"] != "server" or not keys or not self.memory.slow_to_allocate(nbytes):
+        if msg["mode"] != "server" or not keys:
             self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id))
             return
+        try:
+            self._check_room(msg["job"], nbytes)     # the backups count as the keys do
+        except StoreError as exc:
+            self._to_master(wire.error(f"cannot back the keys up: {exc}", req=req, agg=self.agg_id))
+            return
+        if not self.memory.slow_to_allocate(nbytes):
+            self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id))
+            return
+        self._pend(msg["job"], nbytes)
         self._ready_in_background(msg["job"], params, private, nbytes, 0,
-                                  lambda made, slots: self._replica_readied(msg, keys, made, slots),
+                                  lambda made, slots: self._replica_readied(msg, keys, made, slots, nbytes),
                                   at_once=bool(msg.get("at_once")))
 
-    def _replica_readied(self, msg: wire.Message, keys: list, made: tuple, slots: list | None) -> None:
+    def _replica_readied(self, msg: wire.Message, keys: list, made: tuple, slots: list | None,
+                         pended: int = 0) -> None:
+        try:
+            self._keep_readied(msg, keys, made, slots)
+        finally:
+            self._unpend(msg["job"], pended)         # the store holds them now (``readied``), or nothing
+
+    def _keep_readied(self, msg: wire.Message, keys: list, made: tuple, slots: list | None) -> None:
         req = msg.get("req")
         buffers, error = made
         if error is not None:
@@ -1147,10 +1275,18 @@ class Aggregator:
             fn(*args)
 
     def _finish_prepare(self, msg: wire.Message, keys: list, sizes: list, made: tuple | None = None,
-                        private: list | None = None) -> None:
+                        private: list | None = None, pended: int = 0) -> None:
         """Create the incoming keys in ``made`` -- ``(buffers, allocation error)`` from a
         helper thread, with ``private``: their server-mode arrays (``Store.private_sizes``) --
-        or in memory allocated now."""
+        or in memory allocated now; ``pended``: the bytes committed for them meanwhile."""
+        try:
+            self._prepare_keys(msg, keys, sizes, made, private)
+        finally:
+            self._unpend(msg["job"], pended)         # the store holds them now, or nothing was made
+
+    def _prepare_keys(self, msg: wire.Message, keys: list, sizes: list, made: tuple | None,
+                      private: list | None) -> None:
+        """``_finish_prepare``'s work; answers pMaster."""
         req = msg.get("req")
         try:
             state = self.store.jobs.get(msg["job"])
@@ -1160,9 +1296,14 @@ class Aggregator:
             buffers, error = made or self._allocate_incoming(sizes, msg["job"])
             if error is not None:
                 raise StoreError(f"cannot allocate memory for the incoming keys: {error}")
-            self.store.assign(msg["job"], msg["secret"], msg["world_size"], msg["mode"], keys,
-                              average=bool(msg.get("average", True)), optimizer=msg.get("optimizer"),
-                              hp=msg.get("hp") or {}, buffers=[(buf.array, buf) for buf in buffers], private=private)
+            self._prechecked = msg["job"]       # committed in ``_migrate_prepare``
+            try:
+                self.store.assign(msg["job"], msg["secret"], msg["world_size"], msg["mode"], keys,
+                                  average=bool(msg.get("average", True)), optimizer=msg.get("optimizer"),
+                                  hp=msg.get("hp") or {}, buffers=[(buf.array, buf) for buf in buffers],
+                                  private=private)
+            finally:
+                self._prechecked = None
             state = self.store.jobs[msg["job"]]
             replicas = msg.get("replicas") or {}
             for spec in keys:
@@ -1480,30 +1621,59 @@ class Aggregator:
                                           msg.get("hp") or {})
             keys = [KeySpec.from_wire(k) for k in msg["keys"]]
             replicas = dict(msg.get("replicas") or {})
+            self._learn_tenant(msg["job"], msg.get("tenant"))
+            # committed as a declaration is: a take-over that does not fit fails the job with the reason
+            self._check_room(msg["job"], self._failover_bytes(state, msg, keys))
             missing = []
-            for spec in keys:
-                old = state.keys.get(spec.key)
-                if old is not None:
-                    self._forget_waiters(old)
-                if msg.get("promote"):
-                    ks = self.store.promote(state, spec.key)
-                    if ks is None:
-                        missing.append(spec.key)
-                        continue
-                else:
-                    state.keys.pop(spec.key, None)
-                    self.store.assign(msg["job"], msg["secret"], msg["world_size"], msg["mode"], [spec],
-                                      average=bool(msg.get("average", True)), optimizer=msg.get("optimizer"),
-                                      hp=msg.get("hp") or {})
-                    ks = state.keys[spec.key]
-                    self.store.start_recovery(ks)
-                ks.moving, ks.incoming, ks.awaiting_workers = None, None, None
-                self._set_replica(ks, replicas.get(spec.key))
+            self._prechecked = msg["job"]
+            try:
+                self._take_keys(state, msg, keys, replicas, missing)
+            finally:
+                self._prechecked = None
             if missing:
                 raise StoreError(f"no replica of {missing[:4]} here")
             self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id))
         except (StoreError, ValueError, TypeError) as exc:
             self._to_master(wire.error(str(exc), req=req, agg=self.agg_id))
+
+    @staticmethod
+    def _failover_bytes(state: JobState, msg: wire.Message, keys: list[KeySpec]) -> int:
+        """The bytes a FAILOVER ``msg`` of ``keys`` commits here beyond what ``state`` holds of
+        them (a promoted backup becomes the key: its gradient accumulator is new)."""
+        mode = msg.get("mode") or "sum"
+        need = 0
+        for spec in keys:
+            new = sum(n * np.dtype(d).itemsize for n, d in
+                      Store.buffer_sizes(mode, [spec]) +
+                      Store.private_sizes(mode, msg.get("optimizer"), msg.get("hp"), [spec]))
+            old = state.keys.get(spec.key)
+            held = Store.key_bytes(old) if old is not None else 0
+            backup = state.replicas.get(spec.key) if msg.get("promote") else None
+            held += Store.key_bytes(backup, accumulator=False) if backup is not None else 0
+            need += max(0, new - held)
+        return need
+
+    def _take_keys(self, state: JobState, msg: wire.Message, keys: list[KeySpec], replicas: dict,
+                   missing: list) -> None:
+        """``_failover``'s keys, taken over (``missing``: those with no backup here to promote)."""
+        for spec in keys:
+            old = state.keys.get(spec.key)
+            if old is not None:
+                self._forget_waiters(old)
+            if msg.get("promote"):
+                ks = self.store.promote(state, spec.key)
+                if ks is None:
+                    missing.append(spec.key)
+                    continue
+            else:
+                state.keys.pop(spec.key, None)
+                self.store.assign(msg["job"], msg["secret"], msg["world_size"], msg["mode"], [spec],
+                                  average=bool(msg.get("average", True)), optimizer=msg.get("optimizer"),
+                                  hp=msg.get("hp") or {})
+                ks = state.keys[spec.key]
+                self.store.start_recovery(ks)
+            ks.moving, ks.incoming, ks.awaiting_workers = None, None, None
+            self._set_replica(ks, replicas.get(spec.key))
 
     def _forget_waiters(self, ks: KeyState) -> None:
         """Parked pulls of a key taken over: their workers resend them (no answer)."""
@@ -1599,7 +1769,14 @@ class Aggregator:
         ks, iteration, replica = self.replica_waits.pop(msg["req"])
         if ks.replica is None or ks.replica.get("agg", "") != replica:
             return          # an answer from a replica this key no longer uses
-        if msg.op == wire.ERROR:
+        if msg.op == wire.ERROR and msg.get("no_room"):
+            # it will not hold the backup (room, --max-job-bytes, --max-tenant-bytes): sending the
+            # state again would be refused again; the key goes on without a replica
+            log.error("replica %s of %s of job %s: %s; the key has no replica from now on", replica, ks.spec.key,
+                      ks.job, msg["message"])
+            ks.replica = None
+            ks.replicated = ks.replica_sent = -1
+        elif msg.op == wire.ERROR:
             log.warning("replica of %s of job %s: %s; sending the whole state", ks.spec.key, ks.job, msg["message"])
             self._replicate_state(ks)
             return
@@ -1631,9 +1808,21 @@ class Aggregator:
                 except (KeyError, TypeError, ValueError) as exc:
                     raise wire.ProtocolError(f"replicate: bad state of {key!r}: {exc}") from None
                 arrays = [np.frombuffer(view, dtype=spec.dtype) for view in views]
-                with self._timed("replica_install"):
-                    self.store.install_replica(state, spec, meta["mode"], bool(meta.get("average", True)),
-                                               meta.get("optimizer"), meta.get("hp") or {}, meta, arrays)
+                if key not in state.replicas and key not in state.readied:
+                    # a new backup, with no memory made ready for it: committed as the key is
+                    try:
+                        sizes = [(spec.numel, spec.dtype), *Store.private_sizes(
+                            meta["mode"], meta.get("optimizer"), meta.get("hp"), [spec], accumulator=False)]
+                    except ValueError as exc:
+                        raise wire.ProtocolError(f"replicate: bad state of {key!r}: {exc}") from None
+                    self._check_room(msg["job"], sum(n * np.dtype(d).itemsize for n, d in sizes))
+                self._prechecked = msg["job"]
+                try:
+                    with self._timed("replica_install"):
+                        self.store.install_replica(state, spec, meta["mode"], bool(meta.get("average", True)),
+                                                   meta.get("optimizer"), meta.get("hp") or {}, meta, arrays)
+                finally:
+                    self._prechecked = None
         else:
             state = self.store.job(msg["job"], msg["secret"])
             steps = []

@@ -69,7 +69,8 @@ def _cmd_aggregator(args: argparse.Namespace) -> int:
           ipc=not args.no_ipc, name=args.name, register_timeout=args.register_timeout,
           heartbeat_interval=args.heartbeat_interval, transport=args.transport,
           prefault_share=args.prefault_share, reserve=args.reserve, reserve_shared=args.reserve_shared,
-          orphan_timeout=args.orphan_timeout, max_job_bytes=args.max_job_bytes)
+          orphan_timeout=args.orphan_timeout, max_job_bytes=args.max_job_bytes,
+          max_tenant_bytes=args.max_tenant_bytes)
     return 0
 
 
@@ -258,6 +259,13 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                    help="the most one job's declared keys may take on this aggregator (e.g. 8G; default: half of "
                         "what it can give when it starts: the least of the host's MemAvailable and its memory "
                         "cgroup's limit less usage); a declaration past it, or past what it can give, is refused")
+    p.add_argument("--max-tenant-bytes", type=cli.size, default=None, metavar="SIZE",
+                   help="with CURVE: the most all jobs of one tenant (the name its CURVE key is authorized under, "
+                        "`dlrt keys tenant NAME`) may take on this aggregator together, keys moved here included "
+                        "(default: the per-job default, half of what it can give when it starts, but at least "
+                        "--max-job-bytes); the cluster's own `member` key is not a tenant. A declaration or move "
+                        "past it is refused; a job whose tenant it learns from its first request and that takes "
+                        "the tenant past it is dropped here")
     p.set_defaults(func=_cmd_aggregator)
 
     p = cli.add_command(sub, "local", "run CMD against a master that starts aggregators on this machine",

@@ -23,7 +23,13 @@ restarted pMaster still knows whose a job id is); aggregators prove the cluster 
 their control messages are sealed (``clusterauth``); operator commands (``MIGRATE``) need
 the operator token; every refusal is logged and counted (``status()["security"]``, the
 ``autops_auth_refusals_total`` metric). The socket runs CURVE beyond loopback when the key
-directory holds the cluster's CURVE keys (``dlrt.curve``).
+directory holds the cluster's CURVE keys (``dlrt.curve``). With CURVE, the name of the key a
+job's first registration came with is its tenant (``pool.tenant_of``; the cluster's own
+``member`` key is none): a registration of the job from another key is refused
+(``wrong_tenant``: a job cannot change owner), the tenant survives a restart
+(``poolfiles.JobTenants``), and every command that commits an aggregator's memory to the job
+names it (``TenantOutbox``), so the aggregator holds the job's first keys to
+``--max-tenant-bytes`` already.
 """
 from __future__ import annotations
 
@@ -36,11 +42,11 @@ import signal
 import threading
 import time
 from collections import Counter
-from typing import Callable
+from typing import Any, Callable
 
 import zmq
 
-from dlrt.curve import Security, default_security, refusal_counts, warn_if_exposed
+from dlrt.curve import Security, default_security, peer_name, refusal_counts, warn_if_exposed
 from dlrt.keys import ensure_cluster_secret, ensure_operator_token
 
 from . import wire
@@ -50,8 +56,9 @@ from .elastic import Elastic, ElasticConfig
 from .failover import Failover
 from .jobauth import JobSecrets, SecretRefused, check_secret_shape
 from .migration import Migrations
-from .outbox import AggregatorOutbox
-from .pool import AggInfo, JobInfo, PoolState
+from .outbox import AggregatorOutbox, Reply
+from .pool import AggInfo, JobInfo, PoolState, tenant_of, tenant_refused
+from .poolfiles import JobTenants
 from .providers import Provider, StandbyProvider
 from .rebuild import Restorer, note_for
 from .replication import choose_replica, replica_info
@@ -80,6 +87,23 @@ class PoolBusy(ValueError):
 
 
 REAP_PERIOD_S = 0.2     # how often pMaster collects the aggregator processes it started that exited
+
+# the commands that commit an aggregator's memory to a job: they name the job's tenant
+TENANT_OPS = frozenset({wire.ASSIGN, wire.MIGRATE_PREPARE, wire.REPLICA_PREPARE, wire.FAILOVER})
+
+
+class TenantOutbox(AggregatorOutbox):
+    """``AggregatorOutbox`` that adds ``tenant=`` (the job's ``JobInfo.tenant``, where it has
+    one) to each of ``TENANT_OPS``, whichever part of pMaster sends it (the declaration here,
+    ``migration``, ``failover``): the aggregator checks the job's keys against its tenant's
+    quota from the first one, not only from the job's first data request."""
+
+    def send_agg(self, agg: str, op: str, reply: Reply | None, **fields: Any) -> None:
+        if op in TENANT_OPS and "tenant" not in fields:
+            job = self.state.jobs.get(fields.get("job"))
+            if job is not None and job.tenant is not None:
+                fields["tenant"] = job.tenant
+        super().send_agg(agg, op, reply, **fields)
 
 
 def same_secret(given: object, secret: str) -> bool:
@@ -112,6 +136,7 @@ class Master:
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         warn_if_exposed("pMaster", self.address, self.security)
         self.secrets = JobSecrets(state_dir)
+        self.tenants = JobTenants(state_dir)                # job -> its tenant, for as long as its secret
         self.handshake = MasterHandshake(cluster_secret if cluster_secret is not None else ensure_cluster_secret())
         self.operator_token = operator_token if operator_token is not None else ensure_operator_token()
         self.sessions: dict[bytes, ControlSession] = {}     # aggregator identity -> sealed control channel
@@ -119,7 +144,7 @@ class Master:
         self.state = PoolState(heartbeat_timeout, clock=time.monotonic)
         self.clock = self.state.clock
         self.started = self.clock()
-        self.outbox = AggregatorOutbox(self.state, self._reply, assign_timeout)
+        self.outbox = TenantOutbox(self.state, self._reply, assign_timeout)
         self._agg_ids = itertools.count()
         self._acks = itertools.count(1)        # ASSIGN messages awaiting an answer (JobInfo.pending_acks)
         self._stop = threading.Event()
@@ -162,10 +187,11 @@ class Master:
                 if self.sock.poll(200):
                     for _ in range(256):
                         try:
-                            frames = self.sock.recv_multipart(zmq.NOBLOCK)
+                            frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
                         except zmq.Again:
                             break
-                        self._dispatch(frames)
+                        # the frames' properties name the sender's CURVE key (``dlrt.curve``)
+                        self._dispatch([f.bytes for f in frames], peer=peer_name(frames[-1]))
                 now = self.clock()
                 try:
                     self.failover.check(now)
@@ -202,6 +228,9 @@ class Master:
             if job_id not in self.state.jobs:
                 log.info("job %s did not come back after the restart; its id is free again", job_id)
                 self.secrets.forget(job_id)
+        for job_id in self.tenants.jobs():
+            if job_id not in self.state.jobs:
+                self.tenants.forget(job_id)
 
     def _publish(self) -> None:
         if self.publisher is None and self.exporter is None:
@@ -234,7 +263,8 @@ class Master:
         opened = session.open(body)
         return None if opened is None else (opened, True)
 
-    def _dispatch(self, frames: list) -> None:
+    def _dispatch(self, frames: list, peer: str | None = None) -> None:
+        """One message; ``peer``: the name of the CURVE key it came with (None: no CURVE)."""
         identity, body = frames[0], frames[1:]
         req = None
         try:
@@ -254,7 +284,7 @@ class Master:
             handler = {
                 wire.REGISTER_AGG: self._register_agg,
                 wire.HEARTBEAT: self._heartbeat,
-                wire.REGISTER_JOB: self._register_job,
+                wire.REGISTER_JOB: lambda i, m: self._register_job(i, m, tenant_of(peer)),
                 wire.DECLARE: self._declare,
                 wire.GET_TABLE: self._get_table,
                 wire.JOB_DONE: self._job_done,
@@ -339,6 +369,8 @@ class Master:
                 job = JobInfo(str(job_id), str(held["secret"]), int(held["world_size"]), 0, "sum", True, None, {},
                               DEFAULT_PARTITION_BYTES, DEFAULT_SMALL_BYTES, [])
                 job.state = "dedicated"          # elasticity leaves an adopted job where it is
+                # its owner as recorded; without a record its workers' next registration names it
+                job.tenant_known, job.tenant = self.tenants.known(job.job), self.tenants.get(job.job)
                 self.state.jobs[job.job] = job
                 log.info("job %s adopted from aggregator %s (pMaster restarted)", job.job, info.agg_id)
             elif not same_secret(held["secret"], job.secret):
@@ -375,7 +407,8 @@ class Master:
         self._reply(identity, wire.encode(wire.OK, note=note_for(self.state, agg_id)))
 
     # --- jobs -----------------------------------------------------------------------
-    def _register_job(self, identity: bytes, msg: wire.Message) -> None:
+    def _register_job(self, identity: bytes, msg: wire.Message, tenant: str | None = None) -> None:
+        """A rank joins its job; ``tenant``: that of the CURVE key it came with (``tenant_of``)."""
         job_id, world, rank, mode = msg["job"], msg["world_size"], msg["rank"], msg["mode"]
         if not job_id:
             raise ValueError("job id must not be empty")
@@ -391,6 +424,11 @@ class Master:
         if (job is not None and not same_secret(secret, job.secret)) or \
                 (job is None and self.secrets.matches(job_id, secret) is False):
             raise SecretRefused(f"wrong secret for job {job_id}", "wrong_secret")
+        known, owner = (job.tenant_known, job.tenant) if job is not None else \
+            (self.tenants.known(job_id), self.tenants.get(job_id))
+        if tenant_refused(known, owner, tenant):
+            raise SecretRefused(f"job {job_id} was registered with another CURVE key (tenant) than this "
+                                "request's; a job cannot change owner", "wrong_tenant")
         if msg.get("rejoin") and self.clock() - self.started < self.state.heartbeat_timeout:
             # every live aggregator registers again within a heartbeat timeout: until then the
             # job's table may lack the keys of one that has not
@@ -413,6 +451,8 @@ class Master:
                           int(msg.get("partition_bytes") or 0),      # 0: chosen at the first DECLARE
                           int(msg.get("small_bytes") or DEFAULT_SMALL_BYTES), [], requested=requested)
             job.replicate = bool(msg.get("replicate", True))
+            job.tenant = tenant
+            self.tenants.record(job_id, tenant)
             job.last_heard = job.last_progress = self.clock()   # re-registering does not move them on
             self.elastic.reserve(job)
             job.home = job.aggregators[0] if job.aggregators else None
@@ -433,6 +473,9 @@ class Master:
             if rank in job.ranks and not msg.get("rejoin"):
                 raise ValueError(f"job {job_id}: rank {rank} has already joined; job ids must be unique "
                                  "per running job")
+            if not job.tenant_known:      # adopted without a record of its owner: this rank names it
+                job.tenant, job.tenant_known = tenant, True
+                self.tenants.record(job_id, tenant)
         job.ranks.add(rank)               # no ``last_heard``: a registration (repeated) is not progress
         if job.pending:
             job.registrations.append((identity, msg.get("req")))
@@ -634,6 +677,7 @@ class Master:
     def release_job(self, job_id: str) -> None:
         if self.elastic.release_job(job_id):
             self.secrets.forget(job_id)
+            self.tenants.forget(job_id)
             log.info("job %s finished and was released", job_id)
 
     def _profile(self, identity: bytes, msg: wire.Message) -> None:
@@ -718,7 +762,7 @@ class Master:
             speed = j.standalone / j.measured if j.standalone and j.measured else None
             costs = [j.cost(k) for k in j.keys] if j.e else []
             jobs.append({
-                "job": j.job, "state": j.state, "world_size": j.world_size, "mode": j.mode,
+                "job": j.job, "tenant": j.tenant, "state": j.state, "world_size": j.world_size, "mode": j.mode,
                 "cluster": j.cluster, "requested_aggregators": j.requested,
                 "aggregators": sorted(per_agg_keys) or list(j.aggregators), "tensors": len(j.tensors),
                 "keys": len(j.keys), "bytes": sum(k.nbytes for k in j.keys.values()),

@@ -1,12 +1,15 @@
 """pMaster's pool state: the aggregators, the jobs and the clusters, and the queries on them.
 
 ``AggInfo`` (one aggregator: identity, endpoints, state, cluster, load), ``JobInfo`` (one job:
-its keys, table, profile and elastic state) and ``Cluster`` (aggregators packed together) are
-the records; ``PoolState`` holds them with the heartbeat timeout and the clock, keeps the
+its owner, keys, table, profile and elastic state) and ``Cluster`` (aggregators packed
+together) are the records; ``PoolState`` holds them with the heartbeat timeout and the clock, keeps the
 registry (aggregators by name and by socket identity, cluster names) and answers what
 elasticity (``elastic``), live migration (``migration``) and reporting ask: the live and idle
 aggregators, the bytes and tasks each one carries, the ``(D_j, e)`` loads the assignment policy
 reads. Deciding what to change is theirs; this module imports no other part of pMaster.
+
+A job's tenant is the name of the CURVE key its first registration came with (``tenant_of``);
+the rule that a job cannot change owner is ``tenant_refused``.
 """
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
+
+from dlrt.keys import MEMBER       # the services' own CURVE key: not a tenant
 
 Clock = Callable[[], float]
 Loads = dict[str, dict[str, tuple[float, float]]]
@@ -93,6 +98,11 @@ class JobInfo:
     lost_aggs: set = field(default_factory=set)    # aggregators of this job that were lost
     hint: dict = field(default_factory=dict)       # key -> preferred new owner (during a failover)
     adopted: dict = field(default_factory=dict)    # tensor -> settings, from aggregators after a restart
+    # owner: the tenant (CURVE key name) its first registration came with; None: no tenant (no
+    # CURVE, or the cluster's own key). ``tenant_known`` False: adopted after a restart with no
+    # record of it; its next registration sets it
+    tenant: str | None = None
+    tenant_known: bool = True
 
     def conf(self, tensor: str) -> dict:
         """A tensor's settings (mode, average, optimizer, hp): as its workers declared it, or,
@@ -109,6 +119,19 @@ class JobInfo:
         known = [(self.e[k], self.keys[k].nbytes) for k in self.e if k in self.keys]
         nbytes = sum(b for _, b in known)
         return sum(x for x, _ in known) / nbytes * self.keys[key].nbytes if nbytes else 0.0
+
+
+def tenant_of(peer: str | None) -> str | None:
+    """The tenant a request's CURVE key names (``dlrt.curve.peer_name`` of its frames): the
+    key's name; None without CURVE or for the cluster's own ``member`` key, which is no tenant."""
+    return peer if peer and peer != MEMBER else None
+
+
+def tenant_refused(known: bool, owner: str | None, tenant: str | None) -> bool:
+    """Whether a registration of a job from ``tenant`` must be refused: the job's owner is
+    ``known`` and is another (a job cannot change owner, nor gain or lose a tenant). A job whose
+    owner is not known (adopted after a restart without a record of it) is refused nothing here."""
+    return known and owner != tenant
 
 
 @dataclass

@@ -641,6 +641,31 @@ class Store:
             del state.broadcasts[(name, seq)]
         return entry[0]
 
+    # --- commitments ----------------------------------------------------------------
+    @staticmethod
+    def key_bytes(ks: KeyState, accumulator: bool = True) -> int:
+        """The bytes ``ks`` takes once every array of it is allocated (``buffer_sizes`` and
+        ``private_sizes``: what a declaration of it commits): sum mode its two buffers; server
+        mode its master copy, gradient accumulator (allocated on first use; not for a
+        replica, ``accumulator`` False) and optimizer state."""
+        nbytes = ks.spec.numel * np.dtype(ks.spec.dtype).itemsize
+        if ks.mode == "sum":
+            return 2 * nbytes
+        slots = ks.optimizer.state_slots() if ks.optimizer is not None else 0
+        return (1 + int(accumulator) + slots) * nbytes
+
+    def footprint(self, job: str) -> int:
+        """What ``job`` holds committed in the store: its keys, its replicas here and the
+        memory made ready for replicas (``key_bytes``), allocated or still to be."""
+        state = self.jobs.get(job)
+        if state is None:
+            return 0
+        total = sum(self.key_bytes(ks) for ks in state.keys.values())
+        total += sum(self.key_bytes(rks, accumulator=False) for rks in state.replicas.values())
+        for param, _, slots in state.readied.values():
+            total += param.nbytes + sum(a.nbytes for a in slots)
+        return total
+
     # --- reporting -----------------------------------------------------------------
     def bytes_held(self) -> int:
         total = 0

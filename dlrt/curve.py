@@ -14,7 +14,10 @@ one of ``curve/authorized/*.key``, re-read when that directory changes, so revok
 restart) and watches the server sockets' handshake events, so that a client with a key that
 is not authorized, a wrong server key, another mechanism (plaintext) or a broken, truncated
 or replayed handshake is refused, logged and counted (``refusal_counts``; the services put
-the counts in their metrics).
+the counts in their metrics). A client it admits is known by its authorized key's name (the
+file name in ``curve/authorized/``: ``member`` for the cluster's own key, a tenant's name for
+``dlrt keys tenant NAME``'s): ZeroMQ gives it as each received message's ``User-Id``, which
+``peer_name`` reads.
 """
 from __future__ import annotations
 
@@ -28,12 +31,13 @@ from pathlib import Path
 
 import zmq
 import zmq.auth
+from zmq.utils import z85
 from zmq.utils.monitor import recv_monitor_message
 
 from .endpoints import is_loopback
 from .keys import Keys, key_dir
 
-__all__ = ["Security", "Guard", "default_security", "refusal_counts", "warn_if_exposed"]
+__all__ = ["Security", "Guard", "default_security", "refusal_counts", "warn_if_exposed", "peer_name"]
 
 log = logging.getLogger("dlrt.curve")
 
@@ -71,12 +75,13 @@ def _is_tcp(address: str) -> bool:
 
 
 class _AuthorizedKeys:
-    """``zmq.auth``'s credentials provider: the keys in ``directory``, re-read when it changes."""
+    """``zmq.auth``'s credentials provider: the keys in ``directory``, re-read when it changes,
+    and the name each is authorized under (its file name without ``.key``)."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._stamp: tuple | None = None
-        self._keys: set[bytes] = set()
+        self._keys: dict[bytes, str] = {}       # z85 public key -> name
 
     def _reload(self) -> None:
         try:
@@ -86,10 +91,10 @@ class _AuthorizedKeys:
             files, stamp = [], ()
         if stamp == self._stamp:
             return
-        keys = set()
+        keys = {}
         for f in files:
             try:
-                keys.add(zmq.auth.load_certificate(f)[0])
+                keys[zmq.auth.load_certificate(f)[0]] = f.stem
             except (OSError, ValueError) as exc:
                 log.warning("ignoring authorized key %s: %s", f, exc)
         self._keys, self._stamp = keys, stamp
@@ -101,6 +106,26 @@ class _AuthorizedKeys:
             log.warning("refused a CURVE client whose key %s... is not authorized", key[:8].decode(errors="replace"))
         return ok
 
+    def user_id(self, client_public_key: bytes) -> str:
+        """The ``User-Id`` of an admitted client (``zmq.auth``'s ``curve_user_id``, called right
+        after ``callback`` admitted it): the name its key is authorized under."""
+        z85_key = z85.encode(client_public_key)
+        return self._keys.get(z85_key) or z85_key.decode("ascii")
+
+
+def peer_name(frame: object) -> str | None:
+    """The authorized key's name of the client that sent ``frame`` (a ``zmq.Frame`` received
+    with ``copy=False`` on a CURVE server socket): ``member``, a tenant's name; None where
+    the connection is not CURVE (ipc, plaintext) or ``frame`` is not a ZeroMQ frame."""
+    get = getattr(frame, "get", None)
+    if get is None:
+        return None
+    try:
+        name = get("User-Id")
+    except (zmq.ZMQError, TypeError, ValueError):
+        return None
+    return name or None
+
 
 class Guard:
     """One context's ZAP handler and handshake watcher, on a daemon thread."""
@@ -109,7 +134,9 @@ class Guard:
         self.ctx = ctx
         self._auth = zmq.auth.Authenticator(ctx, log=logging.getLogger("dlrt.curve.zap"))
         self._auth.start()
-        self._auth.configure_curve_callback(ZAP_DOMAIN, credentials_provider=_AuthorizedKeys(authorized))
+        provider = _AuthorizedKeys(authorized)
+        self._auth.configure_curve_callback(ZAP_DOMAIN, credentials_provider=provider)
+        self._auth.curve_user_id = provider.user_id     # User-Id: the key's name, not the key
         self._lock = threading.Lock()
         self._new_monitors: list[zmq.Socket] = []
         self._wake = ctx.socket(zmq.PAIR)

@@ -34,6 +34,7 @@ from .rdma_memory import RdmaMemory
 from .rdma_verbs import PyverbsNic, Verbs
 from .shm import SharedMemory, available as shm_available
 from .shm_channel import ShmFraming
+from .sockpoll import LinkBudget, connection_limits
 from .stream import StreamChannel, StreamListener
 from .tcpopts import rto_min_us_from_env
 from .zmq import ZmqChannel, ZmqListener, ipc_address, keep_freed_buffers
@@ -96,6 +97,9 @@ class Transport:
                                else SharedMemory(label) if local and shm_available() else PlainMemory())
         self.channels: dict[str, Channel] = {}
         self.listeners: list[Listener] = []
+        # one cap on the connections of all of this process's stream listeners (tcp and ipc):
+        # a peer connecting to every endpoint holds no more than $AUTOPS_STREAM_MAX_CONNECTIONS
+        self.link_budget = LinkBudget(connection_limits()[0])
         self._tuned = False
 
     # --- which kind reaches a peer ------------------------------------------------------
@@ -179,7 +183,8 @@ class Transport:
             if stream_port > 65535:
                 raise TransportError(f"port {port}: the stream endpoint needs the next port free too (at most 65534)")
             try:
-                self.listeners.append(StreamListener(f"tcp://{bind_host}:{stream_port}", advertise_host))
+                self.listeners.append(StreamListener(f"tcp://{bind_host}:{stream_port}", advertise_host,
+                                                     budget=self.link_budget))
             except OSError as exc:
                 raise TransportError(f"cannot listen on {bind_host}:{stream_port} for the stream endpoint "
                                      f"({exc.strerror or exc}); free that port or set {TCP_STREAM_ENV}=0") from None
@@ -189,7 +194,7 @@ class Transport:
         elif self.verbs is not None:
             self.listeners.append(RdmaListener(self.verbs, self.memory, bind_host.strip("[]"), 0, advertise_host))
         if self.local:
-            self.listeners.append(StreamListener(ipc_address("agg")))
+            self.listeners.append(StreamListener(ipc_address("agg"), budget=self.link_budget))
             if isinstance(self.memory, SharedMemory):
                 self.listeners.append(ZmqListener(self.ctx, ipc_address("agg-shm"), "shm",
                                                   framing=ShmFraming(self.memory), security=self.security))

@@ -7,21 +7,22 @@ A link has ``fd``, ``broken`` (None, or why it failed and closed), ``wants_write
 ``send(header, payloads)``, ``pump()`` (flush output, read what arrived; never blocks),
 ``next_message()`` (``(header, payloads)`` or None), ``has_records`` (messages may be
 waiting that no descriptor will announce), ``wants_pump`` (worth pumping without a
-readable descriptor) and ``close()``.
+readable descriptor) and ``close()``. A ``LinkBudget`` is one connection cap shared by
+every listener of a process that is given it (``links.Transport``: the tcp ``stream`` and
+the ``ipc`` endpoints), so a peer connecting to all of them holds no more than the cap.
 """
 from __future__ import annotations
 
 import errno
 import logging
-import os
-import resource
 import select
 import socket
 import time
 from abc import abstractmethod
 from collections import deque
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
+from dlrt.limits import env_positive, half_open_files
 from dlrt.waker import Waker
 
 from .base import Channel, Inbound, Listener, TransportError
@@ -33,10 +34,11 @@ _NO_LENT: frozenset = frozenset()
 # Limits on connections nobody has vouched for (docs/autops.md, "Limits on connections"):
 # a listener that sets them (``StreamListener``) closes a connection that has not delivered a
 # whole message within HANDSHAKE_S, and one that delivered some but never became a job's
-# channel (``PeerLink.vouch``) once idle for IDLE_S; it keeps at most ``max_links``
-# connections (the oldest one not vouched for makes room for a new one, else the new one is
-# closed); and where accept fails for want of descriptors it stops accepting for
-# ACCEPT_PAUSE_S, logging once per LOG_EVERY_S.
+# channel (``PeerLink.vouch``) once idle for IDLE_S; the listeners sharing a ``LinkBudget``
+# keep at most its ``max_links`` connections together (the oldest one not vouched for, on
+# any of them, makes room for a new one, else the new one is closed); and where accept
+# fails for want of descriptors a listener stops accepting for ACCEPT_PAUSE_S, logging once
+# per LOG_EVERY_S.
 MAX_LINKS_ENV = "AUTOPS_STREAM_MAX_CONNECTIONS"
 HANDSHAKE_ENV = "AUTOPS_STREAM_HANDSHAKE_S"
 IDLE_ENV = "AUTOPS_STREAM_IDLE_S"
@@ -49,31 +51,63 @@ _HOUSEKEEP_EVERY_S = 0.25
 
 def default_max_links() -> int:
     """Half of this process's open-file limit, between 16 and 4096 (512 at the usual 1024)."""
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft == resource.RLIM_INFINITY:
-        soft = 1 << 16
-    return max(16, min(4096, soft // 2))
-
-
-def _env_number(name: str, default, cast=float):
-    text = os.environ.get(name)
-    if not text:
-        return default
-    try:
-        value = cast(text)
-    except ValueError:
-        log.warning("$%s=%r is not a number: %s used", name, text, default)
-        return default
-    if value <= 0:
-        log.warning("$%s=%r must be above 0: %s used", name, text, default)
-        return default
-    return value
+    return half_open_files()
 
 
 def connection_limits() -> tuple[int, float, float]:
     """``(max_links, handshake_s, idle_s)`` from the environment, else the defaults."""
-    return (_env_number(MAX_LINKS_ENV, default_max_links(), int), _env_number(HANDSHAKE_ENV, HANDSHAKE_S),
-            _env_number(IDLE_ENV, IDLE_S))
+    return (env_positive(MAX_LINKS_ENV, default_max_links(), int), env_positive(HANDSHAKE_ENV, HANDSHAKE_S),
+            env_positive(IDLE_ENV, IDLE_S))
+
+
+def oldest_unvouched(connections: Iterable[tuple[Any, bool, bool, float]]) -> Any:
+    """Which connection makes room for a new one: of ``(key, greeted, vouched, since)``, the
+    key of the oldest not vouched for -- one still in its handshake (not ``greeted``) before
+    one that delivered a message -- or None when every one is a job's channel."""
+    best, rank = None, None
+    for key, greeted, vouched, since in connections:
+        if vouched:
+            continue
+        if rank is None or (greeted, since) < rank:
+            best, rank = key, (greeted, since)
+    return best
+
+
+class LinkBudget:
+    """At most ``max_links`` connections (None: no cap) over every ``LinkListener`` sharing
+    this budget (each joins it when made, and leaves it when closed): one cap per process
+    however many endpoints it listens on."""
+
+    def __init__(self, max_links: int | None) -> None:
+        if max_links is not None and max_links < 1:
+            raise ValueError(f"max_links must be at least 1, not {max_links}")
+        self.max_links = max_links
+        self.listeners: list["LinkListener"] = []
+
+    def join(self, listener: "LinkListener") -> None:
+        if listener not in self.listeners:
+            self.listeners.append(listener)
+
+    def leave(self, listener: "LinkListener") -> None:
+        if listener in self.listeners:
+            self.listeners.remove(listener)
+
+    def held(self) -> int:
+        """Connections held by the listeners sharing the budget."""
+        return sum(len(listener.links) for listener in self.listeners)
+
+    def make_room(self) -> bool:
+        """Whether one more connection may come in: under the cap, or once the oldest
+        connection not vouched for on any listener (``oldest_unvouched``) was closed."""
+        if self.max_links is None or self.held() < self.max_links:
+            return True
+        victim = oldest_unvouched(((listener, fd), greeted, vouched, since) for listener in self.listeners
+                                  for fd, greeted, vouched, since in listener.connections())
+        if victim is None:
+            return False
+        listener, fd = victim
+        listener.evict(fd)
+        return True
 
 
 def first_n(items: deque, n: int):
@@ -219,14 +253,20 @@ class LinkChannel(Channel):
 
 class LinkListener(Listener):
     """A bound, listening ``sock`` whose connections each become a link (``_link_for``);
-    messages are taken from the links in turn, each answered on its own. ``max_links``,
-    ``handshake_s`` and ``idle_s`` (None: no limit) bound the connections nobody vouched
-    for (see ``HANDSHAKE_S``); ``housekeep`` applies them, from ``recv`` and from the
+    messages are taken from the links in turn, each answered on its own. ``budget`` (a
+    ``LinkBudget``, shared with the process's other listeners; None: no cap), ``handshake_s``
+    and ``idle_s`` (None: no limit) bound the connections nobody vouched for (see
+    ``HANDSHAKE_S``); ``housekeep`` applies the deadlines, from ``recv`` and from the
     service's loop."""
 
-    max_links: int | None = None
+    budget: LinkBudget | None = None
     handshake_s: float | None = None
     idle_s: float | None = None
+
+    @property
+    def max_links(self) -> int | None:
+        """The cap on the connections of every listener sharing this one's budget."""
+        return self.budget.max_links if self.budget is not None else None
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
@@ -244,6 +284,8 @@ class LinkListener(Listener):
         self._quiet: dict[str, int] = {}        # what was not logged since, how often
         self.limit_counts = {"refused_over_cap": 0, "evicted": 0, "handshake_timeouts": 0,
                              "idle_timeouts": 0, "accept_pauses": 0}
+        if self.budget is not None:
+            self.budget.join(self)
 
     @abstractmethod
     def _link_for(self, sock: socket.socket, peer: Any) -> Any:
@@ -325,19 +367,24 @@ class LinkListener(Listener):
             pass
 
     def _make_room(self) -> bool:
-        """Whether a new connection may come in under ``max_links``: the oldest connection not
-        vouched for -- one still in its handshake first -- is closed to make room."""
-        if self.max_links is None or len(self.links) < self.max_links:
-            return True
-        candidates = [fd for fd in self._since if fd not in self._vouched and fd in self.links]
-        if not candidates:
-            return False
-        fd = min(candidates, key=lambda f: (f in self._greeted, self._since[f]))
+        """Whether a new connection may come in under the budget's cap: the oldest connection
+        not vouched for on any listener sharing it -- one still in its handshake first -- is
+        closed to make room (``LinkBudget.make_room``)."""
+        return self.budget is None or self.budget.make_room()
+
+    def connections(self) -> list[tuple[int, bool, bool, float]]:
+        """``(fd, greeted, vouched, since)`` of every connection held (``oldest_unvouched``)."""
+        return [(fd, fd in self._greeted, fd in self._vouched, since) for fd, since in self._since.items()
+                if fd in self.links]
+
+    def evict(self, fd: int) -> None:
+        """Close connection ``fd`` (not a job's channel) to make room for a new one on a
+        listener sharing this one's budget."""
+        link = self.links[fd]
         self.limit_counts["evicted"] += 1
-        self._say("evict", "%d connections (the limit, $%s): closed %s, not a job's channel, for a new one",
-                  self.max_links, MAX_LINKS_ENV, self.links[fd].name)
-        self._close_link(fd, self.links[fd])
-        return True
+        self._say("evict", "%d connections (the limit for the process, $%s): closed %s, not a job's channel, "
+                  "for a new one", self.max_links, MAX_LINKS_ENV, link.name)
+        self._close_link(fd, link)
 
     def _accept(self) -> None:
         while True:
@@ -390,6 +437,8 @@ class LinkListener(Listener):
         self._vouched.discard(fd)
 
     def close(self) -> None:
+        if self.budget is not None:
+            self.budget.leave(self)
         for fd, link in list(self.links.items()):
             self.poll.remove(fd)
             link.close()

@@ -45,7 +45,7 @@ import numpy as np
 from dlrt.endpoints import host_port
 
 from .base import TransportError, buffer_of
-from .sockpoll import LinkChannel, LinkListener, connection_limits, first_n
+from .sockpoll import LinkBudget, LinkChannel, LinkListener, connection_limits, first_n
 from .tcpopts import rto_min_us_from_env, set_rto_min
 
 __all__ = ["StreamChannel", "StreamListener", "StreamLink", "SPLICE_MIN", "socket_path", "stream_kind"]
@@ -513,13 +513,15 @@ class StreamListener(LinkListener):
     a service registers: ``ipc``, or ``stream`` for TCP (``tcp`` is its ZeroMQ endpoint).
     Its connections are bounded (``sockpoll.connection_limits``: a cap, a handshake deadline,
     an idle timeout for those that never became a job's channel; the arguments override the
-    environment's)."""
+    environment's). ``budget``: the cap it shares with the process's other listeners
+    (``sockpoll.LinkBudget``); without one it has a cap of its own, ``max_links``."""
 
     def __init__(self, address: str, advertise_host: str | None = None, max_links: int | None = None,
-                 handshake_s: float | None = None, idle_s: float | None = None) -> None:
+                 handshake_s: float | None = None, idle_s: float | None = None,
+                 budget: LinkBudget | None = None) -> None:
         self.path: str | None = None
         env_max, env_handshake, env_idle = connection_limits()
-        self.max_links = max_links or env_max
+        self.budget = budget if budget is not None else LinkBudget(max_links or env_max)
         self.handshake_s = handshake_s or env_handshake
         self.idle_s = idle_s or env_idle
         self.kind = "stream" if stream_kind(address) == "tcp" else "ipc"
