@@ -112,6 +112,7 @@ class Driver:
         self._stall_ends: list[tuple[float, int]] = []   # heap: (end of a running job's stall, id)
         self._stall_end: dict[int, float] = {}           # running job -> its current stall end
         self._guards: list[tuple[float, int]] = []       # heap: (protected_until, id) of started jobs
+        self._costs: dict[tuple, float] = {}             # (model, GPUs) -> the model's resume cost
 
     # --- time ----------------------------------------------------------------------------
     def advance(self, t: float) -> None:
@@ -120,8 +121,10 @@ class Driver:
         dt = t - self.now
         if dt <= 0:
             return
-        if not self.policy.active or self._first_stall_end() < t:
-            self.last_progress = t
+        heap = self._stall_ends
+        if (heap and heap[0][0] < t and self._stall_end.get(heap[0][1]) == heap[0][0]) \
+                or not self.policy.active or self._first_stall_end() < t:
+            self.last_progress = t          # a job executed (its stall ended before t)
         self.busy += self.used * dt
         self.now = t
         if self.config.defer_release:
@@ -142,8 +145,13 @@ class Driver:
     def _track(self, job: JobState) -> None:
         """``job`` runs with ``stall`` seconds left from ``settled``: when it executes again."""
         end = job.settled + job.stall
-        self._stall_end[job.job_id] = end
-        heapq.heappush(self._stall_ends, (end, job.job_id))
+        ends = self._stall_end
+        ends[job.job_id] = end
+        heap = self._stall_ends
+        heapq.heappush(heap, (end, job.job_id))
+        if len(heap) > 2 * len(ends) + 1024:     # mostly entries of stopped runs: drop them
+            heap[:] = [e for e in heap if ends.get(e[1]) == e[0]]
+            heapq.heapify(heap)
 
     def _untrack(self, job: JobState) -> None:
         settle(job, self.now)
@@ -159,7 +167,13 @@ class Driver:
         if not (self.config.overheads or self.config.defer_release):
             return 0.0
         cost = self.config.preemption_cost
-        return ovh.preemption_cost(job.model, job.num_gpus) if cost is None else cost
+        if cost is not None:
+            return cost
+        key = (job.model, job.num_gpus)
+        cost = self._costs.get(key)
+        if cost is None:
+            cost = self._costs[key] = ovh.preemption_cost(job.model, job.num_gpus)
+        return cost
 
     def _protect(self, job: JobState, cost: float) -> None:
         job.protected_until = progress.protected_until(self.now, cost, self.config.min_run_factor,
@@ -502,8 +516,15 @@ class Nodes:
         return True
 
     def _take(self, job: JobState, alloc: plc.Allocation) -> None:
-        plc.apply(self.free, alloc)
         self.alloc[job.job_id] = alloc
+        if len(alloc) == 1:                  # one node: consolidated, full speed
+            node, gpus = alloc[0]
+            if self.free[node] < gpus:
+                raise AssertionError(f"node {node} over-allocated")
+            self.free[node] -= gpus
+            job.speed = 1.0
+            return
+        plc.apply(self.free, alloc)
         consolidated = plc.is_consolidated(alloc, self.per)
         job.speed = ovh.placement_speed(job.skew, consolidated) if self.config.slowdown else 1.0
 
@@ -521,10 +542,11 @@ class Nodes:
         order = to_start if len(to_start) < 2 else \
             sorted(to_start, key=lambda j: (not self.consolidate(j), -j.num_gpus, j.job_id))
         for job in order:
+            together = self.consolidate(job)
             if eligible is None and not self.offline:
-                alloc = plc.place(self.free, job.num_gpus, self.consolidate(job), self.per)
+                alloc = plc.place(self.free, job.num_gpus, together, self.per)
             else:
-                alloc = plc.place(self._free_for(job, eligible), job.num_gpus, self.consolidate(job), self.per)
+                alloc = plc.place(self._free_for(job, eligible), job.num_gpus, together, self.per)
             if alloc is None and self.config.migrate:
                 alloc = self._repack(job, running, now)
             if alloc is None:

@@ -28,9 +28,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass
-from itertools import accumulate
 from operator import itemgetter
 from typing import Callable, Iterable, Iterator
 
@@ -94,6 +93,7 @@ class Policy:
         self.waiting: dict[int, SortedList] = {}      # GPU count -> sorted keys of waiting jobs
         self._wkey: dict[int, tuple] = {}             # job id -> its key in ``waiting``
         self.heads: dict[int, tuple] = {}             # GPU count -> its first waiting key
+        self.head_list: list[tuple] = []               # (first key, GPU count, 0) of each, sorted
         self.running_gpus = 0                          # GPUs of the running jobs
         self.order: RunningOrder | None = RunningOrder() if self.static_running_keys else None
 
@@ -186,7 +186,7 @@ class Policy:
         self._wkey[job.job_id] = key
         head = self.heads.get(size)
         if head is None or key < head:
-            self.heads[size] = key
+            self._set_head(size, head, key)
 
     def _unwait(self, job: JobState) -> None:
         key = self._wkey.pop(job.job_id, None)
@@ -196,9 +196,20 @@ class Policy:
             lst.remove(key)
             if not lst:
                 del self.waiting[size]
-                del self.heads[size]
+                self._set_head(size, key, None)
             elif self.heads[size] == key:
-                self.heads[size] = lst[0]
+                self._set_head(size, key, lst[0])
+
+    def _set_head(self, size: int, old: tuple | None, new: tuple | None) -> None:
+        """The first waiting key of GPU count ``size`` is now ``new`` (None: none waits)."""
+        heads = self.head_list
+        if old is not None:
+            del heads[bisect_left(heads, (old, size, 0))]
+        if new is None:
+            del self.heads[size]
+        else:
+            self.heads[size] = new
+            insort(heads, (new, size, 0))
 
     @property
     def sizes(self) -> list[int]:
@@ -266,17 +277,20 @@ def _pass_ordered(policy: Policy, order: RunningOrder, capacity: int, keep: froz
     n = len(keys)
     active = policy.active
     free = capacity
-    if keep:
-        gpus = list(order.gpus)
-        for job_id in keep:
-            i = order.position(job_id)
-            free -= gpus[i]
-            gpus[i] = 0
-        prefix = list(accumulate(gpus, initial=0))
+    prefix = order.prefix(0)
+    if keep:                                    # their positions, each walk stretch stops there
+        gpus = order.gpus
+        kept = sorted(order.position(job_id) for job_id in keep)
+        free -= sum(gpus[i] for i in kept)
+        kept.append(n)
     else:
-        prefix = order.prefix()
-    heads = [(key, size, 0) for size, key in policy.heads.items() if size <= free]
-    heapq.heapify(heads)
+        kept = [n]
+    k = 0
+    heads = policy.head_list
+    if heads and max(policy.heads) > free:
+        heads = [h for h in heads if h[1] <= free]
+    else:
+        heads = list(heads)                     # sorted: a heap already
     to_start: list[JobState] = []
     to_preempt: list[JobState] = []
     waiting = policy.waiting
@@ -291,14 +305,25 @@ def _pass_ordered(policy: Policy, order: RunningOrder, capacity: int, keep: froz
         else:
             q = n
         while p < q:
-            c = bisect_right(prefix, prefix[p] + free, p, q + 1) - 1    # keys[p:c] fit
+            if p == kept[k]:                   # a protected job: its GPUs are counted already
+                p += 1
+                k += 1
+                prefix = order.prefix(p)
+                continue
+            end = q if q < kept[k] else kept[k]
+            if end == n and order.total - prefix[p] <= free:    # the rest all fit
+                free -= order.total - prefix[p]
+                p = n
+                break
+            prefix = order.prefix(end)
+            c = bisect_right(prefix, prefix[p] + free, p, end + 1) - 1    # keys[p:c] fit
             free -= prefix[c] - prefix[p]
             p = c
-            if p < q:
+            if p < end:
                 to_preempt.append(active[keys[p][-1]])
                 p += 1
         if free == 0:
-            to_preempt += [active[k[-1]] for k in keys[p:] if k[-1] not in keep]   # nothing fits
+            to_preempt += [active[key[-1]] for key in keys[p:] if key[-1] not in keep]   # nothing fits
             break
         if not heads:
             break

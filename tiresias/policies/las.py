@@ -73,7 +73,12 @@ class DiscretizedLAS(Policy):
         if q < len(self.thresholds):
             threshold = self.thresholds[q]
             due = now + (threshold - job.service) / job.num_gpus
-            heapq.heappush(self.crossings, (due, self.tokens[job.job_id], job.job_id, threshold))
+            heap = self.crossings
+            heapq.heappush(heap, (due, self.tokens[job.job_id], job.job_id, threshold))
+            if len(heap) > 2 * len(self.running) + 1024:     # mostly crossings of stopped runs
+                tokens, active = self.tokens, self.active
+                heap[:] = [e for e in heap if e[2] in active and tokens.get(e[2]) == e[1]]
+                heapq.heapify(heap)
 
     def _valid_top(self, heap: list) -> tuple | None:
         while heap:

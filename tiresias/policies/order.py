@@ -19,7 +19,7 @@ from itertools import accumulate
 class RunningOrder:
     """Keys (tuples ending with the job id) of running jobs, sorted, with GPU prefix sums."""
 
-    __slots__ = ("keys", "gpus", "_key_of", "_prefix", "_valid")
+    __slots__ = ("keys", "gpus", "total", "_key_of", "_prefix", "_valid")
 
     def __init__(self) -> None:
         self.keys: list[tuple] = []
@@ -27,6 +27,7 @@ class RunningOrder:
         self._key_of: dict[int, tuple] = {}
         self._prefix: list[int] = [0]       # _prefix[i]: GPUs of keys[:i], right up to _valid
         self._valid = 0
+        self.total = 0                       # GPUs of all of them
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -42,6 +43,7 @@ class RunningOrder:
         i = bisect_left(self.keys, key)
         self.keys.insert(i, key)
         self.gpus.insert(i, gpus)
+        self.total += gpus
         self._key_of[job_id] = key
         if i < self._valid:
             self._valid = i
@@ -52,7 +54,7 @@ class RunningOrder:
             return
         i = bisect_left(self.keys, key)
         del self.keys[i]
-        del self.gpus[i]
+        self.total -= self.gpus.pop(i)
         if i < self._valid:
             self._valid = i
 
@@ -60,13 +62,19 @@ class RunningOrder:
         """Where the running job ``job_id`` is in the order."""
         return bisect_left(self.keys, self._key_of[job_id])
 
-    def prefix(self) -> list[int]:
-        """``p`` with ``p[i]`` = GPUs of the first ``i`` running jobs (do not modify it)."""
-        v, n = self._valid, len(self.keys)
-        if v < n or len(self._prefix) != n + 1:
+    def prefix(self, upto: int | None = None) -> list[int]:
+        """``p`` with ``p[i]`` = GPUs of the first ``i`` running jobs, right for ``i <= upto``
+        (default: all of them; do not modify it). Only the sums up to ``upto`` are brought up
+        to date: a pass often needs the first stretch of the order only."""
+        n = len(self.keys)
+        upto = n if upto is None else upto
+        v = self._valid
+        if v < upto:
             prefix = self._prefix
-            sums = accumulate(self.gpus[v:], initial=prefix[v])
+            sums = accumulate(self.gpus[v:upto], initial=prefix[v])
             next(sums)                  # the initial value, prefix[v], is there already
-            prefix[v + 1:] = sums
-            self._valid = n
+            prefix[v + 1:upto + 1] = sums
+            self._valid = upto
+        if upto == n and len(self._prefix) > n + 1:
+            del self._prefix[n + 1:]            # sums of jobs gone since
         return self._prefix
