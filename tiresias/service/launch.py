@@ -17,6 +17,7 @@ import time
 from .client import Client
 from dlrt.procs import kill_tree, signal_group
 
+from .local import remove_run_cgroups
 from .supervisor import read_json
 
 
@@ -70,7 +71,8 @@ class LocalMaster:
 
 
 def kill_runs(state: pathlib.Path) -> None:
-    """Kill every process of every run recorded in a local-executor state dir."""
+    """Kill every process of every run recorded in a local-executor state dir, and remove the
+    memory cgroups of those runs (a killed supervisor cannot)."""
     for pidfile in state.glob("jobs/*/run*/supervisor.pid"):
         try:
             pid = int(pidfile.read_text())
@@ -82,3 +84,7 @@ def kill_runs(state: pathlib.Path) -> None:
     for groups in state.glob("jobs/*/run*/groups.json"):
         for pgid in (read_json(str(groups)) or {}).get("groups", []):
             signal_group(pgid, signal.SIGKILL)
+    for run_dir in state.glob("jobs/*/run*"):
+        problem = remove_run_cgroups(str(run_dir))
+        if problem:
+            print(f"kill_runs: {run_dir}: {problem}", file=sys.stderr)

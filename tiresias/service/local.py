@@ -123,7 +123,7 @@ class LocalExecutor:
         if not self._orphans_stopped((job_id, run), handle["run_dir"]):
             return None
         detail = "its supervisor died without recording an exit status"
-        problem = _remove_cgroups(handle["run_dir"])
+        problem = remove_run_cgroups(handle["run_dir"])
         return RunEnd(job_id, run, None, lost=True, detail=f"{detail}; {problem}" if problem else detail)
 
     def _orphans_stopped(self, key: tuple[int, int], run_dir: str) -> bool:
@@ -163,7 +163,7 @@ def _recorded_groups(run_dir: str) -> list[int]:
     return ours
 
 
-def _remove_cgroups(run_dir: str) -> str:
+def remove_run_cgroups(run_dir: str) -> str:
     """Remove the memory cgroups of a run (killing what is left in them); '' or what failed."""
     spec = read_json(os.path.join(run_dir, "spec.json"))
     if not spec or not spec.get("memory_bytes"):
