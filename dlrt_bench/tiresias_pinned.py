@@ -31,7 +31,7 @@ PHILLY = str(DATA / "traces" / "philly.csv")
 SIXTY = str(DATA / "tiresias" / "60_job.csv")
 REL_TOL = 1e-9
 SKIP = {"sim_wall_seconds", "wall_seconds", "host", "python", "argv", "full_trace_las_over_fifo_wall",
-        "decision"}
+        "decision", "philly_48x8_las_s", "us_per_event", "per_event_last_over_first"}
 
 
 @dataclass(frozen=True)

@@ -308,14 +308,16 @@ def _pass_ordered(policy: Policy, order: RunningOrder, capacity: int, keep: froz
             if p == kept[k]:                   # a protected job: its GPUs are counted already
                 p += 1
                 k += 1
-                prefix = order.prefix(p)
+                if order.valid < p:
+                    prefix = order.prefix(p)
                 continue
             end = q if q < kept[k] else kept[k]
             if end == n and order.total - prefix[p] <= free:    # the rest all fit
                 free -= order.total - prefix[p]
                 p = n
                 break
-            prefix = order.prefix(end)
+            if order.valid < end:
+                prefix = order.prefix(end)
             c = bisect_right(prefix, prefix[p] + free, p, end + 1) - 1    # keys[p:c] fit
             free -= prefix[c] - prefix[p]
             p = c

@@ -19,14 +19,14 @@ from itertools import accumulate
 class RunningOrder:
     """Keys (tuples ending with the job id) of running jobs, sorted, with GPU prefix sums."""
 
-    __slots__ = ("keys", "gpus", "total", "_key_of", "_prefix", "_valid")
+    __slots__ = ("keys", "gpus", "total", "_key_of", "_prefix", "valid")
 
     def __init__(self) -> None:
         self.keys: list[tuple] = []
         self.gpus: list[int] = []
         self._key_of: dict[int, tuple] = {}
-        self._prefix: list[int] = [0]       # _prefix[i]: GPUs of keys[:i], right up to _valid
-        self._valid = 0
+        self._prefix: list[int] = [0]       # _prefix[i]: GPUs of keys[:i], right up to valid
+        self.valid = 0
         self.total = 0                       # GPUs of all of them
 
     def __len__(self) -> int:
@@ -45,8 +45,8 @@ class RunningOrder:
         self.gpus.insert(i, gpus)
         self.total += gpus
         self._key_of[job_id] = key
-        if i < self._valid:
-            self._valid = i
+        if i < self.valid:
+            self.valid = i
 
     def discard(self, job_id: int) -> None:
         key = self._key_of.pop(job_id, None)
@@ -55,8 +55,8 @@ class RunningOrder:
         i = bisect_left(self.keys, key)
         del self.keys[i]
         self.total -= self.gpus.pop(i)
-        if i < self._valid:
-            self._valid = i
+        if i < self.valid:
+            self.valid = i
 
     def position(self, job_id: int) -> int:
         """Where the running job ``job_id`` is in the order."""
@@ -68,13 +68,13 @@ class RunningOrder:
         to date: a pass often needs the first stretch of the order only."""
         n = len(self.keys)
         upto = n if upto is None else upto
-        v = self._valid
+        v = self.valid
         if v < upto:
             prefix = self._prefix
             sums = accumulate(self.gpus[v:upto], initial=prefix[v])
             next(sums)                  # the initial value, prefix[v], is there already
             prefix[v + 1:upto + 1] = sums
-            self._valid = upto
+            self.valid = upto
         if upto == n and len(self._prefix) > n + 1:
             del self._prefix[n + 1:]            # sums of jobs gone since
         return self._prefix
