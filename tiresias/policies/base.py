@@ -148,13 +148,17 @@ class Policy:
                     self.order.discard(job.job_id)
             self._unwait(job)
 
-    def started(self, job: JobState, now: float) -> None:
-        """``job`` was started (``first_start`` is set by the driver before this call)."""
+    def started(self, job: JobState, now: float) -> tuple | None:
+        """``job`` was started (``first_start`` is set by the driver before this call); the key
+        it is filed under in the running order (None without one)."""
         self._unwait(job)
         self.running[job.job_id] = job
         self.running_gpus += job.num_gpus
-        if self.order is not None:
-            self.order.add(self.key(job, now), job.num_gpus)
+        if self.order is None:
+            return None
+        key = self.key(job, now)
+        self.order.add(key, job.num_gpus)
+        return key
 
     def stopped(self, job: JobState, now: float) -> None:
         """``job`` was preempted (it stays active) or finished (``remove`` follows)."""

@@ -56,10 +56,11 @@ class DiscretizedLAS(Policy):
             return (q, 1, job.submit_time, job.job_id)
         return (q, 0, job.first_start, job.job_id)
 
-    def started(self, job: JobState, now: float) -> None:
-        super().started(job, now)
+    def started(self, job: JobState, now: float) -> tuple | None:
+        key = super().started(job, now)
         self.tokens[job.job_id] = self.tokens.get(job.job_id, 0) + 1
-        self._schedule_crossing(job, now)
+        self._schedule_crossing(job, now, None if key is None else key[0])
+        return key
 
     def stopped(self, job: JobState, now: float) -> None:
         super().stopped(job, now)
@@ -68,8 +69,10 @@ class DiscretizedLAS(Policy):
             due = job.wait_since + self.knob * job.service / job.num_gpus - job.waited
             heapq.heappush(self.promotions, (due, token, job.job_id))
 
-    def _schedule_crossing(self, job: JobState, now: float) -> None:
-        q = self.queue_of(job)
+    def _schedule_crossing(self, job: JobState, now: float, q: int | None = None) -> None:
+        """Push the time ``job`` (running, in queue ``q``) crosses its queue's threshold."""
+        if q is None:
+            q = self.queue_of(job)
         if q < len(self.thresholds):
             threshold = self.thresholds[q]
             due = now + (threshold - job.service) / job.num_gpus

@@ -73,7 +73,8 @@ def simulate(trace: Iterable, cluster: ClusterSpec | int, policy: Policy | Gandi
             raise RuntimeError(f"simulation stuck at t={drv.now}: jobs {stuck} can never run")
         drv.advance(t)
         now = drv.now
-        check_stall(now, drv.last_progress, stall_limit, len(policy.active), len(drv.running))
+        if now - drv.last_progress > stall_limit:
+            check_stall(now, drv.last_progress, stall_limit, len(policy.active), len(drv.running))
         events += 1
         if max_events is not None and events > max_events:
             raise RuntimeError(f"more than {max_events} events")
