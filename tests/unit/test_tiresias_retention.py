@@ -10,44 +10,12 @@ import os
 
 import pytest
 
-from tiresias.service.executor import NodeInfo, RunEnd
+from tiresias.service.executor import RunEnd
 from tiresias.service.master import Master, MasterConfig, NotFound
 from tiresias.service.reports import ReportFeed
 from tiresias.service.retention import DAY, RetentionConfig, cutoff, expired
 
-
-class Clock:
-    def __init__(self, t: float = 1_000_000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-class Executor:
-    name = "fake"
-
-    def __init__(self) -> None:
-        self.ended: list[RunEnd] = []
-
-    def nodes(self):
-        return [NodeInfo("node0", 4)]
-
-    def launch(self, spec):
-        return {"fake": spec.job_id}
-
-    def terminate(self, *a, **k):
-        pass
-
-    def poll(self):
-        out, self.ended = self.ended, []
-        return out
-
-    def reconcile(self, runs):
-        return []
-
-    def close(self):
-        pass
+from test_tiresias_master import Clock, FakeExecutor
 
 
 def test_policy():
@@ -62,7 +30,7 @@ def test_policy():
 
 
 def make(tmp_path, **cfg):
-    clock, ex = Clock(), Executor()
+    clock, ex = Clock(1_000_000.0), FakeExecutor(nodes=1, gpus=4)
     m = Master(MasterConfig(str(tmp_path / "state"), interval=1.0, **cfg), ex, reports=ReportFeed(clock=clock),
                clock=clock)
     return m, clock, ex

@@ -321,16 +321,7 @@ class Store:
     def jobs(self, statuses: Iterable[str] | None = None, limit: int | None = None,
              owner: str | None = None) -> list[dict[str, Any]]:
         """Jobs in id order (``owner``: only that user's)."""
-        sql, args, where = "SELECT * FROM jobs", [], []
-        if statuses is not None:
-            statuses = list(statuses)
-            where.append(f"status IN ({', '.join('?' * len(statuses))})")
-            args += statuses
-        if owner is not None:
-            where.append("owner = ?")
-            args.append(owner)
-        if where:
-            sql += " WHERE " + " AND ".join(where)
+        sql, args = _jobs_query(statuses, owner)
         sql += " ORDER BY id"
         if limit is not None:
             sql += " LIMIT ?"
@@ -350,16 +341,7 @@ class Store:
     def latest_jobs(self, limit: int, statuses: Iterable[str] | None = None,
                     owner: str | None = None) -> list[dict[str, Any]]:
         """The ``limit`` newest jobs (highest ids) of ``statuses``/``owner``, in id order."""
-        sql, args, where = "SELECT * FROM jobs", [], []
-        if statuses is not None:
-            statuses = list(statuses)
-            where.append(f"status IN ({', '.join('?' * len(statuses))})")
-            args += statuses
-        if owner is not None:
-            where.append("owner = ?")
-            args.append(owner)
-        if where:
-            sql += " WHERE " + " AND ".join(where)
+        sql, args = _jobs_query(statuses, owner)
         rows = self._query(sql + " ORDER BY id DESC LIMIT ?", [*args, int(limit)])
         return [_row(r, self) for r in reversed(rows)]
 
@@ -565,6 +547,21 @@ class _Transaction:
                 self.db.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
+
+
+def _jobs_query(statuses: Iterable[str] | None, owner: str | None) -> tuple[str, list[Any]]:
+    """``SELECT * FROM jobs`` restricted to ``statuses`` and ``owner`` (None: any), and its args."""
+    sql, args, where = "SELECT * FROM jobs", [], []
+    if statuses is not None:
+        statuses = list(statuses)
+        where.append(f"status IN ({', '.join('?' * len(statuses))})")
+        args += statuses
+    if owner is not None:
+        where.append("owner = ?")
+        args.append(owner)
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    return sql, args
 
 
 def migrate_to(db: sqlite3.Connection, target: int, start: int = 0) -> None:
