@@ -203,13 +203,13 @@ class Driver:
         """A running job completed: it leaves the cluster and the policy."""
         self._untrack(job)
         job.running = False
+        self.policy.remove(job, self.now)      # first: a job that left is not filed as waiting
         self.policy.stopped(job, self.now)
         job.end_time = self.now
         del self.running[job.job_id]
         self.used -= job.num_gpus
         if self.nodes is not None:
             self.nodes.release(job)
-        self.policy.remove(job, self.now)
 
     def remove(self, job: JobState) -> None:
         """A job leaves for good (cancelled, failed): running, draining or waiting."""

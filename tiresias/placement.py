@@ -55,8 +55,8 @@ def place(free: Sequence[int], gpus: int, consolidate: bool, gpus_per_node: int)
         if sum(free[n] for n in by_free) < gpus:
             return None
         return _take(free, by_free, gpus)
-    holes = sorted((n for n in range(len(free)) if free[n] > 0), key=lambda n: (free[n], n))
-    return _take(free, holes, gpus)
+    holes = sorted([(f, n) for n, f in enumerate(free) if f > 0])      # fewest free first
+    return _take(free, [n for _, n in holes], gpus)
 
 
 def _take(free: Sequence[int], nodes: Iterable[int], gpus: int) -> Allocation:

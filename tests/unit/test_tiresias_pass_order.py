@@ -75,5 +75,23 @@ def test_ordered_pass_decides_as_the_priority_walk(policy_name, seed):
                 continue
             fast = allocate(policy, cap, running, now, keep=keep)
             walk = allocate(policy, cap, running, now, fits=lambda job, free: True, keep=keep)
-            assert [j.job_id for j in fast[0]] == [j.job_id for j in walk[0]]
-            assert [j.job_id for j in fast[1]] == [j.job_id for j in walk[1]]
+            naive = _textbook_pass(policy, cap, now, keep)
+            for got in (fast, walk):
+                assert [j.job_id for j in got[0]] == naive[0]
+                assert sorted(j.job_id for j in got[1]) == naive[1]
+
+
+def _textbook_pass(policy, capacity: int, now: float, keep: frozenset) -> tuple[list[int], list[int]]:
+    """Every active job sorted by its key, walked one by one (Pseudocode 2, no index)."""
+    free = capacity - sum(j.num_gpus for j in policy.running.values() if j.job_id in keep)
+    start, preempt = [], []
+    for job in sorted(policy.active.values(), key=lambda j: policy.key(j, now)):
+        if job.job_id in keep:
+            continue
+        if job.num_gpus <= free:
+            free -= job.num_gpus
+            if not job.running:
+                start.append(job.job_id)
+        elif job.running:
+            preempt.append(job.job_id)
+    return sorted(start), sorted(preempt)

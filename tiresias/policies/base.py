@@ -93,7 +93,7 @@ class Policy:
         self.waiting: dict[int, SortedList] = {}      # GPU count -> sorted keys of waiting jobs
         self._wkey: dict[int, tuple] = {}             # job id -> its key in ``waiting``
         self.heads: dict[int, tuple] = {}             # GPU count -> its first waiting key
-        self.head_list: list[tuple] = []               # (first key, GPU count, 0) of each, sorted
+        self.head_list: list[tuple] = []               # (first key, GPU count, None) of each, sorted
         self.running_gpus = 0                          # GPUs of the running jobs
         self.order: RunningOrder | None = RunningOrder() if self.static_running_keys else None
 
@@ -161,7 +161,7 @@ class Policy:
         return key
 
     def stopped(self, job: JobState, now: float) -> None:
-        """``job`` was preempted (it stays active) or finished (``remove`` follows)."""
+        """``job`` was preempted (it stays active) or finished (``remove`` came first)."""
         if self.running.pop(job.job_id, None) is not None:
             self.running_gpus -= job.num_gpus
             if self.order is not None:
@@ -208,12 +208,18 @@ class Policy:
         """The first waiting key of GPU count ``size`` is now ``new`` (None: none waits)."""
         heads = self.head_list
         if old is not None:
-            del heads[bisect_left(heads, (old, size, 0))]
+            i = bisect_left(heads, (old, size, None))
+            if new is not None and (i == 0 or heads[i - 1][0] < new) \
+                    and (i + 1 == len(heads) or new < heads[i + 1][0]):
+                heads[i] = (new, size, None)       # the new head sorts where the old one was
+                self.heads[size] = new
+                return
+            del heads[i]
         if new is None:
             del self.heads[size]
         else:
             self.heads[size] = new
-            insort(heads, (new, size, 0))
+            insort(heads, (new, size, None))
 
     @property
     def sizes(self) -> list[int]:
@@ -253,7 +259,7 @@ def allocate(policy: Policy, capacity: int, running: Iterable[JobState], now: fl
     free = capacity - sum(j.num_gpus for j in running if j.job_id in keep) if keep else capacity
     to_start: list[JobState] = []
     to_preempt: list[JobState] = []
-    heads = [(key, size, 0) for size, key in policy.heads.items() if size <= free]
+    heads = [(key, size, None) for size, key in policy.heads.items() if size <= free]
     heapq.heapify(heads)
     for key, job in order:
         # admit the waiting jobs ahead of this running job
@@ -281,11 +287,10 @@ def _pass_ordered(policy: Policy, order: RunningOrder, capacity: int, keep: froz
     n = len(keys)
     active = policy.active
     free = capacity
-    prefix = order.prefix(0)
+    prefix = order.sums                         # right up to order.valid
     if keep:                                    # their positions, each walk stretch stops there
-        gpus = order.gpus
-        kept = sorted(order.position(job_id) for job_id in keep)
-        free -= sum(gpus[i] for i in kept)
+        kept, held = order.positions(keep)
+        free -= held
         kept.append(n)
     else:
         kept = [n]
@@ -304,7 +309,7 @@ def _pass_ordered(policy: Policy, order: RunningOrder, capacity: int, keep: froz
         while heads and heads[0][1] > free:
             heappop(heads)                     # this GPU count no longer fits this pass
         if heads:
-            wkey, size, i = heads[0]
+            wkey, size, _ = heads[0]
             q = bisect_left(keys, wkey, p)     # the running jobs ahead of the next waiting one
         else:
             q = n
@@ -313,7 +318,7 @@ def _pass_ordered(policy: Policy, order: RunningOrder, capacity: int, keep: froz
                 p += 1
                 k += 1
                 if order.valid < p:
-                    prefix = order.prefix(p)
+                    prefix = order.prefix()
                 continue
             end = q if q < kept[k] else kept[k]
             if end == n and order.total - prefix[p] <= free:    # the rest all fit
@@ -321,7 +326,7 @@ def _pass_ordered(policy: Policy, order: RunningOrder, capacity: int, keep: froz
                 p = n
                 break
             if order.valid < end:
-                prefix = order.prefix(end)
+                prefix = order.prefix()        # all of them: one recomputation per pass
             c = bisect_right(prefix, prefix[p] + free, p, end + 1) - 1    # keys[p:c] fit
             free -= prefix[c] - prefix[p]
             p = c
@@ -329,7 +334,8 @@ def _pass_ordered(policy: Policy, order: RunningOrder, capacity: int, keep: froz
                 to_preempt.append(active[keys[p][-1]])
                 p += 1
         if free == 0:
-            to_preempt += [active[key[-1]] for key in keys[p:] if key[-1] not in keep]   # nothing fits
+            if p < n:                          # nothing fits: the rest are preempted
+                to_preempt += [active[key[-1]] for key in keys[p:] if key[-1] not in keep]
             break
         if not heads:
             break
@@ -338,9 +344,8 @@ def _pass_ordered(policy: Policy, order: RunningOrder, capacity: int, keep: froz
             continue
         to_start.append(active[wkey[-1]])      # the waiting job is admitted
         free -= size
-        lst = waiting[size]
-        if i + 1 < len(lst) and size <= free:
-            heapreplace(heads, (lst[i + 1], size, i + 1))
+        if size <= free and (nxt := _next_waiting(waiting[size], heads[0])) is not None:
+            heapreplace(heads, nxt)
         else:
             heappop(heads)
     if len(to_start) > 1:
@@ -348,8 +353,19 @@ def _pass_ordered(policy: Policy, order: RunningOrder, capacity: int, keep: froz
     return to_start, to_preempt
 
 
+def _next_waiting(keys: SortedList, entry: tuple) -> tuple | None:
+    """The heap entry after ``entry`` (a waiting key, its GPU count, and None for the first
+    key of its list or else an iterator over the list past that key), None at the end."""
+    rest = entry[2]
+    if rest is None:
+        rest = iter(keys)
+        next(rest)
+    key = next(rest, None)
+    return None if key is None else (key, entry[1], rest)
+
+
 def _admit_head(policy: Policy, heads: list, free: int, to_start: list, fits, active) -> int:
-    wkey, size, i = heads[0]
+    wkey, size, _ = heads[0]
     if size > free:
         heapq.heappop(heads)                   # this GPU count no longer fits this pass
         return free
@@ -357,9 +373,8 @@ def _admit_head(policy: Policy, heads: list, free: int, to_start: list, fits, ac
     if fits is None or fits(job, free):
         to_start.append(job)
         free -= size
-    lst = policy.waiting[size]
-    if i + 1 < len(lst) and size <= free:
-        heapq.heapreplace(heads, (lst[i + 1], size, i + 1))
+    if size <= free and (nxt := _next_waiting(policy.waiting[size], heads[0])) is not None:
+        heapq.heapreplace(heads, nxt)
     else:
         heapq.heappop(heads)
     return free
@@ -377,7 +392,7 @@ def _fill(policy: Policy, free: int, now: float, fits) -> list[JobState]:
             to_start.append(job)
             free -= job.num_gpus
     else:
-        heads = [(key, size, 0) for size, key in policy.heads.items() if size <= free]
+        heads = [(key, size, None) for size, key in policy.heads.items() if size <= free]
         heapq.heapify(heads)
         while heads:
             free = _admit_head(policy, heads, free, to_start, fits, active)

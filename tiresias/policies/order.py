@@ -14,18 +14,19 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from itertools import accumulate
+from typing import Iterable
 
 
 class RunningOrder:
     """Keys (tuples ending with the job id) of running jobs, sorted, with GPU prefix sums."""
 
-    __slots__ = ("keys", "gpus", "total", "_key_of", "_prefix", "valid")
+    __slots__ = ("keys", "gpus", "total", "_key_of", "sums", "valid")
 
     def __init__(self) -> None:
         self.keys: list[tuple] = []
         self.gpus: list[int] = []
         self._key_of: dict[int, tuple] = {}
-        self._prefix: list[int] = [0]       # _prefix[i]: GPUs of keys[:i], right up to valid
+        self.sums: list[int] = [0]          # sums[i]: GPUs of keys[:i], right for i <= valid
         self.valid = 0
         self.total = 0                       # GPUs of all of them
 
@@ -62,6 +63,12 @@ class RunningOrder:
         """Where the running job ``job_id`` is in the order."""
         return bisect_left(self.keys, self._key_of[job_id])
 
+    def positions(self, job_ids: Iterable[int]) -> tuple[list[int], int]:
+        """Where the running jobs ``job_ids`` are in the order (ascending), and their GPUs."""
+        keys, key_of, gpus = self.keys, self._key_of, self.gpus
+        at = sorted([bisect_left(keys, key_of[job_id]) for job_id in job_ids])
+        return at, sum([gpus[i] for i in at])
+
     def prefix(self, upto: int | None = None) -> list[int]:
         """``p`` with ``p[i]`` = GPUs of the first ``i`` running jobs, right for ``i <= upto``
         (default: all of them; do not modify it). Only the sums up to ``upto`` are brought up
@@ -70,11 +77,11 @@ class RunningOrder:
         upto = n if upto is None else upto
         v = self.valid
         if v < upto:
-            prefix = self._prefix
+            prefix = self.sums
             sums = accumulate(self.gpus[v:upto], initial=prefix[v])
             next(sums)                  # the initial value, prefix[v], is there already
             prefix[v + 1:upto + 1] = sums
             self.valid = upto
-        if upto == n and len(self._prefix) > n + 1:
-            del self._prefix[n + 1:]            # sums of jobs gone since
-        return self._prefix
+        if upto == n and len(self.sums) > n + 1:
+            del self.sums[n + 1:]            # sums of jobs gone since
+        return self.sums

@@ -14,9 +14,11 @@ while jobs are active, ``tiresias.progress.StallError`` stops the run.
 """
 from __future__ import annotations
 
+import gc
 import heapq
 import time
-from typing import Callable, Iterable
+from contextlib import contextmanager
+from typing import Callable, Iterable, Iterator
 
 from ..cluster import ClusterSpec, skew_of
 from ..driver import EPS, PLACEMENTS, Driver, DriverConfig
@@ -29,6 +31,19 @@ from .result import SimResult
 
 SimConfig = DriverConfig
 __all__ = ["PLACEMENTS", "SimConfig", "SimResult", "simulate"]
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The event loop makes no reference cycles; Python's cyclic collector would only walk the
+    jobs (tens of thousands of tracked objects) again and again, about 3% of a long run."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def simulate(trace: Iterable, cluster: ClusterSpec | int, policy: Policy | GandivaModel, record: bool = False,
@@ -62,64 +77,65 @@ def simulate(trace: Iterable, cluster: ClusterSpec | int, policy: Policy | Gandi
     total = len(pending)
     done = 0
     report = progress_reporter(progress, total)
-    while nxt < total or policy.active:
-        t_arrival = pending[nxt].submit_time if nxt < total else INF
-        while ends and tokens.get(ends[0][2]) != ends[0][1]:
-            heapq.heappop(ends)                 # stale: that run was preempted
-        t_done = ends[0][0] if ends else INF
-        t = min(t_arrival, t_done, drv.next_change())
-        if t == INF:
-            stuck = [j.job_id for j in policy.active.values()][:5]
-            raise RuntimeError(f"simulation stuck at t={drv.now}: jobs {stuck} can never run")
-        drv.advance(t)
-        now = drv.now
-        if now - drv.last_progress > stall_limit:
-            check_stall(now, drv.last_progress, stall_limit, len(policy.active), len(drv.running))
-        events += 1
-        if max_events is not None and events > max_events:
-            raise RuntimeError(f"more than {max_events} events")
-        # completions
-        finished = []
-        while ends and ends[0][0] <= now + EPS * max(1.0, now):
-            _, token, job_id = heapq.heappop(ends)
-            if tokens.get(job_id) == token:
-                finished.append(drv.running[job_id])
-        for job in sorted(finished, key=lambda j: j.job_id):
-            tokens[job.job_id] += 1
-            drv.finish(job)
-            job.executed = job.duration
-            done += 1
+    with _collector_paused():
+        while nxt < total or policy.active:
+            t_arrival = pending[nxt].submit_time if nxt < total else INF
+            while ends and tokens.get(ends[0][2]) != ends[0][1]:
+                heapq.heappop(ends)                 # stale: that run was preempted
+            t_done = ends[0][0] if ends else INF
+            t = min(t_arrival, t_done, drv.next_change())
+            if t == INF:
+                stuck = [j.job_id for j in policy.active.values()][:5]
+                raise RuntimeError(f"simulation stuck at t={drv.now}: jobs {stuck} can never run")
+            drv.advance(t)
+            now = drv.now
+            if now - drv.last_progress > stall_limit:
+                check_stall(now, drv.last_progress, stall_limit, len(policy.active), len(drv.running))
+            events += 1
+            if max_events is not None and events > max_events:
+                raise RuntimeError(f"more than {max_events} events")
+            # completions
+            finished = []
+            while ends and ends[0][0] <= now + EPS * max(1.0, now):
+                _, token, job_id = heapq.heappop(ends)
+                if tokens.get(job_id) == token:
+                    finished.append(drv.running[job_id])
+            for job in sorted(finished, key=lambda j: j.job_id):
+                tokens[job.job_id] += 1
+                drv.finish(job)
+                job.executed = job.duration
+                done += 1
+                if record:
+                    timeline.append((now, job.job_id, "end"))
+            # arrivals
+            while nxt < total and pending[nxt].submit_time <= now + EPS:
+                tj = pending[nxt]
+                nxt += 1
+                model = getattr(tj, "model", None)
+                job = JobState(tj.job_id, int(tj.num_gpus), float(tj.submit_time), float(tj.duration),
+                               wait_since=float(tj.submit_time), model=model,
+                               skew=skew_of(model, getattr(tj, "skew", None)))
+                jobs.append(job)
+                drv.submit(job)
+            decision = drv.schedule()
+            for job in decision.stopped:
+                tokens[job.job_id] += 1
+                if record:
+                    timeline.append((now, job.job_id, "stop"))
             if record:
-                timeline.append((now, job.job_id, "end"))
-        # arrivals
-        while nxt < total and pending[nxt].submit_time <= now + EPS:
-            tj = pending[nxt]
-            nxt += 1
-            model = getattr(tj, "model", None)
-            job = JobState(tj.job_id, int(tj.num_gpus), float(tj.submit_time), float(tj.duration),
-                           wait_since=float(tj.submit_time), model=model,
-                           skew=skew_of(model, getattr(tj, "skew", None)))
-            jobs.append(job)
-            drv.submit(job)
-        decision = drv.schedule()
-        for job in decision.stopped:
-            tokens[job.job_id] += 1
-            if record:
-                timeline.append((now, job.job_id, "stop"))
-        if record:
-            timeline += [(now, job.job_id, "start") for job in decision.started]
-        fresh = decision.started
-        if decision.moved:
-            seen = {j.job_id for j in fresh}
-            fresh = fresh + [j for j in decision.moved if j.job_id not in seen]
-        for job in fresh:
-            tokens[job.job_id] = token = tokens.get(job.job_id, 0) + 1
-            heapq.heappush(ends, (now + job.stall + job.remaining() / job.speed, token, job.job_id))
-        if len(ends) > 2 * len(drv.running) + 1024:      # mostly ends of preempted runs: drop them
-            ends = [e for e in ends if tokens.get(e[2]) == e[1]]
-            heapq.heapify(ends)
-        if report is not None:
-            report(done, len(drv.running), now)
+                timeline += [(now, job.job_id, "start") for job in decision.started]
+            fresh = decision.started
+            if decision.moved:
+                seen = {j.job_id for j in fresh}
+                fresh = fresh + [j for j in decision.moved if j.job_id not in seen]
+            for job in fresh:
+                tokens[job.job_id] = token = tokens.get(job.job_id, 0) + 1
+                heapq.heappush(ends, (now + job.stall + job.remaining() / job.speed, token, job.job_id))
+            if len(ends) > 2 * len(drv.running) + 1024:      # mostly ends of preempted runs: drop them
+                ends = [e for e in ends if tokens.get(e[2]) == e[1]]
+                heapq.heapify(ends)
+            if report is not None:
+                report(done, len(drv.running), now)
     if report is not None:
         report(done, 0, drv.now, final=True)
     makespan = max((j.end_time for j in jobs), default=0.0) - (jobs[0].submit_time if jobs else 0.0)
