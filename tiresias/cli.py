@@ -32,7 +32,15 @@ __all__ = ["main", "CYCLE_MODELS"]
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trace", required=True)
+    p.add_argument("--trace", default=None, help="a job trace (or --workload)")
+    p.add_argument("--workload", default=None, metavar="FILE",
+                   help="a Pollux-style workload CSV (name,time,application,num_replicas,batch_size): jobs "
+                        "run at their applications' measured speeds (--apps) and report their loss curves")
+    p.add_argument("--apps", default=None, metavar="DIR",
+                   help="--workload: one folder per application as ../shared/data/pollux/traces/ (the default)")
+    p.add_argument("--sync", choices=["pushpull", "measured"], default="pushpull",
+                   help="--workload: a step's synchronization is AutoPS's push/pull cost at the job's aggregators "
+                        "(pushpull) or the measured all-reduce time (measured; aggregators ignored)")
     p.add_argument("--format", choices=["philly", "tiresias", "generic"], default=None,
                    help="default: detected from the header")
     p.add_argument("--cluster", required=True, help="NODESxGPUS (e.g. 48x8) or a cluster spec CSV")
@@ -47,8 +55,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "--queues auto)")
     p.add_argument("--promote-knob", type=float, default=None)
     p.add_argument("--continuous", action="store_true", help="continuous priorities (no queues)")
-    p.add_argument("--interval", type=cli.positive(float), default=1.0,
-                   help="--continuous: seconds between priority updates")
+    p.add_argument("--interval", type=cli.positive(float), default=None,
+                   help="--continuous: seconds between priority updates (default 1); optimus, optimus-oracle, "
+                        "drf, tetris: seconds between allocation rounds (default 600)")
     p.add_argument("--distribution", default=None,
                    help="CSV of past job GPU-seconds for gittins and --queues auto (default: the trace's "
                         "own jobs)")
@@ -81,7 +90,11 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _load(args):
+    if (args.trace is None) == (args.workload is None):
+        raise cli.UsageError("give one of --trace FILE or --workload FILE")
     cluster = parse_cluster(args.cluster)
+    if args.workload is not None:
+        return cluster, _measured_jobs(args, cluster)
     report = load_trace(args.trace, args.format, max_gpus=cluster.total_gpus, on_bad=args.on_bad, limit=args.limit)
     if report.ignored_columns:
         print(f"tiresias: {ignored_message(report, args.trace)}", file=sys.stderr)
@@ -89,6 +102,29 @@ def _load(args):
         print(f"tiresias: {skipped_message(report, args.trace)}", file=sys.stderr)
     jobs = with_models(report.jobs) if args.models == "cycle" else report.jobs
     return cluster, jobs
+
+
+class _Workload(list):
+    """The jobs of ``--workload`` (their trace items) with the applications they run."""
+
+    def __init__(self, items, workload, apps):
+        super().__init__(items)
+        self.workload, self.apps = workload, apps
+
+
+def _measured_jobs(args, cluster) -> _Workload:
+    from .apps import load_applications, load_workload
+    from .sim.measured import MeasuredWorkload
+    apps = load_applications(args.apps)
+    workload = load_workload(args.workload)
+    if args.limit is not None:
+        workload = workload[:args.limit]
+    items = MeasuredWorkload(workload, apps, elastic=False, sync=args.sync,
+                             gpus_per_node=cluster.gpus_per_node).trace     # checks every job
+    for t in items:
+        if t.num_gpus > cluster.total_gpus:
+            raise ValueError(f"job {t.job_id} asks for {t.num_gpus} GPUs; the cluster has {cluster.total_gpus}")
+    return _Workload(items, workload, apps)
 
 
 def _config(args) -> SimConfig:
@@ -108,8 +144,16 @@ def _queues(args, jobs) -> QueueConfig:
             from .gittins import ServiceDistribution
             services = ServiceDistribution.from_csv(args.distribution).samples
         else:
-            services = [j.num_gpus * j.duration for j in jobs]
+            services = _history(jobs)
     return queue_config(args.queues, args.thresholds, services)
+
+
+def _history(jobs) -> list[float]:
+    """The trace's jobs' GPU-seconds (a measured workload's are not known in seconds)."""
+    if isinstance(jobs, _Workload):
+        raise cli.UsageError("with --workload, gittins and --queues auto need --distribution "
+                             "(the jobs' GPU-seconds are not known in advance)")
+    return [j.num_gpus * j.duration for j in jobs]
 
 
 def _progress(args, label: str) -> bool | ProgressLines:
@@ -129,7 +173,14 @@ def _run(name: str, args, cluster, jobs, queues: QueueConfig, record: bool = Fal
     policy = make_policy(name, thresholds=queues.thresholds, promote_knob=args.promote_knob,
                          continuous=args.continuous, interval=args.interval, distribution=args.distribution,
                          quantum=args.quantum, switch=args.switch, cluster=cluster,
-                         history=[j.num_gpus * j.duration for j in jobs])
+                         history=_history(jobs) if name == "gittins" and not args.distribution else None)
+    if isinstance(jobs, _Workload):
+        from .policies import AllocationPolicy
+        from .sim.measured import MeasuredWorkload
+        measured = MeasuredWorkload(jobs.workload, jobs.apps, elastic=isinstance(policy, AllocationPolicy),
+                                    sync=args.sync, gpus_per_node=cluster.gpus_per_node)
+        return simulate(measured.trace, target, policy, record=record, progress=progress, config=config,
+                        stall_limit=args.stall_limit, make_job=measured.make_job, observe=measured.observe)
     return simulate(jobs, target, policy, record=record, progress=progress, config=config,
                     stall_limit=args.stall_limit)
 
@@ -140,9 +191,12 @@ def _uses_queues(name: str, args) -> bool:
 
 def _context(args, cluster, jobs, queues: QueueConfig) -> tuple[dict, str]:
     """The offered load and the queue configuration: as JSON fields, and as text lines."""
+    if isinstance(jobs, _Workload):
+        return ({"workload": args.workload, "sync": args.sync, "jobs": len(jobs)},
+                f"{len(jobs)} jobs of {args.workload} on {args.cluster} (sync: {args.sync})")
     load = offered_load(jobs, cluster.total_gpus)
     queue_line = f"queues (las, gittins): {queues.text()}" if not args.continuous else \
-        f"queues: none (continuous priorities every {args.interval:g} s)"
+        f"queues: none (continuous priorities every {args.interval or 1.0:g} s)"
     return {"offered_load": load.as_dict()}, f"{load.text()}\n{queue_line}"
 
 

@@ -1,6 +1,7 @@
 """Cluster shape and per-model skew for the Tiresias simulator.
 
-Owns ``ClusterSpec`` / ``parse_cluster`` (``"48x8"`` or a Tiresias ``n*g*.csv`` spec file)
+Owns ``ClusterSpec`` / ``parse_cluster`` (``"48x8"``, ``"16x4x8"`` with CPUs per node for
+aggregators, or a Tiresias ``n*g*.csv`` spec file)
 and the model-skew table ``MODEL_SKEW`` with its lookup ``skew_of``.
 """
 from __future__ import annotations
@@ -18,10 +19,13 @@ __all__ = ["ClusterSpec", "parse_cluster", "MODEL_SKEW", "MODEL_ALIASES", "skew_
 class ClusterSpec:
     nodes: int
     gpus_per_node: int
+    cpus_per_node: int | None = None    # CPUs a node gives aggregators (None: one per GPU)
 
     def __post_init__(self) -> None:
-        for name in ("nodes", "gpus_per_node"):
+        for name in ("nodes", "gpus_per_node", "cpus_per_node"):
             v = getattr(self, name)
+            if v is None and name == "cpus_per_node":
+                continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"ClusterSpec.{name} must be an integer >= 1, got {v!r}")
 
@@ -29,11 +33,17 @@ class ClusterSpec:
     def total_gpus(self) -> int:
         return self.nodes * self.gpus_per_node
 
+    @property
+    def total_cpus(self) -> int:
+        """CPUs for aggregators (the second resource Optimus allocates)."""
+        return self.nodes * (self.gpus_per_node if self.cpus_per_node is None else self.cpus_per_node)
 
-_ACCEPTED = ("accepted forms: 'NODESxGPUS' (e.g. '48x8' = 48 nodes of 8 GPUs) or the path "
+
+_ACCEPTED = ("accepted forms: 'NODESxGPUS' (e.g. '48x8' = 48 nodes of 8 GPUs), 'NODESxGPUSxCPUS' "
+             "(CPUs each node gives aggregators; default one per GPU) or the path "
              "of a Tiresias cluster spec CSV with header "
              "num_switch,num_node_p_switch,num_gpu_p_node,num_cpu_p_node,mem_p_node")
-_SHAPE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
+_SHAPE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*(?:[xX]\s*(\d+)\s*)?$")
 _SPEC_COLS = ("num_switch", "num_node_p_switch", "num_gpu_p_node")
 
 
@@ -48,9 +58,10 @@ def parse_cluster(text: str | os.PathLike) -> ClusterSpec:
     m = _SHAPE.match(text)
     if m:
         nodes, gpus = int(m.group(1)), int(m.group(2))
-        if nodes < 1 or gpus < 1:
-            raise ValueError(f"cluster {text!r}: nodes and GPUs per node must be >= 1; {_ACCEPTED}")
-        return ClusterSpec(nodes, gpus)
+        cpus = int(m.group(3)) if m.group(3) is not None else None
+        if nodes < 1 or gpus < 1 or (cpus is not None and cpus < 1):
+            raise ValueError(f"cluster {text!r}: nodes, GPUs and CPUs per node must be >= 1; {_ACCEPTED}")
+        return ClusterSpec(nodes, gpus, cpus)
     path = text.strip()
     if not path or not os.path.isfile(path):
         what = "no such file" if path and (os.sep in path or path.endswith(".csv")) else \

@@ -285,6 +285,8 @@ class Driver:
         """One scheduling pass at ``now``: policy order, placement, start and stop."""
         now = self.now
         self.apply_changes()
+        if self.policy.allocates:
+            return self._schedule_allocations()
         if self.policy.reads_running_progress:
             self.settle_all()
         if self.config.defer_release:
@@ -315,6 +317,67 @@ class Driver:
         if self.used > self.capacity:
             raise AssertionError(f"{self.used} GPUs allocated of {self.capacity} at t={now}")
         return Decision(to_start, to_stop, moved)
+
+    def _schedule_allocations(self) -> Decision:
+        """A round of an allocation policy (``tiresias.policies.elastic``): jobs whose GPU count
+        changes are stopped and started again at the new count, jobs whose aggregator count
+        alone changes keep running at their new speed (``Decision.moved``: new end times).
+        Protected jobs (progress guarantee) keep their counts."""
+        now, policy = self.now, self.policy
+        self.settle_all()
+        limit = now + EPS * max(1.0, abs(now))
+        keep = {jid: (self.running[jid].num_gpus, self.running[jid].aggregators) for jid in self._protected(limit)}
+        capacity = {"gpu": float(self.capacity - sum(w for w, _ in keep.values())),
+                    "cpu": float(self.cluster.total_cpus - sum(p for _, p in keep.values()))}
+        targets = policy.allocations(now, capacity, self.cluster.gpus_per_node, keep)
+        if targets is None:
+            return Decision()
+        stop = sorted((j for j in self.running.values() if targets.get(j.job_id, (0, 0))[0] != j.num_gpus),
+                      key=lambda j: j.job_id)
+        if self.nodes is not None and not self.config.defer_release:
+            for job in stop:
+                self.nodes.release(job)
+        self._stop(stop)
+        starts = []
+        for job_id in sorted(targets):
+            gpus, aggregators = targets[job_id]
+            job = policy.active.get(job_id)
+            if job is None or gpus <= 0 or job.running or job.job_id in self.draining:
+                continue
+            if gpus != job.num_gpus:
+                policy.resize(job, gpus, now)
+            job.aggregators = aggregators
+            starts.append(job)
+        if self.nodes is not None:
+            started = self.nodes.place_all(starts, {}, now, self.eligible)
+        else:
+            started, free = [], self.capacity - self.used
+            for job in starts:
+                if job.num_gpus <= free:
+                    started.append(job)
+                    free -= job.num_gpus
+        for job in started:
+            self._start(job)
+        fresh = {j.job_id for j in started}
+        adjusted = []
+        for job in self.running.values():
+            target = targets.get(job.job_id)
+            if job.job_id in fresh or target is None or target[1] == job.aggregators:
+                continue
+            job.aggregators = target[1]          # its keys spread or packed live: no restart
+            self._set_rate(job)
+            self._track(job)
+            adjusted.append(job)
+        self.guard_wake = INF
+        return Decision(started, stop, adjusted)
+
+    def _set_rate(self, job: JobState) -> None:
+        """A job with a true rate (simulated measured jobs) runs at it on its placement."""
+        if job.rate is None:
+            return
+        alloc = self.nodes.alloc.get(job.job_id) if self.nodes is not None else None
+        nodes = len(alloc) if alloc else -(-job.num_gpus // self.cluster.gpus_per_node)
+        job.speed = job.rate(job.num_gpus, max(1, job.aggregators), nodes)
 
     def _allocate(self, capacity: int, fits=None) -> tuple[list[JobState], list[JobState]]:
         """The policy's pass; when it would preempt a protected job (progress guarantee), the
@@ -417,6 +480,7 @@ class Driver:
                 self.overhead += cost
         self._protect(job, cost)
         job.settled = now
+        self._set_rate(job)
         self._track(job)
         self.running[job.job_id] = job
         self.used += job.num_gpus

@@ -207,7 +207,7 @@ def test_a_trace_without_a_valid_job_is_one_line(main, argv, kind, traces):
 @pytest.mark.parametrize("argv, status, text", [
     (["compare", "--policies", ""], 2, "policies"),
     (["compare", "--policies", "fifo,lottery"], 2, "unknown policy 'lottery'"),
-    (["simulate", "--cluster", "0x4"], 2, "nodes and GPUs per node must be >= 1"),
+    (["simulate", "--cluster", "0x4"], 2, "nodes, GPUs and CPUs per node must be >= 1"),
 ])
 def test_tiresias_semantic_errors_on_a_good_trace(argv, status, text, traces):
     argv = argv[:1] + ["--trace", str(traces["good"]), "--cluster", "2x4", "--no-progress"] + argv[1:]

@@ -319,7 +319,7 @@ def test_parse_cluster_spec_files():
     assert parse_cluster(str(N32G4.parent / "cluster_spec.csv")).total_gpus == 64
 
 
-@pytest.mark.parametrize("text", ["", "48", "x8", "48x", "0x8", "4x0", "-1x8", "4x8x2",
+@pytest.mark.parametrize("text", ["", "48", "x8", "48x", "0x8", "4x0", "-1x8", "4x8x2x1", "4x8x0",
                                   "4.5x8", "abc", "/no/such/spec.csv"])
 def test_parse_cluster_bad(text):
     with pytest.raises(ValueError, match="NODESxGPUS"):

@@ -36,7 +36,11 @@ def _job(job_id: int, row: dict[str, str]) -> WorkloadJob:
 def load_workload(path: str | Path) -> list[WorkloadJob]:
     """Read a workload CSV; a bad row raises ValueError naming the file and line."""
     path = Path(path)
-    with open(path, newline="") as f:
+    try:
+        f = open(path, newline="")
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the workload: {exc.strerror or exc}") from None
+    with f:
         reader = csv.DictReader(f)
         missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
         if missing:

@@ -55,8 +55,8 @@ class JobState:
     job_id: int
     num_gpus: int
     submit_time: float
-    duration: float | None = None     # oracle duration; only SRTF/SRSF may look at it
-    executed: float = 0.0             # seconds of useful execution so far (t_J)
+    duration: float | None = None     # oracle work (seconds at speed 1, or steps); SRTF/SRSF/oracles read it
+    executed: float = 0.0             # work done so far (t_J): seconds at speed 1, or steps
     service: float = 0.0              # attained service W_J * t_J since the last promotion
     first_start: float | None = None
     running: bool = False
@@ -73,6 +73,12 @@ class JobState:
     migrations: int = 0
     protected_until: float = -INF     # not preemptible before (the progress guarantee)
     settled: float = 0.0              # running: service, executed and stall accounted up to here
+    # elastic jobs (allocation policies): the GPU range, the aggregators of the current run, and
+    # in the simulator the true rate: work units (steps) per second at (GPUs, aggregators, nodes)
+    min_gpus: int | None = None
+    max_gpus: int | None = None
+    aggregators: int = 0
+    rate: "Callable[[int, int, int], float] | None" = None
 
     def remaining(self) -> float:
         return INF if self.duration is None else max(0.0, self.duration - self.executed)
@@ -86,6 +92,7 @@ class Policy:
     blocking = False        # stop at the first job that does not fit (head-of-line blocking)
     static_running_keys = False     # a running job's key changes only when the policy re-files it
     reads_running_progress = True   # keys read running jobs' service / execution (settled per pass)
+    allocates = False               # decides GPU and aggregator counts (``AllocationPolicy``)
 
     def __init__(self) -> None:
         self.active: dict[int, JobState] = {}
@@ -168,6 +175,15 @@ class Policy:
                 self.order.discard(job.job_id)
             if job.job_id in self.active:
                 self._wait(job, now)
+
+    def resize(self, job: JobState, gpus: int, now: float) -> None:
+        """A waiting job's GPU count changes (elastic jobs): file it under its new count."""
+        if job.running:
+            raise ValueError(f"job {job.job_id} is running: stop it before resizing")
+        self._unwait(job)
+        job.num_gpus = gpus
+        if job.job_id in self.active:
+            self._wait(job, now)
 
     def refile_running(self, job: JobState, now: float) -> None:
         """A running job's key changed (e.g. a demotion): file it anew in the running order."""

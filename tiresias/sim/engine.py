@@ -48,10 +48,14 @@ def _collector_paused() -> Iterator[None]:
 
 def simulate(trace: Iterable, cluster: ClusterSpec | int, policy: Policy | GandivaModel, record: bool = False,
              progress: bool | Callable[[int, int, float], None] = False, config: SimConfig | None = None,
-             max_events: int | None = None, stall_limit: float = DEFAULT_STALL_LIMIT) -> SimResult:
+             max_events: int | None = None, stall_limit: float = DEFAULT_STALL_LIMIT,
+             make_job: Callable[[object], JobState] | None = None,
+             observe: Callable[[Driver], None] | None = None) -> SimResult:
     """Run ``trace`` (objects with job_id, submit_time, num_gpus, duration[, model, skew]) to the
     end; ``StallError`` when no job executes for ``stall_limit`` simulated seconds. The Gandiva
-    model (``tiresias.gandiva``) has its own simulation (``tiresias.sim.gandiva``)."""
+    model (``tiresias.gandiva``) has its own simulation (``tiresias.sim.gandiva``).
+    ``make_job`` builds a trace item's ``JobState`` (measured jobs: GPU range, true rate);
+    ``observe`` is called before every pass (measured jobs report their progress)."""
     started_wall = time.perf_counter()
     check_limit(stall_limit)
     config = config or SimConfig()
@@ -111,12 +115,17 @@ def simulate(trace: Iterable, cluster: ClusterSpec | int, policy: Policy | Gandi
             while nxt < total and pending[nxt].submit_time <= now + EPS:
                 tj = pending[nxt]
                 nxt += 1
-                model = getattr(tj, "model", None)
-                job = JobState(tj.job_id, int(tj.num_gpus), float(tj.submit_time), float(tj.duration),
-                               wait_since=float(tj.submit_time), model=model,
-                               skew=skew_of(model, getattr(tj, "skew", None)))
+                if make_job is not None:
+                    job = make_job(tj)
+                else:
+                    model = getattr(tj, "model", None)
+                    job = JobState(tj.job_id, int(tj.num_gpus), float(tj.submit_time), float(tj.duration),
+                                   wait_since=float(tj.submit_time), model=model,
+                                   skew=skew_of(model, getattr(tj, "skew", None)))
                 jobs.append(job)
                 drv.submit(job)
+            if observe is not None:
+                observe(drv)
             decision = drv.schedule()
             for job in decision.stopped:
                 tokens[job.job_id] += 1

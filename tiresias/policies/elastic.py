@@ -1,0 +1,214 @@
+"""Allocation policies: every ``interval`` seconds they decide how many workers (GPUs) and
+aggregators each active job runs with, instead of ordering jobs at fixed sizes.
+
+* ``optimus``: Optimus's marginal-gain allocation (§4.1, eq. (9)) over models fitted online
+  to what each job reports: its loss points (eq. (1), ``tiresias.optimus.convergence``) and
+  its measured speeds (eq. (4), ``tiresias.optimus.speed``);
+* ``optimus-oracle``: the same allocation given each job's true remaining steps and speeds
+  (the paper's error-free case, Pollux's "Optimus+Oracle");
+* ``drf`` and ``tetris``: the paper's baselines (§6.1), one aggregator per worker; Tetris
+  reads the same fitted models as Optimus, as in the paper.
+
+The driver (``Driver._schedule_allocations``) applies a round: a running job whose GPU count
+changes is stopped by checkpoint and restarted at the new count; one whose aggregator count
+alone changes keeps running (AutoPS moves its keys live); a job given nothing waits. Between
+rounds nothing changes, so an arrival waits for the next round (§4). A job with a fixed GPU
+count (no range) keeps it under every policy.
+
+What the policies know of a job (``JobModel``) comes only from reports: ``describe`` (its
+global batch and epoch cap in steps, known at submission), ``observe_loss`` and
+``observe_speed`` (the simulator feeds them from the measured curves; live, the job's
+``tiresias.job.report`` and AutoPS's iteration times). Until a job has reported three loss
+points its remaining steps are taken to be what is left to its cap; until it has a measured
+speed, a job gets its minimum (nothing says more would help).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+from ..optimus.allocation import AllocJob, Demand, allocate_marginal_gain
+from ..optimus.baselines import allocate_drf, allocate_tetris
+from ..optimus.convergence import fit_convergence
+from ..optimus.speed import SpeedModel, fit_speed
+from .base import INF, JobState, Policy
+
+DEFAULT_INTERVAL = 600.0        # the paper's 10-minute scheduling interval
+DEFAULT_DELTA = 0.05            # converged within 5% of the total improvement
+YOUNG_FACTOR = 0.95             # §4.1: a job's gain while its models are young
+YOUNG_POINTS = 3                # loss points before a job's models count as grown up
+MAX_AGGREGATORS = 16
+WORKER = Demand(workers={"gpu": 1.0}, aggregators={"cpu": 1.0})
+
+
+@dataclass
+class JobModel:
+    """What a policy has learnt about one job from its reports."""
+    batch: float | None = None            # global batch (eq. (4)'s M)
+    cap_steps: float | None = None        # the epoch cap, in steps
+    step: float = 0.0                     # the last step reported
+    losses: dict[float, float] = field(default_factory=dict)      # step -> loss
+    speeds: dict[tuple[int, int], float] = field(default_factory=dict)   # (p, w) -> steps/s
+    _speed_fit: tuple[int, SpeedModel | None] = (-1, None)
+
+    @property
+    def young(self) -> bool:
+        return len(self.losses) < YOUNG_POINTS
+
+    def remaining_steps(self, delta: float = DEFAULT_DELTA) -> float:
+        """Q_j: steps to convergence (eq. (1)) or to the epoch cap, whichever comes first."""
+        cap = self.cap_steps
+        fit = fit_convergence(sorted(self.losses.items())) if len(self.losses) >= YOUNG_POINTS else None
+        if fit is not None:
+            return fit.remaining_steps(self.step, delta, cap)
+        if cap is not None:
+            return max(0.0, cap - self.step)
+        return max(1.0, self.step)          # nothing known: as much again as done so far
+
+    def speed_model(self) -> SpeedModel | None:
+        """eq. (4) fitted to the measured speeds (refitted when a sample is added)."""
+        count, model = self._speed_fit
+        if count != len(self.speeds):
+            samples = [(p, w, f) for (p, w), f in sorted(self.speeds.items()) if f > 0]
+            model = fit_speed(samples, sync=True, batch=self.batch) if samples else None
+            self._speed_fit = (len(self.speeds), model)
+        return model
+
+
+class AllocationPolicy(Policy):
+    """Rounds of GPU and aggregator counts; subclasses say how a round is decided."""
+
+    allocates = True
+    learns = False                  # reads fitted models (the simulator profiles its jobs)
+    static_running_keys = False
+    reads_running_progress = True
+
+    def __init__(self, interval: float = DEFAULT_INTERVAL, max_aggregators: int = MAX_AGGREGATORS) -> None:
+        super().__init__()
+        if not interval > 0:
+            raise ValueError(f"--interval must be > 0 seconds, got {interval}")
+        self.interval = float(interval)
+        self.max_aggregators = max_aggregators
+        self.next_round = -INF
+        self.models: dict[int, JobModel] = {}
+
+    def key(self, job: JobState, now: float) -> tuple:
+        return (job.submit_time, job.job_id)
+
+    # --- reports ----------------------------------------------------------------------
+    def model(self, job_id: int) -> JobModel:
+        m = self.models.get(job_id)
+        if m is None:
+            m = self.models[job_id] = JobModel()
+        return m
+
+    def describe(self, job_id: int, batch: float | None = None, cap_steps: float | None = None) -> None:
+        m = self.model(job_id)
+        m.batch, m.cap_steps = batch, cap_steps
+
+    def observe_loss(self, job_id: int, step: float, loss: float) -> None:
+        m = self.model(job_id)
+        m.losses[float(step)] = float(loss)
+        m.step = max(m.step, float(step))
+
+    def observe_speed(self, job_id: int, aggregators: int, gpus: int, steps_per_s: float,
+                      step: float | None = None) -> None:
+        m = self.model(job_id)
+        m.speeds[(int(aggregators), int(gpus))] = float(steps_per_s)
+        if step is not None:
+            m.step = max(m.step, float(step))
+
+    def remove(self, job: JobState, now: float) -> None:
+        super().remove(job, now)
+        self.models.pop(job.job_id, None)
+
+    # --- rounds -----------------------------------------------------------------------
+    def next_change(self, running: Iterable[JobState], now: float) -> float:
+        if not self.active:
+            return INF
+        return self.next_round if self.next_round > now else now
+
+    def allocations(self, now: float, capacity: Mapping[str, float], per_node: int,
+                    keep: Mapping[int, tuple[int, int]]) -> dict[int, tuple[int, int]] | None:
+        """``{job id: (GPUs, aggregators)}`` for every active job at a round (a job left out
+        gets nothing); None between rounds. ``keep``: jobs whose counts must stay (the
+        progress guarantee), their resources already taken from ``capacity``."""
+        if now < self.next_round:
+            return None
+        self.next_round = now + self.interval
+        jobs = sorted((j for j in self.active.values() if j.job_id not in keep),
+                      key=lambda j: (j.submit_time, j.job_id))
+        wanted = [self._alloc_job(j, per_node) for j in jobs]
+        out = self.decide([a for a in wanted if a is not None], dict(capacity))
+        out.update(keep)
+        return out
+
+    def decide(self, jobs: list[AllocJob], capacity: dict[str, float]) -> dict[int, tuple[int, int]]:
+        raise NotImplementedError
+
+    def _alloc_job(self, job: JobState, per_node: int) -> AllocJob | None:
+        lo = job.min_gpus or job.num_gpus
+        hi = job.max_gpus or job.num_gpus
+        remaining, speed = self.estimate(job, per_node)
+        return AllocJob(job.job_id, remaining, speed, WORKER, min_workers=lo, max_workers=hi,
+                        max_aggregators=self.max_aggregators, young=self.model(job.job_id).young)
+
+    def estimate(self, job: JobState, per_node: int):
+        """(Q_j, f(p, w)) from the job's reports."""
+        m = self.model(job.job_id)
+        model = m.speed_model()
+        speed = model.speed if model is not None else _flat
+        return m.remaining_steps(), speed
+
+
+def _flat(p: int, w: int) -> float:
+    return 1.0
+
+
+class Optimus(AllocationPolicy):
+    name = "optimus"
+    learns = True
+
+    def __init__(self, interval: float = DEFAULT_INTERVAL, young_factor: float = YOUNG_FACTOR,
+                 max_aggregators: int = MAX_AGGREGATORS) -> None:
+        super().__init__(interval, max_aggregators)
+        self.young_factor = young_factor
+
+    def decide(self, jobs, capacity):
+        return allocate_marginal_gain(jobs, capacity, self.young_factor)
+
+
+class OptimusOracle(Optimus):
+    """Optimus given each job's true remaining steps and speed (``JobState.duration``,
+    ``executed`` and ``rate``), like SRTF reading the oracle duration."""
+
+    name = "optimus-oracle"
+    learns = False
+
+    def __init__(self, interval: float = DEFAULT_INTERVAL, max_aggregators: int = MAX_AGGREGATORS) -> None:
+        super().__init__(interval, 1.0, max_aggregators)
+
+    def estimate(self, job: JobState, per_node: int):
+        if job.rate is None or job.duration is None:
+            return super().estimate(job, per_node)
+        rate = job.rate
+        return max(0.0, job.duration - job.executed), lambda p, w: rate(w, p, math.ceil(w / per_node))
+
+
+class DRF(AllocationPolicy):
+    name = "drf"
+
+    def decide(self, jobs, capacity):
+        return allocate_drf(jobs, capacity)
+
+
+class Tetris(AllocationPolicy):
+    name = "tetris"
+    learns = True
+
+    def decide(self, jobs, capacity):
+        return allocate_tetris(jobs, capacity)
+
+
+ALLOCATION_POLICIES = {"optimus": Optimus, "optimus-oracle": OptimusOracle, "drf": DRF, "tetris": Tetris}
