@@ -1,10 +1,12 @@
-"""Optimus' convergence fit (tiresias/optimus/convergence.py): outliers, eq. (1), the convergence step."""
+"""Optimus' convergence fit (tiresias/optimus/convergence.py): outliers, eq. (1), the convergence step
+under its two targets (the fitted limit, the fitted loss at the epoch cap)."""
 import math
 
 import numpy as np
 import pytest
 
-from tiresias.optimus.convergence import ConvergenceFit, clean_losses, fit_convergence
+from tiresias.optimus.convergence import (TARGET_CAP, TARGET_LIMIT, ConvergenceFit, clean_losses,
+                                          fit_convergence)
 
 
 def curve(b0, b1, b2, steps):
@@ -91,3 +93,52 @@ def test_robust_to_few_points_increasing_tails_and_bad_input():
     assert fit.remaining_steps(49) >= 0.0
     to_zero = fit_convergence([(0, 1.0), (1, 0.5), (2, 0.0), (3, 0.0)])
     assert to_zero is not None and to_zero.beta2 == 0.0
+
+
+def exact_fit():
+    return ConvergenceFit(beta0=0.1, beta1=1.0, beta2=0.2, scale=2.0, first_step=0.0, first_loss=1.2, points=10)
+
+
+def test_cap_target_measures_the_improvement_to_the_fitted_loss_at_the_cap():
+    fit = exact_fit()
+    # loss(90) = 1/10 + 0.2 = 0.3; 0.3 + 0.05 * (1.2 - 0.3) = 0.345 -> 0.1k + 1 = 1/0.145
+    assert fit.target_loss(TARGET_CAP, cap_step=90.0) == pytest.approx(0.3)
+    assert fit.converged_step(0.05, target=TARGET_CAP, cap_step=90.0) == pytest.approx((1 / 0.145 - 1) / 0.1)
+    assert fit.remaining_steps(40.0, cap_step=90.0, target=TARGET_CAP) == pytest.approx((1 / 0.145 - 1) / 0.1 - 40)
+    # the default target is still the limit (the issue's definition)
+    assert fit.target_loss() == 0.2
+    assert fit.converged_step(0.05) == fit.converged_step(0.05, target=TARGET_LIMIT) == pytest.approx(190.0)
+    for cap in (10.0, 90.0, 1e4):
+        assert fit.converged_step(0.05, target=TARGET_CAP, cap_step=cap) <= min(cap, 190.0)
+    with pytest.raises(ValueError):
+        fit.converged_step(0.05, target=TARGET_CAP)
+    with pytest.raises(ValueError):
+        fit.converged_step(0.05, target="best")
+
+
+def test_step_at_loss_inverts_the_fitted_curve():
+    fit = exact_fit()
+    assert fit.step_at_loss(fit.loss(37.0)) == pytest.approx(37.0)
+    assert fit.step_at_loss(2.0) == 0.0                  # above the first loss: already there
+    assert fit.step_at_loss(0.2) == math.inf             # the limit itself is never reached
+    assert fit.converged_step(0.05, target=TARGET_CAP, cap_step=0.0) == math.inf   # no improvement left
+
+
+def test_the_targets_agree_when_the_limit_is_reached_long_before_the_cap():
+    fit = fit_convergence(curve(0.05, 1.0, 0.1, np.arange(0, 400, 2)))
+    limit = fit.converged_step(0.05)
+    assert limit == pytest.approx(380.0, rel=1e-3)
+    assert fit.converged_step(0.05, target=TARGET_CAP, cap_step=1e4) == pytest.approx(limit, rel=0.05)
+
+
+def test_on_a_curve_flattening_faster_than_1_over_k_the_cap_target_is_the_usable_one():
+    """Fitted on the first half of an exponential curve, "within 5% of the limit" lies several
+    times too late (eq. (1)'s tail is 1/k); the cap target lands near the measured step."""
+    rng = np.random.default_rng(0)
+    steps = np.arange(100) * 50.0
+    pts = [(k, (0.1 + 0.9 * math.exp(-k / 1250)) * (1 + rng.normal(0, 0.01))) for k in steps]
+    first, best = pts[0][1], min(v for _, v in pts)
+    measured = next(k for k, v in pts if v <= best + 0.05 * (first - best))
+    fit = fit_convergence(pts[:50])
+    assert fit.converged_step(0.05) > 3 * measured
+    assert fit.converged_step(0.05, target=TARGET_CAP, cap_step=steps[-1]) == pytest.approx(measured, rel=0.2)

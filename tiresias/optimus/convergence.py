@@ -7,6 +7,19 @@ fixed ``beta2`` the curve is linear in ``1 / (l - beta2) = beta0 * k + beta1``, 
 ``scipy.optimize.nnls`` solves with rows weighted by ``(l - beta2) ** 2`` (the derivative of
 ``l`` in ``1 / (l - beta2)``), so that the fit is judged on the loss, not on its reciprocal. The
 search keeps the ``beta2`` whose curve has the least squared loss error.
+
+When a job has converged (``ConvergenceFit.converged_step``) depends on the *target* of its total
+improvement, named by ``target``:
+
+- ``TARGET_LIMIT`` (``"limit"``, the default, the issue's definition): from the first loss to the
+  fitted limit ``beta2``;
+- ``TARGET_CAP`` (``"cap"``): from the first loss to the fitted loss at the job's epoch cap
+  ``cap_step``, i.e. the improvement the job can still make before it is stopped anyway.
+
+Eq. (1) approaches its limit like ``1/k``, far slower than measured curves flatten, so "within
+``delta`` of the limit" lies several times too late on them even when ``beta2`` equals the curve's
+true best (bench/optimus_models.py); the ``"cap"`` target reads the fit only inside the job's own
+horizon. ``remaining_steps`` stops at ``cap_step`` under either target.
 """
 from __future__ import annotations
 
@@ -18,6 +31,9 @@ from typing import Sequence
 import numpy as np
 from scipy.optimize import minimize_scalar, nnls
 
+TARGET_LIMIT = "limit"    # total improvement: first loss -> the fitted limit beta2
+TARGET_CAP = "cap"        # total improvement: first loss -> the fitted loss at the epoch cap
+TARGETS = (TARGET_LIMIT, TARGET_CAP)
 GRID = 40                 # beta2 candidates on [0, min loss) before the bounded refinement
 TOP = 1.0 - 1e-9          # beta2 stays strictly below the smallest (normalised) loss
 
@@ -92,21 +108,41 @@ class ConvergenceFit:
     def raw_loss(self, k: float) -> float:
         return self.scale * self.loss(k)
 
-    def converged_step(self, delta: float = 0.05) -> float:
-        """The first step (from ``first_step`` on) where the loss is within ``delta`` of the total
-        improvement from ``first_loss`` to the limit ``beta2``; ``math.inf`` if never."""
-        gap = delta * (self.first_loss - self.beta2)
-        if gap <= 0:
-            return math.inf
-        if self.loss(self.first_step) <= self.beta2 + gap:
+    def step_at_loss(self, y: float) -> float:
+        """The first step (from ``first_step`` on) where the fitted normalised loss is at most
+        ``y``; ``math.inf`` if the curve never gets there."""
+        if self.loss(self.first_step) <= y:
             return self.first_step
-        if self.beta0 <= 0:
+        if y <= self.beta2 or self.beta0 <= 0:
             return math.inf
-        return max(self.first_step, (1.0 / gap - self.beta1) / self.beta0)
+        return max(self.first_step, (1.0 / (y - self.beta2) - self.beta1) / self.beta0)
 
-    def remaining_steps(self, k_now: float, delta: float = 0.05, cap_step: float | None = None) -> float:
+    def target_loss(self, target: str = TARGET_LIMIT, cap_step: float | None = None) -> float:
+        """The normalised loss the total improvement runs to: ``beta2`` for ``"limit"``, the
+        fitted loss at ``cap_step`` for ``"cap"`` (which needs ``cap_step``)."""
+        if target == TARGET_LIMIT:
+            return self.beta2
+        if target == TARGET_CAP:
+            if cap_step is None:
+                raise ValueError("target 'cap' needs cap_step (the step of the epoch cap)")
+            return self.loss(cap_step)
+        raise ValueError(f"target must be one of {TARGETS}, not {target!r}")
+
+    def converged_step(self, delta: float = 0.05, *, target: str = TARGET_LIMIT,
+                       cap_step: float | None = None) -> float:
+        """The first step (from ``first_step`` on) where the loss is within ``delta`` of the total
+        improvement from ``first_loss`` to ``target_loss(target, cap_step)``; ``math.inf`` if
+        never (no improvement to make, or a flat fit)."""
+        end = self.target_loss(target, cap_step)
+        gap = delta * (self.first_loss - end)
+        if not gap > 0:
+            return math.inf
+        return self.step_at_loss(end + gap)
+
+    def remaining_steps(self, k_now: float, delta: float = 0.05, cap_step: float | None = None, *,
+                        target: str = TARGET_LIMIT) -> float:
         """Steps still to run from ``k_now``: ``max(0, min(converged, cap_step) - k_now)``."""
-        end = self.converged_step(delta)
+        end = self.converged_step(delta, target=target, cap_step=cap_step)
         if cap_step is not None:
             end = min(end, cap_step)
         return max(0.0, end - k_now)
