@@ -85,6 +85,10 @@ bench: setup
 	$(PY) bench/tiresias_scale.py --json bench/results/tiresias_scale.json
 	$(PY) bench/tiresias_queues.py --json bench/results/tiresias_queues.json
 	$(PY) bench/tiresias_live.py --json bench/results/tiresias_live.json
+	$(PY) bench/optimus_models.py --json bench/results/optimus_models.json
+	$(PY) bench/optimus_scale.py --json bench/results/optimus_scale.json
+	$(PY) bench/optimus_workloads.py --json bench/results/optimus_workloads.json
+	$(PY) bench/autops_paa.py --json bench/results/autops_paa.json
 	$(PY) bench/infiniswap_bench.py --size 2G --num-daemons 3 --json bench/results/infiniswap_bench.json
 	$(PY) bench/infiniswap_fio.py --json bench/results/infiniswap_fio.json
 	$(PY) bench/infiniswap_bench.py --emulate-hosts --link 10gbit --json bench/results/infiniswap_bench_hosts.json
