@@ -31,7 +31,7 @@ PHILLY = str(DATA / "traces" / "philly.csv")
 SIXTY = str(DATA / "tiresias" / "60_job.csv")
 REL_TOL = 1e-9
 SKIP = {"sim_wall_seconds", "wall_seconds", "host", "python", "argv", "full_trace_las_over_fifo_wall",
-        "decision", "philly_48x8_las_s", "us_per_event", "per_event_last_over_first"}
+        "decision", "philly_48x8_las_s", "us_per_event", "per_event_last_over_first", "wall_s"}
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Pinned:
     """A pinned file and the command (argv of ``runner``) that writes it with ``--json FILE``."""
     name: str
     argv: tuple[str, ...]
-    runner: str = "tiresias"          # tiresias: ``tiresias.cli``; queues / scale: the bench scripts
+    runner: str = "tiresias"          # tiresias: ``tiresias.cli``; queues / scale / optimus_workloads: benches
 
     @property
     def path(self) -> pathlib.Path:
@@ -61,6 +61,7 @@ PINNED = [
                                                   "--original")),
     Pinned("tiresias_queues.json", (), runner="queues"),
     Pinned("tiresias_scale.json", ("--sizes", "1000", "--reps", "3"), runner="scale"),
+    Pinned("optimus_workloads.json", (), runner="optimus_workloads"),
 ]
 
 
@@ -73,6 +74,9 @@ def _run(pinned: Pinned, out: pathlib.Path) -> None:
     elif pinned.runner == "queues":
         from dlrt_bench.tiresias_queues import main
         rc = main([*pinned.argv, "--json", str(out)])
+    elif pinned.runner == "optimus_workloads":
+        from dlrt_bench.optimus_workloads import main as workloads
+        rc = workloads([*pinned.argv, "--json", str(out)])
     else:
         sys.path.insert(0, str(ROOT / "bench"))
         from tiresias_scale import main  # type: ignore[import-not-found]
