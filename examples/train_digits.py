@@ -8,6 +8,9 @@ Clipping:         ... examples/train_digits.py --clip-grad-norm 0.1
 Each worker trains on its own shard of the training set; the three AutoPS lines are marked.
 Prints per-epoch loss, final test accuracy and samples/s; ``--json FILE`` writes them.
 
+Under Tiresias every step's loss goes to the master (``tiresias.job.report``: buffered, one
+append a second).
+
 Preemptible (Tiresias): between iterations the job polls ``tiresias.job.should_stop()``; the
 ranks agree with ``aps.any_rank`` so that all stop after the same iteration; rank 0 then
 saves a checkpoint to ``--checkpoint-dir`` (default: ``tiresias.job.checkpoint_dir()``) and
@@ -231,7 +234,9 @@ def main() -> None:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
                 with opt.skip_synchronize():
                     opt.step()
-            total += loss.item()
+            value = loss.item()
+            total += value
+            tjob.report(done + 1, value)                   # the master's view, Optimus's loss curve
             samples += len(idx)
             stop_agreed = stop_vote is not None and stop_vote()
         train_time += time.perf_counter() - start

@@ -28,9 +28,17 @@ reads the decision before it reaches that call.
 
 A run that cannot start for a reason that passes (``exit_requeue``; AutoPS does this itself
 when its pool refuses the job for now) is queued again by the master instead of failed.
+
+``report(step, loss)`` tells the master how training goes (``TIRESIAS_PROGRESS_FILE``): rank
+0's calls are buffered and appended to the file at most once a second (and at exit), so a
+call per iteration costs a list append. The master shows the latest step, loss and speed
+(``tiresias job``) and an allocation policy (Optimus) fits its models to them. Reporting
+never fails the job: a full disk or a missing directory drops the reports.
 """
 from __future__ import annotations
 
+import atexit
+import math
 import os
 import pathlib
 import sys
@@ -40,12 +48,15 @@ from typing import NoReturn
 from dlrt import requeue
 
 __all__ = ["job_id", "checkpoint_dir", "should_stop", "mark_stopped", "exit_stopped", "exit_requeue",
-           "under_tiresias", "StopPoll"]
+           "under_tiresias", "report", "StopPoll", "ProgressWriter"]
 
 ENV_JOB_ID = "TIRESIAS_JOB_ID"
 ENV_CHECKPOINT_DIR = "TIRESIAS_CHECKPOINT_DIR"
 ENV_STOP_FILE = "TIRESIAS_STOP_FILE"
 ENV_STOPPED_FILE = "TIRESIAS_STOPPED_FILE"
+ENV_PROGRESS_FILE = "TIRESIAS_PROGRESS_FILE"
+REPORT_EVERY_S = 1.0      # report() appends to the progress file at most this often
+MAX_PROGRESS_BYTES = 16 << 20    # past this size the file takes no more reports
 AGREE_AHEAD = 2           # ranks stop this many should_stop() calls after the first saw the request
 EXIT_REQUEUE = 75         # exit status of exit_requeue (EX_TEMPFAIL)
 
@@ -169,3 +180,56 @@ def exit_requeue(reason: str) -> NoReturn:
     requeue.request(reason)
     sys.stdout.flush()
     sys.exit(EXIT_REQUEUE)
+
+
+class ProgressWriter:
+    """Buffered appends of ``<time> <step> [<loss>]`` lines to ``path`` (``report``)."""
+
+    def __init__(self, path: str | None, every: float = REPORT_EVERY_S, limit: int = MAX_PROGRESS_BYTES) -> None:
+        self.path = path
+        self.every = every
+        self.limit = limit
+        self._lines: list[str] = []
+        self._last = time.monotonic()
+
+    def add(self, step: float, loss: float | None = None) -> None:
+        if not self.path:
+            return
+        if isinstance(step, bool) or not isinstance(step, (int, float)) or not math.isfinite(step) or step < 0:
+            raise ValueError(f"report: step must be a finite number >= 0, got {step!r}")
+        if loss is not None:
+            loss = float(loss)
+            if not math.isfinite(loss):
+                return                           # a diverged step: nothing to fit to
+        step_text = str(step) if isinstance(step, int) else repr(float(step))
+        self._lines.append(f"{time.time():.3f} {step_text}" + ("" if loss is None else f" {loss!r}") + "\n")
+        if time.monotonic() - self._last >= self.every:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._lines or not self.path:
+            return
+        data = "".join(self._lines).encode()
+        self._lines.clear()
+        self._last = time.monotonic()
+        try:
+            with open(self.path, "ab") as f:
+                if f.tell() + len(data) <= self.limit:
+                    f.write(data)
+        except OSError:
+            pass                                 # never fail training over a report
+
+
+_progress: ProgressWriter | None = None
+
+
+def report(step: float, loss: float | None = None) -> None:
+    """Tell the master this job reached ``step`` (optimizer steps since it began, across
+    runs), with its training ``loss`` there if known. Cheap enough for every iteration; only
+    rank 0 writes; outside Tiresias it does nothing."""
+    global _progress
+    if _progress is None:
+        rank = os.environ.get("RANK", "0")
+        _progress = ProgressWriter(os.environ.get(ENV_PROGRESS_FILE) if rank in ("", "0") else None)
+        atexit.register(_progress.flush)
+    _progress.add(step, loss)

@@ -8,7 +8,8 @@ runs this block: NAME -->`` just above it.
   the background and awaited; the others must exit 0. The only change: the fixed ports
   (pMaster's 5555, the master's 8470) become free ones. Both jobs must end ``finished``.
 * ``preemption``: the snippet is the loop of a 2-worker ``server``-mode AutoPS job (the
-  lines around it define ``start``, ``steps``, ``train_one_step`` and ``save_checkpoint``),
+  lines around it define ``start``, ``steps``, ``train_one_step`` (it returns the loss) and
+  ``save_checkpoint``); the master shows the steps and losses the job reports,
   submitted to a master over a pool of 2 aggregators that keeps a job's registration for
   600 s without word from it. The job is preempted (its node drained) after a few steps,
   checkpoints, exits through ``job.exit_stopped()`` on both ranks at the same step, and its
@@ -243,10 +244,12 @@ if saved.exists():
 
 def train_one_step():
     opt.zero_grad()
-    torch.nn.functional.cross_entropy(model(x), y).backward()
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
     opt.step()
     print(f"rank {rank} step {step}", flush=True)
     time.sleep(0.05)
+    return loss.item()
 
 
 def save_checkpoint(directory):
@@ -275,8 +278,10 @@ def test_preemption_snippet_stops_resumes_on_the_pool_and_finishes(session, tmp_
     job_id = int(re.search(r"\d+", out).group())
     log = session.state / "jobs" / str(job_id) / "job.log"
     wait_for(lambda: log.exists() and "rank 1 step 15" in log.read_text(), 300, "the job to train a few steps")
+    wait_for(lambda: (session.job(job_id).get("progress") or {}).get("step", 0) >= 10, 60,
+             "the master to show the steps and losses the job reported")
     view = session.job(job_id)
-    assert view["status"] == "running"
+    assert view["status"] == "running" and view["progress"]["loss"] > 0
     for node in sorted(view["placement"]):
         session.run(f"tiresias drain {node}")
     wait_for(lambda: any(e["kind"] == "preempted" for e in session.events(job_id)), 120, "the job to stop")

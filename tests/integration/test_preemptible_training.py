@@ -48,7 +48,15 @@ def uninterrupted(pool, tmp_path_factory):
 
 def tiresias_env(tmp_path: pathlib.Path, run: str) -> dict:
     return {"TIRESIAS_JOB_ID": "digits", "TIRESIAS_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
-            "TIRESIAS_STOP_FILE": str(tmp_path / "stop"), "TIRESIAS_STOPPED_FILE": str(tmp_path / f"stopped-{run}")}
+            "TIRESIAS_STOP_FILE": str(tmp_path / "stop"), "TIRESIAS_STOPPED_FILE": str(tmp_path / f"stopped-{run}"),
+            "TIRESIAS_PROGRESS_FILE": str(tmp_path / "progress")}
+
+
+def reported_steps(tmp_path: pathlib.Path) -> list[int]:
+    """The steps ``tiresias.job.report`` wrote (rank 0 only), every line with a finite loss."""
+    lines = (tmp_path / "progress").read_text().splitlines()
+    assert all(len(line.split()) == 3 and float(line.split()[2]) >= 0 for line in lines)
+    return [int(line.split()[1]) for line in lines]
 
 
 def start(pool: LocalPool, mode: str, args: list[str], env: dict) -> subprocess.Popen:
@@ -109,7 +117,10 @@ def test_server_adam_stopped_at_a_step_and_resumed_equals_uninterrupted(pool, un
     assert (tmp_path / "stopped-first").exists()
     assert (tmp_path / "ckpt" / "train_digits.pt").exists()
     assert "test accuracy" not in out
+    assert reported_steps(tmp_path) == list(range(1, 31))          # flushed at exit, one rank
     resume_and_compare(pool, tmp_path, "server", 30, uninterrupted("server"))
+    steps = reported_steps(tmp_path)
+    assert steps[:30] == list(range(1, 31)) and steps[30:] == list(range(31, steps[-1] + 1))
 
 
 def test_sum_sgd_preempted_by_the_stop_file_and_resumed_equals_uninterrupted(pool, uninterrupted, tmp_path):

@@ -334,6 +334,13 @@ def cmd_job(args) -> int:
     text = jobs_table([job]) + f"\ncommand: {' '.join(job['command'])}\ncheckpoints: {job['checkpoint_dir']}\n"
     text += f"skew: {job['skew']:.3f} ({'measured by AutoPS' if job['skew_measured'] else 'declared'})\n"
     text += f"owner: {job.get('owner', 'operator')}\n"
+    progress = job.get("progress")
+    if progress:
+        speed = progress["steps_per_s"]
+        text += (f"progress: step {progress['step']:g}" +
+                 (f", loss {progress['loss']:.4g}" if progress["loss"] is not None else "") +
+                 (f", {speed:.3g} steps/s" if speed is not None else "") +
+                 f" (tiresias.job.report; {progress['loss_points']} loss points)\n")
     if job.get("detail"):
         text += f"detail: {job['detail']}\n"
     _emit(args, job, text + (f"runs:\n{runs}" if runs else "runs: none yet"))

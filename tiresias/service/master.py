@@ -64,6 +64,7 @@ from ..progress import DEFAULT_MIN_RUN, DEFAULT_MIN_RUN_FACTOR
 from ..policies.base import JobState
 from .executor import Executor, LaunchSpec, RunEnd, default_launcher
 from . import diskspace, joblog, runas
+from .jobprogress import JobProgress
 from .quota import QuotaConfig, SubmitQuota
 from .reports import ReportFeed
 from .retention import RetentionConfig, cutoff as retention_cutoff
@@ -77,6 +78,8 @@ MAX_LAUNCH_FAILURES = 3      # consecutive failed launches before a job is faile
 REQUEUE_MAX_DELAY_S = 60.0   # a run that asked to be requeued waits interval x 2^(n-1), at most this
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 LOG_TAIL_BYTES = 2000
+PROGRESS_FILE = "progress"       # control/progress: tiresias.job.report's lines
+PROGRESS_READ_BYTES = 64 << 10  # read of a job's progress file per pass, at most
 OPERATOR_OWNER = "operator"
 SECRET_ENV = "AUTOPS_JOB_SECRET"
 DEFAULT_MAX_LOG_BYTES = 64 << 20    # per job log file (about twice this with its one rotated file)
@@ -193,6 +196,7 @@ class Master:
         self.node_index = {n.name: i for i, n in enumerate(self.node_infos)}
         self.drained: set[str] = set()
         self.runs: dict[int, _Run] = {}
+        self.progress: dict[int, JobProgress] = {}     # what active jobs reported (tiresias.job.report)
         self.states: dict[int, JobState] = {}
         self.gpus_busy: dict[str, set[int]] = {n.name: set() for n in self.node_infos}
         self.pass_seconds: list[float] = []
@@ -451,6 +455,7 @@ class Master:
             self._check_nodes(now)
             self._escalate(now)
             self._take_reports()
+            self._take_progress()
             t0 = time.perf_counter()
             decision = self.driver.schedule()
             for job in decision.stopped:
@@ -546,6 +551,7 @@ class Master:
                     "TIRESIAS_CHECKPOINT_DIR": self.checkpoint_dir(job_id),
                     "TIRESIAS_STOP_FILE": os.path.join(control, "stop"),
                     "TIRESIAS_STOPPED_FILE": os.path.join(control, "stopped"), SECRET_ENV: run.secret,
+                    "TIRESIAS_PROGRESS_FILE": os.path.join(control, PROGRESS_FILE),
                     requeue.ENV: os.path.join(control, "requeue")})
         if acct is not None:
             env.update(runas.account_env(acct))
@@ -676,6 +682,7 @@ class Master:
         assert status in TERMINAL
         run = self.runs.pop(job_id)
         job = self.states.pop(job_id)
+        self.progress.pop(job_id, None)
         self.store.update_jobs([(job_id, {"status": status, "ended": now, "exit_code": code, "detail": detail,
                                           "attained_service": job.service, "executed": job.executed,
                                           "preemptions": job.preemptions, "handle": None})],
@@ -710,6 +717,28 @@ class Master:
                         self.states[job_id].skew = measured        # used from its next placement on
                         self.store.update_job(job_id, skew=measured)
                     break
+
+    def _take_progress(self) -> None:
+        """What running jobs reported since the last pass (``tiresias.job.report``), at most
+        ``PROGRESS_READ_BYTES`` per job and pass; an allocation policy learns from it."""
+        policy = self.driver.policy
+        for job_id, run in self.runs.items():
+            if run.status != "running":
+                continue
+            progress = self.progress.get(job_id)
+            if progress is None:
+                progress = self.progress[job_id] = JobProgress()
+            chunk = runas.read_control_bytes(os.path.join(self.ckpt_root, str(job_id)), PROGRESS_FILE,
+                                             PROGRESS_READ_BYTES, progress.offset)
+            if not chunk:
+                continue
+            progress.feed(chunk)
+            if policy.allocates:
+                for step, loss in progress.take_new_points():
+                    policy.observe_loss(job_id, step, loss)
+                speed, job = progress.steps_per_s(), self.states[job_id]
+                if speed is not None:
+                    policy.observe_speed(job_id, max(1, job.aggregators), job.num_gpus, speed, step=progress.step)
 
     def _eligible(self, job: JobState) -> list[bool] | None:
         """Nodes whose free memory plus the cluster's lendable remote memory covers the job's."""
@@ -844,6 +873,9 @@ class Master:
                         preemptions=job.preemptions, queue=self._queue(job), run=run.run,
                         placement={n: g for n, g in run.placement} if run.placement and run.status in
                         ("running", "stopping") else view["placement"])
+            progress = self.progress.get(job_id)
+            if progress is not None and progress.step is not None:
+                view["progress"] = progress.view()
             if run.status in ("waiting", "preempted"):
                 view["reason"] = self.driver.reasons.get(job_id) or "queued behind higher-priority jobs"
                 if run.requeue_reason:

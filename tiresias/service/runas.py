@@ -136,10 +136,17 @@ def touch_control(checkpoint_job_dir: str, name: str) -> None:
     _in_control(checkpoint_job_dir, touch)
 
 
-def read_control(checkpoint_job_dir: str, name: str, limit: int = 4096) -> str | None:
-    """The first ``limit`` bytes of ``CHECKPOINT_JOB_DIR/control/NAME`` as text, or None when it
-    is not there or not a regular file (never read through a symlink, never blocking on a FIFO)."""
-    found: list[str] = []
+def read_control(checkpoint_job_dir: str, name: str, limit: int = 4096, offset: int = 0) -> str | None:
+    """``limit`` bytes from ``offset`` of ``CHECKPOINT_JOB_DIR/control/NAME`` as text, or None
+    when it is not there or not a regular file (never read through a symlink, never blocking
+    on a FIFO)."""
+    found = read_control_bytes(checkpoint_job_dir, name, limit, offset)
+    return None if found is None else found.decode("utf-8", "replace")
+
+
+def read_control_bytes(checkpoint_job_dir: str, name: str, limit: int = 4096, offset: int = 0) -> bytes | None:
+    """``read_control`` without decoding (a caller that keeps an offset counts bytes)."""
+    found: list[bytes] = []
 
     def read(control: int) -> None:
         try:
@@ -148,7 +155,7 @@ def read_control(checkpoint_job_dir: str, name: str, limit: int = 4096) -> str |
             return
         try:
             if stat.S_ISREG(os.fstat(fd).st_mode):
-                found.append(os.read(fd, limit).decode("utf-8", "replace"))
+                found.append(os.pread(fd, limit, offset))
         finally:
             os.close(fd)
     try:
