@@ -113,6 +113,7 @@ class Driver:
         self._stall_end: dict[int, float] = {}           # running job -> its current stall end
         self._guards: list[tuple[float, int]] = []       # heap: (protected_until, id) of started jobs
         self._costs: dict[tuple, float] = {}             # (model, GPUs) -> the model's resume cost
+        self._awaiting: dict[int, tuple[int, int]] = {}  # live: a round's targets not started yet
 
     # --- time ----------------------------------------------------------------------------
     def advance(self, t: float) -> None:
@@ -322,7 +323,10 @@ class Driver:
         """A round of an allocation policy (``tiresias.policies.elastic``): jobs whose GPU count
         changes are stopped and started again at the new count, jobs whose aggregator count
         alone changes keep running at their new speed (``Decision.moved``: new end times).
-        Protected jobs (progress guarantee) keep their counts."""
+        Protected jobs (progress guarantee) keep their counts. Live, a job the round could not
+        start (its last run still draining, or GPUs that stopping runs still hold) starts at
+        the first pass that can place it before the next round; the simulator, with nothing
+        draining, leaves it for the next round as Optimus does."""
         now, policy = self.now, self.policy
         self.settle_all()
         limit = now + EPS * max(1.0, abs(now))
@@ -331,18 +335,43 @@ class Driver:
                     "cpu": float(self.cluster.total_cpus - sum(p for _, p in keep.values()))}
         targets = policy.allocations(now, capacity, self.cluster.gpus_per_node, keep)
         if targets is None:
-            return Decision()
+            return Decision(self._start_at(self._awaiting)) if self._awaiting else Decision()
         stop = sorted((j for j in self.running.values() if targets.get(j.job_id, (0, 0))[0] != j.num_gpus),
                       key=lambda j: j.job_id)
         if self.nodes is not None and not self.config.defer_release:
             for job in stop:
                 self.nodes.release(job)
         self._stop(stop)
+        self._awaiting = {jid: t for jid, t in targets.items() if t[0] > 0 and jid in policy.active
+                          and not policy.active[jid].running}
+        started = self._start_at(self._awaiting)
+        if not self.config.defer_release:
+            self._awaiting = {}
+        fresh = {j.job_id for j in started}
+        adjusted = []
+        for job in self.running.values():
+            target = targets.get(job.job_id)
+            if job.job_id in fresh or target is None or target[1] == job.aggregators:
+                continue
+            job.aggregators = target[1]          # its keys spread or packed live: no restart
+            self._set_rate(job)
+            self._track(job)
+            adjusted.append(job)
+        self.guard_wake = INF
+        return Decision(started, stop, adjusted)
+
+    def _start_at(self, targets: dict[int, tuple[int, int]]) -> list[JobState]:
+        """Start the waiting jobs of ``targets`` at their (GPUs, aggregators) where they can be
+        placed now (a job whose last run is still draining waits); those started leave it."""
+        now, policy = self.now, self.policy
         starts = []
         for job_id in sorted(targets):
             gpus, aggregators = targets[job_id]
             job = policy.active.get(job_id)
-            if job is None or gpus <= 0 or job.running or job.job_id in self.draining:
+            if job is None or job.running:
+                del targets[job_id]
+                continue
+            if job_id in self.draining:
                 continue
             if gpus != job.num_gpus:
                 policy.resize(job, gpus, now)
@@ -358,18 +387,8 @@ class Driver:
                     free -= job.num_gpus
         for job in started:
             self._start(job)
-        fresh = {j.job_id for j in started}
-        adjusted = []
-        for job in self.running.values():
-            target = targets.get(job.job_id)
-            if job.job_id in fresh or target is None or target[1] == job.aggregators:
-                continue
-            job.aggregators = target[1]          # its keys spread or packed live: no restart
-            self._set_rate(job)
-            self._track(job)
-            adjusted.append(job)
-        self.guard_wake = INF
-        return Decision(started, stop, adjusted)
+            targets.pop(job.job_id, None)
+        return started
 
     def _set_rate(self, job: JobState) -> None:
         """A job with a true rate (simulated measured jobs) runs at it on its placement."""

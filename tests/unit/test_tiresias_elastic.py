@@ -150,3 +150,24 @@ def test_a_trace_or_a_workload_not_both(capsys):
     from tiresias.cli import main
     assert main(["simulate", "--cluster", "16x4", "--policy", "las"]) == 2
     assert "one of --trace FILE or --workload FILE" in capsys.readouterr().err
+
+
+def test_live_a_resized_job_restarts_once_its_last_run_has_drained():
+    policy = OptimusOracle(interval=100.0)
+    drv = Driver(policy, ClusterSpec(1, 4), DriverConfig(placement="tiresias", defer_release=True))
+    drv.submit(_job(1, 1e6))
+    first = drv.schedule()
+    assert [j.num_gpus for j in first.started] == [4]
+    drv.advance(100.0)
+    drv.submit(_job(2, 1e3, submit=100.0))
+    round_ = drv.schedule()
+    assert [j.job_id for j in round_.stopped] == [1] and round_.started == []    # job 1's GPUs drain
+    drv.advance(101.0)
+    assert drv.schedule().started == []          # not a round, still draining: nothing yet
+    drv.released(drv.jobs[1])                    # its processes are gone
+    drv.advance(102.0)
+    later = drv.schedule()                       # not a round: the round's targets start now
+    assert sorted(j.job_id for j in later.started) == [1, 2]
+    assert drv.jobs[1].num_gpus + drv.jobs[2].num_gpus <= 4 and drv.jobs[1].num_gpus < 4
+    drv.advance(103.0)
+    assert drv.schedule().started == []          # nothing left to start

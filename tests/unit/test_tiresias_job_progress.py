@@ -108,3 +108,26 @@ def test_a_symlink_planted_for_the_progress_file_is_not_followed(tmp_path):
     clock.t += 1
     m.tick()
     assert "progress" not in m.job(j)
+
+
+def test_a_gpu_range_is_kept_and_each_run_names_its_gpus_and_aggregators(tmp_path):
+    m, clock, ex = make(tmp_path, executor=__import__("test_tiresias_master").FakeExecutor(2, 4))
+    j = m.submit(spec(4, min_gpus=1))["id"]
+    assert m.job(j)["min_gpus"] == 1 and m.states[j].min_gpus == 1 and m.states[j].max_gpus == 4
+    m.tick()                                        # 2D-LAS is not elastic: the job runs at its most
+    runs = m.job(j)["runs"]
+    assert [(r["run"], r["gpus"], r["aggregators"]) for r in runs] == [(1, 4, None)]
+    fixed = m.submit(spec(2))["id"]
+    assert m.job(fixed)["min_gpus"] is None and m.states[fixed].max_gpus is None
+    for bad in (0, 5, "1", True):
+        with pytest.raises(Exception, match="min_gpus"):
+            m.submit(spec(4, min_gpus=bad))
+
+
+def test_submit_parses_a_gpu_range():
+    import argparse
+    from tiresias.service.cli import gpu_range
+    assert gpu_range("4") == (4, 4) and gpu_range("1-8") == (1, 8)
+    for bad in ("0", "8-1", "a-b", "1-", "-3"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            gpu_range(bad)

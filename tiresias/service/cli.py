@@ -85,7 +85,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_user_commands(p)
 
     p = _client(sub, "submit", "submit a job: tiresias submit --gpus N [options] -- CMD ...")
-    p.add_argument("--gpus", type=cli.positive(int), required=True, help="GPUs the job needs (1 or more)")
+    p.add_argument("--gpus", type=gpu_range, required=True,
+                   help="GPUs the job needs: N (fixed), or LO-HI for an elastic job (an allocation policy "
+                        "picks the count; the others run it at HI)")
     p.add_argument("--name", default=None, help="the job's name (default: the command's file name)")
     p.add_argument("--memory", default=None, help="memory the job needs per node (e.g. 4G): placed where it "
                                                   "fits, enforced by a memory cgroup")
@@ -276,6 +278,28 @@ def _emit(args, data: Any, text: str) -> None:
     cli.emit(args.json, data, text)
 
 
+def gpu_range(text: str) -> tuple[int, int]:
+    """``N`` -> (N, N); ``LO-HI`` -> (LO, HI) with 1 <= LO <= HI."""
+    if "-" not in text.lstrip("-"):                   # one number (perhaps negative)
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number above 0 or LO-HI (e.g. 4 or 1-8), "
+                                             f"got {text!r}") from None
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"expected a number above 0, got {text!r}")
+        return n, n
+    lo, _, hi = text.partition("-")
+    try:
+        low, high = int(lo), int(hi)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number above 0 or LO-HI (e.g. 4 or 1-8), got {text!r}") \
+            from None
+    if not 1 <= low <= high:
+        raise argparse.ArgumentTypeError(f"expected LO-HI with 1 <= LO <= HI, got {text!r}")
+    return low, high
+
+
 def cmd_submit(args) -> int:
     command = list(args.job_command)
     if command and command[0] == "--":
@@ -288,12 +312,14 @@ def cmd_submit(args) -> int:
         if not sep or not key:
             raise UsageError(f"--env {item!r}: expected KEY=VALUE")
         env[key] = value
-    spec = {"gpus": args.gpus, "command": command, "name": args.name, "env": env,
+    low, high = args.gpus
+    spec = {"gpus": high, "min_gpus": low if low < high else None, "command": command, "name": args.name, "env": env,
             "workdir": os.path.abspath(args.workdir or os.getcwd()), "launcher": args.launcher,
             "autops_aggregators": args.autops_aggregators, "duration": args.duration, "model": args.model,
             "memory": parse_size(args.memory) if args.memory else None}
     job = _connect(args).post("/api/v1/jobs", {k: v for k, v in spec.items() if v is not None})
-    _emit(args, job, f"submitted job {job['id']} ({job['name']}, {job['gpus']} GPU(s)): {job['status']}")
+    gpus = f"{job['min_gpus']}-{job['gpus']}" if job.get("min_gpus") else f"{job['gpus']}"
+    _emit(args, job, f"submitted job {job['id']} ({job['name']}, {gpus} GPU(s)): {job['status']}")
     return 0
 
 

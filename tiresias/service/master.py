@@ -261,7 +261,8 @@ class Master:
         return JobState(row["id"], row["gpus"], row["submitted"], duration=spec.get("duration"),
                         executed=row["executed"], service=row["attained_service"], first_start=row["started"],
                         running=False, wait_since=row["wait_since"], waited=row["waited"],
-                        preemptions=row["preemptions"], skew=skew, model=spec.get("model"))
+                        preemptions=row["preemptions"], skew=skew, model=spec.get("model"),
+                        **_gpu_range(spec))
 
     # --- requests ----------------------------------------------------------------------------
     def submit(self, spec: dict[str, Any], owner: str = OPERATOR_OWNER) -> dict[str, Any]:
@@ -294,7 +295,8 @@ class Master:
                 raise NoSpace(f"the state disk {self.config.state_dir} is full ({exc}); submits are refused "
                               f"until space is freed (--min-free-bytes)") from None
             job = JobState(job_id, clean["gpus"], now, duration=clean.get("duration"), wait_since=now,
-                           skew=skew_of(clean.get("model"), clean.get("skew")), model=clean.get("model"))
+                           skew=skew_of(clean.get("model"), clean.get("skew")), model=clean.get("model"),
+                           **_gpu_range(clean))
             self.states[job_id] = job
             self.runs[job_id] = _Run(clean["name"], clean, "waiting", now, owner=owner, secret=secret)
             self.driver.submit(job)
@@ -329,8 +331,8 @@ class Master:
     def _validate(self, spec: Any) -> dict[str, Any]:
         if not isinstance(spec, dict):
             raise Refused("a job is a JSON object")
-        known = {"name", "gpus", "command", "memory", "autops_aggregators", "duration", "launcher", "env",
-                 "workdir", "model", "skew"}
+        known = {"name", "gpus", "min_gpus", "command", "memory", "autops_aggregators", "duration", "launcher",
+                 "env", "workdir", "model", "skew"}
         unknown = sorted(set(spec) - known)
         if unknown:
             raise Refused(f"unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
@@ -341,13 +343,18 @@ class Master:
         if gpus > total:
             raise Refused(f"the job asks for {gpus} GPUs; the cluster has {total} "
                           f"({len(self.node_infos)} nodes x {self.cluster.gpus_per_node})")
+        min_gpus = spec.get("min_gpus")
+        if min_gpus is not None and (isinstance(min_gpus, bool) or not isinstance(min_gpus, int)
+                                     or not 1 <= min_gpus <= gpus):
+            raise Refused(f"min_gpus must be an integer from 1 to gpus ({gpus}), got {min_gpus!r}")
         command = spec.get("command")
         if not isinstance(command, list) or not command or not all(isinstance(c, str) and c for c in command):
             raise Refused("command must be a non-empty list of strings (everything after '--')")
         name = spec.get("name") or os.path.basename(command[0])
         if not isinstance(name, str) or not NAME_RE.match(name):
             raise Refused(f"name {name!r}: letters, digits, '.', '_' and '-' (at most 64)")
-        clean: dict[str, Any] = {"name": name, "gpus": gpus, "command": command}
+        clean: dict[str, Any] = {"name": name, "gpus": gpus, "command": command,
+                                 "min_gpus": min_gpus if min_gpus is not None and min_gpus < gpus else None}
         launcher = spec.get("launcher") or default_launcher(command)
         if launcher not in ("torchrun", "plain"):
             raise Refused(f"launcher must be torchrun or plain, got {launcher!r}")
@@ -841,7 +848,9 @@ class Master:
         with self.lock:
             row = self._row(job_id, owner)
             view = self._view(row)
-            view["runs"] = self.store.placements(job_id)
+            aggregators = row["spec"].get("autops_aggregators")     # what each run was started with
+            view["runs"] = [{**r, "gpus": sum(len(g) for _, g in r["nodes"]), "aggregators": aggregators}
+                            for r in self.store.placements(job_id)]
             return view
 
     def jobs(self, statuses: list[str] | None = None, owner: str | None = None,
@@ -863,6 +872,7 @@ class Master:
                 "placement": {n: g for n, g in row["placement"]} if row["placement"] else {},
                 "command": spec["command"], "launcher": spec.get("launcher"), "memory": spec.get("memory"),
                 "autops_aggregators": spec.get("autops_aggregators"), "duration": spec.get("duration"),
+                "min_gpus": spec.get("min_gpus"),
                 "skew": row["skew"] if row["skew"] is not None else skew_of(spec.get("model"), spec.get("skew")),
                 "skew_measured": row["skew"] is not None, "exit_code": row["exit_code"], "detail": row["detail"],
                 "checkpoint_dir": row["checkpoint_dir"], "reason": None,
@@ -991,6 +1001,12 @@ class Master:
             self.reports.stop()
             self.executor.close()
             self.store.close()
+
+
+def _gpu_range(spec: dict[str, Any]) -> dict[str, int | None]:
+    """An elastic job's GPU range for its ``JobState`` (a fixed job has none)."""
+    low = spec.get("min_gpus")
+    return {"min_gpus": low, "max_gpus": spec["gpus"]} if low else {}
 
 
 def autops_job_name(job_id: int, run: int, secret: str) -> str:
