@@ -88,6 +88,8 @@ bench: setup
 	$(PY) bench/optimus_models.py --json bench/results/optimus_models.json
 	$(PY) bench/optimus_scale.py --json bench/results/optimus_scale.json
 	$(PY) bench/optimus_workloads.py --json bench/results/optimus_workloads.json
+	$(PY) bench/optimus_own.py --json bench/results/optimus_own.json
+	$(PY) bench/optimus_sensitivity.py --json bench/results/optimus_sensitivity.json
 	$(PY) bench/autops_paa.py --json bench/results/autops_paa.json
 	$(PY) bench/infiniswap_bench.py --size 2G --num-daemons 3 --json bench/results/infiniswap_bench.json
 	$(PY) bench/infiniswap_fio.py --json bench/results/infiniswap_fio.json
