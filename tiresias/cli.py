@@ -80,6 +80,14 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="as the original Tiresias simulator: --placement count --no-overheads --no-slowdown")
     p.add_argument("--models", choices=["trace", "cycle"], default="trace",
                    help="cycle: give jobs without a model Table 3.3's models in turn (for skew and sizes)")
+    p.add_argument("--restart-cost", type=float, default=None, metavar="SECONDS",
+                   help="with overheads: seconds a job loses at every restart (resume or resize) instead of the "
+                        "overhead model's pause + resume")
+    p.add_argument("--start-cost", type=float, default=0.0, metavar="SECONDS",
+                   help="with overheads: seconds a job loses at its first start too (Pollux's simulator: 30)")
+    p.add_argument("--decide-every", type=float, default=None, metavar="SECONDS",
+                   help="schedule only at multiples of SECONDS (Pollux's simulator: 60); default: at every "
+                        "arrival, completion and policy change")
     guarantee.add_arguments(p)
     p.add_argument("--stall-limit", type=float, default=guarantee.DEFAULT_STALL_LIMIT, metavar="SECONDS",
                    help="stop with an error when no job makes progress for this much simulated time")
@@ -128,7 +136,8 @@ def _measured_jobs(args, cluster) -> _Workload:
 
 
 def _config(args) -> SimConfig:
-    guard = {"min_run_factor": args.min_run_factor, "min_run": args.min_run}
+    guard = {"min_run_factor": args.min_run_factor, "min_run": args.min_run, "preemption_cost": args.restart_cost,
+             "start_cost": args.start_cost, "decide_every": args.decide_every}
     if args.original:
         return SimConfig("count", args.packlimit, overheads=False, slowdown=False, migrate=False, **guard)
     if not 0.0 <= args.packlimit <= 1.0:

@@ -69,9 +69,16 @@ class DriverConfig:
     preemption_cost: float | None = None   # seconds per resume instead of the model's (measured live)
     min_run_factor: float = progress.DEFAULT_MIN_RUN_FACTOR   # progress guarantee: k x resume cost
     min_run: float = progress.DEFAULT_MIN_RUN                 # ... and at least this many seconds
+    start_cost: float = 0.0        # simulator, with overheads: seconds charged at a job's first start
+    decide_every: float | None = None   # simulator: passes only at multiples of this (Pollux's 60 s)
 
     def __post_init__(self) -> None:
         progress.check_guard(self.min_run_factor, self.min_run)
+        for name in ("preemption_cost", "start_cost", "decide_every"):
+            value = getattr(self, name)
+            if value is not None and not (0.0 <= value < float("inf")) or (name == "decide_every" and value == 0):
+                raise ValueError(f"{name} must be a finite number of seconds >= 0 (decide_every > 0), "
+                                 f"got {value!r}")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
         if self.defer_release and (self.placement == "count" or self.migrate):
@@ -491,6 +498,11 @@ class Driver:
         cost = 0.0
         if job.first_start is None:
             job.first_start = now
+            if self.config.overheads and self.config.start_cost:
+                cost = self.config.start_cost
+                job.stall += cost
+                job.overhead += cost
+                self.overhead += cost
         elif job.preemptions:
             cost = self.resume_cost(job)
             if self.config.overheads:

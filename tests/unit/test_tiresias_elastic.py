@@ -171,3 +171,18 @@ def test_live_a_resized_job_restarts_once_its_last_run_has_drained():
     assert drv.jobs[1].num_gpus + drv.jobs[2].num_gpus <= 4 and drv.jobs[1].num_gpus < 4
     drv.advance(103.0)
     assert drv.schedule().started == []          # nothing left to start
+
+
+def test_pollux_like_settings_decide_at_ticks_and_charge_every_start():
+    from types import SimpleNamespace as Job
+    from tiresias.sim import SimConfig
+    trace = [Job(job_id=i, submit_time=t, num_gpus=1, duration=100.0) for i, t in enumerate((5.0, 61.0, 130.0))]
+    plain = simulate(trace, 4, make_policy("fifo"), record=True)
+    ticks = simulate(trace, 4, make_policy("fifo"), record=True,
+                     config=SimConfig(overheads=True, start_cost=30.0, decide_every=60.0))
+    starts = {job_id: t for t, job_id, kind in ticks.timeline if kind == "start"}
+    assert starts == {0: 60.0, 1: 120.0, 2: 180.0}                 # at the next tick, not at arrival
+    assert {j.job_id: j.end_time for j in ticks.jobs} == {0: 190.0, 1: 250.0, 2: 310.0}   # + 30 s each
+    assert {j.job_id: j.end_time for j in plain.jobs} == {0: 105.0, 1: 161.0, 2: 230.0}
+    with pytest.raises(ValueError, match="decide_every"):
+        SimConfig(decide_every=0.0)

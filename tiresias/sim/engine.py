@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gc
 import heapq
+import math
 import time
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator
@@ -81,13 +82,18 @@ def simulate(trace: Iterable, cluster: ClusterSpec | int, policy: Policy | Gandi
     total = len(pending)
     done = 0
     report = progress_reporter(progress, total)
+    tick = config.decide_every
     with _collector_paused():
         while nxt < total or policy.active:
             t_arrival = pending[nxt].submit_time if nxt < total else INF
             while ends and tokens.get(ends[0][2]) != ends[0][1]:
                 heapq.heappop(ends)                 # stale: that run was preempted
             t_done = ends[0][0] if ends else INF
-            t = min(t_arrival, t_done, drv.next_change())
+            if tick is None:
+                t = min(t_arrival, t_done, drv.next_change())
+            else:                                   # passes only at ticks; the policy's changes wait
+                t_pass = (math.floor(drv.now / tick + 1e-9) + 1) * tick if policy.active else INF
+                t = min(t_arrival, t_done, t_pass)
             if t == INF:
                 stuck = [j.job_id for j in policy.active.values()][:5]
                 raise RuntimeError(f"simulation stuck at t={drv.now}: jobs {stuck} can never run")
@@ -124,6 +130,8 @@ def simulate(trace: Iterable, cluster: ClusterSpec | int, policy: Policy | Gandi
                                    skew=skew_of(model, getattr(tj, "skew", None)))
                 jobs.append(job)
                 drv.submit(job)
+            if tick is not None and abs(now / tick - round(now / tick)) > 1e-9:
+                continue                            # not a tick: arrivals and completions only
             if observe is not None:
                 observe(drv)
             decision = drv.schedule()
