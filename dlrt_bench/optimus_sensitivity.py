@@ -31,8 +31,8 @@ from tiresias.cluster import parse_cluster
 from tiresias.metrics import summarize
 from tiresias.policies.elastic import DRF, AllocationPolicy, Optimus, OptimusDRFAllocation, OptimusNoisy, \
     OptimusOracle
-from tiresias.sim import SimConfig, simulate
-from tiresias.sim.measured import MeasuredWorkload
+from tiresias.sim import SimConfig
+from tiresias.sim.measured import simulate_workload
 
 POLLUX = pathlib.Path("../shared/data/pollux")
 ERRORS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5)
@@ -52,11 +52,8 @@ class WorkloadRunner:
         self.sync = sync
 
     def run(self, policy: AllocationPolicy, placement: str = "tiresias") -> dict:
-        measured = MeasuredWorkload(self.jobs, self.apps, elastic=True, sync=self.sync,
-                                    gpus_per_node=self.cluster.gpus_per_node)
         config = SimConfig(placement, overheads=True, slowdown=True)
-        result = simulate(measured.trace, self.cluster, policy, config=config, make_job=measured.make_job,
-                          observe=measured.observe)
+        result = simulate_workload(self.jobs, self.apps, self.cluster, policy, config, self.sync)
         row = summarize(result)
         return {"avg_jct": row["avg_jct"], "makespan": row["makespan"], "p95_jct": row["p95_jct"],
                 "preemptions": row["preemptions"]}

@@ -184,12 +184,9 @@ def _run(name: str, args, cluster, jobs, queues: QueueConfig, record: bool = Fal
                          quantum=args.quantum, switch=args.switch, cluster=cluster,
                          history=_history(jobs) if name == "gittins" and not args.distribution else None)
     if isinstance(jobs, _Workload):
-        from .policies import AllocationPolicy
-        from .sim.measured import MeasuredWorkload
-        measured = MeasuredWorkload(jobs.workload, jobs.apps, elastic=isinstance(policy, AllocationPolicy),
-                                    sync=args.sync, gpus_per_node=cluster.gpus_per_node)
-        return simulate(measured.trace, target, policy, record=record, progress=progress, config=config,
-                        stall_limit=args.stall_limit, make_job=measured.make_job, observe=measured.observe)
+        from .sim.measured import simulate_workload
+        return simulate_workload(jobs.workload, jobs.apps, target, policy, config, args.sync, record=record,
+                                 progress=progress, stall_limit=args.stall_limit)
     return simulate(jobs, target, policy, record=record, progress=progress, config=config,
                     stall_limit=args.stall_limit)
 

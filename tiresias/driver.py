@@ -76,7 +76,9 @@ class DriverConfig:
         progress.check_guard(self.min_run_factor, self.min_run)
         for name in ("preemption_cost", "start_cost", "decide_every"):
             value = getattr(self, name)
-            if value is not None and not (0.0 <= value < float("inf")) or (name == "decide_every" and value == 0):
+            if value is None:
+                continue
+            if not ((value > 0 if name == "decide_every" else value >= 0) and value < float("inf")):
                 raise ValueError(f"{name} must be a finite number of seconds >= 0 (decide_every > 0), "
                                  f"got {value!r}")
         if self.placement not in PLACEMENTS:

@@ -142,15 +142,15 @@ class AllocationPolicy(Policy):
         self.next_round = now + self.interval
         jobs = sorted((j for j in self.active.values() if j.job_id not in keep),
                       key=lambda j: (j.submit_time, j.job_id))
-        wanted = [self._alloc_job(j, per_node) for j in jobs]
-        out = self.decide([a for a in wanted if a is not None], dict(capacity))
+        out = self.decide([self._alloc_job(j, per_node) for j in jobs], dict(capacity))
         out.update(keep)
         return out
 
     def decide(self, jobs: list[AllocJob], capacity: dict[str, float]) -> dict[int, tuple[int, int]]:
-        raise NotImplementedError
+        """``{job id: (GPUs, aggregators)}`` for ``jobs`` within ``capacity`` (what a policy defines)."""
+        raise NotImplementedError(f"{type(self).__name__} does not define decide()")
 
-    def _alloc_job(self, job: JobState, per_node: int) -> AllocJob | None:
+    def _alloc_job(self, job: JobState, per_node: int) -> AllocJob:
         lo = job.min_gpus or job.num_gpus
         hi = job.max_gpus or job.num_gpus
         remaining, speed = self.estimate(job, per_node)

@@ -24,8 +24,11 @@ from typing import Mapping, Sequence
 
 from ..apps.profiles import Application
 from ..apps.workload import WorkloadJob
+from ..cluster import ClusterSpec
 from ..optimus.speed import profile_configs
-from ..policies.base import JobState
+from ..policies.base import JobState, Policy
+from .engine import SimConfig, simulate
+from .result import SimResult
 
 PROFILE_RUNS = 5            # pre-runs per job (§6.1: 5 combinations of (p, w))
 PROFILE_STEPS = 20          # steps each
@@ -119,3 +122,14 @@ class MeasuredWorkload:
             cost += PROFILE_SETUP_S + PROFILE_STEPS / f
         job.stall += cost               # the pre-runs, before its first run
         job.overhead += cost
+
+
+def simulate_workload(workload: Sequence[WorkloadJob], apps: Mapping[str, Application],
+                      cluster: ClusterSpec | int, policy: Policy, config: SimConfig | None = None,
+                      sync: str = "pushpull", **options) -> SimResult:
+    """Simulate ``workload``'s measured jobs under ``policy`` (elastic under an allocation
+    policy, at their asked GPU counts otherwise); ``options`` go to ``simulate``."""
+    per_node = cluster.gpus_per_node if isinstance(cluster, ClusterSpec) else cluster
+    measured = MeasuredWorkload(workload, apps, elastic=policy.allocates, sync=sync, gpus_per_node=per_node)
+    return simulate(measured.trace, cluster, policy, config=config, make_job=measured.make_job,
+                    observe=measured.observe, **options)
