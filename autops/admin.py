@@ -3,7 +3,9 @@
 ``AdminClient(master)`` holds one connection (a ZeroMQ DEALER in its own context) for any
 number of calls: ``status()`` is pMaster's status report (``autops.report`` documents it),
 ``migrate(job, keys, to)`` asks pMaster to move a job's keys (all of them by default) to
-other aggregators (any other by default) while the job trains. Used by ``autops status`` and
+other aggregators (any other by default) while the job trains, ``resize(job, count)`` spreads
+a job's keys over ``count`` aggregators with few moves (the Tiresias master changing a job's
+aggregator count). Used by ``autops status`` and
 ``autops migrate``, ``LocalPool``, the benchmarks and the tests. A master that does not
 answer within ``timeout`` seconds, or answers with an error, raises ``AutoPSError``.
 
@@ -53,6 +55,12 @@ class AdminClient:
         reply = self._client.call(wire.MIGRATE, job=job, keys=list(keys) if keys else None,
                                   to=list(to) if to else None, token=self._operator_token())
         return {"keys": reply.get("keys"), "batches": reply.get("batches")}
+
+    def resize(self, job: str, count: int) -> dict[str, Any]:
+        """Spread all keys of ``job`` over ``count`` aggregators (the ones it uses first; fewer
+        when fewer are live); returns ``{"keys", "batches", "aggregators"}`` (how many it got)."""
+        reply = self._client.call(wire.MIGRATE, job=job, count=int(count), token=self._operator_token())
+        return {"keys": reply.get("keys"), "batches": reply.get("batches"), "aggregators": reply.get("aggregators")}
 
     def _operator_token(self) -> str:
         if self._token is None:

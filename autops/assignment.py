@@ -2,7 +2,8 @@
 
 ``spread_by_bytes`` is the standalone baseline: a job's keys spread over its own
 aggregators balanced by bytes (or by any weight, e.g. measured CPU time), largest key
-first onto the least-loaded aggregator. The rest is the thesis' packing (§4.3.3.2-3):
+first onto the least-loaded aggregator. ``rebalance`` moves an existing table onto another
+set of aggregators (a job's aggregator count changed) with few moves. The rest is the thesis' packing (§4.3.3.2-3):
 ``pack_task`` (Pseudocode 3), ``pack_job`` (all tasks of a job, opening aggregators as
 needed) and ``recycle`` (free the least-loaded aggregators without new allocations).
 The same functions run inside pMaster and inside the trace-driven simulation.
@@ -35,6 +36,40 @@ def spread_by_bytes(
         table[key] = agg
         heapq.heappush(heap, (used + nbytes, i, agg))
     return table
+
+
+def rebalance(table: Mapping[str, str], sizes: Mapping[str, int], targets: Sequence[str]) -> dict[str, str]:
+    """``table`` (key -> aggregator) moved onto ``targets`` with few moves: keys on an
+    aggregator outside ``targets`` go, largest first, to the least-loaded target; then, while
+    some key of the most-loaded target is smaller than its gap to the least-loaded one, the
+    largest such key moves there (each move lowers the sum of squared loads, so it ends)."""
+    if not targets:
+        raise ValueError("no aggregators to rebalance keys over")
+    order = {agg: i for i, agg in enumerate(targets)}
+    load = {agg: 0 for agg in targets}
+    out: dict[str, str] = {}
+    movers = []
+    for key, agg in table.items():
+        if agg in load:
+            out[key] = agg
+            load[agg] += int(sizes[key])
+        else:
+            movers.append(key)
+    for key in sorted(movers, key=lambda k: (-int(sizes[k]), k)):
+        agg = min(targets, key=lambda a: (load[a], order[a]))
+        out[key] = agg
+        load[agg] += int(sizes[key])
+    while True:
+        heavy = max(targets, key=lambda a: (load[a], -order[a]))
+        light = min(targets, key=lambda a: (load[a], order[a]))
+        gap = load[heavy] - load[light]
+        fits = [k for k, a in out.items() if a == heavy and 0 < int(sizes[k]) < gap]
+        if not fits:
+            return out
+        key = max(fits, key=lambda k: (int(sizes[k]), k))
+        out[key] = light
+        load[heavy] -= int(sizes[key])
+        load[light] += int(sizes[key])
 
 
 def bytes_per_aggregator(table: Mapping[str, str], sizes: Mapping[str, int]) -> dict[str, int]:

@@ -115,9 +115,15 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
     from .admin import AdminClient
+    if args.count is not None and (args.keys or args.to):
+        raise cli.UsageError("--count spreads every key of the job: give it without --keys or --to")
     with AdminClient(args.master, args.timeout, token_file=args.token_file) as admin:
-        reply = admin.migrate(args.job, keys=args.keys, to=args.to)
-    cli.emit(args.json, reply, f"migrating {reply['keys']} key(s) of {args.job} in {reply['batches']} "
+        if args.count is not None:
+            reply = admin.resize(args.job, args.count)
+        else:
+            reply = admin.migrate(args.job, keys=args.keys, to=args.to)
+    over = f" over {reply['aggregators']} aggregator(s)" if reply.get("aggregators") else ""
+    cli.emit(args.json, reply, f"migrating {reply['keys']} key(s) of {args.job}{over} in {reply['batches']} "
                                "batch(es); follow with `autops status`")
     return 0
 
@@ -292,6 +298,8 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     p.add_argument("--job", required=True)
     p.add_argument("--keys", nargs="*", default=None, help="keys to move (default: every key of the job)")
     p.add_argument("--to", nargs="*", default=None, help="aggregators to move to (default: all others)")
+    p.add_argument("--count", type=cli.positive(int), default=None, metavar="N",
+                   help="spread every key of the job over N aggregators with few moves (those it uses first)")
     p.add_argument("--timeout", type=cli.positive(float), default=5.0)
     p.add_argument("--token-file", default=None, metavar="FILE",
                    help="the operator token (default: operator.token in the key directory, $DLRT_KEYS)")

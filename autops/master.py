@@ -51,7 +51,7 @@ from dlrt.keys import ensure_cluster_secret, ensure_operator_token
 
 from . import wire
 from .clusterauth import ControlSession, MasterHandshake
-from .assignment import spread_by_bytes
+from .assignment import rebalance, spread_by_bytes
 from .elastic import Elastic, ElasticConfig
 from .failover import Failover
 from .jobauth import JobSecrets, SecretRefused, check_secret_shape
@@ -700,20 +700,32 @@ class Master:
                                 "operator.token; --token-file)", "operator_token")
 
     def _migrate(self, identity: bytes, msg: wire.Message) -> None:
-        """Operator request: move keys of a job (all by default) to the given aggregators."""
+        """Operator request: move keys of a job (all by default) to the given aggregators, or
+        (``count``) spread all of them over that many aggregators with few moves -- the
+        scheduler changing a job's aggregator count live."""
         self._operator(msg)
+        count = msg.get("count")
+        if count is not None:
+            if msg.get("keys") or msg.get("to"):
+                raise ValueError("count spreads all of a job's keys: give it without keys or to")
+            if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+                raise ValueError(f"count must be an integer >= 1, got {count!r}")
         job = self.state.jobs.get(msg["job"])
         if job is None:
             raise ValueError(f"job {msg['job']!r} is not registered")
-        keys = list(msg.get("keys") or job.keys)
-        unknown = [k for k in keys if k not in job.keys]
-        if unknown:
-            raise ValueError(f"job {job.job}: unknown keys {unknown[:4]}")
-        targets = list(msg.get("to") or [])
         live = {a.agg_id for a in self.state.live_aggregators()}
-        if not targets:
-            current = {job.table[k] for k in keys}
-            targets = sorted(a for a in live if a not in current)
+        if count is not None:
+            keys = list(job.keys)
+            targets = self._aggregators_for(job, count, live)
+        else:
+            keys = list(msg.get("keys") or job.keys)
+            unknown = [k for k in keys if k not in job.keys]
+            if unknown:
+                raise ValueError(f"job {job.job}: unknown keys {unknown[:4]}")
+            targets = list(msg.get("to") or [])
+            if not targets:
+                current = {job.table[k] for k in keys}
+                targets = sorted(a for a in live if a not in current)
         bad = [a for a in targets if a not in live]
         if bad or not targets:
             raise ValueError(f"cannot migrate to {bad or 'nowhere'}: live aggregators are {sorted(live)}")
@@ -721,12 +733,33 @@ class Master:
             info = self.state.aggs[a]
             if info.state == "idle":
                 info.state, info.exclusive = "active", job.job
-        table = spread_by_bytes([(k, job.keys[k].nbytes) for k in keys], targets)
-        before = {job.table[k] for k in keys}
+        sizes = {k: job.keys[k].nbytes for k in keys}
+        if count is not None:
+            table = rebalance({k: job.table[k] for k in keys if k in job.table}, sizes, targets)
+        else:
+            table = spread_by_bytes(list(sizes.items()), targets)
+        before = {job.table[k] for k in keys if k in job.table}
         job.aggregators = sorted(set(targets) | {job.table[k] for k in job.keys if k not in table})
         self.elastic.migrate(job, table, after=sorted(before - set(targets)))
         self._reply(identity, wire.encode(wire.OK, req=msg.get("req"), keys=len(table),
-                                          batches=len(self.migrations.active(job=job.job))))
+                                          batches=len(self.migrations.active(job=job.job)),
+                                          aggregators=len(set(table.values()))))
+
+    def _aggregators_for(self, job: JobInfo, count: int, live: set[str]) -> list[str]:
+        """``count`` live aggregators for ``job`` (fewer when fewer are live or it has fewer
+        keys): those holding most of its bytes first, then idle ones, then the least loaded."""
+        count = min(count, len(job.keys)) or 1
+        held: dict[str, int] = {}
+        for key, agg in job.table.items():
+            if agg in live:
+                held[agg] = held.get(agg, 0) + job.keys[key].nbytes
+        chosen = sorted(held, key=lambda a: (-held[a], a))[:count]
+        if len(chosen) < count:
+            load = self.state.load_bytes()
+            idle = {a.agg_id for a in self.state.idle()}
+            others = sorted((a for a in live if a not in chosen), key=lambda a: (a not in idle, load.get(a, 0), a))
+            chosen += others[:count - len(chosen)]
+        return chosen
 
     # --- reporting ------------------------------------------------------------------
     def status(self) -> dict:

@@ -64,11 +64,13 @@ def moved(master: str, job: str) -> bool:
 
 
 def train(master: str, mode: str, schedule: dict[int, list], transport: str = "auto",
-          settle_at: frozenset = frozenset(), **agent_kw) -> dict:
+          settle_at: frozenset = frozenset(), resize_at: dict[int, int] | None = None, **agent_kw) -> dict:
     """Run one W=2 job; at iteration i rank 0 first asks for the migrations schedule[i] --
     when i is in ``settle_at``, at the first iteration from i on by which those under way
     finished (they finish only as the job goes on: a worker that stopped to wait for them
-    would stop them too). ``asked`` in the result: the iteration each was asked at."""
+    would stop them too). ``resize_at``: at iteration i, rank 0 asks for the job's keys spread over
+    ``resize_at[i]`` aggregators (``AdminClient.resize``), once the moves under way are done.
+    ``asked`` in the result: the iteration each was asked at."""
     job = f"mig-{mode}-{next(_jobs)}"
     kw = dict(mode=mode, average=mode == "server", num_aggregators=1, timeout=20, transport=transport,
               partition_bytes=256 << 10, secret=secret_for(job), **agent_kw)
@@ -78,6 +80,7 @@ def train(master: str, mode: str, schedule: dict[int, list], transport: str = "a
     results: dict = {}
     errors: list = []
     asked: dict[int, int] = {}          # scheduled iteration -> the iteration it was asked at
+    resized: list[dict] = []
     try:
         for a in agents:
             a.declare(TENSORS)
@@ -101,6 +104,12 @@ def train(master: str, mode: str, schedule: dict[int, list], transport: str = "a
                                 chosen = [keys[i % len(keys)] for i in pick] or None
                                 admin_migrate(master, job, keys=sorted(set(chosen)) if chosen else None,
                                               to=[target])
+                        for at in sorted(i for i in (resize_at or {}) if i <= it and -i not in asked):
+                            if not moved(master, job):
+                                break
+                            asked[-at] = it
+                            with AdminClient(master, 5) as admin:
+                                resized.append(admin.resize(job, resize_at[at]))
                     handles = [agent.push_pull(n, grad(rank, it, n, s), out[n], it) for n, s, _ in TENSORS]
                     for h in handles:
                         h.wait(30)
@@ -116,13 +125,13 @@ def train(master: str, mode: str, schedule: dict[int, list], transport: str = "a
         for t in threads:
             t.join(120)
         assert not errors, errors
-        assert set(asked) == set(schedule), f"moves asked for at {asked} of {sorted(schedule)}"
+        assert set(asked) == set(schedule) | {-i for i in resize_at or {}}, f"moves asked for at {asked}"
         placement = agents[0].placement()
     finally:
         for a in agents:
             a.close()
     return {"results": results, "placement": placement, "redirects": sum(a.redirects for a in agents),
-            "warmed": sum(a.warmed for a in agents), "asked": asked}
+            "warmed": sum(a.warmed for a in agents), "asked": asked, "resized": resized}
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +177,21 @@ def test_random_migration_schedules_over_cma_leave_training_bit_identical(pool3_
     """Every payload, the state copies between aggregators too, READ from its sender's memory."""
     got = train(pool3_cma.master, mode, schedule, transport="cma")
     check_same(got, references[mode])
+
+
+def test_a_jobs_aggregator_count_changes_live_and_training_stays_identical(pool3, references):
+    # one aggregator, then all three, then two: the scheduler's resize (AdminClient.resize)
+    got = train(pool3.master, "sum", {}, resize_at={4: 3, 12: 2})
+    check_same(got, references["sum"])
+    assert [r["aggregators"] for r in got["resized"]] == [3, 2]
+    assert len(set(got["placement"])) == 2, got["placement"]
+    with AdminClient(pool3.master, 5) as admin:
+        with pytest.raises(Exception, match="count must be an integer >= 1"):
+            admin.resize("any", 0)
+        with pytest.raises(Exception, match="without keys or to"):
+            admin._client.call(wire.MIGRATE, job="any", count=2, to=["agg-1"], token=admin._operator_token())
+        with pytest.raises(Exception, match="is not registered"):
+            admin.resize("no-such-job", 2)
 
 
 def ahead_counts(pool: LocalPool) -> tuple[int, int]:
