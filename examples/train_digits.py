@@ -18,6 +18,12 @@ every rank exits 0 after ``mark_stopped()``. A run that finds a checkpoint there
 from it exactly (model, optimizer state -- the aggregators' in server mode --, LR scheduler,
 position in the epoch and the data-order generator, the only randomness training draws), so
 it ends with the parameters of an uninterrupted run.
+
+Elastic (``--global-batch N``, e.g. a Tiresias job submitted with ``--gpus 1-4``): every step
+trains on the same N samples of one global data order whatever the world size, each rank on
+its contiguous part, its loss scaled so that the averaged gradient is the mean over all N
+(Optimus §5.4 keeps the global batch the same way). A checkpoint then resumes at any world
+size, at the same step of the same epoch; only the float summation order differs.
 """
 from __future__ import annotations
 
@@ -40,6 +46,7 @@ import tiresias.job as tjob
 
 CHECKPOINT_NAME = "train_digits.pt"
 RESUME_CONFIG = ("world_size", "batch_size", "seed", "optimizer")   # must match to resume exactly
+ELASTIC_RESUME_CONFIG = ("global_batch", "seed", "optimizer")        # --global-batch: any world size
 
 
 class DigitsCNN(nn.Module):
@@ -69,6 +76,8 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--batch-size", type=int, default=32, help="per worker")
+    parser.add_argument("--global-batch", type=int, default=None, metavar="N",
+                        help="elastic: N samples per step split over the ranks, resumable at any world size")
     parser.add_argument("--lr", type=float, default=None)
     parser.add_argument("--lr-step-size", type=int, default=8, help="epochs between halvings of the lr (default 8)")
     parser.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default="sgd")
@@ -88,6 +97,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--stop-at-step", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--stop-rank", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.global_batch is not None and args.global_batch < 1:
+        parser.error(f"--global-batch must be >= 1, got {args.global_batch}")
     if args.checkpoint_dir is None:
         args.checkpoint_dir = tjob.checkpoint_dir()
     return args
@@ -102,7 +113,14 @@ def make_optimizer(args: argparse.Namespace, model: nn.Module) -> torch.optim.Op
 
 
 def run_config(args: argparse.Namespace, world: int) -> dict:
+    if args.global_batch is not None:
+        return {"global_batch": args.global_batch, "seed": args.seed, "optimizer": args.optimizer, "world_size": world}
     return {"world_size": world, "batch_size": args.batch_size, "seed": args.seed, "optimizer": args.optimizer}
+
+
+def rank_part(batch: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    """This rank's contiguous part of a global batch (sizes differ by at most one)."""
+    return torch.tensor_split(batch, world)[rank]
 
 
 def load_checkpoint(args: argparse.Namespace, world: int) -> dict | None:
@@ -112,7 +130,8 @@ def load_checkpoint(args: argparse.Namespace, world: int) -> dict | None:
     path = args.checkpoint_dir / CHECKPOINT_NAME
     ckpt = torch.load(path, weights_only=False)
     want = run_config(args, world)
-    differ = [f"{k} {ckpt['config'].get(k)} (now {want[k]})" for k in RESUME_CONFIG if ckpt["config"].get(k) != want[k]]
+    fields = ELASTIC_RESUME_CONFIG if args.global_batch is not None else RESUME_CONFIG
+    differ = [f"{k} {ckpt['config'].get(k)} (now {want[k]})" for k in fields if ckpt["config"].get(k) != want[k]]
     if differ:
         print(f"train_digits: cannot resume from {path}: it was saved with {', '.join(differ)}; "
               f"run with the same settings or another --checkpoint-dir", file=sys.stderr)
@@ -175,8 +194,11 @@ def main() -> None:
     torch.manual_seed(args.seed + rank)          # different init per rank: the broadcast fixes it
 
     x_tr, y_tr, x_te, y_te = load_data(args.seed)
-    shard = torch.arange(rank, len(x_tr), world)
-    x_tr, y_tr = x_tr[shard], y_tr[shard]
+    elastic = args.global_batch is not None
+    if not elastic:                              # each rank its own shard, --batch-size of it a step
+        shard = torch.arange(rank, len(x_tr), world)
+        x_tr, y_tr = x_tr[shard], y_tr[shard]
+    step_batch = args.global_batch if elastic else args.batch_size
 
     model = DigitsCNN()
     opt = make_optimizer(args, model)
@@ -186,16 +208,21 @@ def main() -> None:
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=args.lr_step_size, gamma=0.5)
 
     gen = torch.Generator().manual_seed(args.seed)
-    steps_per_epoch = len(x_tr) // args.batch_size
+    steps_per_epoch = len(x_tr) // step_batch
+    if steps_per_epoch < 1:
+        sys.exit(f"train_digits: a batch of {step_batch} is larger than the {len(x_tr)} training samples")
     start_epoch, start_step, start_total, resumed_from = 0, 0, 0.0, None
     ckpt = load_checkpoint(args, world)
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])      # server mode: root's first step sends it on
         sched.load_state_dict(ckpt["scheduler"])
-        # copies: set_state crashes on a view with a storage offset
-        gen.set_state(ckpt["rng"][rank][0].clone())  # as it was before this epoch's permutation
-        torch.set_rng_state(ckpt["rng"][rank][1].clone())
+        # copies: set_state crashes on a view with a storage offset; the data-order generator is
+        # the same on every rank, so an elastic run at another world size takes rank 0's
+        saved = ckpt["rng"][rank] if rank < len(ckpt["rng"]) else ckpt["rng"][0]
+        gen.set_state(saved[0].clone())              # as it was before this epoch's permutation
+        if rank < len(ckpt["rng"]):
+            torch.set_rng_state(saved[1].clone())
         start_epoch, start_step, start_total = ckpt["epoch"], ckpt["step"], ckpt["epoch_loss_sum"]
         resumed_from = ckpt["global_step"]
         if rank == 0:
@@ -223,9 +250,13 @@ def main() -> None:
                 break
             # started before the step, answered after it: the round trip overlaps the step
             stop_vote = aps.any_rank_async(stop_wanted(args, rank, done + 1), "stop") if voting else None
-            idx = order[step * args.batch_size:(step + 1) * args.batch_size]
+            idx = order[step * step_batch:(step + 1) * step_batch]
             opt.zero_grad()
-            loss = F.cross_entropy(model(x_tr[idx]), y_tr[idx])
+            if elastic:                                    # averaged over ranks: the mean over the batch
+                idx = rank_part(idx, rank, world)
+                loss = F.cross_entropy(model(x_tr[idx]), y_tr[idx], reduction="sum") * (world / step_batch)
+            else:
+                loss = F.cross_entropy(model(x_tr[idx]), y_tr[idx])
             loss.backward()
             if args.clip_grad_norm is None:
                 opt.step()
@@ -234,7 +265,7 @@ def main() -> None:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
                 with opt.skip_synchronize():
                     opt.step()
-            value = loss.item()
+            value = loss.item() * (step_batch / (world * len(idx)) if elastic else 1.0)   # this rank's mean
             total += value
             tjob.report(done + 1, value)                   # the master's view, Optimus's loss curve
             samples += len(idx)

@@ -257,3 +257,41 @@ def test_agreement_helpers_alone(monkeypatch):
         assert aps.any_rank_async(True, "y")()
     finally:
         aps.shutdown()
+
+
+# --- elastic: --global-batch resumes at another world size (Optimus §5.4) ----------------------
+def start_elastic(pool: LocalPool, workers: int, args: list[str], env: dict) -> subprocess.Popen:
+    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", str(workers), "examples/train_digits.py",
+           *COMMON, "--global-batch", "64", *args]
+    full_env = dict(os.environ, AUTOPS_MASTER=pool.master, AUTOPS_JOB=f"elastic-{uuid.uuid4().hex[:8]}",
+                    AUTOPS_TIMEOUT="30", OMP_NUM_THREADS="1", AUTOPS_JOB_SECRET=uuid.uuid4().hex, **env)
+    return subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+def test_global_batch_stopped_at_two_workers_resumes_at_one(pool, tmp_path):
+    full = tmp_path / "full.pt"
+    finish(start_elastic(pool, 1, ["--save-params", str(full)], {}))
+    env = tiresias_env(tmp_path, "first")
+    out = finish(start_elastic(pool, 2, ["--stop-at-step", "25"], env))
+    assert stopped_step(out) == 25
+    resumed = tmp_path / "resumed.pt"
+    out = finish(start_elastic(pool, 1, ["--save-params", str(resumed)], tiresias_env(tmp_path, "resumed")))
+    assert "resumed from step 25 " in out, out[-3000:]
+    assert "workers 1" in out
+    steps = reported_steps(tmp_path)               # the same global steps, whatever the world size
+    assert steps == list(range(1, 64))
+    expected, got = torch.load(full), torch.load(resumed)
+    diff = max((got[k] - expected[k]).abs().max().item() for k in expected)
+    scale = max(expected[k].abs().max().item() for k in expected)
+    print(f"elastic: 25 steps at 2 workers then 38 at 1; max abs difference {diff:g} of {scale:g}")
+    assert diff <= 1e-3 * scale                     # the same training up to float summation order
+
+
+def test_global_batch_refuses_a_checkpoint_of_another_global_batch(pool, tmp_path):
+    finish(start_elastic(pool, 1, ["--stop-at-step", "3"], tiresias_env(tmp_path, "first")))
+    cmd = [sys.executable, "examples/train_digits.py", *COMMON, "--global-batch", "32"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, **tiresias_env(tmp_path, "again")),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "global_batch 64 (now 32)" in proc.stderr
