@@ -65,14 +65,14 @@ class FakeExecutor:
         pass
 
 
-def make(tmp_path, clock=None, executor=None, reports=None, **cfg):
+def make(tmp_path, clock=None, executor=None, reports=None, resizer=None, **cfg):
     cfg.setdefault("thresholds", (100.0,))
     cfg.setdefault("stop_grace", 10.0)
     cfg.setdefault("interval", 1.0)
     clock = clock or Clock()
     executor = executor or FakeExecutor()
     m = Master(MasterConfig(str(tmp_path / "state"), **cfg), executor, reports=reports or ReportFeed(clock=clock),
-               clock=clock)
+               clock=clock, resizer=resizer)
     return m, clock, executor
 
 

@@ -10,7 +10,8 @@ from .las import ContinuousGittins, ContinuousLAS, DiscretizedGittins, Discretiz
 
 POLICIES = ("las", "gittins", "srtf", "srsf", "fifo", "best-effort", "sf", "gandiva", "gandiva-rr",
             *ALLOCATION_POLICIES)
-SIMULATOR_ONLY = ("gandiva", "gandiva-rr", *ALLOCATION_POLICIES)   # elastic jobs: not live yet
+# the oracle and its noisy variant read true durations and rates; the ablation is the simulator's
+SIMULATOR_ONLY = ("gandiva", "gandiva-rr", "optimus-oracle", "optimus-noisy", "optimus-drf-alloc")
 
 
 def make_policy(name: str, thresholds=(3200.0,), promote_knob: float | None = None, continuous: bool = False,

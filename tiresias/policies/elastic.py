@@ -20,7 +20,9 @@ global batch and epoch cap in steps, known at submission), ``observe_loss`` and
 ``observe_speed`` (the simulator feeds them from the measured curves; live, the job's
 ``tiresias.job.report`` and AutoPS's iteration times). Until a job has reported three loss
 points its remaining steps are taken to be what is left to its cap; until it has a measured
-speed, a job gets its minimum (nothing says more would help).
+speed, a job gets its minimum (nothing says more would help). A job measured at one worker
+count only (live, where there are no pre-runs: its first run) is taken to scale linearly from
+it -- optimism that gets it tried at more GPUs, where its next measurement corrects the fit.
 """
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ class JobModel:
     """What a policy has learnt about one job from its reports."""
     batch: float | None = None            # global batch (eq. (4)'s M)
     cap_steps: float | None = None        # the epoch cap, in steps
+    delta: float = DEFAULT_DELTA          # converged within this fraction of the total improvement
     step: float = 0.0                     # the last step reported
     losses: dict[float, float] = field(default_factory=dict)      # step -> loss
     speeds: dict[tuple[int, int], float] = field(default_factory=dict)   # (p, w) -> steps/s
@@ -59,8 +62,9 @@ class JobModel:
     def young(self) -> bool:
         return len(self.losses) < YOUNG_POINTS
 
-    def remaining_steps(self, delta: float = DEFAULT_DELTA) -> float:
+    def remaining_steps(self, delta: float | None = None) -> float:
         """Q_j: steps to convergence (eq. (1)) or to the epoch cap, whichever comes first."""
+        delta = self.delta if delta is None else delta
         cap = self.cap_steps
         fit = fit_convergence(sorted(self.losses.items())) if len(self.losses) >= YOUNG_POINTS else None
         if fit is not None:
@@ -74,9 +78,19 @@ class JobModel:
         count, model = self._speed_fit
         if count != len(self.speeds):
             samples = [(p, w, f) for (p, w), f in sorted(self.speeds.items()) if f > 0]
-            model = fit_speed(samples, sync=True, batch=self.batch) if samples else None
+            if len({w for _, w, _ in samples}) == 1:          # one worker count: linear from it
+                model = SpeedModel(True, (sum(w / f for _, w, f in samples) / len(samples), 0.0, 0.0, 0.0, 0.0))
+            else:
+                model = fit_speed(samples, sync=True, batch=self.batch) if samples else None
             self._speed_fit = (len(self.speeds), model)
         return model
+
+    def fitted(self) -> dict:
+        """The model's state as plain data (the job's view): what was learnt, what it predicts."""
+        model = self.speed_model()
+        return {"loss_points": len(self.losses), "speed_samples": len(self.speeds), "young": self.young,
+                "remaining_steps": self.remaining_steps(), "delta": self.delta,
+                "speed_theta": list(model.theta) if model is not None else None}
 
 
 class AllocationPolicy(Policy):
@@ -106,9 +120,12 @@ class AllocationPolicy(Policy):
             m = self.models[job_id] = JobModel()
         return m
 
-    def describe(self, job_id: int, batch: float | None = None, cap_steps: float | None = None) -> None:
+    def describe(self, job_id: int, batch: float | None = None, cap_steps: float | None = None,
+                 delta: float | None = None) -> None:
         m = self.model(job_id)
         m.batch, m.cap_steps = batch, cap_steps
+        if delta is not None:
+            m.delta = float(delta)
 
     def observe_loss(self, job_id: int, step: float, loss: float) -> None:
         m = self.model(job_id)

@@ -98,6 +98,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--launcher", choices=["torchrun", "plain"], default=None,
                    help="torchrun: one worker per GPU (default for a .py script); plain: the command once per node")
     p.add_argument("--model", default=None, help="model name, for its skew until AutoPS measures it")
+    p.add_argument("--converge", type=float, default=None, metavar="DELTA",
+                   help="elastic: the job counts as converged within DELTA of its loss's total improvement "
+                        "(an allocation policy's estimate of its remaining steps; default 0.05)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--workdir", default=None, help="the job's working directory (default: the current one)")
     p.add_argument("job_command", nargs=argparse.REMAINDER, metavar="-- CMD", help="the job's command")
@@ -158,6 +161,9 @@ def _master_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--packlimit", type=_skew, default=DEFAULT_PACKLIMIT,
                    help="consolidate jobs whose skew is above this (0..1)")
     p.add_argument("--interval", type=cli.positive(float), default=5.0, help="seconds between scheduling passes")
+    p.add_argument("--round-interval", type=cli.positive(float), default=600.0, metavar="SECONDS",
+                   help="an allocation policy's rounds (optimus, drf, tetris, elastic-srpt): seconds between them "
+                        "(default 600, Optimus's 10 minutes)")
     p.add_argument("--stop-grace", type=cli.non_negative(float), default=30.0,
                    help="seconds a job has to checkpoint and exit before SIGTERM (SIGKILL 5 s later)")
     p.add_argument("--max-lost-runs", type=cli.positive(int), default=3, metavar="N",
@@ -220,7 +226,7 @@ def cmd_master(args) -> int:
                           max_log_bytes=args.max_log_bytes, min_free_bytes=args.min_free_bytes,
                           max_queued_per_user=args.max_queued_per_user,
                           submit_rate_per_user=args.submit_rate_per_user, submit_burst=args.submit_burst,
-                          retention_s=args.retention)
+                          retention_s=args.retention, round_interval=args.round_interval)
     shape = None
     if args.executor == "local":
         shape = parse_cluster(args.nodes) if re.match(r"^\s*\d+\s*[xX]\s*\d+\s*$", args.nodes) else None
@@ -316,7 +322,7 @@ def cmd_submit(args) -> int:
     spec = {"gpus": high, "min_gpus": low if low < high else None, "command": command, "name": args.name, "env": env,
             "workdir": os.path.abspath(args.workdir or os.getcwd()), "launcher": args.launcher,
             "autops_aggregators": args.autops_aggregators, "duration": args.duration, "model": args.model,
-            "memory": parse_size(args.memory) if args.memory else None}
+            "memory": parse_size(args.memory) if args.memory else None, "converge": args.converge}
     job = _connect(args).post("/api/v1/jobs", {k: v for k, v in spec.items() if v is not None})
     gpus = f"{job['min_gpus']}-{job['gpus']}" if job.get("min_gpus") else f"{job['gpus']}"
     _emit(args, job, f"submitted job {job['id']} ({job['name']}, {gpus} GPU(s)): {job['status']}")
@@ -331,15 +337,32 @@ def _placement(p: dict[str, list[int]]) -> str:
     return " ".join(f"{n}[{','.join(map(str, g))}]" for n, g in p.items()) or "-"
 
 
+def _gpus(j: dict[str, Any]) -> str:
+    """``4``; an elastic job ``1-4``, running at 2 of them ``2/1-4``."""
+    asked = f"{j['min_gpus']}-{j['gpus']}" if j.get("min_gpus") else f"{j['gpus']}"
+    alloc = j.get("allocation")
+    return f"{alloc['gpus']}/{asked}" if alloc and j.get("min_gpus") else asked
+
+
+def _elastic_note(j: dict[str, Any]) -> str:
+    """An allocation policy's view of a running job: its aggregators and predicted time left."""
+    alloc, model = j.get("allocation") or {}, j.get("model") or {}
+    parts = [f"{alloc['aggregators']} agg"] if alloc.get("aggregators") else []
+    if model.get("predicted_remaining_s") is not None:
+        parts.append(f"~{model['predicted_remaining_s']:.0f} s left")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def jobs_table(jobs: list[dict[str, Any]]) -> str:
-    lines = [f"{'id':>4} {'name':<18} {'status':<10} {'gpus':>4} {'queue':>5} {'preempt':>7} "
+    lines = [f"{'id':>4} {'name':<18} {'status':<10} {'gpus':>7} {'queue':>5} {'preempt':>7} "
              f"{'service':>9} {'submitted':>9} {'jct':>8}  placement / reason"]
     for j in jobs:
-        where = _placement(j["placement"]) if j["status"] in ("running", "stopping") else (j.get("reason") or "")
+        where = _placement(j["placement"]) + _elastic_note(j) if j["status"] in ("running", "stopping") else \
+            (j.get("reason") or "")
         if j["status"] == "failed" and j.get("detail"):
             where = j["detail"].splitlines()[0]
         jct = f"{j['jct']:.1f}" if j.get("jct") is not None else "-"
-        lines.append(f"{j['id']:>4} {j['name'][:18]:<18} {j['status']:<10} {j['gpus']:>4} {j['queue']:>5} "
+        lines.append(f"{j['id']:>4} {j['name'][:18]:<18} {j['status']:<10} {_gpus(j):>7} {j['queue']:>5} "
                      f"{j['preemptions']:>7} {j['attained_service']:>9.1f} {_ts(j['submitted']):>9} {jct:>8}  {where}")
     return "\n".join(lines)
 
@@ -356,7 +379,9 @@ def cmd_jobs(args) -> int:
 def cmd_job(args) -> int:
     job = _connect(args).get(f"/api/v1/jobs/{args.id}")
     runs = "\n".join(f"  run {r['run']}: {_placement({n: g for n, g in r['nodes']})} from {_ts(r['started'])} "
-                     f"to {_ts(r['ended'])} ({r['outcome'] or 'running'})" for r in job.get("runs", []))
+                     f"to {_ts(r['ended'])} ({r['outcome'] or 'running'})" +
+                     (f", {r['aggregators']} aggregator(s)" if r.get("aggregators") else "")
+                     for r in job.get("runs", []))
     text = jobs_table([job]) + f"\ncommand: {' '.join(job['command'])}\ncheckpoints: {job['checkpoint_dir']}\n"
     text += f"skew: {job['skew']:.3f} ({'measured by AutoPS' if job['skew_measured'] else 'declared'})\n"
     text += f"owner: {job.get('owner', 'operator')}\n"
@@ -367,6 +392,13 @@ def cmd_job(args) -> int:
                  (f", loss {progress['loss']:.4g}" if progress["loss"] is not None else "") +
                  (f", {speed:.3g} steps/s" if speed is not None else "") +
                  f" (tiresias.job.report; {progress['loss_points']} loss points)\n")
+    model = job.get("model")
+    if model:
+        left = model.get("predicted_remaining_s")
+        text += (f"model: {model['loss_points']} loss points, {model['speed_samples']} speed sample(s), "
+                 f"{model['remaining_steps']:.0f} steps to convergence (within {model['delta']:g})" +
+                 (f", ~{left:.0f} s at its allocation" if left is not None else "") +
+                 (" (young: fewer than 3 loss points)" if model.get("young") else "") + "\n")
     if job.get("detail"):
         text += f"detail: {job['detail']}\n"
     _emit(args, job, text + (f"runs:\n{runs}" if runs else "runs: none yet"))

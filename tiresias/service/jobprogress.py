@@ -85,6 +85,10 @@ class JobProgress:
             return None
         return (s1 - s0) / (t1 - t0)
 
+    def new_run(self) -> None:
+        """The job started again (maybe at another GPU count): speeds from its new run's reports only."""
+        self._recent.clear()
+
     def take_new_points(self) -> list[tuple[float, float]]:
         """Loss points added since the last call (for the policy)."""
         new, self._new = self._new, []

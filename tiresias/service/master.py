@@ -60,8 +60,10 @@ from ..cluster import ClusterSpec, skew_of
 from ..driver import Driver, DriverConfig
 from ..placement import DEFAULT_PACKLIMIT
 from ..policies import POLICIES, SIMULATOR_ONLY, make_policy
+from ..policies.elastic import ALLOCATION_POLICIES, DEFAULT_INTERVAL as DEFAULT_ROUND_INTERVAL
 from ..progress import DEFAULT_MIN_RUN, DEFAULT_MIN_RUN_FACTOR
 from ..policies.base import JobState
+from .aggregators import AggregatorResizer
 from .executor import Executor, LaunchSpec, RunEnd, default_launcher
 from . import diskspace, joblog, runas
 from .jobprogress import JobProgress
@@ -136,12 +138,13 @@ class MasterConfig:
     submit_burst: int = 100                  # submits at once before the rate applies
     retention_s: float = 30 * 86400.0        # ended jobs older than this are pruned (0: kept forever)
     dashboard_recent: int = DEFAULT_DASHBOARD_RECENT
+    round_interval: float = DEFAULT_ROUND_INTERVAL   # an allocation policy's rounds (optimus, drf, ...)
 
     def __post_init__(self) -> None:
         if self.policy not in LIVE_POLICIES:
             raise ValueError(f"unknown policy {self.policy!r} (one of {', '.join(LIVE_POLICIES)})")
-        if self.interval <= 0 or self.stop_grace < 0:
-            raise ValueError("--interval must be > 0 and --stop-grace >= 0")
+        if self.interval <= 0 or self.stop_grace < 0 or not self.round_interval > 0:
+            raise ValueError("--interval and --round-interval must be > 0 and --stop-grace >= 0")
         if self.max_lost_runs < 1:
             raise ValueError("--max-lost-runs must be >= 1")
         if self.max_log_bytes < 0 or (self.min_free_bytes is not None and self.min_free_bytes < 0):
@@ -177,11 +180,13 @@ class _Run:
 
 class Master:
     def __init__(self, config: MasterConfig, executor: Executor, store: Store | None = None,
-                 reports: ReportFeed | None = None, clock: Callable[[], float] = time.time) -> None:
+                 reports: ReportFeed | None = None, clock: Callable[[], float] = time.time,
+                 resizer: AggregatorResizer | None = None) -> None:
         self.config = config
         self.executor = executor
         self.clock = clock
         self.reports = reports or ReportFeed(clock=clock)
+        self.resizer = resizer or (AggregatorResizer(config.autops_master) if config.autops_master else None)
         os.makedirs(config.state_dir, exist_ok=True)
         self.store = store or Store(os.path.join(config.state_dir, "state.db"))
         self.ckpt_root = os.path.abspath(config.checkpoint_root or os.path.join(config.state_dir, "checkpoints"))
@@ -220,7 +225,8 @@ class Master:
                                  "jobs), or at least two finished jobs in the state dir")
         return make_policy(self.config.policy, thresholds=self.config.thresholds,
                            promote_knob=self.config.promote_knob, distribution=self.config.distribution,
-                           history=history)
+                           history=history, interval=self.config.round_interval
+                           if self.config.policy in ALLOCATION_POLICIES else None)
 
     def _recover(self) -> None:
         """Rebuild the driver from SQLite and reconcile the executor's runs with it."""
@@ -234,6 +240,7 @@ class Master:
                        row["stop_requested"], skew_measured=row["skew"], owner=row["owner"], secret=row["secret"])
             self.runs[job.job_id] = run
             self.states[job.job_id] = job
+            self._describe(job.job_id, row["spec"])
             alloc = self._alloc_of(run.placement) if run.placement else None
             if row["status"] in ("running", "stopping") and run.handle is not None:
                 if row["status"] == "running" and row["service_at"] is not None:
@@ -254,6 +261,12 @@ class Master:
         for end in ended:
             self._on_end(end)
         self._persist(force=True)
+
+    def _describe(self, job_id: int, spec: dict[str, Any]) -> None:
+        """What an allocation policy knows of a job at submission: its convergence threshold."""
+        policy = self.driver.policy
+        if policy.allocates:
+            policy.describe(job_id, delta=spec.get("converge"))
 
     def _job_state(self, row: dict[str, Any]) -> JobState:
         spec = row["spec"]
@@ -299,6 +312,7 @@ class Master:
                            **_gpu_range(clean))
             self.states[job_id] = job
             self.runs[job_id] = _Run(clean["name"], clean, "waiting", now, owner=owner, secret=secret)
+            self._describe(job_id, clean)
             self.driver.submit(job)
         self.wake.set()
         return self.job(job_id)
@@ -332,7 +346,7 @@ class Master:
         if not isinstance(spec, dict):
             raise Refused("a job is a JSON object")
         known = {"name", "gpus", "min_gpus", "command", "memory", "autops_aggregators", "duration", "launcher",
-                 "env", "workdir", "model", "skew"}
+                 "env", "workdir", "model", "skew", "converge"}
         unknown = sorted(set(spec) - known)
         if unknown:
             raise Refused(f"unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
@@ -401,6 +415,11 @@ class Master:
             except (TypeError, ValueError):
                 raise Refused(f"skew must be a number in [0, 1], got {skew!r}") from None
         clean["skew"] = skew
+        converge = spec.get("converge")
+        if converge is not None and (isinstance(converge, bool) or not isinstance(converge, (int, float))
+                                     or not 0 < converge < 1):
+            raise Refused(f"converge must be a fraction of the loss's total improvement in (0, 1), got {converge!r}")
+        clean["converge"] = float(converge) if converge is not None else None
         return clean
 
     def cancel(self, job_id: int, owner: str | None = None) -> dict[str, Any]:
@@ -463,12 +482,16 @@ class Master:
             self._escalate(now)
             self._take_reports()
             self._take_progress()
+            self._take_resizes(now)
             t0 = time.perf_counter()
             decision = self.driver.schedule()
             for job in decision.stopped:
                 self._request_stop(job.job_id, self.runs[job.job_id], now, "preempted by the policy")
             for job in decision.started:
                 self._launch(job, now)
+            for job in decision.moved:
+                if self.driver.policy.allocates:
+                    self._resize_aggregators(job, now)
             self.pass_seconds.append(time.perf_counter() - t0)
             del self.pass_seconds[:-1000]
             self._persist(force=bool(decision.started or decision.stopped))
@@ -531,7 +554,10 @@ class Master:
         run.status = "running"
         if first:
             run.started = now
-        self.store.add_placement(job.job_id, run.run, placement, now)
+        progress = self.progress.get(job.job_id)
+        if progress is not None:
+            progress.new_run()                     # speeds of this run only (its GPU count may differ)
+        self.store.add_placement(job.job_id, run.run, placement, now, aggregators=self._aggregators(job.job_id))
         where = ", ".join(f"{n}[{','.join(map(str, g))}]" for n, g in placement)
         self._persist_job(job.job_id, events=[(now, job.job_id, "started" if first else "resumed",
                                                f"run {run.run} on {where}")])
@@ -564,7 +590,7 @@ class Master:
             env.update(runas.account_env(acct))
         if spec.get("autops_aggregators"):
             env.update({"AUTOPS_MASTER": self.config.autops_master, "AUTOPS_JOB": autops_job_name(job_id, run.run, run.secret),
-                        "AUTOPS_AGGREGATORS": str(spec["autops_aggregators"])})
+                        "AUTOPS_AGGREGATORS": str(self._aggregators(job_id))})
         memory = spec.get("memory")
         launcher = spec.get("launcher") or default_launcher(spec["command"])     # older specs lack it
         return LaunchSpec(job_id, run.run, run.name, list(spec["command"]), launcher, run.placement,
@@ -572,6 +598,34 @@ class Master:
                           max_log_bytes=self.config.max_log_bytes,
                           run_dir=os.path.join(job_dir, f"run{run.run}"), memory_bytes=memory,
                           run_as=acct.name if acct is not None else None)
+
+    def _aggregators(self, job_id: int) -> int | None:
+        """The AutoPS aggregators the job's run has: an allocation policy's count, else what
+        it was submitted with (None: it uses none)."""
+        asked = self.runs[job_id].spec.get("autops_aggregators")
+        if asked and self.driver.policy.allocates and self.states[job_id].aggregators > 0:
+            return self.states[job_id].aggregators
+        return asked
+
+    def _resize_aggregators(self, job: JobState, now: float) -> None:
+        """An allocation round changed a running job's aggregator count: pMaster spreads or packs
+        its keys over that many aggregators while it trains (no restart); the answer comes back
+        at a later pass (``_take_resizes``)."""
+        run = self.runs[job.job_id]
+        if not run.spec.get("autops_aggregators") or run.status != "running" or run.secret is None \
+                or self.resizer is None:
+            return                                     # a job without AutoPS: nothing to move
+        self.resizer.ask((job.job_id, run.run), autops_job_name(job.job_id, run.run, run.secret), job.aggregators)
+
+    def _take_resizes(self, now: float) -> None:
+        for done in self.resizer.poll() if self.resizer is not None else []:
+            job_id, number = done.key
+            if done.got is None:
+                self.store.event("aggregators-failed", job_id, f"run {number}: to {done.asked}: {done.error}", now)
+                continue
+            self.store.set_placement_aggregators(job_id, number, done.got)
+            self.store.event("aggregators", job_id, f"run {number}: keys spread over {done.got} aggregator(s) "
+                                                    f"(asked for {done.asked})", now)
 
     def _request_stop(self, job_id: int, run: _Run, now: float, why: str) -> None:
         """Ask the job to checkpoint and exit (the stop file); escalation follows the grace."""
@@ -743,9 +797,18 @@ class Master:
             if policy.allocates:
                 for step, loss in progress.take_new_points():
                     policy.observe_loss(job_id, step, loss)
-                speed, job = progress.steps_per_s(), self.states[job_id]
+                job = self.states[job_id]
+                speed = self._autops_speed(job_id, run) or progress.steps_per_s()
                 if speed is not None:
                     policy.observe_speed(job_id, max(1, job.aggregators), job.num_gpus, speed, step=progress.step)
+
+    def _autops_speed(self, job_id: int, run: _Run) -> float | None:
+        """Steps per second of the job's current run as AutoPS measures its iterations (None
+        when it uses no AutoPS or pMaster has not reported it)."""
+        if run.secret is None or not run.spec.get("autops_aggregators"):
+            return None
+        seconds = self.reports.job_iteration_times().get(autops_job_name(job_id, run.run, run.secret))
+        return 1.0 / seconds if seconds else None
 
     def _eligible(self, job: JobState) -> list[bool] | None:
         """Nodes whose free memory plus the cluster's lendable remote memory covers the job's."""
@@ -848,8 +911,9 @@ class Master:
         with self.lock:
             row = self._row(job_id, owner)
             view = self._view(row)
-            aggregators = row["spec"].get("autops_aggregators")     # what each run was started with
-            view["runs"] = [{**r, "gpus": sum(len(g) for _, g in r["nodes"]), "aggregators": aggregators}
+            asked = row["spec"].get("autops_aggregators")     # runs from before per-run counts
+            view["runs"] = [{**r, "gpus": sum(len(g) for _, g in r["nodes"]),
+                             "aggregators": r["aggregators"] if r.get("aggregators") is not None else asked}
                             for r in self.store.placements(job_id)]
             return view
 
@@ -872,7 +936,7 @@ class Master:
                 "placement": {n: g for n, g in row["placement"]} if row["placement"] else {},
                 "command": spec["command"], "launcher": spec.get("launcher"), "memory": spec.get("memory"),
                 "autops_aggregators": spec.get("autops_aggregators"), "duration": spec.get("duration"),
-                "min_gpus": spec.get("min_gpus"),
+                "min_gpus": spec.get("min_gpus"), "converge": spec.get("converge"),
                 "skew": row["skew"] if row["skew"] is not None else skew_of(spec.get("model"), spec.get("skew")),
                 "skew_measured": row["skew"] is not None, "exit_code": row["exit_code"], "detail": row["detail"],
                 "checkpoint_dir": row["checkpoint_dir"], "reason": None,
@@ -886,6 +950,14 @@ class Master:
             progress = self.progress.get(job_id)
             if progress is not None and progress.step is not None:
                 view["progress"] = progress.view()
+            if run.status in ("running", "stopping"):
+                view["allocation"] = {"gpus": job.num_gpus, "aggregators": self._aggregators(job_id)}
+            policy = self.driver.policy
+            if policy.allocates and job_id in policy.models:
+                view["model"] = model = policy.models[job_id].fitted()
+                fit = policy.models[job_id].speed_model()
+                speed = fit.speed(max(1, job.aggregators), job.num_gpus) if fit is not None and job.running else 0.0
+                model["predicted_remaining_s"] = model["remaining_steps"] / speed if speed > 0 else None
             if run.status in ("waiting", "preempted"):
                 view["reason"] = self.driver.reasons.get(job_id) or "queued behind higher-priority jobs"
                 if run.requeue_reason:
@@ -999,6 +1071,8 @@ class Master:
             self.store.flush_pending()
             self._persist(force=True)
             self.reports.stop()
+            if self.resizer is not None:
+                self.resizer.close()
             self.executor.close()
             self.store.close()
 

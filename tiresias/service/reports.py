@@ -139,6 +139,19 @@ class ReportFeed:
                     skews[str(job["job"])] = float(skew)
         return skews
 
+    def job_iteration_times(self) -> dict[str, float]:
+        """AutoPS job name -> its recent measured iteration time in seconds, fresh reports only
+        (an allocation policy's speed samples: steps per second = 1 / it)."""
+        times: dict[str, float] = {}
+        for report in self._fresh(AUTOPS_TOPIC):
+            for job in report.get("jobs") or []:
+                if not isinstance(job, dict) or not job.get("job"):
+                    continue
+                seconds = job.get("iteration_time_s")
+                if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and 0.0 < seconds < 1e6:
+                    times[str(job["job"])] = float(seconds)
+        return times
+
     def memory(self) -> dict[str, dict[str, Any]]:
         """Host -> its latest fresh Infiniswap report (several daemons of a host: the last)."""
         hosts: dict[str, dict[str, Any]] = {}

@@ -42,7 +42,7 @@ import threading
 import time
 from typing import Any, Iterable
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 MIGRATIONS: list[list[str]] = [
     # 0 -> 1: the first schema
@@ -102,6 +102,8 @@ MIGRATIONS: list[list[str]] = [
     # 3 -> 4: the dashboard's latest finished jobs and retention's expired ones, by index
     ["""CREATE INDEX jobs_ended ON jobs(ended)""",
      """CREATE INDEX jobs_owner_ended ON jobs(owner, ended)"""],
+    # 4 -> 5: each run's AutoPS aggregator count (an allocation policy changes it; NULL: the spec's)
+    ["""ALTER TABLE placements ADD COLUMN aggregators INTEGER"""],
 ]
 
 ACTIVE = ("waiting", "running", "stopping", "preempted")
@@ -383,9 +385,15 @@ class Store:
         return True
 
     # --- runs and events -----------------------------------------------------------------------
-    def add_placement(self, job_id: int, run: int, nodes: Any, started: float) -> None:
-        self._write([("INSERT OR REPLACE INTO placements(job_id, run, nodes, started) VALUES (?, ?, ?, ?)",
-                      (job_id, run, json.dumps(nodes), started))])
+    def add_placement(self, job_id: int, run: int, nodes: Any, started: float,
+                      aggregators: int | None = None) -> None:
+        self._write([("INSERT OR REPLACE INTO placements(job_id, run, nodes, started, aggregators) "
+                      "VALUES (?, ?, ?, ?, ?)", (job_id, run, json.dumps(nodes), started, aggregators))])
+
+    def set_placement_aggregators(self, job_id: int, run: int, aggregators: int) -> None:
+        """A run's aggregator count changed while it ran (its keys spread or packed live)."""
+        self._write([("UPDATE placements SET aggregators = ? WHERE job_id = ? AND run = ?",
+                      (aggregators, job_id, run))])
 
     def end_placement(self, job_id: int, run: int, ended: float, outcome: str) -> None:
         self._write([("UPDATE placements SET ended = ?, outcome = ? WHERE job_id = ? AND run = ?",
