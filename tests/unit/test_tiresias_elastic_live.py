@@ -131,9 +131,9 @@ def test_an_aggregator_change_alone_asks_pmaster_and_does_not_restart(tmp_path):
     grow_aggregators(m, clock, j)
     run = m.runs[j]
     assert not stop_requested(m, j) and len(ex.launched) == 1
-    assert resizer.asks == [((j, 1), autops_job_name(j, 1, run.secret), 2)]
+    assert resizer.asks == [((j, 1, 1), autops_job_name(j, 1, run.secret), 2)]
     assert m.job(j)["allocation"]["aggregators"] == 2
-    resizer.answers.append(Resized((j, 1), "x", 2, 2))
+    resizer.answers.append(Resized((j, 1, 1), "x", 2, 2))
     clock.t += 1
     m.tick()
     assert m.job(j)["runs"][0]["aggregators"] == 2
@@ -147,10 +147,12 @@ def test_a_failed_resize_is_an_event_not_a_crash(tmp_path):
     j = m.submit(spec(2, min_gpus=2, autops_aggregators=1))["id"]
     m.tick()
     grow_aggregators(m, clock, j)
-    resizer.answers.append(Resized((j, 1), "x", 2, None, "pMaster did not answer"))
+    assert m.states[j].aggregators == 2
+    resizer.answers.append(Resized((j, 1, 1), "x", 2, None, "pMaster did not answer"))
     clock.t += 1
     m.tick()
     assert m.runs[j].status == "running" and m.job(j)["runs"][0]["aggregators"] == 1
+    assert m.states[j].aggregators == 1              # what it really runs with
     failed = [e for e in m.events(job_id=j) if e["kind"] == "aggregators-failed"]
     assert failed and "did not answer" in failed[0]["detail"]
 
@@ -181,6 +183,26 @@ def test_the_resizer_runs_autops_migrate_count_and_reads_its_answer(tmp_path):
         assert late.got is None and "no answer" in late.error and slow.pending() == 0
     finally:
         resizer.close()
+
+
+def test_a_job_measured_at_one_aggregator_count_is_given_one_more_live(tmp_path):
+    resizer = FakeResizer()
+    m, clock, ex = make(tmp_path, executor=FakeExecutor(1, 2), policy="optimus", round_interval=ROUND,
+                        autops_master="tcp://127.0.0.1:1", resizer=resizer)
+    j = m.submit(spec(2, min_gpus=2, autops_aggregators=1))["id"]
+    m.tick()
+    clock.t += ROUND
+    m.tick()
+    assert resizer.asks == []                        # not measured where it runs yet
+    m.driver.policy.observe_speed(j, 1, 2, 5.0)
+    clock.t += ROUND
+    m.tick()
+    assert [a[2] for a in resizer.asks] == [2] and not stop_requested(m, j)
+    m.driver.policy.observe_speed(j, 2, 2, 5.5)      # measured at two counts: the fit decides from now on
+    resizer.answers.append(Resized((j, 1, 1), "x", 2, 2))
+    clock.t += ROUND
+    m.tick()
+    assert len(resizer.asks) in (1, 2) and m.states[j].aggregators in (1, 2)
 
 
 def test_autops_iteration_times_are_the_speed_samples(tmp_path):

@@ -79,7 +79,7 @@ class JobModel:
         if count != len(self.speeds):
             samples = [(p, w, f) for (p, w), f in sorted(self.speeds.items()) if f > 0]
             if len({w for _, w, _ in samples}) == 1:          # one worker count: linear from it
-                model = SpeedModel(True, (sum(w / f for _, w, f in samples) / len(samples), 0.0, 0.0, 0.0, 0.0))
+                model = LinearInWorkers(fit_speed(samples, sync=True, batch=self.batch), samples[0][1])
             else:
                 model = fit_speed(samples, sync=True, batch=self.batch) if samples else None
             self._speed_fit = (len(self.speeds), model)
@@ -160,8 +160,26 @@ class AllocationPolicy(Policy):
         jobs = sorted((j for j in self.active.values() if j.job_id not in keep),
                       key=lambda j: (j.submit_time, j.job_id))
         out = self.decide([self._alloc_job(j, per_node) for j in jobs], dict(capacity))
+        spare = capacity.get("cpu", 0.0) - sum(p for _, p in out.values())
         out.update(keep)
+        if self.learns:
+            self._explore_aggregators(out, spare)
         return out
+
+    def _explore_aggregators(self, out: dict[int, tuple[int, int]], spare: float) -> None:
+        """A running job measured at one aggregator count only (live: no pre-runs) gets one more
+        from the ``spare`` CPUs the round left free, protected jobs too: an aggregator change is
+        live and costs no restart, and its measurement tells the fit what they are worth."""
+        for job_id in sorted(out):
+            if spare < 1:
+                return
+            w, p = out[job_id]
+            job, m = self.active.get(job_id), self.models.get(job_id)
+            if job is None or m is None or not job.running or w != job.num_gpus or p != job.aggregators \
+                    or (p, w) not in m.speeds or p >= self.max_aggregators or len({q for q, _ in m.speeds}) > 1:
+                continue                  # measured where it runs now, and at no other aggregator count
+            out[job_id] = (w, p + 1)
+            spare -= 1
 
     def decide(self, jobs: list[AllocJob], capacity: dict[str, float]) -> dict[int, tuple[int, int]]:
         """``{job id: (GPUs, aggregators)}`` for ``jobs`` within ``capacity`` (what a policy defines)."""
@@ -180,6 +198,21 @@ class AllocationPolicy(Policy):
         model = m.speed_model()
         speed = model.speed if model is not None else _flat
         return m.remaining_steps(), speed
+
+
+@dataclass(frozen=True)
+class LinearInWorkers:
+    """A job measured at one worker count ``w0``: eq. (4) fitted there (its dependence on the
+    aggregators), taken to scale linearly in the workers from it."""
+    base: SpeedModel
+    w0: int
+
+    @property
+    def theta(self) -> tuple[float, ...]:
+        return self.base.theta
+
+    def speed(self, p: int, w: int) -> float:
+        return self.base.speed(p, self.w0) * w / self.w0 if w > 0 else 0.0
 
 
 def _flat(p: int, w: int) -> float:

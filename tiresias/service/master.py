@@ -554,9 +554,9 @@ class Master:
         run.status = "running"
         if first:
             run.started = now
-        progress = self.progress.get(job.job_id)
-        if progress is not None:
-            progress.new_run()                     # speeds of this run only (its GPU count may differ)
+        if job.job_id in self.progress:           # the last run's final lines first, then
+            self._read_progress(job.job_id, run, speed=False)
+            self.progress[job.job_id].new_run()    # speeds of this run only (its GPU count may differ)
         self.store.add_placement(job.job_id, run.run, placement, now, aggregators=self._aggregators(job.job_id))
         where = ", ".join(f"{n}[{','.join(map(str, g))}]" for n, g in placement)
         self._persist_job(job.job_id, events=[(now, job.job_id, "started" if first else "resumed",
@@ -615,14 +615,30 @@ class Master:
         if not run.spec.get("autops_aggregators") or run.status != "running" or run.secret is None \
                 or self.resizer is None:
             return                                     # a job without AutoPS: nothing to move
-        self.resizer.ask((job.job_id, run.run), autops_job_name(job.job_id, run.run, run.secret), job.aggregators)
+        before = self._placement_aggregators(job.job_id, run.run)
+        self.resizer.ask((job.job_id, run.run, before), autops_job_name(job.job_id, run.run, run.secret),
+                         job.aggregators)
+
+    def _placement_aggregators(self, job_id: int, number: int) -> int | None:
+        for placement in reversed(self.store.placements(job_id)):
+            if placement["run"] == number:
+                return placement.get("aggregators")
+        return None
 
     def _take_resizes(self, now: float) -> None:
+        """pMaster's answers: the run's aggregator count is what it got (on a failure, what it
+        had: the policy's speed samples must name the count the job really runs with)."""
         for done in self.resizer.poll() if self.resizer is not None else []:
-            job_id, number = done.key
+            job_id, number, before = done.key
+            run, job = self.runs.get(job_id), self.states.get(job_id)
+            current = run is not None and run.run == number and job.running
             if done.got is None:
                 self.store.event("aggregators-failed", job_id, f"run {number}: to {done.asked}: {done.error}", now)
+                if current and before:
+                    job.aggregators = before
                 continue
+            if current:
+                job.aggregators = done.got
             self.store.set_placement_aggregators(job_id, number, done.got)
             self.store.event("aggregators", job_id, f"run {number}: keys spread over {done.got} aggregator(s) "
                                                     f"(asked for {done.asked})", now)
@@ -782,25 +798,27 @@ class Master:
     def _take_progress(self) -> None:
         """What running jobs reported since the last pass (``tiresias.job.report``), at most
         ``PROGRESS_READ_BYTES`` per job and pass; an allocation policy learns from it."""
-        policy = self.driver.policy
         for job_id, run in self.runs.items():
-            if run.status != "running":
-                continue
-            progress = self.progress.get(job_id)
-            if progress is None:
-                progress = self.progress[job_id] = JobProgress()
-            chunk = runas.read_control_bytes(os.path.join(self.ckpt_root, str(job_id)), PROGRESS_FILE,
-                                             PROGRESS_READ_BYTES, progress.offset)
-            if not chunk:
-                continue
-            progress.feed(chunk)
-            if policy.allocates:
-                for step, loss in progress.take_new_points():
-                    policy.observe_loss(job_id, step, loss)
-                job = self.states[job_id]
-                speed = self._autops_speed(job_id, run) or progress.steps_per_s()
-                if speed is not None:
-                    policy.observe_speed(job_id, max(1, job.aggregators), job.num_gpus, speed, step=progress.step)
+            if run.status == "running":
+                self._read_progress(job_id, run, speed=True)
+
+    def _read_progress(self, job_id: int, run: _Run, speed: bool) -> None:
+        policy = self.driver.policy
+        progress = self.progress.get(job_id)
+        if progress is None:
+            progress = self.progress[job_id] = JobProgress()
+        chunk = runas.read_control_bytes(os.path.join(self.ckpt_root, str(job_id)), PROGRESS_FILE,
+                                         PROGRESS_READ_BYTES, progress.offset)
+        if not chunk:
+            return
+        progress.feed(chunk)
+        if policy.allocates:
+            for step, loss in progress.take_new_points():
+                policy.observe_loss(job_id, step, loss)
+            job = self.states[job_id]
+            measured = (self._autops_speed(job_id, run) or progress.steps_per_s()) if speed else None
+            if measured is not None:
+                policy.observe_speed(job_id, max(1, job.aggregators), job.num_gpus, measured, step=progress.step)
 
     def _autops_speed(self, job_id: int, run: _Run) -> float | None:
         """Steps per second of the job's current run as AutoPS measures its iterations (None
