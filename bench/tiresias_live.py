@@ -15,6 +15,13 @@
    2x4 with workers that honour preemption, then simulated with the same policy and the
    overheads the live run measured (per-resume cost = mean stop time + mean restart time).
    Goal: average JCT within 10%.
+5. elastic: ``--policy optimus`` on 1x4 with a pMaster pool, four ``train_digits.py
+   --global-batch 64`` jobs submitted with ``--gpus 1-4 --autops-aggregators 1`` 15 s apart;
+   counts the worker-count changes (``elastic_resizes``, by stop and restart) and the live
+   aggregator changes, the lowest test accuracy (``elastic_min_test_acc``), and simulates the
+   same trace with the same policy over what the jobs measured live (steps per second at each
+   GPU count, loss points, start and restart costs; no pre-runs, as live):
+   ``elastic_live_vs_sim`` is live over simulated average JCT (goal within 10%).
 
 Prints one JSON object; ``--json FILE`` writes it too.
 """
@@ -41,6 +48,8 @@ from tiresias.service.launch import LocalMaster  # noqa: E402
 from tiresias.service.master import Master, MasterConfig  # noqa: E402
 from tiresias.service.reports import ReportFeed  # noqa: E402
 from tiresias.sim import SimConfig, simulate  # noqa: E402
+from tiresias.apps.workload import WorkloadJob  # noqa: E402
+from tiresias.sim.measured import simulate_workload  # noqa: E402
 
 WORKER = ROOT / "bench" / "tiresias_worker.py"
 
@@ -228,6 +237,123 @@ def bench_live_vs_sim(tmp: pathlib.Path, n: int, seed: int, threshold: float, ck
             "threshold_gpu_s": threshold}
 
 
+# --- 5 -------------------------------------------------------------------------------------------
+DIGITS = ROOT / "examples" / "train_digits.py"
+DIGITS_STEPS_PER_EPOCH = 1347 // 64          # 1347 training samples, global batch 64
+
+
+class LiveApp:
+    """What the elastic jobs measured live, in the shape the simulator's measured jobs read
+    (``tiresias.apps.profiles.Application``): steps per second at each GPU count (linear from
+    the nearest measured count elsewhere), the loss points reported, the steps to the end."""
+
+    def __init__(self, speeds: dict[int, list[float]], losses: list[tuple[float, float]], steps: int,
+                 max_gpus: int) -> None:
+        self.speeds = {w: statistics.mean(v) for w, v in speeds.items() if v}
+        self.losses, self.steps, self.top = sorted(losses), steps, max_gpus
+
+    def total_steps(self, batch_size: int) -> int:
+        return self.steps
+
+    def max_gpus(self, batch_size: int) -> int:
+        return self.top
+
+    def loss_curve(self, batch_size: int) -> list[tuple[float, float]]:
+        return self.losses
+
+    def step_time(self, gpus: int, batch_size: int, nodes: int | None = None) -> float:
+        if gpus in self.speeds:
+            return 1.0 / self.speeds[gpus]
+        near = min(self.speeds, key=lambda w: (abs(w - gpus), w))
+        return near / (gpus * self.speeds[near])
+
+
+def _progress_lines(state: pathlib.Path, job_id: int) -> list[tuple[float, float, float]]:
+    path = state / "checkpoints" / str(job_id) / "control" / "progress"
+    out = []
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 3:
+            out.append((float(parts[0]), float(parts[1]), float(parts[2])))
+    return out
+
+
+def _run_measures(lines, runs) -> tuple[dict[int, list[float]], list[float]]:
+    """Per run: its training speed (steps/s between its first and last report) and the seconds
+    from its start to its first report."""
+    speeds: dict[int, list[float]] = {}
+    starts = []
+    for run in runs:
+        end = run["ended"] if run["ended"] is not None else float("inf")
+        mine = [(t, s) for t, s, _ in lines if run["started"] <= t <= end]
+        if len(mine) >= 2 and mine[-1][0] > mine[0][0]:
+            speeds.setdefault(run["gpus"], []).append((mine[-1][1] - mine[0][1]) / (mine[-1][0] - mine[0][0]))
+        if mine:
+            starts.append(mine[0][0] - run["started"])
+    return speeds, starts
+
+
+def bench_elastic(tmp: pathlib.Path, jobs: int, epochs: int, gap: float, round_s: float) -> dict:
+    from autops.local import LocalPool
+    pool = LocalPool(4, master_args=["--static"])
+    pool.start()
+    try:
+        args = ("--nodes", "1x4", "--interval", "0.5", "--policy", "optimus", "--round-interval", str(round_s),
+                "--stop-grace", "60", "--autops-master", pool.master)
+        with LocalMaster(tmp / "elastic", *args, env={**os.environ, "OMP_NUM_THREADS": "1"}) as m:
+            c = m.client
+            t0 = time.time()
+            ids = []
+            for i in range(jobs):
+                delay = t0 + i * gap - time.time()
+                if delay > 0:
+                    time.sleep(delay)
+                ids.append(c.post("/api/v1/jobs", {
+                    "gpus": 4, "min_gpus": 1, "autops_aggregators": 1, "name": f"digits{i}", "launcher": "torchrun",
+                    "command": [sys.executable, str(DIGITS), "--global-batch", "64", "--epochs", str(epochs)]})["id"])
+            done = wait(c, ids, timeout=1500)
+            views = [c.get(f"/api/v1/jobs/{j}") for j in ids]
+            events = [e for j in ids for e in c.get(f"/api/v1/events?job={j}&limit=1000")]
+            accuracies = []
+            for j in ids:
+                text = (m.state / "jobs" / str(j) / "job.log").read_text()
+                found = [float(x.split()[2]) for x in text.splitlines() if x.startswith("test accuracy ")]
+                accuracies.append(found[-1] if found else 0.0)
+            measured = [(_progress_lines(m.state, j), v["runs"]) for j, v in zip(ids, views)]
+    finally:
+        pool.stop()
+    resizes = sum(1 for v in views for a, b in zip(v["runs"], v["runs"][1:]) if a["gpus"] != b["gpus"])
+    live = [j["ended"] - j["submitted"] for j in done]
+    speeds: dict[int, list[float]] = {}
+    starts: list[float] = []
+    for lines, runs in measured:
+        sp, st = _run_measures(lines, runs)
+        for w, v in sp.items():
+            speeds.setdefault(w, []).extend(v)
+        starts += st
+    stop_costs = [e2["time"] - e1["time"] for e1, e2 in zip(events, events[1:])
+                  if e1["kind"] == "stopping" and e2["kind"] == "preempted" and e1["job_id"] == e2["job_id"]]
+    start_cost = statistics.mean(starts)
+    resume_cost = start_cost + (statistics.mean(stop_costs) if stop_costs else 0.0)
+    losses = [(s, l) for s, l in {s: l for _, s, l in measured[0][0]}.items()][::20]
+    app = LiveApp(speeds, losses, epochs * DIGITS_STEPS_PER_EPOCH, 4)
+    workload = [WorkloadJob(i, f"digits{i}", (v["submitted"] - views[0]["submitted"]), "digits", 1, 64)
+                for i, v in enumerate(views)]
+    config = SimConfig("tiresias", overheads=True, slowdown=False, preemption_cost=resume_cost,
+                       start_cost=start_cost)
+    result = simulate_workload(workload, {"digits": app}, ClusterSpec(1, 4), make_policy("optimus", interval=round_s),
+                               config=config, sync="measured", profile=False)
+    sim = [j.end_time - j.submit_time for j in result.jobs]
+    return {"elastic_jobs": jobs, "elastic_epochs": epochs, "elastic_round_s": round_s,
+            "elastic_resizes": resizes, "elastic_aggregator_changes": sum(e["kind"] == "aggregators" for e in events),
+            "elastic_runs_gpus": [[r["gpus"] for r in v["runs"]] for v in views],
+            "elastic_runs_aggregators": [[r["aggregators"] for r in v["runs"]] for v in views],
+            "elastic_min_test_acc": min(accuracies), "elastic_live_avg_jct": statistics.mean(live),
+            "elastic_sim_avg_jct": statistics.mean(sim), "elastic_live_vs_sim": statistics.mean(live) / statistics.mean(sim),
+            "elastic_sim_resizes": result.preemptions, "elastic_steps_per_s_by_gpus": app.speeds,
+            "elastic_start_s": start_cost, "elastic_resume_cost_s": resume_cost}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None)
@@ -239,24 +365,39 @@ def main() -> int:
     ap.add_argument("--threshold", type=float, default=60.0, help="2D-LAS queue threshold (GPU-s) of the trace run")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--skip-trace", action="store_true")
+    ap.add_argument("--elastic-jobs", type=int, default=4)
+    ap.add_argument("--elastic-epochs", type=int, default=150)
+    ap.add_argument("--elastic-gap", type=float, default=15.0, help="seconds between the elastic jobs' submits")
+    ap.add_argument("--elastic-round", type=float, default=5.0, help="optimus's round interval in the elastic part")
+    ap.add_argument("--only-elastic", action="store_true", help="run part 5 alone")
     args = ap.parse_args()
     out: dict = {"machine_cpus": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="tiresias-bench-") as d:
         tmp = pathlib.Path(d)
-        out.update(bench_submit(tmp, args.jobs, args.submit_gap))
-        print(json.dumps(out), flush=True)
-        out.update(bench_stop(tmp, args.stop_rounds, args.ckpt_seconds))
-        print(json.dumps(out), flush=True)
-        out["pass_ms_1k"] = bench_pass(tmp, 1000)
-        out["pass_ms_10k"] = bench_pass(tmp, 10000)
-        print(json.dumps(out), flush=True)
-        if not args.skip_trace:
-            out.update(bench_live_vs_sim(tmp, args.trace_jobs, args.seed, args.threshold, args.ckpt_seconds))
+        if args.only_elastic:
+            out.update(bench_elastic(tmp, args.elastic_jobs, args.elastic_epochs, args.elastic_gap, args.elastic_round))
+        else:
+            _all_parts(tmp, args, out)
     text = json.dumps(out, indent=2)
     print(text)
     if args.json:
         pathlib.Path(args.json).write_text(text + "\n")
     return 0
+
+
+def _all_parts(tmp: pathlib.Path, args, out: dict) -> None:
+    """Parts 1-5, each printed as it ends."""
+    out.update(bench_submit(tmp, args.jobs, args.submit_gap))
+    print(json.dumps(out), flush=True)
+    out.update(bench_stop(tmp, args.stop_rounds, args.ckpt_seconds))
+    print(json.dumps(out), flush=True)
+    out["pass_ms_1k"] = bench_pass(tmp, 1000)
+    out["pass_ms_10k"] = bench_pass(tmp, 10000)
+    print(json.dumps(out), flush=True)
+    if not args.skip_trace:
+        out.update(bench_live_vs_sim(tmp, args.trace_jobs, args.seed, args.threshold, args.ckpt_seconds))
+        print(json.dumps(out), flush=True)
+    out.update(bench_elastic(tmp, args.elastic_jobs, args.elastic_epochs, args.elastic_gap, args.elastic_round))
 
 
 if __name__ == "__main__":

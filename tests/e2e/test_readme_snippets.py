@@ -7,6 +7,8 @@ runs this block: NAME -->`` just above it.
   default state dirs and keys are the test's own). Commands ending in ``&`` are started in
   the background and awaited; the others must exit 0. The only change: the fixed ports
   (pMaster's 5555, the master's 8470) become free ones. Both jobs must end ``finished``.
+* ``tiresias-elastic``: the elastic quick start the same way; the job ends ``finished`` with
+  the accuracy of an ordinary run, and ``tiresias job 1`` shows its allocation and model.
 * ``preemption``: the snippet is the loop of a 2-worker ``server``-mode AutoPS job (the
   lines around it define ``start``, ``steps``, ``train_one_step`` (it returns the loss) and
   ``save_checkpoint``); the master shows the steps and losses the job reports,
@@ -214,6 +216,25 @@ def test_tiresias_live_quick_start_runs_as_written(session):
     assert "test accuracy" in follow                # `tiresias logs 1 --follow` saw job 1 to its end
     for job_id in submitted:
         wait_done(session, job_id, 600)
+
+
+def test_tiresias_elastic_quick_start_runs_as_written(session):
+    commands = shell_commands(readme_block("tiresias-elastic"))
+    assert [c.split()[:2] for c in commands] == [["autops", "master"], ["tiresias", "master"],
+                                                 ["tiresias", "submit"], ["tiresias", "job"]]
+    outputs = {}
+    for command in commands:
+        if command.endswith("&"):
+            session.start(command)
+        else:
+            outputs[command] = session.run(command).stdout
+    shown = next(out for c, out in outputs.items() if c.startswith("tiresias job"))
+    assert "1-4" in shown and "model:" in shown, shown
+    view = wait_done(session, 1, 600)
+    assert view["min_gpus"] == 1 and view["runs"], view
+    log = session.run("tiresias logs 1").stdout
+    accuracy = float(re.findall(r"test accuracy ([0-9.]+)", log)[-1])
+    assert accuracy >= 0.9, log[-2000:]
 
 
 PRELUDE = '''\

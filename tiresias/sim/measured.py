@@ -15,6 +15,8 @@ for each running job, the loss points its progress has passed and its speed wher
 (``tiresias.optimus.speed.profile_configs``, Optimus §3.2), whose time is charged to the job
 as a stall before its first run (in its JCT). The samples reach the policy at arrival, before
 the pre-runs would have ended: a small head start the live system does not have.
+``profile=False`` leaves the pre-runs out, as the live master does (a job is measured where it
+runs; see ``tiresias.policies.elastic``).
 """
 from __future__ import annotations
 
@@ -52,13 +54,14 @@ class MeasuredWorkload:
     """The jobs of a workload over measured applications, and their reports."""
 
     def __init__(self, workload: Sequence[WorkloadJob], apps: Mapping[str, Application], elastic: bool,
-                 sync: str = "pushpull", gpus_per_node: int = 4) -> None:
+                 sync: str = "pushpull", gpus_per_node: int = 4, profile: bool = True) -> None:
         if sync not in ("pushpull", "measured"):
             raise ValueError(f"--sync must be 'pushpull' or 'measured', not {sync!r}")
         self.apps = apps
         self.elastic = elastic
         self.sync = sync
         self.per_node = gpus_per_node
+        self.profile = profile
         self.trace: list[MeasuredTraceJob] = []
         for w in workload:
             app = apps.get(w.application)
@@ -112,7 +115,7 @@ class MeasuredWorkload:
         t = self._by_id[job.job_id]
         self._reported[job.job_id] = 0
         policy.describe(job.job_id, batch=t.batch_size, cap_steps=t.duration)
-        if not getattr(policy, "learns", False):
+        if not getattr(policy, "learns", False) or not self.profile:
             return
         top = (job.max_gpus or job.num_gpus)
         cost = 0.0
@@ -126,10 +129,11 @@ class MeasuredWorkload:
 
 def simulate_workload(workload: Sequence[WorkloadJob], apps: Mapping[str, Application],
                       cluster: ClusterSpec | int, policy: Policy, config: SimConfig | None = None,
-                      sync: str = "pushpull", **options) -> SimResult:
+                      sync: str = "pushpull", profile: bool = True, **options) -> SimResult:
     """Simulate ``workload``'s measured jobs under ``policy`` (elastic under an allocation
     policy, at their asked GPU counts otherwise); ``options`` go to ``simulate``."""
     per_node = cluster.gpus_per_node if isinstance(cluster, ClusterSpec) else cluster
-    measured = MeasuredWorkload(workload, apps, elastic=policy.allocates, sync=sync, gpus_per_node=per_node)
+    measured = MeasuredWorkload(workload, apps, elastic=policy.allocates, sync=sync, gpus_per_node=per_node,
+                                profile=profile)
     return simulate(measured.trace, cluster, policy, config=config, make_job=measured.make_job,
                     observe=measured.observe, **options)
