@@ -43,9 +43,10 @@ def test_optimus_resizes_an_elastic_job_live_and_it_trains_to_the_end(tmp_path):
         accuracy = float(re.findall(r"test accuracy ([0-9.]+)", log)[-1])
         assert accuracy >= 0.9, log[-2000:]
         events = master.client.get(f"/api/v1/events?job={job_id}")
-        kinds = [e["kind"] for e in events]
-        assert "aggregators" in kinds, events                 # a live aggregator change
-        assert max(r["aggregators"] for r in runs) == 2, runs
+        # a live aggregator change to 2 (a later round may pack it back: a run keeps its latest count)
+        spread = [e for e in events if e["kind"] == "aggregators" and "over 2 aggregator(s)" in e["detail"]]
+        assert spread, events
+        assert all(r["aggregators"] in (1, 2) for r in runs), runs
         assert "preemptions" in view and view["preemptions"] >= 1
         shown = master.cli("job", str(job_id)).stdout
         assert "aggregator(s)" in shown

@@ -242,3 +242,18 @@ def test_allocation_policies_are_live_except_those_reading_the_truth():
     assert not {"optimus-oracle", "optimus-noisy", "optimus-drf-alloc"} & set(master_mod.LIVE_POLICIES)
     with pytest.raises(ValueError, match="round-interval"):
         master_mod.MasterConfig("/tmp/x", "optimus", round_interval=0)
+
+
+def test_the_dashboard_carries_an_elastic_jobs_allocation_and_model(tmp_path):
+    import pathlib
+    m, clock, ex = elastic(tmp_path)
+    j = m.submit(spec(4, min_gpus=1))["id"]
+    m.tick()
+    report(m, ex, j, converge_lines(clock.t, 60))
+    clock.t += 1
+    m.tick()
+    (job,) = [x for x in m.dashboard()["jobs"] if x["id"] == j]
+    assert job["allocation"]["gpus"] == 1 and job["model"]["predicted_remaining_s"] > 0
+    page = (pathlib.Path(master_mod.__file__).parent / "static" / "dashboard.html").read_text()
+    for field in ("allocation", "predicted_remaining_s", "min_gpus", "remaining_steps"):
+        assert field in page                        # the page reads what the view gives
