@@ -5,8 +5,9 @@ Two settings per workload:
 
 * ``calibration``: ``--sync measured --interval 60`` and 2D-LAS with Pollux's Tiresias settings
   (two queues, a threshold of 16 GPU-hours, no promotion), decided as Pollux's simulator does
-  (every 60 s for every policy, 30 s lost at every allocation: ``--decide-every 60
-  --start-cost 30 --restart-cost 30``) - the mode that compares with the published figures in
+  (every 60 s for every policy, 30 s lost at every allocation, GPUs from the node with the
+  most free first: ``--decide-every 60 --start-cost 30 --restart-cost 30 --placement
+  most-free``) - the mode that compares with the published figures in
   ``../shared/data/pollux/RESULTS.md`` (read from that file): our ``optimus-oracle`` and
   ``las`` against Pollux's Optimus+Oracle and Tiresias;
 * ``aggregators``: the runtime's own setting - a step's synchronization is AutoPS's push/pull
@@ -33,7 +34,7 @@ POLICIES = ("optimus", "optimus-oracle", "drf", "tetris", "fifo", "las")
 PAPER_VS_DRF = {"avg_jct": 2.39, "makespan": 1.63}
 TIRESIAS_THRESHOLD = 16 * 3600.0        # Pollux's Tiresias: 16 GPU-hours, two queues
 WITHIN = 0.15
-POLLUX_SIMULATOR = ("--decide-every", "60", "--start-cost", "30", "--restart-cost", "30")
+POLLUX_SIMULATOR = ("--decide-every", "60", "--start-cost", "30", "--restart-cost", "30", "--placement", "most-free")
 
 
 def published(results_md: pathlib.Path) -> dict[int, dict[str, float]]:

@@ -67,7 +67,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="gandiva-rr: the round-robin quantum (s)")
     p.add_argument("--placement", choices=PLACEMENTS, default="tiresias",
                    help="count: GPUs counted cluster-wide (the original simulator); tiresias: consolidate "
-                        "jobs with skew > PACKLIMIT, others limit fragmentation; consolidate / spread: all jobs")
+                        "jobs with skew > PACKLIMIT, others limit fragmentation; consolidate / spread: all jobs; "
+                        "most-free: Pollux's simulator's (from the node with the most free GPUs first)")
     p.add_argument("--packlimit", type=float, default=DEFAULT_PACKLIMIT)
     p.add_argument("--migrate", action="store_true",
                    help="when consolidation is blocked by fragmentation, repack and rename nodes with the "

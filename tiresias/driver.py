@@ -15,7 +15,9 @@ Placement (``DriverConfig.placement``):
   fragmentation (``tiresias.placement``); a job admitted by count that cannot be consolidated
   waits for the next pass (or, with ``migrate``, the running jobs are repacked and renamed
   onto nodes with Tesserae's migration-minimizing matching);
-* ``consolidate``: every job consolidated (YARN-CS' constraint); ``spread``: none is.
+* ``consolidate``: every job consolidated (YARN-CS' constraint); ``spread``: none is;
+  ``most-free``: Pollux's simulator's (GPUs from the node with the most free first), to
+  compare with its published figures.
 
 Accounting is lazy: a running job's attained service, execution and stall are settled
 (``settle``) when it stops, when the policy changes it, when it is moved, and before a pass
@@ -53,7 +55,7 @@ from .cluster import ClusterSpec
 from .policies.base import INF, Change, JobState, Policy, allocate
 
 EPS = 1e-9
-PLACEMENTS = ("count", "tiresias", "consolidate", "spread")
+PLACEMENTS = ("count", "tiresias", "consolidate", "spread", "most-free")
 
 Eligibility = Callable[[JobState], "list[bool] | None"]
 
@@ -640,10 +642,11 @@ class Nodes:
             sorted(to_start, key=lambda j: (not self.consolidate(j), -j.num_gpus, j.job_id))
         for job in order:
             together = self.consolidate(job)
-            if eligible is None and not self.offline:
-                alloc = plc.place(self.free, job.num_gpus, together, self.per)
+            free = self.free if eligible is None and not self.offline else self._free_for(job, eligible)
+            if self.config.placement == "most-free":
+                alloc = plc.place_most_free(free, job.num_gpus)
             else:
-                alloc = plc.place(self._free_for(job, eligible), job.num_gpus, together, self.per)
+                alloc = plc.place(free, job.num_gpus, together, self.per)
             if alloc is None and self.config.migrate:
                 alloc = self._repack(job, running, now)
             if alloc is None:

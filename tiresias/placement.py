@@ -8,6 +8,9 @@ list of ``(node, gpus)`` pairs.
   placed at all; any other job goes where it limits fragmentation — the fullest node that
   holds it whole (best fit), else the smallest holes first, so whole free nodes stay free for
   jobs that need consolidation.
+* ``place_most_free``: Pollux's simulator's placement (its Tiresias and Optimus+Oracle): the
+  job's GPUs taken, a node at a time, from the node with the most free GPUs (ties: the
+  lowest index); used to compare with its published figures.
 * ``repack``: a placement of a whole set of jobs from scratch, in priority order
   (consolidated jobs first), used when fragmentation blocks a consolidated job.
 * ``migration_plan``: Tesserae's migration-minimizing relabeling — nodes are identical, so a
@@ -57,6 +60,17 @@ def place(free: Sequence[int], gpus: int, consolidate: bool, gpus_per_node: int)
         return _take(free, by_free, gpus)
     holes = sorted([(f, n) for n, f in enumerate(free) if f > 0])      # fewest free first
     return _take(free, [n for _, n in holes], gpus)
+
+
+def place_most_free(free: Sequence[int], gpus: int) -> Allocation | None:
+    """``gpus`` GPUs taken from the node with the most free GPUs, then the next (see the module
+    docstring), or None when fewer are free; ``free`` is not changed."""
+    if gpus <= 0:
+        raise ValueError(f"a job needs at least one GPU, got {gpus}")
+    if sum(f for f in free if f > 0) < gpus:
+        return None
+    order = sorted((n for n in range(len(free)) if free[n] > 0), key=lambda n: (-free[n], n))
+    return _take(free, order, gpus)
 
 
 def _take(free: Sequence[int], nodes: Iterable[int], gpus: int) -> Allocation:

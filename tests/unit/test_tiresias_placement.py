@@ -135,3 +135,29 @@ def test_no_node_over_allocated_on_a_random_trace():
         res = simulate(trace, ClusterSpec(4, 8), DiscretizedLAS(), config=SimConfig(mode, overheads=True,
                                                                                        slowdown=True, migrate=migrate))
         assert all(j.end_time is not None and j.end_time - j.submit_time >= j.duration - 1e-6 for j in res.jobs)
+
+
+def test_most_free_takes_from_the_node_with_the_most_free_gpus_first():
+    # Pollux's simulator's placement: worst fit, spilling to the next most-free node
+    assert plc.place_most_free([1, 3, 2, 3], 2) == [(1, 2)]          # ties: the lowest index
+    assert plc.place_most_free([1, 3, 2, 0], 5) == [(1, 3), (2, 2)]
+    assert plc.place_most_free([1, 0, 1], 3) is None
+    with pytest.raises(ValueError):
+        plc.place_most_free([4], 0)
+
+
+def test_most_free_placement_in_the_driver_spreads_where_best_fit_would_not():
+    from tiresias.driver import Driver, DriverConfig
+    from tiresias.policies.base import JobState
+
+    def placed(mode):
+        drv = Driver(FIFO(), ClusterSpec(2, 4), DriverConfig(mode), start=0.0)
+        for job_id, gpus in ((0, 1), (1, 2)):
+            drv.submit(JobState(job_id, gpus, 0.0, 100.0, wait_since=0.0))
+        drv.schedule()
+        return {job_id: drv.allocation(job_id) for job_id in (0, 1)}
+
+    assert placed("spread") == {0: [(0, 1)], 1: [(0, 2)]}          # best fit: node 1 stays whole
+    assert placed("most-free") == {0: [(1, 1)], 1: [(0, 2)]}       # worst fit, as Pollux's simulator
+    with pytest.raises(ValueError):
+        DriverConfig("nowhere")
