@@ -396,7 +396,7 @@ class Elastic:
         cluster = self.state.clusters.get(job.cluster) if job.cluster else None
         if cluster is not None:
             cluster.jobs.discard(job.job)
-        for a in set(job.touched) | set(job.temps):
+        for a in set(job.touched) | set(job.temps) | set(job.aggregators):
             info = self.state.aggs.get(a)
             if info is None:
                 continue

@@ -729,21 +729,22 @@ class Master:
         bad = [a for a in targets if a not in live]
         if bad or not targets:
             raise ValueError(f"cannot migrate to {bad or 'nowhere'}: live aggregators are {sorted(live)}")
-        for a in targets:
-            info = self.state.aggs[a]
-            if info.state == "idle":
-                info.state, info.exclusive = "active", job.job
         sizes = {k: job.keys[k].nbytes for k in keys}
         if count is not None:
             table = rebalance({k: job.table[k] for k in keys if k in job.table}, sizes, targets)
         else:
             table = spread_by_bytes(list(sizes.items()), targets)
+        used = set(table.values())              # a target no key went to stays as it was (idle)
+        for a in used:
+            info = self.state.aggs[a]
+            if info.state == "idle":
+                info.state, info.exclusive = "active", job.job
         before = {job.table[k] for k in keys if k in job.table}
-        job.aggregators = sorted(set(targets) | {job.table[k] for k in job.keys if k not in table})
-        self.elastic.migrate(job, table, after=sorted(before - set(targets)))
+        job.aggregators = sorted(used | {job.table[k] for k in job.keys if k not in table})
+        self.elastic.migrate(job, table, after=sorted(before - used))
         self._reply(identity, wire.encode(wire.OK, req=msg.get("req"), keys=len(table),
                                           batches=len(self.migrations.active(job=job.job)),
-                                          aggregators=len(set(table.values()))))
+                                          aggregators=len(used)))
 
     def _aggregators_for(self, job: JobInfo, count: int, live: set[str]) -> list[str]:
         """``count`` live aggregators for ``job`` (fewer when fewer are live or it has fewer

@@ -194,6 +194,42 @@ def test_a_jobs_aggregator_count_changes_live_and_training_stays_identical(pool3
             admin.resize("no-such-job", 2)
 
 
+def test_a_resize_that_leaves_an_aggregator_without_keys_does_not_hold_it(pool3):
+    """One key carries nearly all the bytes: spread over 3 aggregators, the third gets none;
+    it must not stay allocated to the job, nor after the job ends."""
+    job = f"lopsided-{next(_jobs)}"
+    agent = Agent(pool3.master, job, 0, 1, mode="sum", num_aggregators=1, timeout=20, secret=secret_for(job))
+    try:
+        shapes = {"w": (100_000,), "b": (10,), "c": (10,)}
+        agent.declare([(n, s, "float32") for n, s in shapes.items()])
+        outs = {n: np.empty(s, np.float32) for n, s in shapes.items()}
+
+        def step(it: int) -> None:
+            for h in [agent.push_pull(n, np.ones(s, np.float32), outs[n], it) for n, s in shapes.items()]:
+                h.wait(30)
+        step(1)
+        with AdminClient(pool3.master, 5) as admin:
+            got = admin.resize(job, 3)
+        assert got["aggregators"] == 2
+        it = 2
+        deadline = time.monotonic() + 30
+        while not moved(pool3.master, job) and time.monotonic() < deadline:   # moves finish as it trains
+            step(it)
+            it += 1
+        step(it)
+        assert len(set(agent.placement())) == 2
+    finally:
+        agent.close()
+
+    def all_idle() -> bool:
+        with AdminClient(pool3.master, 5) as admin:
+            return all(a["state"] == "idle" for a in admin.status()["aggregators"])
+    deadline = time.monotonic() + 20
+    while not all_idle() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all_idle()
+
+
 def ahead_counts(pool: LocalPool) -> tuple[int, int]:
     """States the aggregators sent ahead of a switch, and keys taken over without a state copy."""
     aggs = pool.status()["aggregators"]
