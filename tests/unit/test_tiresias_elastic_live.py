@@ -257,3 +257,20 @@ def test_the_dashboard_carries_an_elastic_jobs_allocation_and_model(tmp_path):
     page = (pathlib.Path(master_mod.__file__).parent / "static" / "dashboard.html").read_text()
     for field in ("allocation", "predicted_remaining_s", "min_gpus", "remaining_steps"):
         assert field in page                        # the page reads what the view gives
+
+
+def test_a_run_the_pool_refused_asks_for_fewer_aggregators_next_time(tmp_path):
+    from dlrt import requeue
+    m, clock, ex = make(tmp_path, executor=FakeExecutor(1, 4), policy="drf", round_interval=ROUND,
+                        autops_master="tcp://127.0.0.1:1", resizer=FakeResizer())
+    j = m.submit(spec(4, min_gpus=1, autops_aggregators=1))["id"]
+    m.tick()
+    assert ex.launched[-1].env["AUTOPS_AGGREGATORS"] == "4"          # DRF: one aggregator per worker
+    with open(ex.launched[-1].env[requeue.ENV], "w") as f:
+        f.write("AutoPS pool refused the job for now: the pool can give 3 now\n")
+    ex.end(j, 1, 1)
+    m.tick()
+    assert m.job(j)["status"] == "waiting"
+    clock.t += ROUND
+    m.tick()
+    assert ex.launched[-1].env["AUTOPS_AGGREGATORS"] == "3" and len(ex.launched) == 2

@@ -53,6 +53,7 @@ class JobModel:
     batch: float | None = None            # global batch (eq. (4)'s M)
     cap_steps: float | None = None        # the epoch cap, in steps
     delta: float = DEFAULT_DELTA          # converged within this fraction of the total improvement
+    max_aggregators: int | None = None    # live: fewer than the pool refused to give it
     step: float = 0.0                     # the last step reported
     losses: dict[float, float] = field(default_factory=dict)      # step -> loss
     speeds: dict[tuple[int, int], float] = field(default_factory=dict)   # (p, w) -> steps/s
@@ -176,7 +177,7 @@ class AllocationPolicy(Policy):
             w, p = out[job_id]
             job, m = self.active.get(job_id), self.models.get(job_id)
             if job is None or m is None or not job.running or w != job.num_gpus or p != job.aggregators \
-                    or (p, w) not in m.speeds or p >= self.max_aggregators or len({q for q, _ in m.speeds}) > 1:
+                    or (p, w) not in m.speeds or p >= self.aggregator_cap(job_id) or len({q for q, _ in m.speeds}) > 1:
                 continue                  # measured where it runs now, and at no other aggregator count
             out[job_id] = (w, p + 1)
             spare -= 1
@@ -190,7 +191,17 @@ class AllocationPolicy(Policy):
         hi = job.max_gpus or job.num_gpus
         remaining, speed = self.estimate(job, per_node)
         return AllocJob(job.job_id, remaining, speed, WORKER, min_workers=lo, max_workers=hi,
-                        max_aggregators=self.max_aggregators, young=self.model(job.job_id).young)
+                        max_aggregators=self.aggregator_cap(job.job_id), young=self.model(job.job_id).young)
+
+    def aggregator_cap(self, job_id: int) -> int:
+        cap = self.model(job_id).max_aggregators
+        return self.max_aggregators if cap is None else min(cap, self.max_aggregators)
+
+    def refused_aggregators(self, job_id: int, asked: int) -> None:
+        """Live: the AutoPS pool would not give the job ``asked`` aggregators; ask for fewer."""
+        if asked > 1:
+            m = self.model(job_id)
+            m.max_aggregators = min(m.max_aggregators or asked, asked - 1)
 
     def estimate(self, job: JobState, per_node: int):
         """(Q_j, f(p, w)) from the job's reports."""

@@ -748,6 +748,9 @@ class Master:
         """Back to the queue (not failed), started again no sooner than interval x 2^(n-1)
         seconds (at most ``REQUEUE_MAX_DELAY_S``) after the n-th such run in a row."""
         run.requeues += 1
+        policy = self.driver.policy
+        if policy.allocates and run.spec.get("autops_aggregators"):   # e.g. the pool is short: ask for fewer
+            policy.refused_aggregators(job.job_id, max(1, job.aggregators))
         delay = min(REQUEUE_MAX_DELAY_S, self.config.interval * 2 ** (run.requeues - 1))
         run.retry_at, run.requeue_reason = now + delay, reason
         self.driver.abort_start(job)                   # its GPUs are free at once; not a preemption
