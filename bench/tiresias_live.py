@@ -20,7 +20,8 @@
    counts the worker-count changes (``elastic_resizes``, by stop and restart) and the live
    aggregator changes, the lowest test accuracy (``elastic_min_test_acc``), and simulates the
    same trace with the same policy over what the jobs measured live (steps per second at each
-   GPU count, loss points, start and restart costs; no pre-runs, as live):
+   GPU count, loss points, start, end and restart costs; no pre-runs, as live; each step
+   also sleeps ``--elastic-gpu`` / world s, an emulated GPU, so that speeds scale with GPUs):
    ``elastic_live_vs_sim`` is live over simulated average JCT (goal within 10%).
 
 Prints one JSON object; ``--json FILE`` writes it too.
@@ -240,6 +241,9 @@ def bench_live_vs_sim(tmp: pathlib.Path, n: int, seed: int, threshold: float, ck
 # --- 5 -------------------------------------------------------------------------------------------
 DIGITS = ROOT / "examples" / "train_digits.py"
 DIGITS_STEPS_PER_EPOCH = 1347 // 64          # 1347 training samples, global batch 64
+# every run, first or resumed, at least this long before a round may resize it, live and simulated
+# alike (the default guarantee protects by resume cost: measured in the simulator, modelled live)
+ELASTIC_MIN_RUN = 20.0
 
 
 class LiveApp:
@@ -278,11 +282,12 @@ def _progress_lines(state: pathlib.Path, job_id: int) -> list[tuple[float, float
     return out
 
 
-def _run_measures(lines, runs) -> tuple[dict[int, list[float]], list[float]]:
+def _run_measures(lines, runs) -> tuple[dict[int, list[float]], list[float], list[float]]:
     """Per run: its training speed (steps/s between its first and last report) and the seconds
-    from its start to its first report."""
+    from its start to its first report; for the job's last run, from its last report to its end
+    (the final evaluation and the exit)."""
     speeds: dict[int, list[float]] = {}
-    starts = []
+    starts, ends = [], []
     for run in runs:
         end = run["ended"] if run["ended"] is not None else float("inf")
         mine = [(t, s) for t, s, _ in lines if run["started"] <= t <= end]
@@ -290,16 +295,19 @@ def _run_measures(lines, runs) -> tuple[dict[int, list[float]], list[float]]:
             speeds.setdefault(run["gpus"], []).append((mine[-1][1] - mine[0][1]) / (mine[-1][0] - mine[0][0]))
         if mine:
             starts.append(mine[0][0] - run["started"])
-    return speeds, starts
+            if run is runs[-1] and run["ended"] is not None:
+                ends.append(run["ended"] - mine[-1][0])
+    return speeds, starts, ends
 
 
-def bench_elastic(tmp: pathlib.Path, jobs: int, epochs: int, gap: float, round_s: float) -> dict:
+def bench_elastic(tmp: pathlib.Path, jobs: int, epochs: int, gap: float, round_s: float, gpu_s: float) -> dict:
     from autops.local import LocalPool
     pool = LocalPool(4, master_args=["--static"])
     pool.start()
     try:
         args = ("--nodes", "1x4", "--interval", "0.5", "--policy", "optimus", "--round-interval", str(round_s),
-                "--stop-grace", "60", "--autops-master", pool.master)
+                "--stop-grace", "60", "--autops-master", pool.master,
+                "--min-run-factor", "0", "--min-run", str(ELASTIC_MIN_RUN))
         with LocalMaster(tmp / "elastic", *args, env={**os.environ, "OMP_NUM_THREADS": "1"}) as m:
             c = m.client
             t0 = time.time()
@@ -310,7 +318,8 @@ def bench_elastic(tmp: pathlib.Path, jobs: int, epochs: int, gap: float, round_s
                     time.sleep(delay)
                 ids.append(c.post("/api/v1/jobs", {
                     "gpus": 4, "min_gpus": 1, "autops_aggregators": 1, "name": f"digits{i}", "launcher": "torchrun",
-                    "command": [sys.executable, str(DIGITS), "--global-batch", "64", "--epochs", str(epochs)]})["id"])
+                    "command": [sys.executable, str(DIGITS), "--global-batch", "64", "--epochs", str(epochs),
+                                "--emulate-gpu", str(gpu_s)]})["id"])
             done = wait(c, ids, timeout=1500)
             views = [c.get(f"/api/v1/jobs/{j}") for j in ids]
             events = [e for j in ids for e in c.get(f"/api/v1/events?job={j}&limit=1000")]
@@ -326,32 +335,38 @@ def bench_elastic(tmp: pathlib.Path, jobs: int, epochs: int, gap: float, round_s
     live = [j["ended"] - j["submitted"] for j in done]
     speeds: dict[int, list[float]] = {}
     starts: list[float] = []
+    ends: list[float] = []
     for lines, runs in measured:
-        sp, st = _run_measures(lines, runs)
+        sp, st, en = _run_measures(lines, runs)
         for w, v in sp.items():
             speeds.setdefault(w, []).extend(v)
         starts += st
+        ends += en
     stop_costs = [e2["time"] - e1["time"] for e1, e2 in zip(events, events[1:])
                   if e1["kind"] == "stopping" and e2["kind"] == "preempted" and e1["job_id"] == e2["job_id"]]
     start_cost = statistics.mean(starts)
     resume_cost = start_cost + (statistics.mean(stop_costs) if stop_costs else 0.0)
+    end_cost = statistics.mean(ends) if ends else 0.0
     losses = [(s, l) for s, l in {s: l for _, s, l in measured[0][0]}.items()][::20]
     app = LiveApp(speeds, losses, epochs * DIGITS_STEPS_PER_EPOCH, 4)
     workload = [WorkloadJob(i, f"digits{i}", (v["submitted"] - views[0]["submitted"]), "digits", 1, 64)
                 for i, v in enumerate(views)]
     config = SimConfig("tiresias", overheads=True, slowdown=False, preemption_cost=resume_cost,
-                       start_cost=start_cost)
+                       start_cost=start_cost + end_cost,      # a job's one-time costs: starting and ending
+                       min_run_factor=0.0, min_run=ELASTIC_MIN_RUN)    # the live master's guarantee
     result = simulate_workload(workload, {"digits": app}, ClusterSpec(1, 4), make_policy("optimus", interval=round_s),
                                config=config, sync="measured", profile=False)
     sim = [j.end_time - j.submit_time for j in result.jobs]
-    return {"elastic_jobs": jobs, "elastic_epochs": epochs, "elastic_round_s": round_s,
+    return {"elastic_jobs": jobs, "elastic_epochs": epochs, "elastic_round_s": round_s, "elastic_emulated_gpu_s": gpu_s,
             "elastic_resizes": resizes, "elastic_aggregator_changes": sum(e["kind"] == "aggregators" for e in events),
             "elastic_runs_gpus": [[r["gpus"] for r in v["runs"]] for v in views],
             "elastic_runs_aggregators": [[r["aggregators"] for r in v["runs"]] for v in views],
             "elastic_min_test_acc": min(accuracies), "elastic_live_avg_jct": statistics.mean(live),
             "elastic_sim_avg_jct": statistics.mean(sim), "elastic_live_vs_sim": statistics.mean(live) / statistics.mean(sim),
-            "elastic_sim_resizes": result.preemptions, "elastic_steps_per_s_by_gpus": app.speeds,
-            "elastic_start_s": start_cost, "elastic_resume_cost_s": resume_cost}
+            "elastic_sim_resizes": result.preemptions, "elastic_live_jct": live, "elastic_sim_jct": sim,
+            "elastic_live_wait_s": [v["runs"][0]["started"] - v["submitted"] for v in views],
+            "elastic_sim_wait_s": [j.first_start - j.submit_time for j in result.jobs], "elastic_steps_per_s_by_gpus": app.speeds,
+            "elastic_start_s": start_cost, "elastic_end_s": end_cost, "elastic_resume_cost_s": resume_cost}
 
 
 def main() -> int:
@@ -366,16 +381,19 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--skip-trace", action="store_true")
     ap.add_argument("--elastic-jobs", type=int, default=4)
-    ap.add_argument("--elastic-epochs", type=int, default=150)
+    ap.add_argument("--elastic-epochs", type=int, default=40)
     ap.add_argument("--elastic-gap", type=float, default=15.0, help="seconds between the elastic jobs' submits")
     ap.add_argument("--elastic-round", type=float, default=5.0, help="optimus's round interval in the elastic part")
+    ap.add_argument("--elastic-gpu", type=float, default=0.05,
+                    help="train_digits --emulate-gpu: seconds a step's batch takes on one emulated GPU")
     ap.add_argument("--only-elastic", action="store_true", help="run part 5 alone")
     args = ap.parse_args()
     out: dict = {"machine_cpus": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="tiresias-bench-") as d:
         tmp = pathlib.Path(d)
         if args.only_elastic:
-            out.update(bench_elastic(tmp, args.elastic_jobs, args.elastic_epochs, args.elastic_gap, args.elastic_round))
+            out.update(bench_elastic(tmp, args.elastic_jobs, args.elastic_epochs, args.elastic_gap, args.elastic_round,
+                                  args.elastic_gpu))
         else:
             _all_parts(tmp, args, out)
     text = json.dumps(out, indent=2)
@@ -397,7 +415,8 @@ def _all_parts(tmp: pathlib.Path, args, out: dict) -> None:
     if not args.skip_trace:
         out.update(bench_live_vs_sim(tmp, args.trace_jobs, args.seed, args.threshold, args.ckpt_seconds))
         print(json.dumps(out), flush=True)
-    out.update(bench_elastic(tmp, args.elastic_jobs, args.elastic_epochs, args.elastic_gap, args.elastic_round))
+    out.update(bench_elastic(tmp, args.elastic_jobs, args.elastic_epochs, args.elastic_gap, args.elastic_round,
+                                  args.elastic_gpu))
 
 
 if __name__ == "__main__":

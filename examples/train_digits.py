@@ -24,6 +24,8 @@ trains on the same N samples of one global data order whatever the world size, e
 its contiguous part, its loss scaled so that the averaged gradient is the mean over all N
 (Optimus §5.4 keeps the global batch the same way). A checkpoint then resumes at any world
 size, at the same step of the same epoch; only the float summation order differs.
+``--emulate-gpu S`` makes each step also sleep S / world seconds, standing for a GPU's compute
+of the batch, so that a scheduler's benchmark on CPUs sees speeds that scale with the GPUs.
 """
 from __future__ import annotations
 
@@ -85,6 +87,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--clip-grad-norm", type=float, default=None, metavar="MAX",
                         help="clip the averaged gradients by their global norm before each step")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--emulate-gpu", type=float, default=0.0, metavar="SECONDS",
+                        help="each step also sleeps SECONDS / world size: the compute of a step's batch on an "
+                             "emulated GPU, spread over the ranks (benchmarks of the scheduler on CPUs)")
     parser.add_argument("--json", default=None, help="write the results of rank 0 here")
     parser.add_argument("--checkpoint-dir", type=pathlib.Path, default=None,
                         help="save a checkpoint here when asked to stop, resume from it "
@@ -99,6 +104,8 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if args.global_batch is not None and args.global_batch < 1:
         parser.error(f"--global-batch must be >= 1, got {args.global_batch}")
+    if not 0 <= args.emulate_gpu < 60:
+        parser.error(f"--emulate-gpu must be from 0 to 60 seconds, got {args.emulate_gpu}")
     if args.checkpoint_dir is None:
         args.checkpoint_dir = tjob.checkpoint_dir()
     return args
@@ -265,6 +272,8 @@ def main() -> None:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
                 with opt.skip_synchronize():
                     opt.step()
+            if args.emulate_gpu:
+                time.sleep(args.emulate_gpu / world)
             value = loss.item() * (step_batch / (world * len(idx)) if elastic else 1.0)   # this rank's mean
             total += value
             tjob.report(done + 1, value)                   # the master's view, Optimus's loss curve

@@ -295,3 +295,9 @@ def test_global_batch_refuses_a_checkpoint_of_another_global_batch(pool, tmp_pat
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "global_batch 64 (now 32)" in proc.stderr
+
+
+def test_emulate_gpu_is_checked():
+    proc = subprocess.run([sys.executable, "examples/train_digits.py", "--emulate-gpu", "-1"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--emulate-gpu must be from 0 to 60 seconds" in proc.stderr
