@@ -33,6 +33,7 @@ import json
 import os
 import pathlib
 import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -388,6 +389,8 @@ def main() -> int:
                     help="train_digits --emulate-gpu: seconds a step's batch takes on one emulated GPU")
     ap.add_argument("--only-elastic", action="store_true", help="run part 5 alone")
     args = ap.parse_args()
+    # stopped by a timeout: unwind, so that the masters, pools and jobs it started are stopped too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     out: dict = {"machine_cpus": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="tiresias-bench-") as d:
         tmp = pathlib.Path(d)
