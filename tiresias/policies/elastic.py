@@ -20,9 +20,14 @@ global batch and epoch cap in steps, known at submission), ``observe_loss`` and
 ``observe_speed`` (the simulator feeds them from the measured curves; live, the job's
 ``tiresias.job.report`` and AutoPS's iteration times). Until a job has reported three loss
 points its remaining steps are taken to be what is left to its cap; until it has a measured
-speed, a job gets its minimum (nothing says more would help). A job measured at one worker
-count only (live, where there are no pre-runs: its first run) is taken to scale linearly from
-it -- optimism that gets it tried at more GPUs, where its next measurement corrects the fit.
+speed, a job gets its minimum (nothing says more would help). Live there are no pre-runs, so
+a job's own runs are its samples: a job measured at one worker count only is taken to scale
+linearly from it (optimism that gets it tried at more GPUs, where its next measurement
+corrects the fit), and a learning policy gives a running job measured at one aggregator count
+only one more from the CPUs a round left free (``_explore_aggregators``: a live change, no
+restart). A job whose run the AutoPS pool refused asks for one aggregator fewer from then on
+(``refused_aggregators``). In the simulator the pre-runs cover two worker and two aggregator
+counts, so neither rule fires there.
 """
 from __future__ import annotations
 
