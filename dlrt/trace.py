@@ -1,16 +1,17 @@
 """Job traces as plain records: CSV formats, validation, normalisation.
 
 The trace reader AutoPS's pool simulation and Tiresias's scheduler simulation share; it
-knows no scheduler. Owns ``TraceJob`` (one job: submit time, GPUs, duration, optional model
-and skew), ``detect_format`` and ``load_trace``. Three formats are read (columns matched by
-name, in any order):
+knows no scheduler. Owns ``TraceJob`` (one job: submit time, GPUs, duration, optional model,
+skew and batch size), ``detect_format`` and ``load_trace``. Three formats are read (columns
+matched by name, in any order):
 
 * ``philly``   -- ``timestamp,duration,num_gpus,gpu_time,cluster`` (Microsoft Philly, as
   shipped by the Pollux artifact; timestamps are wall-clock, read as UTC; file unsorted).
 * ``tiresias`` -- ``job_id,num_gpu,submit_time,iterations,model_name,duration,interval``
   (the Tiresias simulator's own job CSV; seconds).
-* ``generic``  -- ``job_id,submit_time,num_gpus,duration`` plus optional ``model`` and
-  ``skew`` (seconds; skew in [0, 1]).
+* ``generic``  -- ``job_id,submit_time,num_gpus,duration`` plus optional ``model``,
+  ``skew`` (seconds; skew in [0, 1]) and ``batch_size`` (a label such as ``64`` or ``256/16``,
+  kept as text: ``tiresias workload`` writes it with the model for co-location profiles).
 
 A header with columns no format knows is read as the format whose columns it holds (the one
 with the fewest unknown columns; a tie is an error); the unknown columns are ignored and
@@ -49,6 +50,7 @@ class TraceJob:
     model: str | None = None
     skew: float | None = None   # largest tensor's share of the model, 0..1
     source_line: int = 0        # 1-based line number in the file (for messages)
+    batch_size: str | None = None   # generic format only: the batch size label ("64", "256/16")
 
 
 class TraceError(ValueError):
@@ -100,7 +102,7 @@ FORMATS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "philly": (("timestamp", "duration", "num_gpus", "gpu_time", "cluster"), ()),
     "tiresias": (("job_id", "num_gpu", "submit_time", "iterations", "model_name", "duration",
                   "interval"), ()),
-    "generic": (("job_id", "submit_time", "num_gpus", "duration"), ("model", "skew")),
+    "generic": (("job_id", "submit_time", "num_gpus", "duration"), ("model", "skew", "batch_size")),
 }
 
 _ON_BAD = ("skip", "reject")
@@ -243,8 +245,8 @@ def load_trace(path: str | os.PathLike, fmt: str | None = None, max_gpus: int | 
     except OSError as e:
         raise TraceError(f"{fname}: cannot open trace file: {e.strerror or e}") from None
 
-    # rows: (submit, file_order, gpus, duration, model, skew, line)
-    rows: list[tuple[float, int, int, float, str | None, float | None, int]] = []
+    # rows: (submit, file_order, gpus, duration, model, skew, line, batch_size)
+    rows: list[tuple[float, int, int, float, str | None, float | None, int, str | None]] = []
     problems: list[str] = []
     line = 0
     with fh:
@@ -283,9 +285,9 @@ def load_trace(path: str | os.PathLike, fmt: str | None = None, max_gpus: int | 
                         reason = f"too many fields: expected {ncols}, got {len(row)}"
                 else:
                     try:
-                        submit, gpus, duration, model, skew = parse(row)
+                        submit, gpus, duration, model, skew, batch = parse(row)
                         _check_common(submit, gpus, duration, max_gpus)
-                        rows.append((submit, len(rows), gpus, duration, model, skew, line))
+                        rows.append((submit, len(rows), gpus, duration, model, skew, line, batch))
                         continue
                     except _Bad as e:
                         reason = str(e)
@@ -308,13 +310,14 @@ def load_trace(path: str | os.PathLike, fmt: str | None = None, max_gpus: int | 
     if limit is not None:
         rows = rows[:limit]
     t0 = rows[0][0] if rows else 0.0
-    jobs = [TraceJob(i, r[0] - t0, r[2], r[3], r[4], r[5], r[6]) for i, r in enumerate(rows)]
+    jobs = [TraceJob(i, r[0] - t0, r[2], r[3], r[4], r[5], r[6], r[7]) for i, r in enumerate(rows)]
     return LoadReport(jobs=jobs, skipped=len(problems), problems=problems, format=use,
                       ignored_columns=_extra(cols, use) or [])
 
 
 def _row_parser(fmt: str, ix: dict[str, int]):
-    """A function row -> (submit, gpus, duration, model, skew) for ``fmt``; raises _Bad."""
+    """A function row -> (submit, gpus, duration, model, skew, batch_size) for ``fmt``;
+    raises _Bad."""
     if fmt == "philly":
         i_t, i_d, i_g = ix["timestamp"], ix["duration"], ix["num_gpus"]
 
@@ -325,11 +328,11 @@ def _row_parser(fmt: str, ix: dict[str, int]):
                 d = float(row[i_d])
                 if isfinite(d):
                     return ((fromiso(row[i_t]) - epoch).total_seconds(), int(row[i_g]), d,
-                            None, None)
+                            None, None, None)
             except (ValueError, TypeError):
                 pass                             # the careful path says what is wrong
             return (_timestamp(row, i_t, "timestamp"), _int(row, i_g, "num_gpus"),
-                    _float(row, i_d, "duration"), None, None)
+                    _float(row, i_d, "duration"), None, None, None)
         return parse
 
     if fmt == "tiresias":
@@ -338,19 +341,20 @@ def _row_parser(fmt: str, ix: dict[str, int]):
         def parse(row: list[str]):
             model = row[i_m].strip() or None
             return (_float(row, i_s, "submit_time"), _int(row, i_g, "num_gpu"),
-                    _float(row, i_d, "duration"), model, None)
+                    _float(row, i_d, "duration"), model, None, None)
         return parse
 
     i_s, i_g, i_d = ix["submit_time"], ix["num_gpus"], ix["duration"]
-    i_m, i_k = ix.get("model"), ix.get("skew")
+    i_m, i_k, i_b = ix.get("model"), ix.get("skew"), ix.get("batch_size")
 
     def parse(row: list[str]):
         model = (row[i_m].strip() or None) if i_m is not None else None
+        batch = (row[i_b].strip() or None) if i_b is not None else None
         skew = None
         if i_k is not None and row[i_k].strip():
             skew = _float(row, i_k, "skew")
             if not 0.0 <= skew <= 1.0:
                 raise _Bad(f"skew must be in [0, 1], got {skew:g}")
         return (_float(row, i_s, "submit_time"), _int(row, i_g, "num_gpus"),
-                _float(row, i_d, "duration"), model, skew)
+                _float(row, i_d, "duration"), model, skew, batch)
     return parse

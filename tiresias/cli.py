@@ -1,5 +1,6 @@
-"""The ``tiresias`` command: ``simulate`` one policy on a trace, ``compare`` several, and the
-live service (``master``, ``submit``, ``jobs``, ... in ``tiresias.service.cli``).
+"""The ``tiresias`` command: ``simulate`` one policy on a trace, ``compare`` several, ``workload``
+(write a synthetic trace, ``tiresias.generate``), and the live service (``master``, ``submit``,
+``jobs``, ... in ``tiresias.service.cli``).
 
 Follows the runtime's command-line convention (``dlrt.cli``): ``--json FILE`` (``-`` for
 stdout), ``--log-level`` on every command, exit status 2 for usage errors (a bad trace
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from dlrt import cli
 from dlrt.trace import ignored_message, skipped_message
@@ -19,16 +21,28 @@ from dlrt.trace import ignored_message, skipped_message
 from . import progress as guarantee
 from .cluster import parse_cluster
 from .load import offered_load
-from .metrics import summarize, write_jobs_csv
+from .metrics import finish_time_fairness, summarize, write_jobs_csv
 from .placement import DEFAULT_PACKLIMIT
-from .policies import POLICIES, make_policy
+from .policies import POLICIES as BASE_POLICIES
+from .policies import make_policy
 from .policies.gandiva import SWITCH_SECONDS
 from .queues import QueueConfig, queue_config
 from .sim import PLACEMENTS, SimConfig, simulate
 from .sim.progressbar import LINE_EVERY_S, ProgressLines
 from .trace import CYCLE_MODELS, load_trace, with_models
 
-__all__ = ["main", "CYCLE_MODELS"]
+__all__ = ["main", "CYCLE_MODELS", "DEFAULT_COLOCATION"]
+
+# GPU sharing (tiresias.packing): Tesserae's matching and renaming, or Gavel's greedy rule, under
+# a priority policy; the simulator runs them in rounds of ROUND_SECONDS unless --round says otherwise
+SHARING_POLICIES = {f"tesserae-{p}": ("tesserae", p) for p in ("las", "gittins", "fifo")}
+SHARING_POLICIES["gavel-las"] = ("gavel", "las")
+POLICIES = (*BASE_POLICIES, *SHARING_POLICIES)
+ROUND_SECONDS = 360.0
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+# Tesserae's co-location table: the job types ``workload`` draws models and batch sizes from
+DEFAULT_COLOCATION = PROJECT_ROOT.parent / "shared" / "data" / "colocation" / "blox_norm_speed.csv"
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -86,9 +100,20 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "overhead model's pause + resume")
     p.add_argument("--start-cost", type=float, default=0.0, metavar="SECONDS",
                    help="with overheads: seconds a job loses at its first start too (Pollux's simulator: 30)")
-    p.add_argument("--decide-every", type=float, default=None, metavar="SECONDS",
-                   help="schedule only at multiples of SECONDS (Pollux's simulator: 60); default: at every "
-                        "arrival, completion and policy change")
+    p.add_argument("--decide-every", "--round", type=float, default=None, metavar="SECONDS", dest="decide_every",
+                   help="schedule only at multiples of SECONDS, in rounds (Pollux's simulator: 60; Tesserae: "
+                        f"360); default: {ROUND_SECONDS:g} for the GPU-sharing policies (tesserae-*, gavel-*), "
+                        "else at every arrival, completion and policy change")
+    p.add_argument("--colocation", default=None, metavar="FILE",
+                   help="tesserae-*, gavel-*: the co-location throughput table (Tesserae's CSV or Gavel's "
+                        "JSON; default the Tesserae authors' table); given, or with a GPU-sharing policy, "
+                        "results carry the finish-time fairness ratio (ftf_*)")
+    p.add_argument("--gpu-type", default=None,
+                   help="a Gavel-format --colocation table's GPU type (default v100)")
+    p.add_argument("--profile-noise", type=float, default=0.0, metavar="LEVEL",
+                   help="tesserae-*, gavel-*: decide with every pair's speeds multiplied by a factor uniform in "
+                        "[1-LEVEL, 1+LEVEL] (profiling error, Tesserae Fig. 16); jobs run at the true speeds")
+    p.add_argument("--profile-seed", type=cli.non_negative(int), default=0, help="--profile-noise's seed")
     guarantee.add_arguments(p)
     p.add_argument("--stall-limit", type=float, default=guarantee.DEFAULT_STALL_LIMIT, metavar="SECONDS",
                    help="stop with an error when no job makes progress for this much simulated time")
@@ -136,15 +161,35 @@ def _measured_jobs(args, cluster) -> _Workload:
     return _Workload(items, workload, apps)
 
 
-def _config(args) -> SimConfig:
+def _config(args, packing: str | None = None) -> SimConfig:
+    every = args.decide_every if args.decide_every is not None or packing is None else ROUND_SECONDS
     guard = {"min_run_factor": args.min_run_factor, "min_run": args.min_run, "preemption_cost": args.restart_cost,
-             "start_cost": args.start_cost, "decide_every": args.decide_every}
+             "start_cost": args.start_cost, "decide_every": every}
     if args.original:
+        if packing is not None:
+            raise cli.UsageError("GPU sharing places jobs on nodes: it cannot run with --original")
         return SimConfig("count", args.packlimit, overheads=False, slowdown=False, migrate=False, **guard)
     if not 0.0 <= args.packlimit <= 1.0:
         raise ValueError(f"--packlimit must be in [0, 1] (a skew), got {args.packlimit}")
+    if packing is not None and (args.placement == "count" or args.migrate):
+        raise cli.UsageError("GPU sharing plans GPUs on nodes every round: not with --placement count or --migrate")
     return SimConfig(args.placement, args.packlimit, overheads=args.overheads, slowdown=args.slowdown,
-                     migrate=args.migrate, **guard)
+                     migrate=args.migrate, packing=packing, **guard)
+
+
+def _sharing(args, packing: str | None):
+    """The profile store a GPU-sharing policy decides with (and the one jobs run at)."""
+    if packing is None:
+        return None, None
+    import random
+
+    from .packing.profiles import load_profiles
+    from .packing.slots import ProfileSharing
+    store = load_profiles(args.colocation or DEFAULT_COLOCATION, args.gpu_type)
+    if not 0.0 <= args.profile_noise <= 1.0:
+        raise cli.UsageError(f"--profile-noise must be in [0, 1], got {args.profile_noise}")
+    seen = store.with_noise(args.profile_noise, random.Random(args.profile_seed)) if args.profile_noise else store
+    return ProfileSharing(seen), ProfileSharing(store)
 
 
 def _queues(args, jobs) -> QueueConfig:
@@ -178,7 +223,10 @@ def _progress(args, label: str) -> bool | ProgressLines:
 
 def _run(name: str, args, cluster, jobs, queues: QueueConfig, record: bool = False):
     progress = _progress(args, f"tiresias {args.command}: {name}")
-    config = _config(args)
+    label = name
+    packing, name = SHARING_POLICIES.get(name, (None, name))
+    config = _config(args, packing)
+    decide, truth = _sharing(args, packing)
     target = cluster if config.placement != "count" else cluster.total_gpus
     policy = make_policy(name, thresholds=queues.thresholds, promote_knob=args.promote_knob,
                          continuous=args.continuous, interval=args.interval, distribution=args.distribution,
@@ -188,12 +236,15 @@ def _run(name: str, args, cluster, jobs, queues: QueueConfig, record: bool = Fal
         from .sim.measured import simulate_workload
         return simulate_workload(jobs.workload, jobs.apps, target, policy, config, args.sync, record=record,
                                  progress=progress, stall_limit=args.stall_limit)
-    return simulate(jobs, target, policy, record=record, progress=progress, config=config,
-                    stall_limit=args.stall_limit)
+    result = simulate(jobs, target, policy, record=record, progress=progress, config=config,
+                      stall_limit=args.stall_limit, sharing=decide, true_sharing=truth)
+    if packing is not None:
+        result.policy = label            # the base policy's name says "las"
+    return result
 
 
 def _uses_queues(name: str, args) -> bool:
-    return name in ("las", "gittins") and not args.continuous
+    return SHARING_POLICIES.get(name, (None, name))[1] in ("las", "gittins") and not args.continuous
 
 
 def _context(args, cluster, jobs, queues: QueueConfig) -> tuple[dict, str]:
@@ -212,6 +263,8 @@ def _cmd_simulate(args) -> int:
     queues = _queues(args, jobs)
     result = _run(args.policy, args, cluster, jobs, queues, record=bool(args.plot))
     summary = summarize(result)
+    if _reports_fairness(args, [args.policy]):
+        summary.update(finish_time_fairness(result))
     summary.update(_context(args, cluster, jobs, queues)[0])
     if _uses_queues(args.policy, args):
         summary["queues"] = queues.as_dict()
@@ -245,21 +298,30 @@ def _cmd_compare(args) -> int:
     queues = _queues(args, jobs)
     context, header = _context(args, cluster, jobs, queues)
     rows, jct = {}, {}
+    fair = _reports_fairness(args, names)
     for name in names:
         result = _run(name, args, cluster, jobs, queues)
         rows[name] = summarize(result)
+        if fair:
+            rows[name].update(finish_time_fairness(result))
         if args.plot:
             from .plots import jcts
             jct[name] = jcts(result)
     base_name = "las" if "las" in rows else names[-1]
     base = rows[base_name]
     lines = [header,
-             f"{'policy':<12} {'avg JCT (s)':>14} {'median JCT':>12} {'p95 JCT':>12} {'avg/' + base_name:>14} "
+             f"{'policy':<16} {'avg JCT (s)':>14} {'median JCT':>12} {'p95 JCT':>12} {'avg/' + base_name:>14} "
              f"{'median/' + base_name:>15} {'preempt':>8}"]
     for name, r in rows.items():
-        lines.append(f"{name:<12} {r['avg_jct']:>14.0f} {r['median_jct']:>12.0f} {r['p95_jct']:>12.0f} "
+        lines.append(f"{name:<16} {r['avg_jct']:>14.0f} {r['median_jct']:>12.0f} {r['p95_jct']:>12.0f} "
                      f"{_ratio(r['avg_jct'], base['avg_jct']):>13} {_ratio(r['median_jct'], base['median_jct']):>14} "
                      f"{r['preemptions']:>8}")
+    if fair:
+        lines.append(f"{'policy':<16} {'makespan (s)':>13} {'migrations':>11} {'renaming off':>13} {'FTF max':>8} "
+                     f"{'FTF mean':>9}")
+        for name, r in rows.items():
+            lines.append(f"{name:<16} {r['makespan']:>13.0f} {r['migrations']:>11} "
+                         f"{r['migrations_without_matching']:>13} {_num(r['ftf_max'])} {_num(r['ftf_mean'], 9)}")
     for name, r in rows.items():
         r["normalized_by"] = base_name
         r[f"avg_jct_vs_{base_name}"] = _div(r["avg_jct"], base["avg_jct"])
@@ -274,6 +336,14 @@ def _cmd_compare(args) -> int:
     return 0
 
 
+def _reports_fairness(args, names: list[str]) -> bool:
+    return args.colocation is not None or any(n in SHARING_POLICIES for n in names)
+
+
+def _num(x: float | None, width: int = 8) -> str:
+    return f"{'-':>{width}}" if x is None else f"{x:>{width}.2f}"
+
+
 def _div(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
@@ -281,6 +351,45 @@ def _div(a: float | None, b: float | None) -> float | None:
 def _ratio(a: float | None, b: float | None) -> str:
     r = _div(a, b)
     return "-" if r is None else f"{r:.2f}x"
+
+
+def _workload_arguments(p: argparse.ArgumentParser) -> None:
+    from .generate import KINDS
+    p.add_argument("--kind", choices=KINDS, default="shockwave",
+                   help="shockwave: Tesserae's default trace (Shockwave's generator); gavel: Gavel's "
+                        "(Tesserae sec. 7.2)")
+    p.add_argument("--jobs", type=cli.positive(int), default=900, help="number of jobs")
+    p.add_argument("--rate", type=cli.positive(float), default=80.0, metavar="JOBS_PER_HOUR",
+                   help="Poisson arrival rate (the first job at 0)")
+    p.add_argument("--seed", type=cli.non_negative(int), default=0,
+                   help="the same seed gives the same trace (and more --jobs extend it)")
+    p.add_argument("--colocation", default=str(DEFAULT_COLOCATION), metavar="FILE",
+                   help="co-location profiles whose job types (model, batch size, GPUs) the jobs are drawn from")
+    p.add_argument("--out", required=True, metavar="FILE",
+                   help="the trace to write (generic format with model and batch_size)")
+    p.add_argument("--gpus", type=cli.positive(int), default=80, help="cluster size the offered load is reported for")
+
+
+def _cmd_workload(args) -> int:
+    from .generate import generate, offered_load, write_trace
+    if not Path(args.colocation).is_file():
+        raise cli.UsageError(f"--colocation {args.colocation}: no such file")
+    from .packing.profiles import load_profiles
+    types = [(t.model, t.batch_size, t.gpus) for t in load_profiles(args.colocation).job_types()]
+    jobs = generate(args.kind, args.jobs, args.rate, args.seed, types)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_trace(jobs, out)
+    span = jobs[-1].submit_time - jobs[0].submit_time
+    asked = sum(j.num_gpus for j in jobs)
+    load = offered_load(jobs, args.gpus)
+    load_text = "undefined (one submission time)" if load is None else f"{load:.2f}"
+    summary = {"kind": args.kind, "jobs": len(jobs), "rate": args.rate, "seed": args.seed,
+               "colocation": str(args.colocation), "out": str(out), "span_seconds": span, "gpus_asked": asked,
+               "gpus": args.gpus, "offered_load": load}
+    cli.emit(args.json, summary, f"{len(jobs)} jobs asking {asked} GPUs over {span / 3600.0:.1f} h, "
+                                 f"offered load {load_text} on {args.gpus} GPUs -> {out}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -304,6 +413,11 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"comma-separated, of {', '.join(POLICIES)}")
     p.add_argument("--plot", default=None, metavar="PNG", help="the policies' JCT CDFs (log x-axis)")
     p.set_defaults(func=_cmd_compare)
+    p = cli.add_command(sub, "workload", "write a synthetic trace (Tesserae's shockwave or gavel workload)",
+                        log_level="WARNING", json_help="write the summary as JSON to FILE ('-' for stdout "
+                                                       "instead of the line)")
+    _workload_arguments(p)
+    p.set_defaults(func=_cmd_workload)
     service_cli.add_commands(sub)
     args = parser.parse_args(argv)
     if args.command is None:

@@ -19,6 +19,12 @@ Placement (``DriverConfig.placement``):
   ``most-free``: Pollux's simulator's (GPUs from the node with the most free first), to
   compare with its published figures.
 
+GPU sharing (``DriverConfig.packing``, Tesserae; ``tiresias.packing``): passes come in rounds
+(``decide_every``); each round the policy's order is planned afresh on GPU slots (a GPU holds
+up to two jobs), pending jobs are packed onto placed ones by matching over the co-location
+profile (``sharing``), and the plan is renamed onto the previous one so that few jobs move; a
+packed job runs at its profiled speed, its partner alone again once it leaves (``finish``).
+
 Accounting is lazy: a running job's attained service, execution and stall are settled
 (``settle``) when it stops, when the policy changes it, when it is moved, and before a pass
 of a policy whose keys read them (``reads_running_progress``); between those, advancing the
@@ -46,49 +52,20 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Iterable
 
 from . import overheads as ovh
 from . import placement as plc
 from . import progress
 from .cluster import ClusterSpec
-from .policies.base import INF, Change, JobState, Policy, allocate
+from .driver_config import PLACEMENTS, DriverConfig
+from .nodes import Eligibility, Nodes
+from .packing.rounds import RoundJob, plan_round
+from .packing.slots import GpuSlots, Sharing
+from .policies.base import INF, Change, JobState, Policy, allocate, settle
 
 EPS = 1e-9
-PLACEMENTS = ("count", "tiresias", "consolidate", "spread", "most-free")
-
-Eligibility = Callable[[JobState], "list[bool] | None"]
-
-
-@dataclass
-class DriverConfig:
-    placement: str = "count"
-    packlimit: float = plc.DEFAULT_PACKLIMIT
-    overheads: bool = False        # charge pause + resume on every resume after a preemption
-    slowdown: bool = False         # slow down skewed jobs placed unconsolidated
-    migrate: bool = False          # repack + Hungarian renaming when consolidation is blocked
-    defer_release: bool = False    # live: preempted jobs hold their GPUs until ``released``
-    preemption_cost: float | None = None   # seconds per resume instead of the model's (measured live)
-    min_run_factor: float = progress.DEFAULT_MIN_RUN_FACTOR   # progress guarantee: k x resume cost
-    min_run: float = progress.DEFAULT_MIN_RUN                 # ... and at least this many seconds
-    start_cost: float = 0.0        # simulator, with overheads: seconds charged at a job's first start
-    decide_every: float | None = None   # simulator: passes only at multiples of this (Pollux's 60 s)
-
-    def __post_init__(self) -> None:
-        progress.check_guard(self.min_run_factor, self.min_run)
-        for name in ("preemption_cost", "start_cost", "decide_every"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if not ((value > 0 if name == "decide_every" else value >= 0) and value < float("inf")):
-                raise ValueError(f"{name} must be a finite number of seconds >= 0 (decide_every > 0), "
-                                 f"got {value!r}")
-        if self.placement not in PLACEMENTS:
-            raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
-        if self.defer_release and (self.placement == "count" or self.migrate):
-            raise ValueError("live scheduling places jobs on nodes and does not repack running jobs "
-                             "(placement 'count' and migrate are simulator-only)")
-
+__all__ = ["EPS", "PLACEMENTS", "Decision", "Driver", "DriverConfig", "settle"]
 
 @dataclass
 class Decision:
@@ -102,10 +79,14 @@ class Driver:
     """Job and cluster state around one ``Policy``; see the module docstring."""
 
     def __init__(self, policy: Policy, cluster: ClusterSpec, config: DriverConfig | None = None,
-                 start: float = 0.0, eligible: Eligibility | None = None) -> None:
+                 start: float = 0.0, eligible: Eligibility | None = None, sharing: Sharing | None = None,
+                 true_sharing: Sharing | None = None) -> None:
         self.policy = policy
         self.cluster = cluster
         self.config = config or DriverConfig()
+        self.sharing = sharing                      # GPU sharing decides with these pair speeds
+        self.true_sharing = true_sharing or sharing   # ... and packed jobs run at these
+        self.slots = GpuSlots(cluster.nodes, cluster.gpus_per_node) if self.config.packing else None
         self.capacity = cluster.total_gpus
         self.nodes = None if self.config.placement == "count" else Nodes(cluster, self.config)
         self.eligible = eligible
@@ -211,8 +192,9 @@ class Driver:
         self.jobs[job.job_id] = job
         self.policy.add(job, self.now)
 
-    def finish(self, job: JobState) -> None:
-        """A running job completed: it leaves the cluster and the policy."""
+    def finish(self, job: JobState) -> list[JobState]:
+        """A running job completed: it leaves the cluster and the policy. Returns the running
+        jobs whose speed changed (a partner that shared its GPUs now runs alone)."""
         self._untrack(job)
         job.running = False
         self.policy.remove(job, self.now)      # first: a job that left is not filed as waiting
@@ -222,6 +204,9 @@ class Driver:
         self.used -= job.num_gpus
         if self.nodes is not None:
             self.nodes.release(job)
+        if self.slots is None:
+            return []
+        return self._left_slots([job])
 
     def remove(self, job: JobState) -> None:
         """A job leaves for good (cancelled, failed): running, draining or waiting."""
@@ -299,6 +284,8 @@ class Driver:
         self.apply_changes()
         if self.policy.allocates:
             return self._schedule_allocations()
+        if self.slots is not None:
+            return self._schedule_round()
         if self.policy.reads_running_progress:
             self.settle_all()
         if self.config.defer_release:
@@ -370,6 +357,88 @@ class Driver:
             adjusted.append(job)
         self.guard_wake = INF
         return Decision(started, stop, adjusted)
+
+    def _schedule_round(self) -> Decision:
+        """A round with GPU sharing (``tiresias.packing.rounds``): the policy's order, protected
+        jobs first (progress guarantee); jobs left out stop, jobs planned start, running jobs
+        whose GPUs the plan changed migrate (charged a pause and resume), and every job runs
+        at its packed speed (``Decision.moved``: running jobs with a new speed or GPUs)."""
+        now, policy, nodes, slots = self.now, self.policy, self.nodes, self.slots
+        assert nodes is not None and slots is not None
+        self.settle_all()
+        limit = now + EPS * max(1.0, abs(now))
+        keep = self._protected(limit)
+        ordered = list(policy.ordered(now))
+        if keep:
+            ordered = [j for j in ordered if j.job_id in keep] + [j for j in ordered if j.job_id not in keep]
+        sharing = self.sharing
+        jobs = [RoundJob(j.job_id, j.num_gpus, sharing.kind(j) if sharing else None, j.may_share,
+                         nodes.consolidate(j)) for j in ordered]
+        plan = plan_round(jobs, self.cluster.nodes, self.cluster.gpus_per_node,
+                          sharing.pair if sharing else None, slots.previous(), self.config.packing)
+        gpus = plan.gpus()
+        stop = sorted((j for j in self.running.values() if j.job_id not in gpus), key=lambda j: j.job_id)
+        for job in stop:
+            nodes.release(job)
+        self._stop(stop)
+        partners = {p.placed: p.pending for p in plan.pairs}
+        partners.update({p.pending: p.placed for p in plan.pairs})
+        slots.set(plan.plan, partners)
+        nodes.assign({jid: slots.allocation(jid) for jid in gpus}, [sum(1 for g in node if g) for node in plan.plan])
+        moved = []
+        for job_id in plan.migrated:
+            job = self.running.get(job_id)
+            if job is not None:
+                nodes.migrate(job, now)
+                moved.append(job)
+        nodes.migrations_naive += len(plan.naive)
+        start = sorted((policy.active[jid] for jid in gpus if jid not in self.running), key=lambda j: j.job_id)
+        for job in start:
+            self._start(job)
+        speeds = self._packed_speeds(plan.pairs)
+        fresh = {j.job_id for j in start}
+        seen = {j.job_id for j in moved}
+        for job in self.running.values():
+            speed = nodes.speed_on(job, slots.allocation(job.job_id)) * speeds.get(job.job_id, 1.0)
+            if speed != job.speed:
+                if job.job_id not in fresh:
+                    settle(job, now)
+                job.speed = speed
+                if job.job_id not in fresh and job.job_id not in seen:
+                    moved.append(job)
+        for job in moved:
+            self._track(job)
+            self._guard(job)
+        self.used = slots.busy()
+        return Decision(start, stop, sorted(moved, key=lambda j: j.job_id))
+
+    def _packed_speeds(self, pairs) -> dict[int, float]:
+        """Every packed job's normalised speed, from the true profile (a noisy one decided)."""
+        truth, active = self.true_sharing, self.policy.active
+        if truth is self.sharing or truth is None:
+            return {jid: s for p in pairs for jid, s in ((p.placed, p.placed_speed), (p.pending, p.pending_speed))}
+        out = {}
+        for p in pairs:
+            a, b = active[p.placed], active[p.pending]
+            real = truth.pair(truth.kind(a), truth.kind(b))
+            out[p.placed], out[p.pending] = real if real and min(real) > 0 else (p.placed_speed, p.pending_speed)
+        return out
+
+    def _left_slots(self, jobs: list[JobState]) -> list[JobState]:
+        """Jobs left their shared GPUs: their partners run alone from now on."""
+        slots, changed = self.slots, []
+        assert slots is not None
+        for job in jobs:
+            other = slots.release(job.job_id)
+            partner = self.running.get(other) if other is not None else None
+            if partner is not None:
+                settle(partner, self.now)
+                partner.speed = self.nodes.speed_on(partner, slots.allocation(partner.job_id)) \
+                    if self.nodes is not None else 1.0
+                self._track(partner)
+                changed.append(partner)
+        self.used = slots.busy()
+        return changed
 
     def _start_at(self, targets: dict[int, tuple[int, int]]) -> list[JobState]:
         """Start the waiting jobs of ``targets`` at their (GPUs, aggregators) where they can be
@@ -498,7 +567,8 @@ class Driver:
     def _start(self, job: JobState) -> None:
         now = self.now
         job.running = True
-        job.waited += max(0.0, now - job.wait_since)
+        if now > job.wait_since:
+            job.waited += now - job.wait_since
         cost = 0.0
         if job.first_start is None:
             job.first_start = now
@@ -540,20 +610,6 @@ class Driver:
         return hit
 
 
-def settle(job: JobState, now: float) -> None:
-    """Account a running job's service (GPUs x time), stall and execution up to ``now``."""
-    dt = now - job.settled
-    if dt > 0.0 and job.running:
-        job.service += job.num_gpus * dt
-        if job.stall > 0.0:
-            s = job.stall if job.stall < dt else dt
-            job.stall -= s
-            job.executed += (dt - s) * job.speed
-        else:
-            job.executed += dt * job.speed
-    job.settled = now
-
-
 def _apply(change: Change, now: float) -> None:
     job = change.job
     if change.kind == "demote":
@@ -564,153 +620,3 @@ def _apply(change: Change, now: float) -> None:
         job.wait_since = now
     else:
         raise ValueError(f"unknown policy change {change.kind!r}")
-
-
-class Nodes:
-    """Node-level GPU state of the cluster (mechanism around ``tiresias.placement``)."""
-
-    def __init__(self, cluster: ClusterSpec, config: DriverConfig) -> None:
-        self.per = cluster.gpus_per_node
-        self.count = cluster.nodes
-        self.free = [self.per] * cluster.nodes
-        self.offline: set[int] = set()
-        self.alloc: dict[int, plc.Allocation] = {}
-        self.config = config
-        self.waits = 0
-        self.repacks = 0
-        self.migrations = 0
-        self.migrations_naive = 0
-        self.moved: list[JobState] = []      # running jobs migrated this pass (new end times)
-
-    def set_online(self, node: int, online: bool) -> None:
-        if not 0 <= node < self.count:
-            raise ValueError(f"no node {node}")
-        if online and node in self.offline:
-            self.offline.discard(node)
-            self.free[node] += self.per
-        elif not online and node not in self.offline:
-            self.offline.add(node)
-            self.free[node] -= self.per       # may go negative while its jobs drain
-
-    def consolidate(self, job: JobState) -> bool:
-        mode = self.config.placement
-        return mode == "consolidate" or (mode == "tiresias" and plc.needs_consolidation(job.skew, self.config.packlimit))
-
-    def give_back(self, alloc: plc.Allocation, sign: int = +1) -> None:
-        for node, g in alloc:
-            self.free[node] += sign * g
-
-    def release(self, job: JobState) -> plc.Allocation | None:
-        alloc = self.alloc.pop(job.job_id, None)
-        if alloc is not None:
-            self.give_back(alloc)
-        return alloc
-
-    def retake(self, job: JobState, alloc: plc.Allocation | None) -> bool:
-        """Give ``job`` its released GPUs back if they are all still free."""
-        if alloc is None or any(self.free[n] < g for n, g in alloc):
-            return False
-        plc.apply(self.free, alloc)
-        self.alloc[job.job_id] = alloc
-        return True
-
-    def _take(self, job: JobState, alloc: plc.Allocation) -> None:
-        self.alloc[job.job_id] = alloc
-        if len(alloc) == 1:                  # one node: consolidated, full speed
-            node, gpus = alloc[0]
-            if self.free[node] < gpus:
-                raise AssertionError(f"node {node} over-allocated")
-            self.free[node] -= gpus
-            job.speed = 1.0
-            return
-        plc.apply(self.free, alloc)
-        consolidated = plc.is_consolidated(alloc, self.per)
-        job.speed = ovh.placement_speed(job.skew, consolidated) if self.config.slowdown else 1.0
-
-    def _free_for(self, job: JobState, eligible: Eligibility | None) -> list[int]:
-        free = [max(0, f) for f in self.free]
-        mask = eligible(job) if eligible is not None else None
-        if mask is not None:
-            free = [f if ok else 0 for f, ok in zip(free, mask)]
-        return free
-
-    def place_all(self, to_start: list[JobState], running: dict[int, JobState], now: float,
-                  eligible: Eligibility | None = None) -> list[JobState]:
-        """Place admitted jobs, consolidated ones and larger ones first; return those placed."""
-        placed = []
-        order = to_start if len(to_start) < 2 else \
-            sorted(to_start, key=lambda j: (not self.consolidate(j), -j.num_gpus, j.job_id))
-        for job in order:
-            together = self.consolidate(job)
-            free = self.free if eligible is None and not self.offline else self._free_for(job, eligible)
-            if self.config.placement == "most-free":
-                alloc = plc.place_most_free(free, job.num_gpus)
-            else:
-                alloc = plc.place(free, job.num_gpus, together, self.per)
-            if alloc is None and self.config.migrate:
-                alloc = self._repack(job, running, now)
-            if alloc is None:
-                self.waits += 1
-                continue
-            self._take(job, alloc)
-            placed.append(job)
-        if len(placed) > 1:
-            placed.sort(key=lambda j: j.job_id)
-        return placed
-
-    def why_not(self, job: JobState, eligible: Eligibility | None, draining: bool) -> str:
-        """Why an admitted job found no placement (for the operator)."""
-        free = self._free_for(job, None)
-        mask = eligible(job) if eligible is not None else None
-        if mask is not None and not any(mask):
-            return "no node has the memory it declared (free + lendable remote memory)"
-        if mask is not None:
-            usable = sum(f for f, ok in zip(free, mask) if ok)
-            if usable < job.num_gpus <= sum(free):
-                return "free GPUs are on nodes without the memory it declared"
-        if sum(free) >= job.num_gpus and self.consolidate(job):
-            need = plc.min_nodes(job.num_gpus, self.per)
-            return (f"skew {job.skew:.2f} > PACKLIMIT {self.config.packlimit:.2f}: waits for "
-                    f"{job.num_gpus} GPUs on {need} node(s) (free GPUs are fragmented)")
-        if draining:
-            return "waits for the GPUs of preempted jobs to be released"
-        return "not enough free GPUs on online nodes"
-
-    def _repack(self, job: JobState, running: dict[int, JobState], now: float) -> plc.Allocation | None:
-        """Place every running job plus ``job`` from scratch; rename nodes to move the fewest."""
-        members = [(j.job_id, j.num_gpus, self.consolidate(j)) for j in running.values()]
-        members.append((job.job_id, job.num_gpus, True))
-        # jobs placed earlier this pass are running-to-be: keep them in the repack too
-        pending = [jid for jid in self.alloc if jid not in running and jid != job.job_id]
-        members += [(jid, sum(g for _, g in self.alloc[jid]), True) for jid in pending]
-        plan = plc.repack(members, self.count, self.per)
-        if plan is None:
-            return None
-        old = {jid: self.alloc[jid] for jid in plan if jid in self.alloc}
-        relabel, moved, naive = plc.migration_plan(old, plan, self.count)
-        self.repacks += 1
-        self.migrations += moved
-        self.migrations_naive += naive
-        new = {jid: [(relabel[n], g) for n, g in a] for jid, a in plan.items()}
-        self.free = [self.per] * self.count
-        self.alloc = {}
-        for jid, alloc in new.items():
-            if jid == job.job_id:
-                continue
-            changed = old.get(jid) is not None and sorted(old[jid]) != sorted(alloc)
-            plc.apply(self.free, alloc)
-            self.alloc[jid] = alloc
-            moved_job = running.get(jid)
-            if changed and moved_job is not None:
-                settle(moved_job, now)
-                moved_job.migrations += 1
-                if self.config.overheads:
-                    cost = ovh.preemption_cost(moved_job.model, moved_job.num_gpus)
-                    moved_job.stall += cost
-                    moved_job.overhead += cost
-                    moved_job.protected_until = progress.protected_until(
-                        now, cost, self.config.min_run_factor, self.config.min_run)
-                moved_job.speed = (ovh.placement_speed(moved_job.skew, plc.is_consolidated(alloc, self.per))
-                                   if self.config.slowdown else 1.0)
-                self.moved.append(moved_job)
-        return new[job.job_id]

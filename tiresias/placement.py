@@ -44,14 +44,17 @@ def needs_consolidation(skew: float, packlimit: float) -> bool:
 
 
 def place(free: Sequence[int], gpus: int, consolidate: bool, gpus_per_node: int) -> Allocation | None:
-    """An allocation of ``gpus`` GPUs on nodes with ``free`` GPUs, or None; ``free`` is not changed."""
+    """An allocation of ``gpus`` GPUs on nodes with ``free`` GPUs (each >= 0), or None; ``free``
+    is not changed."""
     if gpus <= 0:
         raise ValueError(f"a job needs at least one GPU, got {gpus}")
+    most = max(free, default=0)
+    if most >= gpus:                              # best fit on one node: the fewest free GPUs
+        for f in range(gpus, most + 1):           # that hold it, the first such node
+            if f in free:
+                return [(free.index(f), gpus)]
     if sum(free) < gpus:
         return None
-    for f in range(gpus, max(free) + 1):          # best fit on one node: the fewest free GPUs
-        if f in free:                             # that hold it, the first such node
-            return [(free.index(f), gpus)]
     if consolidate:
         need = min_nodes(gpus, gpus_per_node)
         by_free = sorted(range(len(free)), key=lambda n: (-free[n], n))[:need]

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-from scipy.optimize import minimize_scalar, nnls
 
 TARGET_LIMIT = "limit"    # total improvement: first loss -> the fitted limit beta2
 TARGET_CAP = "cap"        # total improvement: first loss -> the fitted loss at the epoch cap
@@ -150,6 +149,8 @@ class ConvergenceFit:
 
 def _fit_line(k: np.ndarray, y: np.ndarray, beta2: float) -> tuple[float, float, float]:
     """(beta0, beta1, squared loss error) of the weighted linearised fit at ``beta2``."""
+    from scipy.optimize import nnls      # scipy is slow to import; most commands never fit
+
     gap = y - beta2
     weight = gap * gap
     design = np.column_stack((k * weight, weight))
@@ -187,6 +188,8 @@ def fit_convergence(points: Sequence[tuple[float, float]],
     beta2 = float(grid[best])
     lo, hi = grid[max(0, best - 1)], grid[min(GRID - 1, best + 1)]
     if hi > lo:
+        from scipy.optimize import minimize_scalar
+
         res = minimize_scalar(lambda b2: _fit_line(k, y, b2)[2], bounds=(lo, hi), method="bounded",
                               options={"xatol": 1e-6 * max(floor, 1e-12)})
         if res.success and res.fun <= errors[best]:

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-from scipy.optimize import nnls
 
 
 @dataclass(frozen=True)
@@ -71,6 +70,8 @@ def fit_speed(samples: Sequence[tuple[int, int, float]], sync: bool = True,
         targets.append(1.0 / f if sync else w / f)
     a = np.asarray(rows, dtype=float)
     b = np.asarray(targets, dtype=float)
+    from scipy.optimize import nnls      # scipy is slow to import; most commands never fit
+
     theta, _ = nnls(a / b[:, None], np.ones_like(b))
     return SpeedModel(sync, tuple(float(x) for x in theta), batch)
 

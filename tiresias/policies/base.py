@@ -73,6 +73,8 @@ class JobState:
     migrations: int = 0
     protected_until: float = -INF     # not preemptible before (the progress guarantee)
     settled: float = 0.0              # running: service, executed and stall accounted up to here
+    batch_size: str | None = None     # with model: the job's profile key for GPU sharing
+    may_share: bool = True            # GPU sharing may pack it with another job (--no-share: False)
     # elastic jobs (allocation policies): the GPU range, the aggregators of the current run, and
     # in the simulator the true rate: work units (steps) per second at (GPUs, aggregators, nodes)
     min_gpus: int | None = None
@@ -82,6 +84,20 @@ class JobState:
 
     def remaining(self) -> float:
         return INF if self.duration is None else max(0.0, self.duration - self.executed)
+
+
+def settle(job: JobState, now: float) -> None:
+    """Account a running job's service (GPUs x time), stall and execution up to ``now``."""
+    dt = now - job.settled
+    if dt > 0.0 and job.running:
+        job.service += job.num_gpus * dt
+        if job.stall > 0.0:
+            s = job.stall if job.stall < dt else dt
+            job.stall -= s
+            job.executed += (dt - s) * job.speed
+        else:
+            job.executed += dt * job.speed
+    job.settled = now
 
 
 class Policy:

@@ -23,6 +23,7 @@ from typing import Callable, Iterable, Iterator
 
 from ..cluster import ClusterSpec, skew_of
 from ..driver import EPS, PLACEMENTS, Driver, DriverConfig
+from ..packing.slots import Sharing
 from ..policies.base import INF, JobState, Policy
 from ..policies.gandiva import GandivaModel
 from ..progress import DEFAULT_STALL_LIMIT, check_limit, check_stall
@@ -51,12 +52,17 @@ def simulate(trace: Iterable, cluster: ClusterSpec | int, policy: Policy | Gandi
              progress: bool | Callable[[int, int, float], None] = False, config: SimConfig | None = None,
              max_events: int | None = None, stall_limit: float = DEFAULT_STALL_LIMIT,
              make_job: Callable[[object], JobState] | None = None,
-             observe: Callable[[Driver], None] | None = None) -> SimResult:
-    """Run ``trace`` (objects with job_id, submit_time, num_gpus, duration[, model, skew]) to the
+             observe: Callable[[Driver], None] | None = None, sharing: Sharing | None = None,
+             true_sharing: Sharing | None = None) -> SimResult:
+    """Run ``trace`` (objects with job_id, submit_time, num_gpus, duration[, model, skew,
+    batch_size]) to the
     end; ``StallError`` when no job executes for ``stall_limit`` simulated seconds. The Gandiva
     model (``tiresias.gandiva``) has its own simulation (``tiresias.sim.gandiva``).
     ``make_job`` builds a trace item's ``JobState`` (measured jobs: GPU range, true rate);
-    ``observe`` is called before every pass (measured jobs report their progress)."""
+    ``observe`` is called before every pass (measured jobs report their progress);
+    ``sharing`` gives GPU sharing's profile keys and the pair speeds it decides with
+    (``config.packing``), ``true_sharing`` the speeds packed jobs really run at (default the
+    same; a noisy profile decides, the true one runs)."""
     started_wall = time.perf_counter()
     check_limit(stall_limit)
     config = config or SimConfig()
@@ -72,7 +78,8 @@ def simulate(trace: Iterable, cluster: ClusterSpec | int, policy: Policy | Gandi
     for tj in pending:
         if tj.num_gpus > cluster.total_gpus:
             raise ValueError(f"job {tj.job_id} needs {tj.num_gpus} GPUs; the cluster has {cluster.total_gpus}")
-    drv = Driver(policy, cluster, config, start=0.0 if not pending else min(0.0, pending[0].submit_time))
+    drv = Driver(policy, cluster, config, start=0.0 if not pending else min(0.0, pending[0].submit_time),
+                 sharing=sharing, true_sharing=true_sharing)
     jobs: list[JobState] = []
     ends: list[tuple[float, int, int]] = []     # (end if not preempted, run token, job id)
     tokens: dict[int, int] = {}
@@ -110,13 +117,19 @@ def simulate(trace: Iterable, cluster: ClusterSpec | int, policy: Policy | Gandi
                 _, token, job_id = heapq.heappop(ends)
                 if tokens.get(job_id) == token:
                     finished.append(drv.running[job_id])
-            for job in sorted(finished, key=lambda j: j.job_id):
+            if len(finished) > 1:
+                finished.sort(key=lambda j: j.job_id)
+            for job in finished:
                 tokens[job.job_id] += 1
-                drv.finish(job)
+                alone = drv.finish(job)
                 job.executed = job.duration
                 done += 1
                 if record:
                     timeline.append((now, job.job_id, "end"))
+                for other in alone:                 # its partner on shared GPUs: a new speed
+                    tokens[other.job_id] = token = tokens[other.job_id] + 1
+                    heapq.heappush(ends, (now + other.stall + other.remaining() / other.speed, token,
+                                          other.job_id))
             # arrivals
             while nxt < total and pending[nxt].submit_time <= now + EPS:
                 tj = pending[nxt]
@@ -127,7 +140,8 @@ def simulate(trace: Iterable, cluster: ClusterSpec | int, policy: Policy | Gandi
                     model = getattr(tj, "model", None)
                     job = JobState(tj.job_id, int(tj.num_gpus), float(tj.submit_time), float(tj.duration),
                                    wait_since=float(tj.submit_time), model=model,
-                                   skew=skew_of(model, getattr(tj, "skew", None)))
+                                   skew=skew_of(model, getattr(tj, "skew", None)),
+                                   batch_size=getattr(tj, "batch_size", None))
                 jobs.append(job)
                 drv.submit(job)
             if tick is not None and abs(now / tick - round(now / tick)) > 1e-9:

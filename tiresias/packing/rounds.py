@@ -1,0 +1,120 @@
+"""One scheduling round of Tesserae (Algorithm 1), as a pure function over plain data.
+
+The scheduling policy has ordered the active jobs (highest priority first). The round:
+
+1. places jobs without packing, in that order, while GPUs last, each with the node placement
+   rule of the driver (``tiresias.placement.place``: best fit on one node, consolidated on the
+   fewest nodes when the job needs it); a job that finds no GPUs is *pending*, and the walk
+   goes on (a smaller job after it may still fit);
+2. packs pending jobs onto placed jobs' GPUs (``matching.pack``, or Gavel's greedy rule), at
+   most two jobs per GPU;
+3. renames the new plan's nodes and GPUs to stay closest to the previous round's plan
+   (``migration.plan_migration``), so that only the jobs that must move do. Gavel instead
+   keeps a job on the GPUs it had when they are still free as the plan is built (in priority
+   order), places it anew otherwise, and counts a job as migrated whenever its GPUs differ.
+
+The plan is built from an empty cluster each round: where a job ran before matters only
+through the renaming, as in the paper.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Hashable, Sequence
+
+from .. import placement as plc
+from . import matching, migration
+
+PACKINGS = ("tesserae", "gavel")
+
+
+@dataclass(frozen=True)
+class RoundJob:
+    """An active job as a round sees it."""
+    job_id: int
+    gpus: int
+    kind: Hashable = None          # the profile store's key
+    may_share: bool = True
+    consolidate: bool = False      # must be placed on the fewest nodes
+
+
+@dataclass
+class RoundPlan:
+    """The outcome of a round: who runs where, who shares, who moved."""
+    plan: list[list[frozenset[int]]]                 # plan[node][gpu]: jobs on that GPU (physical)
+    placed: list[int] = field(default_factory=list)  # jobs given GPUs of their own, in order
+    pairs: list[matching.Pair] = field(default_factory=list)   # pending jobs packed onto placed ones
+    waiting: list[int] = field(default_factory=list)   # jobs left out this round
+    migrated: list[int] = field(default_factory=list)  # jobs of both rounds whose GPUs changed
+    naive: list[int] = field(default_factory=list)     # what Gavel's rule would have counted
+
+    def gpus(self) -> dict[int, frozenset[tuple[int, int]]]:
+        """job -> its (node, GPU) set."""
+        return migration.gpu_sets(self.plan)
+
+    def speeds(self) -> dict[int, float]:
+        """The normalised speed of every packed job (jobs alone run at 1)."""
+        out: dict[int, float] = {}
+        for p in self.pairs:
+            out[p.placed] = p.placed_speed
+            out[p.pending] = p.pending_speed
+        return out
+
+
+def plan_round(ordered: Sequence[RoundJob], nodes: int, per_node: int, speeds: matching.Speeds | None,
+               previous: migration.Plan | None = None, packing: str | None = "tesserae") -> RoundPlan:
+    """Algorithm 1 over ``ordered`` (see the module docstring). ``speeds(kind_a, kind_b)``
+    gives a pair's normalised speeds (None: packing off); ``previous`` is the last round's
+    physical plan (None: the first round, nothing to stay close to); ``packing`` is
+    ``"tesserae"`` (matching, GPU-level renaming), ``"gavel"`` (greedy, no renaming) or None."""
+    if packing is not None and packing not in PACKINGS:
+        raise ValueError(f"packing must be one of {', '.join(PACKINGS)} or None, got {packing!r}")
+    free = [per_node] * nodes
+    slots: list[list[set[int]]] = [[set() for _ in range(per_node)] for _ in range(nodes)]
+    before = migration.gpu_sets(previous) if previous is not None and packing == "gavel" else {}
+    placed: list[RoundJob] = []
+    pending: list[RoundJob] = []
+    where: dict[int, list[tuple[int, int]]] = {}
+    for job in ordered:
+        gpus = _sticky(before.get(job.job_id), slots, job.gpus)
+        if gpus is None:
+            alloc = plc.place(free, job.gpus, job.consolidate, per_node)
+            if alloc is None:
+                pending.append(job)
+                continue
+            gpus = [(node, k) for node, g in alloc
+                    for k in [k for k in range(per_node) if not slots[node][k]][:g]]
+        for node, k in gpus:
+            slots[node][k].add(job.job_id)
+            free[node] -= 1
+        where[job.job_id] = gpus
+        placed.append(job)
+    pairs: list[matching.Pair] = []
+    if packing is not None and speeds is not None and pending and placed:
+        cand = {j.job_id: matching.Candidate(j.job_id, j.gpus, j.kind, j.may_share) for j in placed + pending}
+        rule = matching.pack if packing == "tesserae" else matching.pack_greedy
+        pairs = rule([cand[j.job_id] for j in placed], [cand[j.job_id] for j in pending], speeds)
+        for p in pairs:
+            for node, k in where[p.placed]:
+                slots[node][k].add(p.pending)
+    packed = {p.pending for p in pairs}
+    new = [[frozenset(s) for s in node] for node in slots]
+    result = RoundPlan(new, [j.job_id for j in placed], pairs,
+                       [j.job_id for j in pending if j.job_id not in packed])
+    if previous is None:
+        return result
+    gpus_of = {j.job_id: j.gpus for j in ordered}
+    if packing == "gavel":
+        after = migration.gpu_sets(new)
+        result.naive = result.migrated = sorted(j for j in after if j in before and before[j] != after[j])
+        return result
+    moved = migration.plan_migration(previous, new, gpus_of)
+    result.plan, result.migrated, result.naive = moved.plan, moved.migrated, moved.naive
+    return result
+
+
+def _sticky(before: frozenset[tuple[int, int]] | None, slots: list[list[set[int]]], gpus: int
+            ) -> list[tuple[int, int]] | None:
+    """Gavel's rule: a job keeps the GPUs it had when they are all still free in this plan."""
+    if before is None or len(before) != gpus or any(slots[node][k] for node, k in before):
+        return None
+    return sorted(before)
