@@ -12,6 +12,9 @@ migration rule saves, and how long one round's decision takes (JSON out).
    migration by renaming) with N active jobs on 256 GPUs (32x8), N = 256 .. 4096, against
    the previous round's plan; the peer is the round without packing (placement and renaming
    only). The paper reports under 1.6 s for 2,048 jobs on 256 GPUs.
+3. Profile noise (the paper's Fig. 16): ``tesserae-las`` at 80 jobs/hour deciding with every
+   pair's speeds off by a factor uniform in [1-L, 1+L], with and without learning the speeds
+   packed jobs run at; average JCT relative to an exact profile.
 
     python bench/tesserae_scale.py --json bench/results/tesserae_scale.json
 """
@@ -88,6 +91,42 @@ def gain_vs_load(rates: list[float], jobs: int, seeds: list[int], tmp: pathlib.P
     return rows
 
 
+def noise_sensitivity(levels: list[float], rate: float, jobs: int, seeds: list[int], tmp: pathlib.Path) -> list[dict]:
+    """Tesserae Fig. 16: decisions on a profile whose pairs are off by up to +-level, with and
+    without learning the speeds packed jobs run at; jobs run at the true speeds."""
+    store = load_profiles(cli.DEFAULT_COLOCATION)
+    types = [(t.model, t.batch_size, t.gpus) for t in store.job_types()]
+    rows = []
+    for level in levels:
+        row: dict = {"noise": level, "rate_per_hour": rate}
+        for learn in (True, False):
+            jct, span = [], []
+            for seed in seeds:
+                trace = tmp / f"noise_{seed}.csv"
+                if not trace.exists():
+                    write_trace(generate("shockwave", jobs, rate, seed, types), trace)
+                out = tmp / "noise.json"
+                argv = ["simulate", "--trace", str(trace), "--cluster", "10x8", "--policy", "tesserae-las",
+                        "--no-progress", "--json", str(out), "--profile-noise", str(level), "--profile-seed", str(seed),
+                        "--learn-profiles" if learn else "--no-learn-profiles"]
+                with contextlib.redirect_stdout(io.StringIO()):
+                    if cli.main(argv) != 0:
+                        raise RuntimeError(f"tiresias {' '.join(argv)} failed")
+                got = json.loads(out.read_text())
+                jct.append(got["avg_jct"])
+                span.append(got["makespan"])
+            key = "learning" if learn else "fixed"
+            row[f"avg_jct_{key}"] = statistics.fmean(jct)
+            row[f"makespan_{key}"] = statistics.fmean(span)
+        rows.append(row)
+    for row in rows:
+        row["avg_jct_fixed_vs_exact"] = row["avg_jct_fixed"] / rows[0]["avg_jct_fixed"]
+        row["avg_jct_learning_vs_exact"] = row["avg_jct_learning"] / rows[0]["avg_jct_fixed"]
+        print(f"noise {row['noise']:.1f}: average JCT {row['avg_jct_fixed_vs_exact']:.3f}x of an exact profile "
+              f"({row['avg_jct_learning_vs_exact']:.3f}x learning)", flush=True)
+    return rows
+
+
 def decision_time(sizes: list[int], repeats: int) -> list[dict]:
     store = load_profiles(cli.DEFAULT_COLOCATION)
     types = store.job_types()
@@ -126,14 +165,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--sizes", default="256,1024,2048,4096", help="active jobs for the decision time")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--noise", default="0,0.2,0.5,1.0", help="profile noise levels (the first is the reference)")
     args = p.parse_args(argv)
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
-        gain = gain_vs_load([float(r) for r in args.rates.split(",")], args.jobs,
-                            [int(s) for s in args.seeds.split(",")], pathlib.Path(tmp))
+        seeds = [int(s) for s in args.seeds.split(",")]
+        gain = gain_vs_load([float(r) for r in args.rates.split(",")], args.jobs, seeds, pathlib.Path(tmp))
+        noise = noise_sensitivity([float(x) for x in args.noise.split(",")], 80.0, args.jobs, seeds, pathlib.Path(tmp))
     timing = decision_time([int(n) for n in args.sizes.split(",")], args.repeats)
     out = {"bench": "tesserae_scale", "host": platform.node(), "cpus": __import__("os").cpu_count(),
-           "gain_vs_load": gain, "decision_time": timing}
+           "gain_vs_load": gain, "profile_noise": noise, "decision_time": timing}
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     return 0

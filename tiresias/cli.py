@@ -23,6 +23,8 @@ from .cluster import parse_cluster
 from .load import offered_load
 from .metrics import finish_time_fairness, summarize, write_jobs_csv
 from .placement import DEFAULT_PACKLIMIT
+from .packing.profiles import DEFAULT_COLOCATION
+from .packing.rounds import ROUND_SECONDS, SHARING_POLICIES
 from .policies import POLICIES as BASE_POLICIES
 from .policies import make_policy
 from .policies.gandiva import SWITCH_SECONDS
@@ -35,14 +37,9 @@ __all__ = ["main", "CYCLE_MODELS", "DEFAULT_COLOCATION"]
 
 # GPU sharing (tiresias.packing): Tesserae's matching and renaming, or Gavel's greedy rule, under
 # a priority policy; the simulator runs them in rounds of ROUND_SECONDS unless --round says otherwise
-SHARING_POLICIES = {f"tesserae-{p}": ("tesserae", p) for p in ("las", "gittins", "fifo")}
-SHARING_POLICIES["gavel-las"] = ("gavel", "las")
 POLICIES = (*BASE_POLICIES, *SHARING_POLICIES)
-ROUND_SECONDS = 360.0
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-# Tesserae's co-location table: the job types ``workload`` draws models and batch sizes from
-DEFAULT_COLOCATION = PROJECT_ROOT.parent / "shared" / "data" / "colocation" / "blox_norm_speed.csv"
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -114,6 +111,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="tesserae-*, gavel-*: decide with every pair's speeds multiplied by a factor uniform in "
                         "[1-LEVEL, 1+LEVEL] (profiling error, Tesserae Fig. 16); jobs run at the true speeds")
     p.add_argument("--profile-seed", type=cli.non_negative(int), default=0, help="--profile-noise's seed")
+    p.add_argument("--learn-profiles", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --profile-noise: the profile learns the speeds packed jobs run at (each measured "
+                        "pair moves half way to its measurement per round)")
     guarantee.add_arguments(p)
     p.add_argument("--stall-limit", type=float, default=guarantee.DEFAULT_STALL_LIMIT, metavar="SECONDS",
                    help="stop with an error when no job makes progress for this much simulated time")
@@ -174,7 +174,8 @@ def _config(args, packing: str | None = None) -> SimConfig:
     if packing is not None and (args.placement == "count" or args.migrate):
         raise cli.UsageError("GPU sharing plans GPUs on nodes every round: not with --placement count or --migrate")
     return SimConfig(args.placement, args.packlimit, overheads=args.overheads, slowdown=args.slowdown,
-                     migrate=args.migrate, packing=packing, **guard)
+                     migrate=args.migrate, packing=packing, learn_profiles=packing is not None and args.learn_profiles,
+                     **guard)
 
 
 def _sharing(args, packing: str | None):

@@ -87,6 +87,8 @@ class Driver:
         self.sharing = sharing                      # GPU sharing decides with these pair speeds
         self.true_sharing = true_sharing or sharing   # ... and packed jobs run at these
         self.slots = GpuSlots(cluster.nodes, cluster.gpus_per_node) if self.config.packing else None
+        self._held: dict[int, frozenset[tuple[int, int]]] = {}   # live sharing: GPUs of stopped runs
+        self._next_round = -INF                                  # live sharing: when the next round is due
         self.capacity = cluster.total_gpus
         self.nodes = None if self.config.placement == "count" else Nodes(cluster, self.config)
         self.eligible = eligible
@@ -216,6 +218,7 @@ class Driver:
             self.released(job)
             job.end_time = self.now
             self.policy.remove(job, self.now)
+            self._leave_plan(job)
         self.reasons.pop(job.job_id, None)
 
     def released(self, job: JobState) -> None:
@@ -223,6 +226,8 @@ class Driver:
         alloc = self.draining.pop(job.job_id, None)
         if alloc is not None and self.nodes is not None:
             self.nodes.give_back(alloc)
+        if self._held.pop(job.job_id, None) is not None:
+            self._sync_slots()
 
     def preempt(self, job: JobState) -> None:
         """Stop a running job outside a pass (e.g. its node was lost)."""
@@ -247,6 +252,12 @@ class Driver:
             self._stop([job])
         self.policy.remove(job, self.now)
         self.reasons.pop(job.job_id, None)
+        self._leave_plan(job)
+
+    def _leave_plan(self, job: JobState) -> None:
+        """GPU sharing: a job that left for good (not running) gives up its planned GPUs."""
+        if self.slots is not None and not job.running:
+            self.slots.release(job.job_id)    # a stopped run's GPUs stay held until ``released``
 
     def restore(self, job: JobState, alloc: plc.Allocation | None, draining: bool = False) -> None:
         """A restarted master re-attaches a job found running (or draining) on ``alloc``."""
@@ -361,10 +372,17 @@ class Driver:
     def _schedule_round(self) -> Decision:
         """A round with GPU sharing (``tiresias.packing.rounds``): the policy's order, protected
         jobs first (progress guarantee); jobs left out stop, jobs planned start, running jobs
-        whose GPUs the plan changed migrate (charged a pause and resume), and every job runs
-        at its packed speed (``Decision.moved``: running jobs with a new speed or GPUs)."""
+        whose GPUs the plan changed migrate, and every job runs at its packed speed
+        (``Decision.moved``: running jobs with a new speed or GPUs). The simulator charges a
+        migration a pause and resume; live, a migration is a stop by checkpoint and a start on
+        the new GPUs, and a planned job starts at the first pass after the GPUs it is planned on
+        are released by the runs stopped there (``released``); passes between rounds only do
+        that."""
         now, policy, nodes, slots = self.now, self.policy, self.nodes, self.slots
         assert nodes is not None and slots is not None
+        live = self.config.defer_release
+        if live and now < self._next_round:
+            return Decision(self._start_planned())
         self.settle_all()
         limit = now + EPS * max(1.0, abs(now))
         keep = self._protected(limit)
@@ -377,21 +395,28 @@ class Driver:
         plan = plan_round(jobs, self.cluster.nodes, self.cluster.gpus_per_node,
                           sharing.pair if sharing else None, slots.previous(), self.config.packing)
         gpus = plan.gpus()
-        stop = sorted((j for j in self.running.values() if j.job_id not in gpus), key=lambda j: j.job_id)
-        for job in stop:
-            nodes.release(job)
+        migrated = [self.running[jid] for jid in plan.migrated if jid in self.running]
+        stop = [j for j in self.running.values() if j.job_id not in gpus] + (migrated if live else [])
+        stop.sort(key=lambda j: j.job_id)
+        if not live:
+            for job in stop:
+                nodes.release(job)
         self._stop(stop)
         partners = {p.placed: p.pending for p in plan.pairs}
         partners.update({p.pending: p.placed for p in plan.pairs})
         slots.set(plan.plan, partners)
+        nodes.migrations_naive += len(plan.naive)
+        if live:
+            for job in migrated:
+                job.migrations += 1
+                nodes.migrations += 1
+            self._next_round = now + (self.config.decide_every or 0.0)
+            return Decision(self._start_planned(), stop)
         nodes.assign({jid: slots.allocation(jid) for jid in gpus}, [sum(1 for g in node if g) for node in plan.plan])
         moved = []
-        for job_id in plan.migrated:
-            job = self.running.get(job_id)
-            if job is not None:
-                nodes.migrate(job, now)
-                moved.append(job)
-        nodes.migrations_naive += len(plan.naive)
+        for job in migrated:
+            nodes.migrate(job, now)
+            moved.append(job)
         start = sorted((policy.active[jid] for jid in gpus if jid not in self.running), key=lambda j: j.job_id)
         for job in start:
             self._start(job)
@@ -412,16 +437,64 @@ class Driver:
         self.used = slots.busy()
         return Decision(start, stop, sorted(moved, key=lambda j: j.job_id))
 
+    def _start_planned(self) -> list[JobState]:
+        """Live: start the jobs the round planned that are not running, each once the runs
+        stopped on its GPUs are gone (and its own last run too)."""
+        slots, active = self.slots, self.policy.active
+        assert slots is not None and self.nodes is not None
+        held = set().union(*self._held.values()) if self._held else set()
+        started = []
+        for job_id in sorted(slots.gpus):
+            job = active.get(job_id)
+            if job is None or job.running:
+                continue
+            if job_id in self.draining or slots.gpus[job_id] & held:
+                self.reasons[job_id] = "waits for the GPUs of stopped runs to be released"
+                continue
+            self.reasons.pop(job_id, None)
+            self._start(job)
+            started.append(job)
+        self._sync_slots()
+        return started
+
+    def _sync_slots(self) -> None:
+        """Live GPU sharing: the node state from the running jobs' planned GPUs and the GPUs
+        stopped runs still hold."""
+        slots, nodes = self.slots, self.nodes
+        assert slots is not None and nodes is not None
+        busy = set().union(*(slots.gpus.get(jid, frozenset()) for jid in self.running), *self._held.values())
+        per_node = [0] * self.cluster.nodes
+        for node, _ in busy:
+            per_node[node] += 1
+        nodes.assign({jid: slots.allocation(jid) for jid in self.running}, per_node)
+        self.used = len(busy)
+
+    def gpu_ids(self, job_id: int) -> list[tuple[int, list[int]]] | None:
+        """GPU sharing: the GPUs of each node the round planned for ``job_id`` (None without
+        sharing: the caller picks free GPUs on the allocation's nodes)."""
+        if self.slots is None or job_id not in self.slots.gpus:
+            return None
+        by_node: dict[int, list[int]] = {}
+        for node, gpu in sorted(self.slots.gpus[job_id]):
+            by_node.setdefault(node, []).append(gpu)
+        return sorted(by_node.items())
+
     def _packed_speeds(self, pairs) -> dict[int, float]:
-        """Every packed job's normalised speed, from the true profile (a noisy one decided)."""
-        truth, active = self.true_sharing, self.policy.active
-        if truth is self.sharing or truth is None:
+        """Every packed job's normalised speed, from the true profile (a noisy one decided);
+        with ``learn_profiles`` the deciding profile learns them (the simulator's stand-in for
+        the speeds a live job reports)."""
+        truth, active, sharing = self.true_sharing, self.policy.active, self.sharing
+        if truth is sharing or truth is None or sharing is None:
             return {jid: s for p in pairs for jid, s in ((p.placed, p.placed_speed), (p.pending, p.pending_speed))}
         out = {}
         for p in pairs:
             a, b = active[p.placed], active[p.pending]
             real = truth.pair(truth.kind(a), truth.kind(b))
-            out[p.placed], out[p.pending] = real if real and min(real) > 0 else (p.placed_speed, p.pending_speed)
+            if not (real and min(real) > 0):
+                real = (p.placed_speed, p.pending_speed)
+            out[p.placed], out[p.pending] = real
+            if self.config.learn_profiles:
+                sharing.observe(sharing.kind(a), sharing.kind(b), *real)
         return out
 
     def _left_slots(self, jobs: list[JobState]) -> list[JobState]:
@@ -437,7 +510,10 @@ class Driver:
                     if self.nodes is not None else 1.0
                 self._track(partner)
                 changed.append(partner)
-        self.used = slots.busy()
+        if self.config.defer_release:
+            self._sync_slots()
+        else:
+            self.used = slots.busy()
         return changed
 
     def _start_at(self, targets: dict[int, tuple[int, int]]) -> list[JobState]:
@@ -563,6 +639,8 @@ class Driver:
             if self.config.defer_release and self.nodes is not None and job.job_id in self.nodes.alloc:
                 alloc = self.nodes.alloc.pop(job.job_id)
                 self.draining[job.job_id] = alloc      # GPUs still busy: taken, not yet free
+                if self.slots is not None:             # ... these very GPUs, when shared
+                    self._held[job.job_id] = self.slots.gpus.get(job.job_id, frozenset())
 
     def _start(self, job: JobState) -> None:
         now = self.now

@@ -26,6 +26,7 @@ class DriverConfig:
     start_cost: float = 0.0        # simulator, with overheads: seconds charged at a job's first start
     decide_every: float | None = None   # simulator: passes only at multiples of this (Pollux's 60 s)
     packing: str | None = None     # GPU sharing by rounds: "tesserae" (matching) or "gavel" (greedy)
+    learn_profiles: bool = False   # GPU sharing: fold the speeds packed jobs run at into the profile
 
     def __post_init__(self) -> None:
         progress.check_guard(self.min_run_factor, self.min_run)

@@ -115,3 +115,78 @@ def test_packing_config_needs_rounds_and_node_placement():
         DriverConfig(placement="count", packing="tesserae", decide_every=360.0)
     with pytest.raises(ValueError, match="packing must be"):
         DriverConfig(placement="tiresias", packing="lucid", decide_every=360.0)
+
+
+# --- live: stops drain before their GPUs are reused; a migration is a stop and a restart ------
+
+def _live(per_node=1, nodes=1, policy=None):
+    from tiresias.policies.baselines import SRTF
+    config = DriverConfig(placement="tiresias", packing="tesserae", decide_every=360.0, defer_release=True)
+    return Driver(policy or SRTF(), ClusterSpec(nodes, per_node), config, sharing=KindSharing())
+
+
+def test_live_round_packs_two_jobs_on_one_gpu_and_names_it():
+    drv = _live()
+    a, c = JobState(1, 1, 0.0, 1000.0, model="A"), JobState(2, 1, 0.0, 2000.0, model="C")
+    drv.submit(a)
+    drv.submit(c)
+    decision = drv.schedule()
+    assert {j.job_id for j in decision.started} == {1, 2}
+    assert drv.gpu_ids(1) == drv.gpu_ids(2) == [(0, [0])]
+    assert drv.used == 1 and drv.allocation(1) == [(0, 1)]
+
+
+def test_live_a_planned_job_waits_for_the_stopped_run_on_its_gpu():
+    drv = _live()
+    long = JobState(1, 1, 0.0, 5000.0, model="X")          # X shares with nobody
+    drv.submit(long)
+    assert drv.schedule().started == [long]
+    drv.advance(100.0)
+    short = JobState(2, 1, 100.0, 10.0, model="X")
+    drv.submit(short)
+    assert drv.schedule().started == []                    # not a round yet: nothing moves
+    drv.advance(360.0)
+    decision = drv.schedule()                              # the round: SRTF puts the short job first
+    assert decision.stopped == [long] and decision.started == []
+    assert "released" in drv.reasons[2]
+    drv.advance(361.0)
+    assert drv.schedule().started == []                    # its GPU still drains
+    drv.released(long)
+    drv.advance(362.0)
+    assert drv.schedule().started == [short] and drv.gpu_ids(2) == [(0, [0])]
+    assert drv.used == 1
+
+
+def test_live_a_migration_stops_the_run_and_restarts_it_on_the_new_gpus(monkeypatch):
+    from tiresias import driver as drv_module
+    from tiresias.packing.rounds import RoundPlan
+    drv = _live(per_node=2)
+    job = JobState(1, 1, 0.0, 5000.0, model="X")
+    drv.submit(job)
+    drv.schedule()
+    assert drv.gpu_ids(1) == [(0, [0])]
+    moved = RoundPlan([[frozenset(), frozenset({1})]], placed=[1], migrated=[1], naive=[1])
+    monkeypatch.setattr(drv_module, "plan_round", lambda *a, **k: moved)
+    drv.advance(360.0)
+    decision = drv.schedule()
+    assert decision.stopped == [job] and decision.started == []   # its run exits first
+    assert job.migrations == 1 and drv.nodes.migrations == 1 and not job.running
+    assert drv.gpu_ids(1) == [(0, [1])] and "released" in drv.reasons[1]
+    drv.released(job)
+    drv.advance(361.0)
+    assert drv.schedule().started == [job]                       # restarted on GPU 1
+    assert drv.used == 1 and drv.nodes.free == [1]
+
+
+def test_live_a_cancelled_planned_job_leaves_the_plan():
+    drv = _live()
+    long = JobState(1, 1, 0.0, 5000.0, model="X")
+    drv.submit(long)
+    drv.schedule()
+    drv.advance(360.0)
+    short = JobState(2, 1, 100.0, 10.0, model="X")
+    drv.submit(short)
+    drv.schedule()                                          # the long one stops; the short one waits
+    drv.withdraw(short)                                     # cancelled while it waited
+    drv.released(long)
+    assert 2 not in drv.slots.gpus and drv.schedule().started == []

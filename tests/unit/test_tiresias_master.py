@@ -399,3 +399,57 @@ def test_master_upgrades_an_older_state_dir_in_place_and_runs_its_jobs(tmp_path)
     m.tick()
     view = m.job(1)
     assert view["status"] == "running" and view["name"] == "old" and ex.launched[0].job_id == 1
+
+
+# --- GPU sharing (tesserae-*): two jobs on one GPU, a stop drains before the GPU is reused -----
+
+def test_sharing_policy_packs_two_jobs_on_one_gpu(tmp_path):
+    m, clock, ex = make(tmp_path, executor=FakeExecutor(nodes=1, gpus=1), policy="tesserae-las",
+                        round_interval=60.0)
+    a = m.submit(spec(1, "a", model="resnet50", batch_size="32"))
+    b = m.submit(spec(1, "b", model="vgg19", batch_size="32"))
+    c = m.submit(spec(1, "c", model="vgg19", batch_size="32", share=False))
+    m.tick()
+    assert sorted(s.job_id for s in ex.launched) == [a["id"], b["id"]]     # c may not share: it waits
+    assert {s.job_id: s.placement for s in ex.launched}[a["id"]] == {s.job_id: s.placement for s in ex.launched}[b["id"]]
+    ja, jc = m.job(a["id"]), m.job(c["id"])
+    assert ja["shares_with"] == b["id"] and ja["placement"] == {"node0": [0]}
+    assert jc["status"] == "waiting" and jc["may_share"] is False
+    # a ends: the GPU stays busy for b; c is only planned at the next round
+    ex.end(a["id"], 1)
+    clock.t += 1
+    m.tick()
+    assert m.nodes()[0]["free_gpus"] == 0 and len(ex.launched) == 2
+    clock.t += 60
+    m.tick()
+    assert len(ex.launched) == 2 and ex.signals == []     # b (LAS: started first) keeps it, c waits
+    assert m.job(c["id"])["status"] == "waiting"
+    ex.end(b["id"], 1)                               # b ends: the next round plans c on the GPU
+    clock.t += 60
+    m.tick()
+    assert [s.job_id for s in ex.launched][-1] == c["id"] and m.job(c["id"])["placement"] == {"node0": [0]}
+    with pytest.raises(Refused, match="batch_size"):
+        m.submit(spec(1, "d", batch_size=64))
+    with pytest.raises(Refused, match="share"):
+        m.submit(spec(1, "d", share="no"))
+
+
+def test_sharing_round_preempts_and_starts_on_the_gpu_once_the_run_has_exited(tmp_path):
+    m, clock, ex = make(tmp_path, executor=FakeExecutor(nodes=1, gpus=1), policy="tesserae-las",
+                        round_interval=60.0)
+    a = m.submit(spec(1, "a", share=False))
+    m.tick()
+    clock.t += 200                                   # a passes the 100 GPU-s threshold: queue 2
+    b = m.submit(spec(1, "b", share=False))
+    m.tick()                                         # a round is due: b first, a stops
+    assert ex.signals == [] and m.job(a["id"])["status"] == "stopping"
+    assert [s.job_id for s in ex.launched] == [a["id"]]
+    assert "released" in m.job(b["id"])["reason"]
+    clock.t += 1
+    m.tick()
+    assert [s.job_id for s in ex.launched] == [a["id"]]      # the GPU still drains
+    ex.end(a["id"], 1, stopped=True)
+    clock.t += 1
+    m.tick()
+    assert [s.job_id for s in ex.launched] == [a["id"], b["id"]]
+    assert m.job(b["id"])["placement"] == {"node0": [0]} and m.job(a["id"])["status"] == "preempted"

@@ -111,3 +111,23 @@ def test_the_readme_sharing_lines_run_as_written(tmp_path, monkeypatch, capsys):
         assert cli.main([*shlex.split(line)[1:], "--no-progress"] if "compare" in line else shlex.split(line)[1:]) == 0
     out = capsys.readouterr().out
     assert "tesserae-las" in out and "gavel-las" in out and "FTF max" in out
+
+
+def test_a_noisy_profile_learns_the_speeds_packed_jobs_run_at(store):
+    import random
+    trace = generate("shockwave", 120, 80.0, 5, _types(store))
+    config = SimConfig("tiresias", packing="tesserae", decide_every=360.0, learn_profiles=True)
+    noisy = store.with_noise(1.0, random.Random(7))
+    fresh = store.with_noise(1.0, random.Random(7))         # the same draw, never updated
+    used = set()
+
+    class Recording(ProfileSharing):
+        def observe(self, a, b, sa, sb):
+            used.add((a, b))
+            super().observe(a, b, sa, sb)
+
+    simulate(trace, ClusterSpec(4, 4), DiscretizedLAS(), config=config, sharing=Recording(noisy),
+             true_sharing=ProfileSharing(store))
+    assert used
+    err = lambda s: sum(abs(x - y) for a, b in used for x, y in zip(s.pair(a, b), store.pair(a, b)))
+    assert err(noisy) < 0.2 * err(fresh)        # each round's measurement halves a pair's error

@@ -48,6 +48,8 @@ BLOX_COLUMNS = (
     "pipeline_strategy", "model2", "dataset2", "gpu_num2", "batch_size2", "speed2",
 )
 DEFAULT_GAVEL_GPU = "v100"
+# the Tesserae authors' table in the data directory beside the project (../shared/data)
+DEFAULT_COLOCATION = Path(__file__).resolve().parents[3] / "shared" / "data" / "colocation" / "blox_norm_speed.csv"
 NOT_FIT: Pair = (0.0, 0.0)
 
 

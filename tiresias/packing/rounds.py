@@ -25,6 +25,10 @@ from .. import placement as plc
 from . import matching, migration
 
 PACKINGS = ("tesserae", "gavel")
+# command-line names: a priority policy with GPU sharing -> (packing, the priority policy)
+SHARING_POLICIES = {f"tesserae-{p}": ("tesserae", p) for p in ("las", "gittins", "fifo")}
+SHARING_POLICIES["gavel-las"] = ("gavel", "las")
+ROUND_SECONDS = 360.0        # Tesserae's rounds: six minutes
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ class Sharing(Protocol):
 
     def pair(self, a: Hashable | None, b: Hashable | None) -> tuple[float, float] | None: ...
 
+    def observe(self, a: Hashable | None, b: Hashable | None, speed_a: float, speed_b: float) -> None: ...
+
 
 class ProfileSharing:
     """``Sharing`` from a ``tiresias.packing.profiles.ProfileStore``: a job's key is its
@@ -42,6 +44,11 @@ class ProfileSharing:
         if a is None or b is None:
             return None
         return self.store.pair(a, b)
+
+    def observe(self, a: Hashable | None, b: Hashable | None, speed_a: float, speed_b: float) -> None:
+        """Packed jobs of types ``a`` and ``b`` ran at these normalised speeds: fold them in."""
+        if a is not None and b is not None:
+            self.store.observe(a, b, speed_a, speed_b)
 
 
 class GpuSlots:

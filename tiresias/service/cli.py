@@ -97,7 +97,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="declared duration in seconds (srtf/srsf)")
     p.add_argument("--launcher", choices=["torchrun", "plain"], default=None,
                    help="torchrun: one worker per GPU (default for a .py script); plain: the command once per node")
-    p.add_argument("--model", default=None, help="model name, for its skew until AutoPS measures it")
+    p.add_argument("--model", default=None, help="model name, for its skew until AutoPS measures it, and with "
+                                                 "--batch-size its row of the co-location table (GPU sharing)")
+    p.add_argument("--batch-size", default=None, help="GPU sharing: the batch size as the co-location table writes "
+                                                      "it (e.g. 64, 256/16)")
+    p.add_argument("--no-share", dest="share", action="store_false",
+                   help="GPU sharing: never pack this job with another on the same GPUs")
     p.add_argument("--converge", type=float, default=None, metavar="DELTA",
                    help="elastic: the job counts as converged within DELTA of its loss's total improvement "
                         "(an allocation policy's estimate of its remaining steps; default 0.05)")
@@ -161,9 +166,14 @@ def _master_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--packlimit", type=_skew, default=DEFAULT_PACKLIMIT,
                    help="consolidate jobs whose skew is above this (0..1)")
     p.add_argument("--interval", type=cli.positive(float), default=5.0, help="seconds between scheduling passes")
-    p.add_argument("--round-interval", type=cli.positive(float), default=600.0, metavar="SECONDS",
-                   help="an allocation policy's rounds (optimus, drf, tetris, elastic-srpt): seconds between them "
-                        "(default 600, Optimus's 10 minutes)")
+    p.add_argument("--round-interval", type=cli.positive(float), default=None, metavar="SECONDS",
+                   help="seconds between the rounds of an allocation policy (optimus, drf, tetris, elastic-srpt; "
+                        "default 600, Optimus's 10 minutes) or of GPU sharing (tesserae-*, gavel-las; default 360, "
+                        "Tesserae's 6 minutes)")
+    p.add_argument("--colocation", default=None, metavar="FILE",
+                   help="tesserae-*, gavel-las: the co-location throughput table (Tesserae's CSV or Gavel's JSON; "
+                        "default the Tesserae authors' table in ../shared/data/colocation)")
+    p.add_argument("--gpu-type", default=None, help="a Gavel-format --colocation table's GPU type (default v100)")
     p.add_argument("--stop-grace", type=cli.non_negative(float), default=30.0,
                    help="seconds a job has to checkpoint and exit before SIGTERM (SIGKILL 5 s later)")
     p.add_argument("--max-lost-runs", type=cli.positive(int), default=3, metavar="N",
@@ -226,7 +236,8 @@ def cmd_master(args) -> int:
                           max_log_bytes=args.max_log_bytes, min_free_bytes=args.min_free_bytes,
                           max_queued_per_user=args.max_queued_per_user,
                           submit_rate_per_user=args.submit_rate_per_user, submit_burst=args.submit_burst,
-                          retention_s=args.retention, round_interval=args.round_interval)
+                          retention_s=args.retention, round_interval=args.round_interval,
+                          colocation=args.colocation, gpu_type=args.gpu_type)
     shape = None
     if args.executor == "local":
         shape = parse_cluster(args.nodes) if re.match(r"^\s*\d+\s*[xX]\s*\d+\s*$", args.nodes) else None
@@ -322,7 +333,8 @@ def cmd_submit(args) -> int:
     spec = {"gpus": high, "min_gpus": low if low < high else None, "command": command, "name": args.name, "env": env,
             "workdir": os.path.abspath(args.workdir or os.getcwd()), "launcher": args.launcher,
             "autops_aggregators": args.autops_aggregators, "duration": args.duration, "model": args.model,
-            "memory": parse_size(args.memory) if args.memory else None, "converge": args.converge}
+            "memory": parse_size(args.memory) if args.memory else None, "converge": args.converge,
+            "batch_size": args.batch_size, "share": None if args.share else False}
     job = _connect(args).post("/api/v1/jobs", {k: v for k, v in spec.items() if v is not None})
     gpus = f"{job['min_gpus']}-{job['gpus']}" if job.get("min_gpus") else f"{job['gpus']}"
     _emit(args, job, f"submitted job {job['id']} ({job['name']}, {gpus} GPU(s)): {job['status']}")

@@ -58,6 +58,7 @@ from dlrt import requeue
 
 from ..cluster import ClusterSpec, skew_of
 from ..driver import Driver, DriverConfig
+from ..packing.rounds import ROUND_SECONDS, SHARING_POLICIES
 from ..placement import DEFAULT_PACKLIMIT
 from ..policies import POLICIES, SIMULATOR_ONLY, make_policy
 from ..policies.elastic import ALLOCATION_POLICIES, DEFAULT_INTERVAL as DEFAULT_ROUND_INTERVAL
@@ -74,7 +75,7 @@ from .store import ACTIVE, TERMINAL, Store, is_full
 
 log = logging.getLogger("tiresias.master")
 
-LIVE_POLICIES = tuple(p for p in POLICIES if p not in SIMULATOR_ONLY)
+LIVE_POLICIES = tuple(p for p in POLICIES if p not in SIMULATOR_ONLY) + tuple(SHARING_POLICIES)
 KILL_AFTER_S = 5.0           # SIGTERM -> SIGKILL
 MAX_LAUNCH_FAILURES = 3      # consecutive failed launches before a job is failed
 REQUEUE_MAX_DELAY_S = 60.0   # a run that asked to be requeued waits interval x 2^(n-1), at most this
@@ -138,11 +139,15 @@ class MasterConfig:
     submit_burst: int = 100                  # submits at once before the rate applies
     retention_s: float = 30 * 86400.0        # ended jobs older than this are pruned (0: kept forever)
     dashboard_recent: int = DEFAULT_DASHBOARD_RECENT
-    round_interval: float = DEFAULT_ROUND_INTERVAL   # an allocation policy's rounds (optimus, drf, ...)
+    round_interval: float | None = None      # rounds: allocation policies' (600 s), GPU sharing's (360 s)
+    colocation: str | None = None            # GPU sharing: the co-location table (default Tesserae's)
+    gpu_type: str | None = None              # ... a Gavel-format table's GPU type
 
     def __post_init__(self) -> None:
         if self.policy not in LIVE_POLICIES:
             raise ValueError(f"unknown policy {self.policy!r} (one of {', '.join(LIVE_POLICIES)})")
+        if self.round_interval is None:
+            self.round_interval = ROUND_SECONDS if self.policy in SHARING_POLICIES else DEFAULT_ROUND_INTERVAL
         if self.interval <= 0 or self.stop_grace < 0 or not self.round_interval > 0:
             raise ValueError("--interval and --round-interval must be > 0 and --stop-grace >= 0")
         if self.max_lost_runs < 1:
@@ -209,21 +214,32 @@ class Master:
         self.quota = SubmitQuota(QuotaConfig(config.max_queued_per_user, config.submit_rate_per_user,
                                              config.submit_burst))
         self.retention = RetentionConfig(config.retention_s)
+        packing = SHARING_POLICIES.get(config.policy, (None, ""))[0]
         self.driver = Driver(self._policy(), self.cluster,
                              DriverConfig("tiresias", packlimit=config.packlimit, defer_release=True,
-                                          min_run_factor=config.min_run_factor, min_run=config.min_run),
-                             start=clock(), eligible=self._eligible)
+                                          min_run_factor=config.min_run_factor, min_run=config.min_run,
+                                          packing=packing, decide_every=config.round_interval if packing else None),
+                             start=clock(), eligible=self._eligible, sharing=self._sharing(packing))
         self._recover()
 
     # --- construction --------------------------------------------------------------------------
+    def _sharing(self, packing: str | None):
+        """GPU sharing's profile lookups (None without a sharing policy)."""
+        if packing is None:
+            return None
+        from ..packing.profiles import DEFAULT_COLOCATION, load_profiles
+        from ..packing.slots import ProfileSharing
+        return ProfileSharing(load_profiles(self.config.colocation or DEFAULT_COLOCATION, self.config.gpu_type))
+
     def _policy(self):
         history = None
-        if self.config.policy == "gittins" and not self.config.distribution:
+        name = SHARING_POLICIES.get(self.config.policy, (None, self.config.policy))[1]
+        if name == "gittins" and not self.config.distribution:
             history = [r["attained_service"] for r in self.store.jobs(["finished"]) if r["attained_service"] > 0]
             if len(history) < 2:
                 raise ValueError("gittins needs a service distribution: --distribution CSV (GPU-seconds of past "
                                  "jobs), or at least two finished jobs in the state dir")
-        return make_policy(self.config.policy, thresholds=self.config.thresholds,
+        return make_policy(name, thresholds=self.config.thresholds,
                            promote_knob=self.config.promote_knob, distribution=self.config.distribution,
                            history=history, interval=self.config.round_interval
                            if self.config.policy in ALLOCATION_POLICIES else None)
@@ -275,7 +291,7 @@ class Master:
                         executed=row["executed"], service=row["attained_service"], first_start=row["started"],
                         running=False, wait_since=row["wait_since"], waited=row["waited"],
                         preemptions=row["preemptions"], skew=skew, model=spec.get("model"),
-                        **_gpu_range(spec))
+                        **_gpu_range(spec), **_sharing_fields(spec))
 
     # --- requests ----------------------------------------------------------------------------
     def submit(self, spec: dict[str, Any], owner: str = OPERATOR_OWNER) -> dict[str, Any]:
@@ -309,7 +325,7 @@ class Master:
                               f"until space is freed (--min-free-bytes)") from None
             job = JobState(job_id, clean["gpus"], now, duration=clean.get("duration"), wait_since=now,
                            skew=skew_of(clean.get("model"), clean.get("skew")), model=clean.get("model"),
-                           **_gpu_range(clean))
+                           **_gpu_range(clean), **_sharing_fields(clean))
             self.states[job_id] = job
             self.runs[job_id] = _Run(clean["name"], clean, "waiting", now, owner=owner, secret=secret)
             self._describe(job_id, clean)
@@ -346,7 +362,7 @@ class Master:
         if not isinstance(spec, dict):
             raise Refused("a job is a JSON object")
         known = {"name", "gpus", "min_gpus", "command", "memory", "autops_aggregators", "duration", "launcher",
-                 "env", "workdir", "model", "skew", "converge"}
+                 "env", "workdir", "model", "skew", "converge", "batch_size", "share"}
         unknown = sorted(set(spec) - known)
         if unknown:
             raise Refused(f"unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
@@ -408,6 +424,14 @@ class Master:
         if model is not None and not isinstance(model, str):
             raise Refused("model must be a string")
         clean["model"] = model
+        batch = spec.get("batch_size")
+        if batch is not None and not (isinstance(batch, str) and 0 < len(batch) <= 64 and batch.isprintable()):
+            raise Refused(f"batch_size must be a short string (as the co-location table writes it), got {batch!r}")
+        clean["batch_size"] = batch
+        share = spec.get("share", True)
+        if not isinstance(share, bool):
+            raise Refused(f"share must be true or false, got {share!r}")
+        clean["share"] = share
         skew = spec.get("skew")
         if skew is not None:
             try:
@@ -526,8 +550,12 @@ class Master:
     # --- transitions -----------------------------------------------------------------------------
     def _launch(self, job: JobState, now: float) -> None:
         run = self.runs[job.job_id]
-        alloc = self.driver.allocation(job.job_id)
-        placement = self._pick_gpus(alloc)
+        planned = self.driver.gpu_ids(job.job_id)      # GPU sharing: the round's very GPUs
+        if planned is not None:
+            placement = [(self.node_infos[node].name, gpus) for node, gpus in planned]
+            self._take_gpus(placement)
+        else:
+            placement = self._pick_gpus(self.driver.allocation(job.job_id))
         run.run += 1
         run.placement = placement
         run.stop_requested = run.term_sent = None
@@ -874,6 +902,10 @@ class Master:
     def _release_gpus(self, placement) -> None:
         for name, gpus in placement or []:
             self.gpus_busy.get(name, set()).difference_update(gpus)
+        if self.driver.slots is not None:     # GPU sharing: a partner's run still holds its GPUs
+            for run in self.runs.values():
+                if run.handle is not None and run.placement is not placement:
+                    self._take_gpus(run.placement)
 
     # --- persistence ---------------------------------------------------------------------------------
     def _fields(self, job_id: int) -> dict[str, Any]:
@@ -973,6 +1005,11 @@ class Master:
                 view["progress"] = progress.view()
             if run.status in ("running", "stopping"):
                 view["allocation"] = {"gpus": job.num_gpus, "aggregators": self._aggregators(job_id)}
+            slots = self.driver.slots
+            if slots is not None:                     # GPU sharing: who it shares with, at what speed
+                view["shares_with"] = slots.partner.get(job_id) if job.running else None
+                view["model_batch"] = [spec.get("model"), spec.get("batch_size")]
+                view["may_share"] = spec.get("share", True)
             policy = self.driver.policy
             if policy.allocates and job_id in policy.models:
                 view["model"] = model = policy.models[job_id].fitted()
@@ -1096,6 +1133,11 @@ class Master:
                 self.resizer.close()
             self.executor.close()
             self.store.close()
+
+
+def _sharing_fields(spec: dict[str, Any]) -> dict[str, Any]:
+    """GPU sharing's view of a job: its profile key's batch size, whether it may share."""
+    return {"batch_size": spec.get("batch_size"), "may_share": spec.get("share", True)}
 
 
 def _gpu_range(spec: dict[str, Any]) -> dict[str, int | None]:
