@@ -259,8 +259,10 @@ class Driver:
         if self.slots is not None and not job.running:
             self.slots.release(job.job_id)    # a stopped run's GPUs stay held until ``released``
 
-    def restore(self, job: JobState, alloc: plc.Allocation | None, draining: bool = False) -> None:
-        """A restarted master re-attaches a job found running (or draining) on ``alloc``."""
+    def restore(self, job: JobState, alloc: plc.Allocation | None, draining: bool = False,
+                gpus: list[tuple[int, list[int]]] | None = None) -> None:
+        """A restarted master re-attaches a job found running (or draining) on ``alloc``; with
+        GPU sharing, ``gpus`` names its very GPUs (a partner's run may hold them too)."""
         self.submit(job)
         if alloc is None:
             return
@@ -268,6 +270,7 @@ class Driver:
             self.nodes.give_back(alloc, sign=-1)
         if draining:
             self.draining[job.job_id] = alloc
+            self._restore_slots(job, gpus, draining)
             return
         if self.nodes is not None:
             self.nodes.alloc[job.job_id] = alloc
@@ -278,6 +281,17 @@ class Driver:
         self.running[job.job_id] = job
         self.used += job.num_gpus
         self.policy.started(job, self.now)
+        self._restore_slots(job, gpus, draining)
+
+    def _restore_slots(self, job: JobState, gpus: list[tuple[int, list[int]]] | None, draining: bool) -> None:
+        if self.slots is None or not gpus:
+            return
+        cells = frozenset((node, g) for node, ids in gpus for g in ids)
+        if draining:
+            self._held[job.job_id] = cells
+        else:
+            self.slots.add(job.job_id, cells)
+        self._sync_slots()
 
     # --- the pass --------------------------------------------------------------------------
     def apply_changes(self) -> None:

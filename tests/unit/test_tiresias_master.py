@@ -453,3 +453,21 @@ def test_sharing_round_preempts_and_starts_on_the_gpu_once_the_run_has_exited(tm
     m.tick()
     assert [s.job_id for s in ex.launched] == [a["id"], b["id"]]
     assert m.job(b["id"])["placement"] == {"node0": [0]} and m.job(a["id"])["status"] == "preempted"
+
+
+def test_sharing_restart_reattaches_both_jobs_of_a_shared_gpu(tmp_path):
+    clock, ex = Clock(), FakeExecutor(nodes=1, gpus=1)
+    m, _, _ = make(tmp_path, clock=clock, executor=ex, policy="tesserae-las", round_interval=60.0)
+    a = m.submit(spec(1, "a", model="resnet50", batch_size="32"))["id"]
+    b = m.submit(spec(1, "b", model="vgg19", batch_size="32"))["id"]
+    m.tick()
+    assert len(ex.launched) == 2
+    clock.t += 5
+    m2, _, _ = make(tmp_path, clock=clock, executor=ex, policy="tesserae-las", round_interval=60.0)
+    assert m2.driver.gpu_ids(a) == m2.driver.gpu_ids(b) == [(0, [0])]
+    assert m2.driver.slots.partner == {a: b, b: a} and m2.driver.used == 1
+    c = m2.submit(spec(1, "c", model="vgg19", batch_size="32"))["id"]
+    clock.t += 60
+    m2.tick()                                       # a round: a and b stay where they are, c waits
+    assert len(ex.launched) == 2 and ex.signals == [] and status(m2, c) == "waiting"
+    assert m2.driver.nodes.migrations == 0

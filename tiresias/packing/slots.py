@@ -67,6 +67,16 @@ class GpuSlots:
         self.gpus = migration.gpu_sets(plan)
         self.partner = dict(partners)
 
+    def add(self, job_id: int, gpus: frozenset[tuple[int, int]]) -> None:
+        """A job found on ``gpus`` (a restarted master): its partner is the job on the same ones."""
+        for node, k in gpus:
+            self.plan[node][k] = self.plan[node][k] | {job_id}
+        for other, theirs in self.gpus.items():
+            if theirs == gpus and other not in self.partner:
+                self.partner[job_id], self.partner[other] = other, job_id
+                break
+        self.gpus[job_id] = gpus
+
     def release(self, job_id: int) -> int | None:
         """``job_id`` left its GPUs; its partner (which now runs alone), if any."""
         for node, k in self.gpus.pop(job_id, ()):

@@ -263,7 +263,8 @@ class Master:
                     gained = max(0.0, now - row["service_at"])
                     job.service += job.num_gpus * gained
                     job.executed += gained
-                self.driver.restore(job, alloc, draining=row["status"] == "stopping")
+                self.driver.restore(job, alloc, draining=row["status"] == "stopping",
+                                    gpus=[(self.node_index[n], g) for n, g in run.placement if n in self.node_index])
                 self._take_gpus(run.placement)
                 live[(job.job_id, run.run)] = run.handle
             else:
