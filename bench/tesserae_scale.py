@@ -5,9 +5,11 @@ migration rule saves, and how long one round's decision takes (JSON out).
    Tesserae authors' co-location table) of ``--jobs`` jobs at several arrival rates on 80
    GPUs (10x8), each simulated with ``las`` (Tiresias, no sharing), ``tesserae-las`` and
    ``gavel-las`` (Gavel's greedy packing), all in rounds of 360 s, and ``las`` at every event
-   (the project's default) as a second peer. Per rate: the offered load, per policy average
-   JCT, makespan, migrations (and what the same plans would have cost without Tesserae's
-   renaming), finish-time fairness, and the ratios to ``las`` in rounds. Seeds are averaged.
+   (the project's default) as a second peer, and ``tesserae-las --fresh-plans`` (each round
+   planned from an empty cluster, as the paper does). Per rate: the offered load, per policy
+   average JCT, makespan, migrations (and what the same plans would have cost without
+   Tesserae's renaming), finish-time fairness, and the ratios to ``las`` in rounds. Seeds are
+   averaged.
 2. Decision time: one round (``plan_round``: placement by priority, packing by matching,
    migration by renaming) with N active jobs on 256 GPUs (32x8), N = 256 .. 4096, against
    the previous round's plan; the peer is the round without packing (placement and renaming
@@ -44,9 +46,10 @@ POLICIES = ("las", "tesserae-las", "gavel-las")
 KEYS = ("avg_jct", "makespan", "migrations", "migrations_without_matching", "ftf_max", "ftf_mean", "preemptions")
 
 
-def _compare(trace: pathlib.Path, out: pathlib.Path, rounds: bool) -> list[dict]:
+def _compare(trace: pathlib.Path, out: pathlib.Path, rounds: bool, policies=POLICIES, *extra: str) -> list[dict]:
     argv = ["compare", "--trace", str(trace), "--cluster", "10x8", "--no-progress", "--json", str(out),
-            "--policies", ",".join(POLICIES if rounds else ("las",)), "--colocation", str(cli.DEFAULT_COLOCATION)]
+            "--policies", ",".join(policies if rounds else ("las",)), "--colocation", str(cli.DEFAULT_COLOCATION),
+            *extra]
     if rounds:
         argv += ["--round", "360"]
     with contextlib.redirect_stdout(io.StringIO()):       # the table: the JSON is what we keep
@@ -70,6 +73,8 @@ def gain_vs_load(rates: list[float], jobs: int, seeds: list[int], tmp: pathlib.P
             loads.append(offered_load(work, 80).overall)
             results = _compare(trace, tmp / "rounds.json", True)
             results += [dict(r, policy="las-events") for r in _compare(trace, tmp / "events.json", False)]
+            results += [dict(r, policy="tesserae-las-fresh")
+                        for r in _compare(trace, tmp / "fresh.json", True, ("tesserae-las",), "--fresh-plans")]
             for r in results:
                 for key in KEYS:
                     per.setdefault(r["policy"], {}).setdefault(key, []).append(r[key])
@@ -78,15 +83,17 @@ def gain_vs_load(rates: list[float], jobs: int, seeds: list[int], tmp: pathlib.P
         for p, d in mean.items():
             d["avg_jct_vs_las_rounds"] = d["avg_jct"] / base["avg_jct"]
             d["makespan_vs_las_rounds"] = d["makespan"] / base["makespan"]
-        t = mean["tesserae-las"]
+        t, fresh = mean["tesserae-las"], mean["tesserae-las-fresh"]
         rows.append({"rate_per_hour": rate, "offered_load": statistics.fmean(loads), "seeds": seeds, "jobs": jobs,
                      "policies": mean,
-                     "migrations_saved_by_renaming": 1 - t["migrations"] / t["migrations_without_matching"]
-                     if t["migrations_without_matching"] else None})
+                     "migrations_saved_by_renaming_fresh_plans":
+                         1 - fresh["migrations"] / fresh["migrations_without_matching"]
+                         if fresh["migrations_without_matching"] else None})
         print(f"rate {rate:>4g}/h  load {rows[-1]['offered_load']:.2f}  tesserae-las/las JCT "
               f"{t['avg_jct_vs_las_rounds']:.2f}x makespan {t['makespan_vs_las_rounds']:.2f}x  gavel-las/las JCT "
-              f"{mean['gavel-las']['avg_jct_vs_las_rounds']:.2f}x  migrations {t['migrations']:.0f} "
-              f"(no renaming {t['migrations_without_matching']:.0f}, gavel {mean['gavel-las']['migrations']:.0f})",
+              f"{mean['gavel-las']['avg_jct_vs_las_rounds']:.2f}x  migrations {t['migrations']:.0f}, gavel "
+              f"{mean['gavel-las']['migrations']:.0f}, fresh plans {fresh['migrations']:.0f} (unrenamed "
+              f"{fresh['migrations_without_matching']:.0f}, JCT {fresh['avg_jct_vs_las_rounds']:.2f}x)",
               flush=True)
     return rows
 

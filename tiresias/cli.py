@@ -111,6 +111,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="tesserae-*, gavel-*: decide with every pair's speeds multiplied by a factor uniform in "
                         "[1-LEVEL, 1+LEVEL] (profiling error, Tesserae Fig. 16); jobs run at the true speeds")
     p.add_argument("--profile-seed", type=cli.non_negative(int), default=0, help="--profile-noise's seed")
+    p.add_argument("--fresh-plans", action="store_true",
+                   help="tesserae-*: plan every round from an empty cluster, as the paper does (by default a job "
+                        "keeps its GPUs when they are still free, then the plan is renamed)")
     p.add_argument("--learn-profiles", action=argparse.BooleanOptionalAction, default=True,
                    help="with --profile-noise: the profile learns the speeds packed jobs run at (each measured "
                         "pair moves half way to its measurement per round)")
@@ -175,7 +178,7 @@ def _config(args, packing: str | None = None) -> SimConfig:
         raise cli.UsageError("GPU sharing plans GPUs on nodes every round: not with --placement count or --migrate")
     return SimConfig(args.placement, args.packlimit, overheads=args.overheads, slowdown=args.slowdown,
                      migrate=args.migrate, packing=packing, learn_profiles=packing is not None and args.learn_profiles,
-                     **guard)
+                     fresh_plans=packing is not None and args.fresh_plans, **guard)
 
 
 def _sharing(args, packing: str | None):

@@ -407,7 +407,8 @@ class Driver:
         jobs = [RoundJob(j.job_id, j.num_gpus, sharing.kind(j) if sharing else None, j.may_share,
                          nodes.consolidate(j)) for j in ordered]
         plan = plan_round(jobs, self.cluster.nodes, self.cluster.gpus_per_node,
-                          sharing.pair if sharing else None, slots.previous(), self.config.packing)
+                          sharing.pair if sharing else None, slots.previous(), self.config.packing,
+                          keep_in_place=not self.config.fresh_plans)
         gpus = plan.gpus()
         migrated = [self.running[jid] for jid in plan.migrated if jid in self.running]
         stop = [j for j in self.running.values() if j.job_id not in gpus] + (migrated if live else [])

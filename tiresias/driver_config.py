@@ -27,6 +27,7 @@ class DriverConfig:
     decide_every: float | None = None   # simulator: passes only at multiples of this (Pollux's 60 s)
     packing: str | None = None     # GPU sharing by rounds: "tesserae" (matching) or "gavel" (greedy)
     learn_profiles: bool = False   # GPU sharing: fold the speeds packed jobs run at into the profile
+    fresh_plans: bool = False      # GPU sharing: plan each round from an empty cluster (Tesserae as published)
 
     def __post_init__(self) -> None:
         progress.check_guard(self.min_run_factor, self.min_run)

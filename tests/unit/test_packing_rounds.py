@@ -48,9 +48,11 @@ def test_round_without_packing_and_a_job_that_must_not_share():
 def test_round_renames_onto_the_previous_plan_instead_of_moving_jobs():
     previous = [[frozenset(), frozenset()], [frozenset({7}), frozenset({8})]]
     jobs = [RoundJob(7, 1, "A"), RoundJob(8, 1, "B")]
-    plan = plan_round(jobs, 2, 2, speeds, previous=previous)
+    plan = plan_round(jobs, 2, 2, speeds, previous=previous, keep_in_place=False)
     assert plan.migrated == [] and plan.naive == [7, 8]       # planned on node 0, renamed to node 1
     assert plan.gpus() == {7: frozenset({(1, 0)}), 8: frozenset({(1, 1)})}
+    kept = plan_round(jobs, 2, 2, speeds, previous=previous)  # by default they keep their GPUs
+    assert kept.migrated == kept.naive == [] and kept.gpus() == plan.gpus()
 
 
 def test_gavel_keeps_a_job_on_its_gpus_when_they_are_free():
