@@ -85,18 +85,20 @@ def plan_round(ordered: Sequence[RoundJob], nodes: int, per_node: int, speeds: m
     placed: list[RoundJob] = []
     pending: list[RoundJob] = []
     where: dict[int, list[tuple[int, int]]] = {}
+    # GPUs that jobs of this round held last round: a job placed anew avoids them when it can,
+    # so that a running job after it in priority order still finds its own free
+    held = {cell for job in ordered for cell in before.get(job.job_id, ())}
     for job in ordered:
         gpus = _sticky(before.get(job.job_id), slots, job.gpus)
         if gpus is None:
-            alloc = plc.place(free, job.gpus, job.consolidate, per_node)
-            if alloc is None:
+            gpus = _place(job, free, slots, held, per_node)
+            if gpus is None:
                 pending.append(job)
                 continue
-            gpus = [(node, k) for node, g in alloc
-                    for k in [k for k in range(per_node) if not slots[node][k]][:g]]
         for node, k in gpus:
             slots[node][k].add(job.job_id)
             free[node] -= 1
+            held.discard((node, k))
         where[job.job_id] = gpus
         placed.append(job)
     pairs: list[matching.Pair] = []
@@ -121,6 +123,23 @@ def plan_round(ordered: Sequence[RoundJob], nodes: int, per_node: int, speeds: m
     moved = migration.plan_migration(previous, new, gpus_of)
     result.plan, result.migrated, result.naive = moved.plan, moved.migrated, moved.naive
     return result
+
+
+def _place(job: RoundJob, free: list[int], slots: list[list[set[int]]], held: set[tuple[int, int]],
+           per_node: int) -> list[tuple[int, int]] | None:
+    """GPUs for a job placed anew: by the placement rule on GPUs nobody held last round when it
+    fits there, else on any free GPUs (those nobody held first)."""
+    if held:
+        spare = [sum(1 for k in range(per_node) if not slots[n][k] and (n, k) not in held) for n in range(len(free))]
+        alloc = plc.place(spare, job.gpus, job.consolidate, per_node)
+        if alloc is not None:
+            return [(n, k) for n, g in alloc
+                    for k in [k for k in range(per_node) if not slots[n][k] and (n, k) not in held][:g]]
+    alloc = plc.place(free, job.gpus, job.consolidate, per_node)
+    if alloc is None:
+        return None
+    order = lambda n: sorted((k for k in range(per_node) if not slots[n][k]), key=lambda k: ((n, k) in held, k))
+    return [(n, k) for n, g in alloc for k in order(n)[:g]]
 
 
 def _sticky(before: frozenset[tuple[int, int]] | None, slots: list[list[set[int]]], gpus: int

@@ -58,6 +58,8 @@ from dlrt import requeue
 
 from ..cluster import ClusterSpec, skew_of
 from ..driver import Driver, DriverConfig
+from ..packing.learning import SpeedLearner
+from ..packing.learning import observe as observe_pair
 from ..packing.rounds import ROUND_SECONDS, SHARING_POLICIES
 from ..placement import DEFAULT_PACKLIMIT
 from ..policies import POLICIES, SIMULATOR_ONLY, make_policy
@@ -207,6 +209,7 @@ class Master:
         self.drained: set[str] = set()
         self.runs: dict[int, _Run] = {}
         self.progress: dict[int, JobProgress] = {}     # what active jobs reported (tiresias.job.report)
+        self.learner = SpeedLearner()                  # GPU sharing: measured speeds -> the profile
         self.states: dict[int, JobState] = {}
         self.gpus_busy: dict[str, set[int]] = {n.name: set() for n in self.node_infos}
         self.pass_seconds: list[float] = []
@@ -792,6 +795,7 @@ class Master:
         run = self.runs.pop(job_id)
         job = self.states.pop(job_id)
         self.progress.pop(job_id, None)
+        self.learner.forget(job_id)
         self.store.update_jobs([(job_id, {"status": status, "ended": now, "exit_code": code, "detail": detail,
                                           "attained_service": job.service, "executed": job.executed,
                                           "preemptions": job.preemptions, "handle": None})],
@@ -833,6 +837,8 @@ class Master:
         for job_id, run in self.runs.items():
             if run.status == "running":
                 self._read_progress(job_id, run, speed=True)
+                if self.driver.slots is not None:
+                    self._learn_sharing(job_id, run, self.progress[job_id])
 
     def _read_progress(self, job_id: int, run: _Run, speed: bool) -> None:
         policy = self.driver.policy
@@ -851,6 +857,22 @@ class Master:
             measured = (self._autops_speed(job_id, run) or progress.steps_per_s()) if speed else None
             if measured is not None:
                 policy.observe_speed(job_id, max(1, job.aggregators), job.num_gpus, measured, step=progress.step)
+
+    def _learn_sharing(self, job_id: int, run: _Run, progress: JobProgress) -> None:
+        """GPU sharing: the job's measured speed, alone or beside its partner, teaches the
+        profile the pair's normalised speeds (``tiresias.packing.learning``)."""
+        partner = self.driver.slots.partner.get(job_id)
+        if partner not in self.driver.running:
+            partner = None                          # planned, not started yet: it runs alone
+        rate = self._autops_speed(job_id, run) or progress.steps_per_s()
+        measured = self.learner.sample(self.clock(), job_id, partner, rate)
+        sharing = self.driver.sharing
+        if measured is not None and sharing is not None:
+            kinds = {jid: sharing.kind(self.states[jid]) for jid in (measured[0], measured[2]) if jid in self.states}
+            if observe_pair(sharing, kinds, measured):
+                a, sa, b, sb = measured
+                self.store.event("profile", a, f"shared GPUs with job {b}: {sa:.2f} and {sb:.2f} of their speeds "
+                                               f"alone, folded into the co-location profile", self.clock())
 
     def _autops_speed(self, job_id: int, run: _Run) -> float | None:
         """Steps per second of the job's current run as AutoPS measures its iterations (None
