@@ -27,6 +27,8 @@ from .packing.profiles import DEFAULT_COLOCATION
 from .packing.rounds import ROUND_SECONDS, SHARING_POLICIES
 from .policies import POLICIES as BASE_POLICIES
 from .policies import make_policy
+from .policies.elastic import ALLOCATION_POLICIES
+from .policies.elastic import DEFAULT_INTERVAL as ALLOCATION_INTERVAL
 from .policies.gandiva import SWITCH_SECONDS
 from .queues import QueueConfig, queue_config
 from .sim import PLACEMENTS, SimConfig, simulate
@@ -164,8 +166,10 @@ def _measured_jobs(args, cluster) -> _Workload:
     return _Workload(items, workload, apps)
 
 
-def _config(args, packing: str | None = None) -> SimConfig:
-    every = args.decide_every if args.decide_every is not None or packing is None else ROUND_SECONDS
+def _config(args, packing: str | None = None, base: str = "") -> SimConfig:
+    every = args.decide_every
+    if every is None and packing is not None:       # an allocation policy's own rounds, else Tesserae's
+        every = (args.interval or ALLOCATION_INTERVAL) if base in ALLOCATION_POLICIES else ROUND_SECONDS
     guard = {"min_run_factor": args.min_run_factor, "min_run": args.min_run, "preemption_cost": args.restart_cost,
              "start_cost": args.start_cost, "decide_every": every}
     if args.original:
@@ -229,7 +233,7 @@ def _run(name: str, args, cluster, jobs, queues: QueueConfig, record: bool = Fal
     progress = _progress(args, f"tiresias {args.command}: {name}")
     label = name
     packing, name = SHARING_POLICIES.get(name, (None, name))
-    config = _config(args, packing)
+    config = _config(args, packing, name)
     decide, truth = _sharing(args, packing)
     target = cluster if config.placement != "count" else cluster.total_gpus
     policy = make_policy(name, thresholds=queues.thresholds, promote_knob=args.promote_knob,
@@ -238,10 +242,11 @@ def _run(name: str, args, cluster, jobs, queues: QueueConfig, record: bool = Fal
                          history=_history(jobs) if name == "gittins" and not args.distribution else None)
     if isinstance(jobs, _Workload):
         from .sim.measured import simulate_workload
-        return simulate_workload(jobs.workload, jobs.apps, target, policy, config, args.sync, record=record,
-                                 progress=progress, stall_limit=args.stall_limit)
-    result = simulate(jobs, target, policy, record=record, progress=progress, config=config,
-                      stall_limit=args.stall_limit, sharing=decide, true_sharing=truth)
+        result = simulate_workload(jobs.workload, jobs.apps, target, policy, config, args.sync, record=record,
+                                   progress=progress, stall_limit=args.stall_limit, sharing=decide, true_sharing=truth)
+    else:
+        result = simulate(jobs, target, policy, record=record, progress=progress, config=config,
+                          stall_limit=args.stall_limit, sharing=decide, true_sharing=truth)
     if packing is not None:
         result.policy = label            # the base policy's name says "las"
     return result

@@ -20,10 +20,11 @@ Placement (``DriverConfig.placement``):
   compare with its published figures.
 
 GPU sharing (``DriverConfig.packing``, Tesserae; ``tiresias.packing``): passes come in rounds
-(``decide_every``); each round the policy's order is planned afresh on GPU slots (a GPU holds
-up to two jobs), pending jobs are packed onto placed ones by matching over the co-location
-profile (``sharing``), and the plan is renamed onto the previous one so that few jobs move; a
-packed job runs at its profiled speed, its partner alone again once it leaves (``finish``).
+(``decide_every``); each round the policy's order is planned on GPU slots (a GPU holds up to
+two jobs; a job keeps its GPUs when they are free), pending jobs are packed onto placed ones by
+matching over the co-location profile (``sharing``), and the plan is renamed onto the previous
+one so that few jobs move; a packed job runs at its profiled speed, its partner alone again
+once it leaves (``finish``).
 
 Accounting is lazy: a running job's attained service, execution and stall are settled
 (``settle``) when it stops, when the policy changes it, when it is moved, and before a pass
@@ -60,12 +61,14 @@ from . import progress
 from .cluster import ClusterSpec
 from .driver_config import PLACEMENTS, DriverConfig
 from .nodes import Eligibility, Nodes
+from .packing.matching import Candidate, pack, pack_greedy
 from .packing.rounds import RoundJob, plan_round
 from .packing.slots import GpuSlots, Sharing
 from .policies.base import INF, Change, JobState, Policy, allocate, settle
 
 EPS = 1e-9
 __all__ = ["EPS", "PLACEMENTS", "Decision", "Driver", "DriverConfig", "settle"]
+
 
 @dataclass
 class Decision:
@@ -89,6 +92,9 @@ class Driver:
         self.slots = GpuSlots(cluster.nodes, cluster.gpus_per_node) if self.config.packing else None
         self._held: dict[int, frozenset[tuple[int, int]]] = {}   # live sharing: GPUs of stopped runs
         self._next_round = -INF                                  # live sharing: when the next round is due
+        self._guest_of: dict[int, int] = {}     # allocation + sharing: a guest job -> the job whose GPUs it shares
+        if self.config.packing and self.config.defer_release and policy.allocates:
+            raise ValueError("GPU sharing under an allocation policy runs in the simulator only")
         self.capacity = cluster.total_gpus
         self.nodes = None if self.config.placement == "count" else Nodes(cluster, self.config)
         self.eligible = eligible
@@ -208,6 +214,8 @@ class Driver:
             self.nodes.release(job)
         if self.slots is None:
             return []
+        if self.policy.allocates:
+            return self._left_allocated(job)
         return self._left_slots([job])
 
     def remove(self, job: JobState) -> None:
@@ -353,18 +361,26 @@ class Driver:
         now, policy = self.now, self.policy
         self.settle_all()
         limit = now + EPS * max(1.0, abs(now))
-        keep = {jid: (self.running[jid].num_gpus, self.running[jid].aggregators) for jid in self._protected(limit)}
+        keep = {jid: (self.running[jid].num_gpus, self.running[jid].aggregators) for jid in self._protected(limit)
+                if jid not in self._guest_of}
         capacity = {"gpu": float(self.capacity - sum(w for w, _ in keep.values())),
                     "cpu": float(self.cluster.total_cpus - sum(p for _, p in keep.values()))}
         targets = policy.allocations(now, capacity, self.cluster.gpus_per_node, keep)
         if targets is None:
             return Decision(self._start_at(self._awaiting)) if self._awaiting else Decision()
-        stop = sorted((j for j in self.running.values() if targets.get(j.job_id, (0, 0))[0] != j.num_gpus),
-                      key=lambda j: j.job_id)
+        guests = sorted((self.running[g] for g in self._guest_of), key=lambda j: j.job_id)
+        alone = [self.running[h] for h in set(self._guest_of.values()) if h in self.running]
+        self.used += sum(g.num_gpus for g in guests)    # they held none of their own
+        self._guest_of.clear()
+        self._stop(guests)                       # a round shares GPUs anew
+        for host in alone:
+            self._run_alone(host)
+        stop = guests + sorted((j for j in self.running.values() if targets.get(j.job_id, (0, 0))[0] != j.num_gpus),
+                               key=lambda j: j.job_id)
         if self.nodes is not None and not self.config.defer_release:
-            for job in stop:
+            for job in stop[len(guests):]:
                 self.nodes.release(job)
-        self._stop(stop)
+        self._stop(stop[len(guests):])
         self._awaiting = {jid: t for jid, t in targets.items() if t[0] > 0 and jid in policy.active
                           and not policy.active[jid].running}
         started = self._start_at(self._awaiting)
@@ -381,7 +397,50 @@ class Driver:
             self._track(job)
             adjusted.append(job)
         self.guard_wake = INF
+        adjusted += [h for h in alone if h.running and h.job_id not in fresh and h not in adjusted]
+        if self.slots is not None:
+            hosts, shared = self._pack_allocated()
+            started += shared
+            adjusted += [h for h in hosts if h.job_id not in fresh and h not in adjusted]
         return Decision(started, stop, adjusted)
+
+    def _run_alone(self, job: JobState) -> None:
+        """A job's partner left its GPUs: it runs at its own speed from now on."""
+        settle(job, self.now)
+        self._set_rate(job)
+        if job.rate is None:
+            job.speed = self.nodes.speed_on(job, self.nodes.alloc.get(job.job_id, [])) if self.nodes else 1.0
+        self._track(job)
+
+    def _pack_allocated(self) -> tuple[list[JobState], list[JobState]]:
+        """GPU sharing under an allocation policy (simulator): after the round's allocation,
+        the jobs it left without GPUs are packed onto running jobs of their GPU count
+        (``matching``), each on its host's GPUs until the next round, when every pair is formed
+        anew; both run at their rates times their packed speeds. Returns (hosts, guests)."""
+        sharing, active = self.sharing, self.policy.active
+        if sharing is None:
+            return [], []
+        placed = [j for j in self.running.values() if j.may_share]
+        pending = [j for j in active.values() if not j.running and j.may_share and j.job_id not in self.draining]
+        cand = {j.job_id: Candidate(j.job_id, j.num_gpus, sharing.kind(j), True) for j in placed + pending}
+        rule = pack if self.config.packing == "tesserae" else pack_greedy
+        pairs = rule([cand[j.job_id] for j in placed], [cand[j.job_id] for j in pending], sharing.pair)
+        speeds = self._packed_speeds(pairs)
+        hosts, guests = [], []
+        for p in pairs:
+            host, guest = self.running[p.placed], active[p.pending]
+            guest.aggregators = max(1, guest.aggregators)
+            self._start(guest)
+            self.used -= guest.num_gpus          # on its host's GPUs
+            self._guest_of[guest.job_id] = host.job_id
+            self._set_rate(guest)
+            guest.speed *= speeds[guest.job_id]
+            self._run_alone(host)
+            host.speed *= speeds[host.job_id]
+            self._track(host)
+            hosts.append(host)
+            guests.append(guest)
+        return hosts, guests
 
     def _schedule_round(self) -> Decision:
         """A round with GPU sharing (``tiresias.packing.rounds``): the policy's order, protected
@@ -493,6 +552,31 @@ class Driver:
         for node, gpu in sorted(self.slots.gpus[job_id]):
             by_node.setdefault(node, []).append(gpu)
         return sorted(by_node.items())
+
+    def _left_allocated(self, job: JobState) -> list[JobState]:
+        """Allocation and sharing: a guest that ends leaves its host alone; a host that ends
+        leaves its GPUs to its guest, which runs alone on them until the next round."""
+        if job.job_id in self._guest_of:
+            host = self.running.get(self._guest_of.pop(job.job_id))
+            self.used += job.num_gpus           # ``finish`` took them back: they were the host's
+            if host is None:
+                return []
+            self._run_alone(host)
+            return [host]
+        guest_id = next((g for g, h in self._guest_of.items() if h == job.job_id), None)
+        if guest_id is None:
+            return []
+        del self._guest_of[guest_id]
+        guest = self.running[guest_id]
+        self.used += guest.num_gpus
+        if self.nodes is not None:
+            alloc = self.nodes.alloc.get(guest_id) or []
+            if not alloc:                        # the host's GPUs, just given back
+                alloc = plc.place(self.nodes.free, guest.num_gpus, False, self.cluster.gpus_per_node) or []
+                plc.apply(self.nodes.free, alloc)
+                self.nodes.alloc[guest_id] = alloc
+        self._run_alone(guest)
+        return [guest]
 
     def _packed_speeds(self, pairs) -> dict[int, float]:
         """Every packed job's normalised speed, from the true profile (a noisy one decided);

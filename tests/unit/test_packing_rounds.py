@@ -192,3 +192,63 @@ def test_live_a_cancelled_planned_job_leaves_the_plan():
     drv.withdraw(short)                                     # cancelled while it waited
     drv.released(long)
     assert 2 not in drv.slots.gpus and drv.schedule().started == []
+
+
+# --- sharing under an allocation policy (simulator): the jobs it leaves out share GPUs ---------
+
+def _first_fit():
+    from tiresias.policies.elastic import AllocationPolicy
+
+    class FirstFit(AllocationPolicy):
+        """Rounds every 100 s: jobs in id order get their GPU count while GPUs last."""
+        name = "first-fit"
+
+        def __init__(self):
+            super().__init__(interval=100.0)
+
+        def allocations(self, now, capacity, per_node, keep):
+            if now < self.next_round:
+                return None
+            self.next_round = now + self.interval
+            out, free = dict(keep), capacity["gpu"]
+            for job in sorted(self.active.values(), key=lambda j: j.job_id):
+                if job.job_id not in keep and job.num_gpus <= free:
+                    out[job.job_id] = (job.num_gpus, 1)
+                    free -= job.num_gpus
+            return out
+    return FirstFit()
+
+
+def test_an_allocation_round_packs_the_jobs_it_left_out():
+    config = DriverConfig(placement="tiresias", packing="tesserae", decide_every=100.0)
+    drv = Driver(_first_fit(), ClusterSpec(1, 1), config, sharing=KindSharing())
+    a, c, x = (JobState(1, 1, 0.0, 1e4, model="A"), JobState(2, 1, 0.0, 1e4, model="C"),
+               JobState(3, 1, 0.0, 1e4, model="X"))
+    for job in (a, c, x):
+        drv.submit(job)
+    decision = drv.schedule()
+    assert [j.job_id for j in decision.started] == [1, 2]        # a allocated, c packed on a's GPU
+    assert (a.speed, c.speed) == (0.9, 0.8) and drv.used == 1 and not x.running
+    drv.advance(50.0)
+    assert drv.finish(c) == [a] and a.speed == 1.0 and drv.used == 1
+    assert a.executed == pytest.approx(45.0)
+    drv.advance(100.0)
+    decision = drv.schedule()                                    # the next round: x shares nobody
+    assert decision.started == [] and not x.running
+    drv.advance(150.0)
+    assert drv.finish(a) == [] and drv.used == 0
+
+
+def test_a_host_that_ends_leaves_its_gpus_to_its_guest():
+    config = DriverConfig(placement="tiresias", packing="gavel", decide_every=100.0)
+    drv = Driver(_first_fit(), ClusterSpec(1, 1), config, sharing=KindSharing())
+    a, c = JobState(1, 1, 0.0, 1e4, model="A"), JobState(2, 1, 0.0, 1e4, model="C")
+    drv.submit(a)
+    drv.submit(c)
+    drv.schedule()
+    drv.advance(10.0)
+    assert drv.finish(a) == [c] and c.speed == 1.0 and drv.used == 1
+    assert drv.nodes.alloc[2] == [(0, 1)] and drv.nodes.free == [0]
+    drv.advance(100.0)
+    decision = drv.schedule()                                    # c now holds the GPU as its own
+    assert decision.stopped == [] and c.running and drv.used == 1

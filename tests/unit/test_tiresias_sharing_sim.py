@@ -131,3 +131,20 @@ def test_a_noisy_profile_learns_the_speeds_packed_jobs_run_at(store):
     assert used
     err = lambda s: sum(abs(x - y) for a, b in used for x, y in zip(s.pair(a, b), store.pair(a, b)))
     assert err(noisy) < 0.2 * err(fresh)        # each round's measurement halves a pair's error
+
+
+def test_sharing_under_optimus_is_optimus_when_no_pair_is_known(tmp_path):
+    """Pollux's applications are not in the co-location table: nothing can share, and
+    ``tesserae-optimus`` decides exactly as ``optimus`` in the same rounds."""
+    workload = cli.PROJECT_ROOT.parent / "shared" / "data" / "pollux" / "workloads" / "workload-1.csv"
+    if not workload.exists():
+        pytest.skip("no Pollux workloads in ../shared/data")
+    got = {}
+    for policy, extra in (("tesserae-optimus", []), ("optimus", ["--round", "600"])):
+        out = tmp_path / f"{policy}.json"
+        assert cli.main(["simulate", "--workload", str(workload), "--cluster", "16x4", "--limit", "40",
+                         "--policy", policy, "--json", str(out), "--no-progress", *extra]) == 0
+        got[policy] = json.loads(out.read_text())
+    assert got["tesserae-optimus"]["policy"] == "tesserae-optimus"
+    for key in ("avg_jct", "makespan", "preemptions", "jobs"):
+        assert got["tesserae-optimus"][key] == got["optimus"][key]

@@ -77,7 +77,8 @@ from .store import ACTIVE, TERMINAL, Store, is_full
 
 log = logging.getLogger("tiresias.master")
 
-LIVE_POLICIES = tuple(p for p in POLICIES if p not in SIMULATOR_ONLY) + tuple(SHARING_POLICIES)
+LIVE_POLICIES = tuple(p for p in POLICIES if p not in SIMULATOR_ONLY) + \
+    tuple(p for p, (_, base) in SHARING_POLICIES.items() if base not in ALLOCATION_POLICIES)
 KILL_AFTER_S = 5.0           # SIGTERM -> SIGKILL
 MAX_LAUNCH_FAILURES = 3      # consecutive failed launches before a job is failed
 REQUEUE_MAX_DELAY_S = 60.0   # a run that asked to be requeued waits interval x 2^(n-1), at most this
