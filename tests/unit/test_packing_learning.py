@@ -24,10 +24,35 @@ def test_no_speed_alone_means_nothing_to_normalise_by():
     learn.sample(0.0, 2, 1, 5.0)
     assert learn.sample(1.0, 1, 2, 5.0) is None and learn.sample(1.0, 2, 1, 5.0) is None
     assert learn.sample(2.0, 1, 2, None) is None and learn.sample(2.0, 1, 2, 0.0) is None
-    learn.forget(1)
-    assert 1 not in learn.jobs
+    learn.forget(1)                                          # job 2 still waits to be measured alone
+    assert 1 in learn.jobs
     with pytest.raises(ValueError):
         SpeedLearner(settle=-1)
+
+
+def test_a_job_that_only_ran_packed_is_measured_alone_after_its_partner_leaves():
+    learn = SpeedLearner(settle=5.0)
+    learn.sample(0.0, 1, None, None)
+    assert learn.sample(10.0, 1, None, 10.0) is None         # job 1 alone: 10
+    learn.sample(10.0, 1, 2, None)
+    learn.sample(10.0, 2, 1, None)
+    assert learn.sample(20.0, 1, 2, 7.0) is None             # beside each other: 7 and 4
+    assert learn.sample(20.0, 2, 1, 4.0) is None             # job 2's speed alone not known yet
+    learn.forget(1)                                          # job 1 ends; job 2 runs alone
+    assert learn.sample(21.0, 2, None, 5.0) is None          # a new pairing: settles first
+    assert learn.sample(30.0, 2, None, 5.0) == (2, 0.8, 1, 0.7)
+    learn.forget(2)
+    learn.forget(1)
+    assert learn.jobs == {}
+
+
+def test_progress_speed_since_a_time():
+    from tiresias.service.jobprogress import JobProgress
+    progress = JobProgress()
+    progress.feed(b"".join(f"{t} {s} 1.0\n".encode() for t, s in ((0, 0), (10, 100), (20, 150), (30, 200))))
+    assert progress.steps_per_s() == pytest.approx(200 / 30)
+    assert progress.steps_per_s(since=10) == pytest.approx(5.0)
+    assert progress.steps_per_s(since=30) is None
 
 
 def test_observe_needs_both_profile_keys():

@@ -414,6 +414,7 @@ def test_sharing_policy_packs_two_jobs_on_one_gpu(tmp_path):
     assert {s.job_id: s.placement for s in ex.launched}[a["id"]] == {s.job_id: s.placement for s in ex.launched}[b["id"]]
     ja, jc = m.job(a["id"]), m.job(c["id"])
     assert ja["shares_with"] == b["id"] and ja["placement"] == {"node0": [0]}
+    assert m.nodes()[0]["shared_gpus"] == {"0": sorted([a["id"], b["id"]])}
     assert jc["status"] == "waiting" and jc["may_share"] is False
     # a ends: the GPU stays busy for b; c is only planned at the next round
     ex.end(a["id"], 1)

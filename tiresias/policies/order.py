@@ -12,7 +12,7 @@ the sums are recomputed lazily, from the first position that changed, by
 """
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left
 from itertools import accumulate
 from typing import Iterable
 

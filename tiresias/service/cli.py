@@ -174,6 +174,9 @@ def _master_args(p: argparse.ArgumentParser) -> None:
                    help="tesserae-*, gavel-las: the co-location throughput table (Tesserae's CSV or Gavel's JSON; "
                         "default the Tesserae authors' table in ../shared/data/colocation)")
     p.add_argument("--gpu-type", default=None, help="a Gavel-format --colocation table's GPU type (default v100)")
+    p.add_argument("--profile-settle", type=cli.non_negative(float), default=60.0, metavar="SECONDS",
+                   help="GPU sharing: a job's speed alone or beside its partner counts toward the co-location "
+                        "profile once that pairing has held this long (default 60)")
     p.add_argument("--stop-grace", type=cli.non_negative(float), default=30.0,
                    help="seconds a job has to checkpoint and exit before SIGTERM (SIGKILL 5 s later)")
     p.add_argument("--max-lost-runs", type=cli.positive(int), default=3, metavar="N",
@@ -237,7 +240,7 @@ def cmd_master(args) -> int:
                           max_queued_per_user=args.max_queued_per_user,
                           submit_rate_per_user=args.submit_rate_per_user, submit_burst=args.submit_burst,
                           retention_s=args.retention, round_interval=args.round_interval,
-                          colocation=args.colocation, gpu_type=args.gpu_type)
+                          colocation=args.colocation, gpu_type=args.gpu_type, profile_settle_s=args.profile_settle)
     shape = None
     if args.executor == "local":
         shape = parse_cluster(args.nodes) if re.match(r"^\s*\d+\s*[xX]\s*\d+\s*$", args.nodes) else None
@@ -434,6 +437,9 @@ def cmd_nodes(args) -> int:
     for n in nodes:
         state = "drained" if n["drained"] else ("online" if n["online"] else "offline")
         jobs = " ".join(f"{j}[{','.join(map(str, g))}]" for j, g in n["jobs"].items()) or "-"
+        shared = n.get("shared_gpus") or {}
+        if shared:
+            jobs += "; shared: " + " ".join(f"GPU {g} by jobs {'+'.join(map(str, js))}" for g, js in shared.items())
         lines.append(f"{n['name']:<10} {state:<8} {n['gpus']:>4} {n['free_gpus']:>4}  "
                      f"{_mib(n['memory_free_bytes']):>10} {_mib(n['memory_lent_bytes']):>10} "
                      f"{_mib(n['memory_lendable_bytes']):>10}  {jobs}")

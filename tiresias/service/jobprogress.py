@@ -76,11 +76,13 @@ class JobProgress:
                 if len(self.points) > self.max_points:
                     self.points = self.points[::2]
 
-    def steps_per_s(self) -> float | None:
-        """Steps per second over the last reports (None with fewer than two, or no time between)."""
-        if len(self._recent) < 2:
+    def steps_per_s(self, since: float | None = None) -> float | None:
+        """Steps per second over the last reports (``since``: those at or after that time;
+        None with fewer than two, or no time between)."""
+        recent = self._recent if since is None else [p for p in self._recent if p[0] >= since]
+        if len(recent) < 2:
             return None
-        (t0, s0), (t1, s1) = self._recent[0], self._recent[-1]
+        (t0, s0), (t1, s1) = recent[0], recent[-1]
         if t1 <= t0 or s1 <= s0:
             return None
         return (s1 - s0) / (t1 - t0)

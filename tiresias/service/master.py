@@ -145,6 +145,7 @@ class MasterConfig:
     round_interval: float | None = None      # rounds: allocation policies' (600 s), GPU sharing's (360 s)
     colocation: str | None = None            # GPU sharing: the co-location table (default Tesserae's)
     gpu_type: str | None = None              # ... a Gavel-format table's GPU type
+    profile_settle_s: float = 60.0           # ... a pairing holds this long before its speed counts
 
     def __post_init__(self) -> None:
         if self.policy not in LIVE_POLICIES:
@@ -155,6 +156,8 @@ class MasterConfig:
             raise ValueError("--interval and --round-interval must be > 0 and --stop-grace >= 0")
         if self.max_lost_runs < 1:
             raise ValueError("--max-lost-runs must be >= 1")
+        if not 0 <= self.profile_settle_s < float("inf"):
+            raise ValueError("--profile-settle must be a finite number of seconds >= 0")
         if self.max_log_bytes < 0 or (self.min_free_bytes is not None and self.min_free_bytes < 0):
             raise ValueError("--max-log-bytes and --min-free-bytes must be >= 0")
         if self.dashboard_recent < 0:
@@ -210,7 +213,7 @@ class Master:
         self.drained: set[str] = set()
         self.runs: dict[int, _Run] = {}
         self.progress: dict[int, JobProgress] = {}     # what active jobs reported (tiresias.job.report)
-        self.learner = SpeedLearner()                  # GPU sharing: measured speeds -> the profile
+        self.learner = SpeedLearner(config.profile_settle_s)   # GPU sharing: measured speeds -> the profile
         self.states: dict[int, JobState] = {}
         self.gpus_busy: dict[str, set[int]] = {n.name: set() for n in self.node_infos}
         self.pass_seconds: list[float] = []
@@ -865,11 +868,14 @@ class Master:
         partner = self.driver.slots.partner.get(job_id)
         if partner not in self.driver.running:
             partner = None                          # planned, not started yet: it runs alone
-        rate = self._autops_speed(job_id, run) or progress.steps_per_s()
-        measured = self.learner.sample(self.clock(), job_id, partner, rate)
+        now = self.clock()
+        since = self.learner.since(now, job_id, partner)
+        rate = self._autops_speed(job_id, run) or progress.steps_per_s(since=since)
         sharing = self.driver.sharing
+        kind = sharing.kind(self.states[job_id]) if sharing is not None else None
+        measured = self.learner.sample(now, job_id, partner, rate, kind)
         if measured is not None and sharing is not None:
-            kinds = {jid: sharing.kind(self.states[jid]) for jid in (measured[0], measured[2]) if jid in self.states}
+            kinds = {jid: self.learner.kind(jid) for jid in (measured[0], measured[2])}
             if observe_pair(sharing, kinds, measured):
                 a, sa, b, sb = measured
                 self.store.event("profile", a, f"shared GPUs with job {b}: {sa:.2f} and {sb:.2f} of their speeds "
@@ -1061,7 +1067,13 @@ class Master:
                 jobs = {jid: [g for n, g in r.placement if n == info.name][0] for jid, r in self.runs.items()
                         if r.placement and r.status in ("running", "stopping") and
                         any(n == info.name for n, _ in r.placement) and owner in (None, r.owner)}
+                holders: dict[int, list[int]] = {}
+                for jid, gpus in jobs.items():
+                    for g in gpus:
+                        holders.setdefault(g, []).append(jid)
+                shared = {str(g): sorted(js) for g, js in sorted(holders.items()) if len(js) > 1}
                 out.append({"name": info.name, "gpus": info.gpus, "online": i not in self.driver.nodes.offline,
+                            "shared_gpus": shared,
                             "drained": info.name in self.drained, "free_gpus": info.gpus - len(self.gpus_busy[info.name]),
                             "jobs": {str(k): v for k, v in jobs.items()}, "host": host,
                             "memory_total_bytes": mem.get("memory_total_bytes") if mem else None,
