@@ -604,10 +604,7 @@ class Driver:
             other = slots.release(job.job_id)
             partner = self.running.get(other) if other is not None else None
             if partner is not None:
-                settle(partner, self.now)
-                partner.speed = self.nodes.speed_on(partner, slots.allocation(partner.job_id)) \
-                    if self.nodes is not None else 1.0
-                self._track(partner)
+                self._run_alone(partner)
                 changed.append(partner)
         if self.config.defer_release:
             self._sync_slots()
