@@ -10,6 +10,7 @@ migration rule saves, what profiling noise costs, and how long one round takes (
    from an empty cluster, as the paper does). Per rate: the offered load, per policy average
    JCT, makespan, migrations (and what the same plans would have cost without Tesserae's
    renaming), finish-time fairness, and the ratios to ``las`` in rounds. Seeds are averaged.
+   Under Optimus's allocation: ``optimus`` against ``tesserae-optimus`` in its rounds of 600 s.
 2. Profile noise (the paper's Fig. 16): ``tesserae-las`` on the Shockwave workload at 80
    jobs/hour deciding with every pair's speeds off by a factor uniform in [1-L, 1+L], with and
    without learning the speeds packed jobs run at; average JCT relative to an exact profile.
@@ -83,6 +84,7 @@ def gain_vs_load(kind: str, table: pathlib.Path, rates: list[float], jobs: int, 
             results += [dict(r, policy="las-events") for r in _compare(trace, table, tmp / "events.json", ("las",))]
             results += [dict(r, policy="tesserae-las-fresh") for r in
                         _compare(trace, table, tmp / "fresh.json", ("tesserae-las",), "--round", "360", "--fresh-plans")]
+            results += _compare(trace, table, tmp / "optimus.json", ("optimus", "tesserae-optimus"), "--round", "600")
             for r in results:
                 for key in KEYS:
                     per.setdefault(r["policy"], {}).setdefault(key, []).append(r[key])
@@ -92,10 +94,13 @@ def gain_vs_load(kind: str, table: pathlib.Path, rates: list[float], jobs: int, 
             d["avg_jct_vs_las_rounds"] = d["avg_jct"] / base["avg_jct"]
             d["makespan_vs_las_rounds"] = d["makespan"] / base["makespan"]
         t, fresh, g = mean["tesserae-las"], mean["tesserae-las-fresh"], mean["gavel-las"]
+        o, to = mean["optimus"], mean["tesserae-optimus"]
         rows.append({"kind": kind, "table": table.name, "rate_per_hour": rate, "offered_load": statistics.fmean(loads),
                      "seeds": seeds, "jobs": jobs, "cluster": CLUSTER, "policies": mean,
                      "las_over_tesserae_jct": base["avg_jct"] / t["avg_jct"],
                      "las_over_tesserae_makespan": base["makespan"] / t["makespan"],
+                     "optimus_over_tesserae_optimus_jct": o["avg_jct"] / to["avg_jct"],
+                     "optimus_over_tesserae_optimus_makespan": o["makespan"] / to["makespan"],
                      "migrations_vs_gavel": t["migrations"] / g["migrations"] if g["migrations"] else None,
                      "migrations_saved_by_renaming_fresh_plans":
                          1 - fresh["migrations"] / fresh["migrations_without_matching"]
@@ -103,8 +108,8 @@ def gain_vs_load(kind: str, table: pathlib.Path, rates: list[float], jobs: int, 
         print(f"{kind:>9} {rate:>5g}/h  load {rows[-1]['offered_load']:.2f}  tesserae-las/las JCT "
               f"{t['avg_jct_vs_las_rounds']:.2f}x makespan {t['makespan_vs_las_rounds']:.2f}x  gavel-las/las JCT "
               f"{g['avg_jct_vs_las_rounds']:.2f}x  migrations {t['migrations']:.0f}, gavel {g['migrations']:.0f}, "
-              f"fresh plans {fresh['migrations']:.0f} (unrenamed {fresh['migrations_without_matching']:.0f})",
-              flush=True)
+              f"fresh plans {fresh['migrations']:.0f} (unrenamed {fresh['migrations_without_matching']:.0f}); "
+              f"optimus/tesserae-optimus JCT {o['avg_jct'] / to['avg_jct']:.2f}x", flush=True)
     return rows
 
 

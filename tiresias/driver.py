@@ -93,8 +93,8 @@ class Driver:
         self._held: dict[int, frozenset[tuple[int, int]]] = {}   # live sharing: GPUs of stopped runs
         self._next_round = -INF                                  # live sharing: when the next round is due
         self._guest_of: dict[int, int] = {}     # allocation + sharing: a guest job -> the job whose GPUs it shares
-        if self.config.packing and self.config.defer_release and policy.allocates:
-            raise ValueError("GPU sharing under an allocation policy runs in the simulator only")
+        self._guest_wait: dict[int, tuple[int, float, float]] = {}   # live: guest -> (host, speeds) once it exited
+        self._drain_pair: dict[int, int] = {}   # live: a stopped host -> its stopped guest, still on its GPUs
         self.capacity = cluster.total_gpus
         self.nodes = None if self.config.placement == "count" else Nodes(cluster, self.config)
         self.eligible = eligible
@@ -210,12 +210,13 @@ class Driver:
         job.end_time = self.now
         del self.running[job.job_id]
         self.used -= job.num_gpus
+        alloc = self.nodes.alloc.get(job.job_id, []) if self.nodes is not None else []
         if self.nodes is not None:
             self.nodes.release(job)
         if self.slots is None:
             return []
         if self.policy.allocates:
-            return self._left_allocated(job)
+            return self._left_allocated(job, alloc)
         return self._left_slots([job])
 
     def remove(self, job: JobState) -> None:
@@ -230,9 +231,16 @@ class Driver:
         self.reasons.pop(job.job_id, None)
 
     def released(self, job: JobState) -> None:
-        """A preempted job's processes are gone: its draining GPUs are free again."""
+        """A preempted job's processes are gone: its draining GPUs are free again (a guest
+        stopped with it still on them: once that one's are gone too)."""
         alloc = self.draining.pop(job.job_id, None)
-        if alloc is not None and self.nodes is not None:
+        guest = self._drain_pair.pop(job.job_id, None)
+        for host, other in list(self._drain_pair.items()):
+            if other == job.job_id:
+                del self._drain_pair[host]
+        if alloc and guest is not None and guest in self.draining:
+            self.draining[guest] = alloc
+        elif alloc is not None and self.nodes is not None:
             self.nodes.give_back(alloc)
         if self._held.pop(job.job_id, None) is not None:
             self._sync_slots()
@@ -242,16 +250,20 @@ class Driver:
         self._stop([job])
 
     def abort_start(self, job: JobState) -> None:
-        """A job this pass started could not be launched: back to waiting, GPUs free at once
-        (not a preemption)."""
+        """A job this pass started could not be launched (or its run asked to be requeued):
+        back to waiting, GPUs free at once (not a preemption); with GPU sharing under an
+        allocation policy, a guest on its GPUs keeps them (``_left_allocated``)."""
         self._untrack(job)
         job.running = False
         job.wait_since = self.now
         self.policy.stopped(job, self.now)
         del self.running[job.job_id]
         self.used -= job.num_gpus
+        alloc = self.nodes.alloc.get(job.job_id, []) if self.nodes is not None else []
         if self.nodes is not None:
             self.nodes.release(job)
+        if self.slots is not None and self.policy.allocates:
+            self._left_allocated(job, alloc)
 
     def withdraw(self, job: JobState) -> None:
         """Take a job out of scheduling for good (cancelled). A running or draining one keeps
@@ -268,11 +280,32 @@ class Driver:
             self.slots.release(job.job_id)    # a stopped run's GPUs stay held until ``released``
 
     def restore(self, job: JobState, alloc: plc.Allocation | None, draining: bool = False,
-                gpus: list[tuple[int, list[int]]] | None = None) -> None:
+                gpus: list[tuple[int, list[int]]] | None = None, host: int | None = None) -> None:
         """A restarted master re-attaches a job found running (or draining) on ``alloc``; with
-        GPU sharing, ``gpus`` names its very GPUs (a partner's run may hold them too)."""
+        GPU sharing, ``gpus`` names its very GPUs (a partner's run may hold them too), and
+        under an allocation policy ``host`` the job restored earlier whose GPUs these are."""
         self.submit(job)
         if alloc is None:
+            return
+        if host is not None and self.policy.allocates:
+            if draining:
+                self.draining[job.job_id] = []
+                if host in self.draining:
+                    self._drain_pair[host] = job.job_id
+                return
+            if host in self.running:
+                self._guest_of[job.job_id] = host
+                self.used -= job.num_gpus        # on its host's GPUs
+            elif self.nodes is not None:         # its host stopped and left it the GPUs
+                self.nodes.alloc[job.job_id] = self.draining.get(host) or alloc
+                self.draining[host] = []
+            job.running = True
+            job.settled = self.now
+            self._track(job)
+            self._guard(job)
+            self.running[job.job_id] = job
+            self.used += job.num_gpus
+            self.policy.started(job, self.now)
             return
         if self.nodes is not None:
             self.nodes.give_back(alloc, sign=-1)
@@ -357,7 +390,8 @@ class Driver:
         Protected jobs (progress guarantee) keep their counts. Live, a job the round could not
         start (its last run still draining, or GPUs that stopping runs still hold) starts at
         the first pass that can place it before the next round; the simulator, with nothing
-        draining, leaves it for the next round as Optimus does."""
+        draining, leaves it for the next round as Optimus does. With GPU sharing, the jobs the
+        round left without GPUs are then packed onto running ones (``_pack_allocated``)."""
         now, policy = self.now, self.policy
         self.settle_all()
         limit = now + EPS * max(1.0, abs(now))
@@ -367,20 +401,21 @@ class Driver:
                     "cpu": float(self.cluster.total_cpus - sum(p for _, p in keep.values()))}
         targets = policy.allocations(now, capacity, self.cluster.gpus_per_node, keep)
         if targets is None:
-            return Decision(self._start_at(self._awaiting)) if self._awaiting else Decision()
-        guests = sorted((self.running[g] for g in self._guest_of), key=lambda j: j.job_id)
-        alone = [self.running[h] for h in set(self._guest_of.values()) if h in self.running]
-        self.used += sum(g.num_gpus for g in guests)    # they held none of their own
-        self._guest_of.clear()
-        self._stop(guests)                       # a round shares GPUs anew
-        for host in alone:
-            self._run_alone(host)
-        stop = guests + sorted((j for j in self.running.values() if targets.get(j.job_id, (0, 0))[0] != j.num_gpus),
-                               key=lambda j: j.job_id)
+            started = self._start_at(self._awaiting) if self._awaiting else []
+            return Decision(started + self._start_guests()) if self._guest_wait else Decision(started)
+        self._guest_wait.clear()
+        resized = sorted((j for jid, j in self.running.items() if jid not in self._guest_of
+                          and targets.get(jid, (0, 0))[0] != j.num_gpus), key=lambda j: j.job_id)
+        gone = {j.job_id for j in resized}
+        unpaired = sorted((self.running[g] for g, h in self._guest_of.items()   # host resized, or
+                           if h in gone or targets.get(g, (0, 0))[0] > 0),       # GPUs of its own
+                          key=lambda j: j.job_id)
+        alone = self._stop(unpaired)
         if self.nodes is not None and not self.config.defer_release:
-            for job in stop[len(guests):]:
+            for job in resized:
                 self.nodes.release(job)
-        self._stop(stop[len(guests):])
+        self._stop(resized)
+        stop = unpaired + resized
         self._awaiting = {jid: t for jid, t in targets.items() if t[0] > 0 and jid in policy.active
                           and not policy.active[jid].running}
         started = self._start_at(self._awaiting)
@@ -390,57 +425,119 @@ class Driver:
         adjusted = []
         for job in self.running.values():
             target = targets.get(job.job_id)
-            if job.job_id in fresh or target is None or target[1] == job.aggregators:
+            if job.job_id in fresh or target is None or target[1] == job.aggregators or job.job_id in self._guest_of:
                 continue
             job.aggregators = target[1]          # its keys spread or packed live: no restart
             self._set_rate(job)
             self._track(job)
             adjusted.append(job)
         self.guard_wake = INF
-        adjusted += [h for h in alone if h.running and h.job_id not in fresh and h not in adjusted]
         if self.slots is not None:
-            hosts, shared = self._pack_allocated()
+            dropped, shared, changed = self._pack_allocated()
+            stop += dropped
             started += shared
-            adjusted += [h for h in hosts if h.job_id not in fresh and h not in adjusted]
+            alone += changed
+        fresh = {j.job_id for j in started}
+        adjusted = list({j.job_id: j for j in adjusted + alone if j.running and j.job_id not in fresh}.values())
         return Decision(started, stop, adjusted)
+
+    def _solo_speed(self, job: JobState, alloc: plc.Allocation) -> None:
+        """``job``'s speed alone on ``alloc``: its rate there, else the placement's slowdown."""
+        self._set_rate(job)
+        if job.rate is None:
+            job.speed = self.nodes.speed_on(job, alloc) if self.nodes is not None else 1.0
 
     def _run_alone(self, job: JobState) -> None:
         """A job's partner left its GPUs: it runs at its own speed from now on."""
         settle(job, self.now)
-        self._set_rate(job)
-        if job.rate is None:
-            job.speed = self.nodes.speed_on(job, self.nodes.alloc.get(job.job_id, [])) if self.nodes else 1.0
+        self._solo_speed(job, self.nodes.alloc.get(job.job_id, []) if self.nodes is not None else [])
         self._track(job)
 
-    def _pack_allocated(self) -> tuple[list[JobState], list[JobState]]:
-        """GPU sharing under an allocation policy (simulator): after the round's allocation,
-        the jobs it left without GPUs are packed onto running jobs of their GPU count
-        (``matching``), each on its host's GPUs until the next round, when every pair is formed
-        anew; both run at their rates times their packed speeds. Returns (hosts, guests)."""
+    def _pack_allocated(self) -> tuple[list[JobState], list[JobState], list[JobState]]:
+        """GPU sharing under an allocation policy: after the round's allocation, the jobs it
+        left without GPUs are matched onto running jobs of their GPU count (``matching``), each
+        running on its host's GPUs until the next round, where the matching is made anew: a
+        pair it keeps goes on running, a guest it moves or drops stops. Both jobs of a pair
+        run at their rates times their packed speeds. Live, a guest moved to another host
+        starts there once its run has exited (``_start_guests``). Returns (guests stopped,
+        guests started, running jobs whose speed changed)."""
         sharing, active = self.sharing, self.policy.active
         if sharing is None:
-            return [], []
-        placed = [j for j in self.running.values() if j.may_share]
-        pending = [j for j in active.values() if not j.running and j.may_share and j.job_id not in self.draining]
+            return [], [], []
+        current = dict(self._guest_of)
+        placed = [j for j in self.running.values() if j.may_share and j.job_id not in current]
+        pending = [j for j in active.values() if j.may_share and (j.job_id in current or (
+            not j.running and j.job_id not in self.draining and j.job_id not in self._awaiting))]
         cand = {j.job_id: Candidate(j.job_id, j.num_gpus, sharing.kind(j), True) for j in placed + pending}
         rule = pack if self.config.packing == "tesserae" else pack_greedy
         pairs = rule([cand[j.job_id] for j in placed], [cand[j.job_id] for j in pending], sharing.pair)
+        host_of = {p.pending: p.placed for p in pairs}
+        dropped = sorted((self.running[g] for g, h in current.items() if host_of.get(g) != h),
+                         key=lambda j: j.job_id)
+        changed = self._stop(dropped)
         speeds = self._packed_speeds(pairs)
-        hosts, guests = [], []
+        started = []
         for p in pairs:
             host, guest = self.running[p.placed], active[p.pending]
+            if guest.job_id in self.draining:          # live: its run elsewhere exits first
+                self._guest_wait[guest.job_id] = (host.job_id, speeds[host.job_id], speeds[guest.job_id])
+                continue
+            kept = guest.running
+            self._pair(host, guest, speeds[host.job_id], speeds[guest.job_id])
+            (changed if kept else started).append(guest)
+            changed.append(host)
+        return dropped, started, changed
+
+    def _pair(self, host: JobState, guest: JobState, host_speed: float, guest_speed: float) -> None:
+        """``guest`` runs on ``host``'s GPUs (started now unless it already does), both at their
+        speeds alone there times their packed speeds."""
+        alloc = self.nodes.alloc.get(host.job_id, []) if self.nodes is not None else []
+        if guest.running:
+            settle(guest, self.now)
+        else:
             guest.aggregators = max(1, guest.aggregators)
             self._start(guest)
             self.used -= guest.num_gpus          # on its host's GPUs
             self._guest_of[guest.job_id] = host.job_id
-            self._set_rate(guest)
-            guest.speed *= speeds[guest.job_id]
-            self._run_alone(host)
-            host.speed *= speeds[host.job_id]
-            self._track(host)
-            hosts.append(host)
-            guests.append(guest)
-        return hosts, guests
+        self._solo_speed(guest, alloc)
+        guest.speed *= guest_speed
+        self._track(guest)
+        self._run_alone(host)
+        host.speed *= host_speed
+        self._track(host)
+
+    def _start_guests(self) -> list[JobState]:
+        """Live, between rounds: the guests the round moved to another host start there once
+        their last run has exited (while the host still runs with no other guest)."""
+        started = []
+        for guest_id, (host_id, host_speed, guest_speed) in sorted(self._guest_wait.items()):
+            guest, host = self.policy.active.get(guest_id), self.running.get(host_id)
+            if guest is not None and guest_id in self.draining and host is not None:
+                continue
+            del self._guest_wait[guest_id]
+            if guest is None or guest.running or host is None or self.guest_on(host_id) is not None:
+                continue
+            self._pair(host, guest, host_speed, guest_speed)
+            started.append(guest)
+        return started
+
+    def host_of(self, job_id: int) -> int | None:
+        """Allocation and sharing: the job whose GPUs ``job_id`` runs on as its guest."""
+        return self._guest_of.get(job_id)
+
+    def guest_on(self, job_id: int) -> int | None:
+        """Allocation and sharing: the guest running on ``job_id``'s GPUs."""
+        return next((g for g, h in self._guest_of.items() if h == job_id), None)
+
+    def partner(self, job_id: int) -> int | None:
+        """GPU sharing: the running job ``job_id`` shares its GPUs with (None: alone)."""
+        if self.slots is None or job_id not in self.running:
+            return None
+        if self.policy.allocates:
+            other = self._guest_of.get(job_id)
+            return other if other is not None else self.guest_on(job_id)
+        other = self.slots.partner.get(job_id)
+        return other if other in self.running else None
 
     def _schedule_round(self) -> Decision:
         """A round with GPU sharing (``tiresias.packing.rounds``): the policy's order, protected
@@ -553,28 +650,27 @@ class Driver:
             by_node.setdefault(node, []).append(gpu)
         return sorted(by_node.items())
 
-    def _left_allocated(self, job: JobState) -> list[JobState]:
-        """Allocation and sharing: a guest that ends leaves its host alone; a host that ends
-        leaves its GPUs to its guest, which runs alone on them until the next round."""
-        if job.job_id in self._guest_of:
-            host = self.running.get(self._guest_of.pop(job.job_id))
-            self.used += job.num_gpus           # ``finish`` took them back: they were the host's
+    def _left_allocated(self, job: JobState, alloc: plc.Allocation) -> list[JobState]:
+        """Allocation and sharing: a guest that leaves leaves its host alone; a host that
+        leaves (``alloc``: its GPUs, just given back) leaves them to its guest, which runs on
+        alone until the next round. Returns the job that now runs alone."""
+        host_id = self._guest_of.pop(job.job_id, None)
+        if host_id is not None:
+            self.used += job.num_gpus            # the caller took them back: they were the host's
+            host = self.running.get(host_id)
             if host is None:
                 return []
             self._run_alone(host)
             return [host]
-        guest_id = next((g for g, h in self._guest_of.items() if h == job.job_id), None)
+        guest_id = self.guest_on(job.job_id)
         if guest_id is None:
             return []
         del self._guest_of[guest_id]
         guest = self.running[guest_id]
         self.used += guest.num_gpus
         if self.nodes is not None:
-            alloc = self.nodes.alloc.get(guest_id) or []
-            if not alloc:                        # the host's GPUs, just given back
-                alloc = plc.place(self.nodes.free, guest.num_gpus, False, self.cluster.gpus_per_node) or []
-                plc.apply(self.nodes.free, alloc)
-                self.nodes.alloc[guest_id] = alloc
+            plc.apply(self.nodes.free, alloc)
+            self.nodes.alloc[guest_id] = alloc
         self._run_alone(guest)
         return [guest]
 
@@ -720,9 +816,21 @@ class Driver:
                 self.reasons[job.job_id] = nodes.why_not(job, self.eligible, bool(self.draining))
         return started
 
-    def _stop(self, jobs: Iterable[JobState]) -> None:
+    def _stop(self, jobs: Iterable[JobState]) -> list[JobState]:
+        """Preempt ``jobs``. Live, their GPUs drain until ``released``. With GPU sharing under
+        an allocation policy, a stopped guest leaves its host alone, and a stopped host leaves
+        its GPUs to a guest that goes on running. Returns the running jobs whose speed changed."""
         now = self.now
+        jobs = list(jobs)
+        stopping = {job.job_id for job in jobs}
+        changed = []
         for job in jobs:
+            host = self._guest_of.pop(job.job_id, None)
+            guest = self.guest_on(job.job_id) if self._guest_of else None
+            if guest in stopping:
+                guest = None
+            if host is not None:
+                self.used += job.num_gpus            # it held none of its own
             self._untrack(job)
             job.running = False
             job.preemptions += 1
@@ -732,11 +840,29 @@ class Driver:
             self.preemptions += 1
             del self.running[job.job_id]
             self.used -= job.num_gpus
+            if guest is not None and self.nodes is not None and job.job_id in self.nodes.alloc:
+                self.nodes.alloc[guest] = self.nodes.alloc.pop(job.job_id)     # its guest runs on there
+                if self.config.defer_release:
+                    self.nodes.alloc[job.job_id] = []   # its own run exits first
             if self.config.defer_release and self.nodes is not None and job.job_id in self.nodes.alloc:
                 alloc = self.nodes.alloc.pop(job.job_id)
                 self.draining[job.job_id] = alloc      # GPUs still busy: taken, not yet free
-                if self.slots is not None:             # ... these very GPUs, when shared
+                if self.slots is not None and not self.policy.allocates:    # ... these very GPUs
                     self._held[job.job_id] = self.slots.gpus.get(job.job_id, frozenset())
+            elif host is not None and self.config.defer_release:
+                self.draining[job.job_id] = []       # its run on the host's GPUs exits first
+                if host in stopping:
+                    self._drain_pair[host] = job.job_id
+            if host is not None and host in self.running and host not in stopping:
+                self._run_alone(self.running[host])
+                changed.append(self.running[host])
+            if guest is not None:
+                del self._guest_of[guest]
+                other = self.running[guest]
+                self.used += other.num_gpus
+                self._run_alone(other)
+                changed.append(other)
+        return changed
 
     def _start(self, job: JobState) -> None:
         now = self.now
@@ -779,6 +905,7 @@ class Driver:
         if not online:
             hit = [self.running[jid] for jid, a in list(self.nodes.alloc.items())
                    if jid in self.running and any(n == node for n, _ in a)]
+            hit += [self.running[g] for g, h in self._guest_of.items() if h in {j.job_id for j in hit}]
             self._stop(hit)
         self.nodes.set_online(node, online)
         return hit

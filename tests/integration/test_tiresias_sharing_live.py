@@ -1,4 +1,4 @@
-"""GPU sharing under ``tiresias master --policy tesserae-las``, every piece real: the master's
+"""GPU sharing under ``tiresias master --policy tesserae-las`` (and ``tesserae-optimus``), every piece real: the master's
 local executor runs two jobs whose pair the co-location table packs on one emulated GPU at
 once (both told the same device), a job that must not share waits, and a packed pair of
 ``examples/train_digits.py`` jobs both train to the end while their measured speeds, alone and
@@ -26,8 +26,10 @@ def _together(master, a, b):
     return wait_for(both, 60, f"jobs {a} and {b} running together")
 
 
-def test_two_jobs_share_one_gpu_and_a_no_share_job_waits(tmp_path):
-    master = MasterProcess(tmp_path / "state", "--nodes", "1x1", "--interval", "0.3", "--policy", "tesserae-las",
+@pytest.mark.parametrize("policy", ["tesserae-las", "tesserae-optimus"])
+def test_two_jobs_share_one_gpu_and_a_no_share_job_waits(tmp_path, policy):
+    """Under Optimus's allocation the second job is a guest on the first one's GPU."""
+    master = MasterProcess(tmp_path / "state", "--nodes", "1x1", "--interval", "0.3", "--policy", policy,
                            "--round-interval", "1").start()
     try:
         a = master.submit(1, *counter(30, 0.1), name="a", model="resnet50", batch_size="32")

@@ -148,3 +148,44 @@ def test_sharing_under_optimus_is_optimus_when_no_pair_is_known(tmp_path):
     assert got["tesserae-optimus"]["policy"] == "tesserae-optimus"
     for key in ("avg_jct", "makespan", "preemptions", "jobs"):
         assert got["tesserae-optimus"][key] == got["optimus"][key]
+
+
+def test_guests_under_optimus_ride_on_running_hosts_at_table_speeds(store):
+    """``tesserae-optimus``: after every round and every end, each guest runs on the GPUs of a
+    running host of its GPU count (one guest per host), holds none of its own, and both run
+    at their speed alone times the table's packed speeds; a pair the matching keeps is not
+    restarted, so guests are preempted less than once per round."""
+    from tiresias.policies import make_policy
+    trace = generate("shockwave", 120, 80.0, 3, _types(store))
+    sharing = ProfileSharing(store)
+    seen = {"rounds": 0, "pairs": 0, "kept": 0}
+    last: dict[int, int] = {}
+
+    def check(drv):
+        guests = dict(drv._guest_of)
+        assert len(set(guests.values())) == len(guests)
+        own = 0
+        for jid, job in drv.running.items():
+            if jid in guests:
+                host = drv.running[guests[jid]]
+                assert host.num_gpus == job.num_gpus and jid not in drv.nodes.alloc
+                want = sharing.pair(sharing.kind(host), sharing.kind(job))
+                alloc = drv.nodes.alloc[host.job_id]
+                assert host.speed / drv.nodes.speed_on(host, alloc) == pytest.approx(want[0])
+                assert job.speed / drv.nodes.speed_on(job, alloc) == pytest.approx(want[1])
+                seen["pairs"] += 1
+                seen["kept"] += last.get(jid) == host.job_id
+            else:
+                own += job.num_gpus
+                assert sum(g for _, g in drv.nodes.alloc[jid]) == job.num_gpus
+        assert drv.used == own <= drv.capacity
+        assert sum(drv.nodes.free) == drv.capacity - own
+        last.clear()
+        last.update(guests)
+        seen["rounds"] += 1
+
+    config = SimConfig("tiresias", packing="tesserae", decide_every=600.0, overheads=True, slowdown=True)
+    policy = make_policy("optimus", cluster=ClusterSpec(4, 4))
+    result = simulate(trace, ClusterSpec(4, 4), policy, config=config, sharing=sharing, observe=check)
+    assert all(j.end_time is not None for j in result.jobs)
+    assert seen["pairs"] > 20 and seen["kept"] > 0

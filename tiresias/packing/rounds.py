@@ -32,7 +32,7 @@ PACKINGS = ("tesserae", "gavel")
 # command-line names: a priority policy with GPU sharing -> (packing, the priority policy)
 SHARING_POLICIES = {f"tesserae-{p}": ("tesserae", p) for p in ("las", "gittins", "fifo")}
 SHARING_POLICIES["gavel-las"] = ("gavel", "las")
-SHARING_POLICIES["tesserae-optimus"] = ("tesserae", "optimus")    # the simulator only (allocation + sharing)
+SHARING_POLICIES["tesserae-optimus"] = ("tesserae", "optimus")    # allocation, then sharing
 ROUND_SECONDS = 360.0        # Tesserae's rounds: six minutes
 
 

@@ -167,9 +167,9 @@ def _master_args(p: argparse.ArgumentParser) -> None:
                    help="consolidate jobs whose skew is above this (0..1)")
     p.add_argument("--interval", type=cli.positive(float), default=5.0, help="seconds between scheduling passes")
     p.add_argument("--round-interval", type=cli.positive(float), default=None, metavar="SECONDS",
-                   help="seconds between the rounds of an allocation policy (optimus, drf, tetris, elastic-srpt; "
-                        "default 600, Optimus's 10 minutes) or of GPU sharing (tesserae-*, gavel-las; default 360, "
-                        "Tesserae's 6 minutes)")
+                   help="seconds between the rounds of an allocation policy (optimus, drf, tetris, elastic-srpt, "
+                        "tesserae-optimus; default 600, Optimus's 10 minutes) or of GPU sharing (the other "
+                        "tesserae-*, gavel-las; default 360, Tesserae's 6 minutes)")
     p.add_argument("--colocation", default=None, metavar="FILE",
                    help="tesserae-*, gavel-las: the co-location throughput table (Tesserae's CSV or Gavel's JSON; "
                         "default the Tesserae authors' table in ../shared/data/colocation)")

@@ -77,8 +77,7 @@ from .store import ACTIVE, TERMINAL, Store, is_full
 
 log = logging.getLogger("tiresias.master")
 
-LIVE_POLICIES = tuple(p for p in POLICIES if p not in SIMULATOR_ONLY) + \
-    tuple(p for p, (_, base) in SHARING_POLICIES.items() if base not in ALLOCATION_POLICIES)
+LIVE_POLICIES = tuple(p for p in POLICIES if p not in SIMULATOR_ONLY) + tuple(SHARING_POLICIES)
 KILL_AFTER_S = 5.0           # SIGTERM -> SIGKILL
 MAX_LAUNCH_FAILURES = 3      # consecutive failed launches before a job is failed
 REQUEUE_MAX_DELAY_S = 60.0   # a run that asked to be requeued waits interval x 2^(n-1), at most this
@@ -151,7 +150,8 @@ class MasterConfig:
         if self.policy not in LIVE_POLICIES:
             raise ValueError(f"unknown policy {self.policy!r} (one of {', '.join(LIVE_POLICIES)})")
         if self.round_interval is None:
-            self.round_interval = ROUND_SECONDS if self.policy in SHARING_POLICIES else DEFAULT_ROUND_INTERVAL
+            self.round_interval = DEFAULT_ROUND_INTERVAL if _base(self.policy) in ALLOCATION_POLICIES else \
+                ROUND_SECONDS if self.policy in SHARING_POLICIES else DEFAULT_ROUND_INTERVAL
         if self.interval <= 0 or self.stop_grace < 0 or not self.round_interval > 0:
             raise ValueError("--interval and --round-interval must be > 0 and --stop-grace >= 0")
         if self.max_lost_runs < 1:
@@ -240,7 +240,7 @@ class Master:
 
     def _policy(self):
         history = None
-        name = SHARING_POLICIES.get(self.config.policy, (None, self.config.policy))[1]
+        name = _base(self.config.policy)
         if name == "gittins" and not self.config.distribution:
             history = [r["attained_service"] for r in self.store.jobs(["finished"]) if r["attained_service"] > 0]
             if len(history) < 2:
@@ -249,13 +249,14 @@ class Master:
         return make_policy(name, thresholds=self.config.thresholds,
                            promote_knob=self.config.promote_knob, distribution=self.config.distribution,
                            history=history, interval=self.config.round_interval
-                           if self.config.policy in ALLOCATION_POLICIES else None)
+                           if name in ALLOCATION_POLICIES else None)
 
     def _recover(self) -> None:
         """Rebuild the driver from SQLite and reconcile the executor's runs with it."""
         now = self.clock()
         rows = self.store.jobs(ACTIVE)
         live: dict[tuple[int, int], dict[str, Any]] = {}
+        shared: dict[str, int] = {}
         for row in rows:
             job = self._job_state(row)
             run = _Run(row["name"], row["spec"], row["status"], row["submitted"], row["run"], row["started"],
@@ -266,11 +267,14 @@ class Master:
             self._describe(job.job_id, row["spec"])
             alloc = self._alloc_of(run.placement) if run.placement else None
             if row["status"] in ("running", "stopping") and run.handle is not None:
+                key = repr(run.placement)               # two runs on the same GPUs: a guest and its host
+                host = shared.get(key) if self.driver.policy.allocates and self.driver.slots is not None else None
+                shared.setdefault(key, job.job_id)
                 if row["status"] == "running" and row["service_at"] is not None:
                     gained = max(0.0, now - row["service_at"])
                     job.service += job.num_gpus * gained
                     job.executed += gained
-                self.driver.restore(job, alloc, draining=row["status"] == "stopping",
+                self.driver.restore(job, alloc, draining=row["status"] == "stopping", host=host,
                                     gpus=[(self.node_index[n], g) for n, g in run.placement if n in self.node_index])
                 self._take_gpus(run.placement)
                 live[(job.job_id, run.run)] = run.handle
@@ -559,7 +563,10 @@ class Master:
     def _launch(self, job: JobState, now: float) -> None:
         run = self.runs[job.job_id]
         planned = self.driver.gpu_ids(job.job_id)      # GPU sharing: the round's very GPUs
-        if planned is not None:
+        host = self.driver.host_of(job.job_id)         # ... or, under an allocation policy, its host's
+        if host is not None:
+            placement = [(n, list(g)) for n, g in self.runs[host].placement]
+        elif planned is not None:
             placement = [(self.node_infos[node].name, gpus) for node, gpus in planned]
             self._take_gpus(placement)
         else:
@@ -652,6 +659,8 @@ class Master:
                 or self.resizer is None:
             return                                     # a job without AutoPS: nothing to move
         before = self._placement_aggregators(job.job_id, run.run)
+        if before == job.aggregators:
+            return                                     # a new speed only (GPU sharing)
         self.resizer.ask((job.job_id, run.run, before), autops_job_name(job.job_id, run.run, run.secret),
                          job.aggregators)
 
@@ -858,16 +867,19 @@ class Master:
             for step, loss in progress.take_new_points():
                 policy.observe_loss(job_id, step, loss)
             job = self.states[job_id]
-            measured = (self._autops_speed(job_id, run) or progress.steps_per_s()) if speed else None
+            since = None
+            if speed and self.driver.slots is not None:     # GPU sharing: its speed alone only
+                partner = self.driver.partner(job_id)
+                speed = partner is None
+                since = self.learner.since(self.clock(), job_id, partner)
+            measured = (self._autops_speed(job_id, run) or progress.steps_per_s(since=since)) if speed else None
             if measured is not None:
                 policy.observe_speed(job_id, max(1, job.aggregators), job.num_gpus, measured, step=progress.step)
 
     def _learn_sharing(self, job_id: int, run: _Run, progress: JobProgress) -> None:
         """GPU sharing: the job's measured speed, alone or beside its partner, teaches the
         profile the pair's normalised speeds (``tiresias.packing.learning``)."""
-        partner = self.driver.slots.partner.get(job_id)
-        if partner not in self.driver.running:
-            partner = None                          # planned, not started yet: it runs alone
+        partner = self.driver.partner(job_id)        # None: it runs alone (a partner planned, not started)
         now = self.clock()
         since = self.learner.since(now, job_id, partner)
         rate = self._autops_speed(job_id, run) or progress.steps_per_s(since=since)
@@ -1037,7 +1049,7 @@ class Master:
                 view["allocation"] = {"gpus": job.num_gpus, "aggregators": self._aggregators(job_id)}
             slots = self.driver.slots
             if slots is not None:                     # GPU sharing: who it shares with, at what speed
-                view["shares_with"] = slots.partner.get(job_id) if job.running else None
+                view["shares_with"] = self.driver.partner(job_id)
                 view["model_batch"] = [spec.get("model"), spec.get("batch_size")]
                 view["may_share"] = spec.get("share", True)
             policy = self.driver.policy
@@ -1189,3 +1201,7 @@ def autops_job_name(job_id: int, run: int, secret: str) -> str:
     tag = hmac.new(secret.encode(), f"tiresias autops job {job_id} r{run}".encode(), hashlib.sha256).hexdigest()
     return f"tiresias-{job_id}-r{run}-{tag[:16]}"
 
+
+def _base(policy: str) -> str:
+    """The policy a command-line name runs (``tesserae-optimus``: ``optimus``)."""
+    return SHARING_POLICIES.get(policy, (None, policy))[1]
