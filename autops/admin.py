@@ -1,7 +1,7 @@
 """The operator's client of pMaster: the pool's status and live migrations.
 
 ``AdminClient(master)`` holds one connection (a ZeroMQ DEALER in its own context) for any
-number of calls: ``status()`` is pMaster's status report (``autops.report`` documents it),
+number of calls: ``status()`` is pMaster's status report (``autops.master.report`` documents it),
 ``migrate(job, keys, to)`` asks pMaster to move a job's keys (all of them by default) to
 other aggregators (any other by default) while the job trains, ``resize(job, count)`` spreads
 a job's keys over ``count`` aggregators with few moves (the Tiresias master changing a job's
@@ -21,8 +21,8 @@ from typing import Any, Sequence
 from dlrt.curve import Security
 from dlrt.keys import ensure_operator_token, read_secret_file
 
-from . import wire
-from .agent import MasterClient
+from .wire import protocol as wire
+from .worker.agent import MasterClient
 from .transport.zmq import make_context
 
 __all__ = ["AdminClient", "query_status", "operator_token"]

@@ -21,8 +21,8 @@ import uuid
 from dlrt import cli
 from dlrt.endpoints import DEFAULT_BIND_HOST, host_port
 
-from .jobauth import ENV as SECRET_ENV, default_state_dir, new_job_secret
-from .orphan import DEFAULT_ORPHAN_TIMEOUT
+from .wire.jobauth import ENV as SECRET_ENV, default_state_dir, new_job_secret
+from .config import DEFAULT_ORPHAN_TIMEOUT
 from .transport.prefault import PREFAULT_SHARE
 from .transport.shm import RESERVE_SHARED
 
@@ -43,8 +43,8 @@ def _cmd_master(args: argparse.Namespace) -> int:
     from dlrt import statelock
     # one pMaster per state dir: the lock comes before anything there is read or written
     owner = statelock.acquire(args.state_dir, "autops master", hint="give this one another --state-dir")
-    from .elastic import ElasticConfig
-    from .master import serve
+    from .master.elastic import ElasticConfig
+    from .master.pmaster import serve
     config = ElasticConfig(enabled=not args.static, loss_limit=args.loss_limit, warmup_iters=args.warmup_iters,
                            profile_iters=args.profile_iters, window=args.window, cluster_size=args.cluster_size,
                            period=args.period, threshold=args.threshold, spare=args.spare,
@@ -60,7 +60,7 @@ def _cmd_master(args: argparse.Namespace) -> int:
 
 
 def _cmd_aggregator(args: argparse.Namespace) -> int:
-    from .aggregator import serve
+    from .aggregator.service import serve
     if args.bind is not None:
         host, port = host_port(args.bind, bind=True)
     else:                                   # the older spelling: --bind-host HOST --port PORT
@@ -107,7 +107,7 @@ def _cmd_local(args: argparse.Namespace) -> int:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     from .admin import query_status
-    from .report import format_status
+    from .master.report import format_status
     status = query_status(args.master, timeout=args.timeout)
     cli.emit(args.json, status, format_status(status))
     return 0
@@ -134,7 +134,7 @@ def _cmd_secret(args: argparse.Namespace) -> int:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from .simulate import run
+    from .master.simulate import run
     return run(args)
 
 
@@ -283,7 +283,7 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
     p.set_defaults(func=_cmd_local)
 
-    from .report import STATUS_LEGEND
+    from .master.report import STATUS_LEGEND
     p = cli.add_command(sub, "status", "print the pool: aggregators, load and jobs", log_level=None,
                         json_help="write the status as JSON to FILE ('-' for stdout instead of the table)",
                         epilog=STATUS_LEGEND)
@@ -309,7 +309,7 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                         log_level=None)
     p.set_defaults(func=_cmd_secret)
 
-    from .simulate import JSON_HELP, add_arguments
+    from .master.simulate import JSON_HELP, add_arguments
     p = cli.add_command(sub, "simulate", "trace-driven simulation of the aggregator pool (CPU saving)",
                         log_level=None, json_help=JSON_HELP)
     add_arguments(p)

@@ -24,7 +24,7 @@ from dlrt.curve import Security, default_security
 from dlrt.keys import Keys
 from dlrt.procs import die_with_parent, stop_processes
 
-from . import poolfiles
+from .master import poolfiles
 from .admin import query_status
 
 

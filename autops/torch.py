@@ -38,7 +38,7 @@ stop all ranks at the same iteration when one saw a preemption request;
 checkpoint rank 0 writes).
 
 GPU tensors. Parameters, gradients and tensors may live on a CUDA device: each is staged
-through a pinned host buffer (``autops.torch_device``). A gradient's copy to the host starts
+through a pinned host buffer (``autops.worker.device``). A gradient's copy to the host starts
 in its autograd hook on a side stream and its push leaves once the copy is done (handed to
 the agent by the next hook or wait, else by the stager's thread 2 ms later), so the copy
 overlaps the rest of backward and the other tensors' communication; results are copied back
@@ -52,9 +52,9 @@ from typing import Callable, Iterable, Mapping
 
 import torch
 
-from .agent import DEFAULT_TIMEOUT, Agent, AuthRefused, AutoPSError, Handle
-from .torch_context import WorkerContext, dtype_name, flat_numpy, on_device
-from .torch_optimizer import DistributedMixin, create_missing_state, group_scalars, set_group_scalars, wrap_optimizer
+from .worker.agent import DEFAULT_TIMEOUT, Agent, AuthRefused, AutoPSError, Handle
+from .worker.context import WorkerContext, dtype_name, flat_numpy, on_device
+from .worker.optimizer import DistributedMixin, create_missing_state, group_scalars, set_group_scalars, wrap_optimizer
 
 log = logging.getLogger("autops.torch")
 
@@ -295,7 +295,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     hyper-parameters of ``optimizer``'s param groups; workers receive parameters.
     The returned object is an instance of ``optimizer``'s class sharing its state, so LR
     schedulers and ``state_dict()`` keep working; it adds ``synchronize()`` and
-    ``skip_synchronize()`` (Horovod's contract, see ``autops.torch_optimizer``).
+    ``skip_synchronize()`` (Horovod's contract, see ``autops.worker.optimizer``).
 
     ``backward_passes_per_step``: backward passes whose gradients are summed before one push.
     ``clip_grad_norm``: clip the averaged gradient by its global norm before the optimizer runs

@@ -1,7 +1,7 @@
 """The envelope every control message of the runtime travels in, and its errors.
 
 A message is one msgpack map ``{"proto": NAME, "v": VERSION, "op": OP, <fields>...}``.
-Each system defines its own operations and field schemas on top (``autops.wire``,
+Each system defines its own operations and field schemas on top (``autops.wire.protocol``,
 ``infiniswap.protocol``); this module owns what they share: packing and unpacking the
 envelope, the version check, and the error types. Anything that is not a valid envelope
 raises ``ProtocolError`` -- never another exception -- so a server loop never dies on a

@@ -38,7 +38,7 @@ from typing import Any, Callable, Sequence, TextIO
 
 import numpy as np
 
-from autops.jobauth import new_job_secret
+from autops.wire.jobauth import new_job_secret
 from autops.models import model_tensors
 from dlrt import cli
 from dlrt.procs import join_or_kill
@@ -85,7 +85,7 @@ def _worker(master: str, job: str, tag: int, rank: int, world: int, tensors: lis
             from dlrt.testbed import enter_netns
             enter_netns(place[0])
             os.environ["DLRT_HOST_ID"] = place[1]
-        from autops.agent import Agent
+        from autops.worker.agent import Agent
         opts: dict = {"mode": mode, "average": True}
         if mode == "server":
             opts.update(optimizer=optimizer, hp={"lr": 1e-3})

@@ -28,8 +28,8 @@ from typing import Sequence
 
 import numpy as np
 
-from autops.agent import Agent
-from autops.jobauth import new_job_secret
+from autops.worker.agent import Agent
+from autops.wire.jobauth import new_job_secret
 from autops.local import LocalPool
 from dlrt import cli
 

@@ -110,7 +110,7 @@ import numpy as np
 import psutil
 
 from autops.admin import AdminClient
-from autops.agent import WARM_BYTES, WARM_ENV, warm_bytes_from_env
+from autops.worker.agent import WARM_BYTES, WARM_ENV, warm_bytes_from_env
 from autops.local import LocalPool
 from autops.transport.prefault import PREFAULT_SHARE
 from autops.transport.shm import RESERVE_SHARED

@@ -25,10 +25,10 @@ import platform
 import sys
 from typing import Sequence
 
-from autops.assignment import spread_by_bytes
+from autops.master.assignment import spread_by_bytes
 from autops.models import SYNTHETIC, Tensor, known_models, model_tensors, shapes_path
-from autops.paa import SMALL_FRACTION, Placement, assign_mxnet, assign_paa, measures
-from autops.partition import DEFAULT_SMALL_BYTES, auto_partition_bytes, plan_keys, tensor_bytes
+from autops.master.paa import SMALL_FRACTION, Placement, assign_mxnet, assign_paa, measures
+from autops.wire.partition import DEFAULT_SMALL_BYTES, auto_partition_bytes, plan_keys, tensor_bytes
 from dlrt import cli
 
 SERVERS = (2, 4, 8, 16)

@@ -77,7 +77,7 @@ def cuda_device(rank: int):
 # --- AutoPS ----------------------------------------------------------------------------------
 def declared_agent(args: argparse.Namespace, tensors: list):
     """This rank's agent, joined to the job with the model's tensors declared."""
-    from autops.agent import Agent
+    from autops.worker.agent import Agent
     opts = {"mode": args.mode, "average": True}
     if args.mode == "server":
         opts.update(optimizer=args.optimizer, hp={"lr": 1e-3})
@@ -126,7 +126,7 @@ def autops_worker(args: argparse.Namespace, tensors: list) -> None:
 def autops_cuda_worker(args: argparse.Namespace, tensors: list) -> None:
     """``autops_worker`` with the gradients on a GPU, staged like ``autops.torch``'s optimizer."""
     import torch
-    from autops.torch_device import DeviceStager, host_array
+    from autops.worker.device import DeviceStager, host_array
     device = cuda_device(args.rank)
     agent = declared_agent(args, tensors)
     stager = DeviceStager()

@@ -22,9 +22,9 @@ import tempfile
 import threading
 import time
 
-from autops.jobauth import new_job_secret
+from autops.wire.jobauth import new_job_secret
 from autops.local import LocalPool
-from autops.report import format_status
+from autops.master.report import format_status
 
 EXAMPLE = pathlib.Path(__file__).resolve().parent / "train_digits.py"
 JOBS = [("digits-sgd", ["--mode", "sum", "--optimizer", "sgd"]),

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from autops.jobauth import new_job_secret
+from autops.wire.jobauth import new_job_secret
 from dlrt.keys import temporary_cluster
 from dlrt.testbed import Testbed, available
 from dlrt_bench.autops_hosts import HostPool

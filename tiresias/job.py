@@ -167,7 +167,7 @@ def mark_stopped() -> None:
 
 def exit_stopped() -> NoReturn:
     """``mark_stopped()`` then exit 0. An AutoPS worker left open leaves its job on the way
-    out (``autops.agent``), so the resumed run finds the job's aggregators free."""
+    out (``autops.worker.agent``), so the resumed run finds the job's aggregators free."""
     mark_stopped()
     sys.stdout.flush()
     sys.exit(0)

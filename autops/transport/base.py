@@ -2,7 +2,7 @@
 
 AutoPS's data path (agent <-> aggregator, aggregator <-> aggregator) speaks through this
 interface only, in the manner of ps-lite's ``Van``. A message is one header (bytes the
-caller packed, see ``autops.wire``) plus zero or more payload buffers (tensor bytes, never
+caller packed, see ``autops.wire.protocol``) plus zero or more payload buffers (tensor bytes, never
 copied on the way). The kinds behind it:
 
 * ``tcp`` (``zmq.py``): payloads travel as ZeroMQ frames;

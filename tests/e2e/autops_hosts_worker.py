@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 
-from autops.agent import Agent
+from autops.worker.agent import Agent
 
 TENSORS = [("big", (300_000,), "float32"), ("mid", (40_000,), "float32"),
            ("b1", (10,), "float32"), ("b2", (3, 7), "float32")]

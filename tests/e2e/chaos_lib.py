@@ -33,7 +33,7 @@ from typing import Any, Callable
 INTEGRATION = pathlib.Path(__file__).resolve().parents[1] / "integration"
 sys.path.insert(0, str(INTEGRATION))
 
-from autops.agent import AutoPSError  # noqa: E402
+from autops.worker.agent import AutoPSError  # noqa: E402
 from infiniswap_testlib import PageChurn  # noqa: E402
 from autops_testlib import check_same  # noqa: E402
 from test_failover import ITERS, settled, train  # noqa: E402

@@ -29,7 +29,7 @@ import pytest
 
 import autops.cli
 import dlrt.main
-from autops.simulate import public, simulate
+from autops.master.simulate import public, simulate
 import infiniswap.cli
 import tiresias.cli
 

@@ -57,6 +57,6 @@ def test_transport_rdma_fails_at_once_with_one_line(argv, prefix, tmp_path):
 
 def test_an_agent_asked_for_rdma_fails_in_its_constructor():
     """Not later, in its I/O thread (whose failure there would leave the constructor waiting)."""
-    from autops.agent import Agent
+    from autops.worker.agent import Agent
     with pytest.raises(RdmaUnavailable, match="no RDMA device found|pyverbs"):
         Agent("127.0.0.1:9", "job", 0, 1, transport="rdma", timeout=1.0, secret="s" * 32)

@@ -9,8 +9,8 @@ import time
 
 import numpy as np
 
-from autops.agent import Agent
-from autops.optim import make_optimizer
+from autops.worker.agent import Agent
+from autops.aggregator.optim import make_optimizer
 
 TENSORS = [("big", (120_000,), "float32"),     # 2 partitions at 256 KiB
            ("mid", (20_000,), "float32"),
@@ -22,7 +22,7 @@ W = 2
 
 def secret_for(job: str) -> str:
     """The secret this suite's "launcher" gives every rank of ``job``: one per job id, the same
-    in every test process (a real launcher makes a random one, ``autops.jobauth.new_job_secret``)."""
+    in every test process (a real launcher makes a random one, ``autops.wire.jobauth.new_job_secret``)."""
     return hashlib.sha256(f"autops-test-secret/{job}".encode()).hexdigest()
 
 

@@ -21,8 +21,8 @@ import numpy as np
 import psutil
 import pytest
 
-from autops import memroom
-from autops.agent import Agent, AutoPSError
+from autops.aggregator import memroom
+from autops.worker.agent import Agent, AutoPSError
 from autops.local import LocalPool
 from autops_testlib import secret_for
 from dlrt.procs import die_with_parent

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from autops.admin import AdminClient
-from autops.agent import Agent, AuthRefused, AutoPSError
+from autops.worker.agent import Agent, AuthRefused, AutoPSError
 from autops.local import LocalPool
 from autops_testlib import secret_for
 from dlrt.curve import Security

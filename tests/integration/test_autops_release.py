@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from autops.agent import Agent, AutoPSError, MasterUnreachable, PoolBusy
+from autops.worker.agent import Agent, AutoPSError, MasterUnreachable, PoolBusy
 from autops.local import LocalPool
 from autops_testlib import secret_for
 

@@ -20,11 +20,11 @@ import pytest
 import zmq
 import zmq.auth
 
-from autops import clusterauth, wire
+from autops.wire import clusterauth, protocol as wire
 from autops.admin import AdminClient
-from autops.agent import Agent, AuthRefused, AutoPSError, MasterClient, MasterUnreachable
-from autops.aggregator import Aggregator
-from autops.jobauth import new_job_secret
+from autops.worker.agent import Agent, AuthRefused, AutoPSError, MasterClient, MasterUnreachable
+from autops.aggregator.service import Aggregator
+from autops.wire.jobauth import new_job_secret
 from autops.local import LocalPool
 from autops.transport import make_context
 from dlrt.curve import Security

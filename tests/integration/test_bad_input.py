@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import zmq
 
-from autops import wire
-from autops.agent import Agent
+from autops.wire import protocol as wire
+from autops.worker.agent import Agent
 
 
 @pytest.fixture
@@ -230,7 +230,7 @@ def test_the_libraries_and_their_clis_do_not_import_the_benchmarks():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
-    sim = subprocess.run([sys.executable, "-c", "import sys, autops.simulate; "
+    sim = subprocess.run([sys.executable, "-c", "import sys, autops.master.simulate; "
                           "print(sorted(m for m in sys.modules if m.split('.')[0] == 'tiresias'))"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert sim.returncode == 0 and sim.stdout.strip() == "[]", sim.stderr    # reports and traces are data

@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from autops.agent import Agent, AutoPSError
+from autops.worker.agent import Agent, AutoPSError
 from autops_testlib import secret_for
 from autops.local import LocalPool
 
@@ -135,7 +135,7 @@ def test_master_publishes_utilization_reports_and_prometheus_metrics():
     import urllib.request
 
     from autops.local import free_port
-    from autops.report import subscribe
+    from autops.master.report import subscribe
     pub, http = free_port(), free_port()
     with LocalPool(2, master_args=[*FAST, "--report-bind", f"tcp://127.0.0.1:{pub}", "--metrics-port", str(http),
                                    "--report-period", "0.3"]) as pool:

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
-from autops import agent as agent_mod
+from autops.worker import agent as agent_mod
 from autops.admin import AdminClient
-from autops.agent import Agent, AutoPSError
+from autops.worker.agent import Agent, AutoPSError
 from autops.local import LocalPool
-from autops.partition import plan_keys
+from autops.wire.partition import plan_keys
 from autops_testlib import TENSORS, W, ServerKeyJob, check_same, grad, holding, reported, secret_for
 
 ITERS = 12

@@ -31,9 +31,9 @@ import pytest
 import zmq
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
-from autops import wire
+from autops.wire import protocol as wire
 from autops.admin import query_status
-from autops.agent import Agent, AutoPSError
+from autops.worker.agent import Agent, AutoPSError
 from autops.local import LocalPool
 from autops.transport.stream import StreamChannel
 from autops_testlib import secret_for

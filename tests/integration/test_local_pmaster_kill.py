@@ -22,7 +22,7 @@ import numpy as np
 import psutil
 import pytest
 
-from autops import poolfiles
+from autops.master import poolfiles
 from autops.admin import query_status
 from dlrt.procs import stop_processes
 from waiting import until
@@ -140,7 +140,7 @@ def test_a_job_that_trains_on_while_pmaster_is_killed_and_restarted_ends_right_a
     released the adopted job -- whose registered ranks were none -- under the other rank), and
     it releases the job once both ranks are done. The result is the uninterrupted run's."""
     import torch
-    from autops.jobauth import new_job_secret
+    from autops.wire.jobauth import new_job_secret
     port = free_port()
     address = f"tcp://127.0.0.1:{port}"
     pmaster = [sys.executable, "-m", "autops.cli", "master", "--provider", "local", "--bind", f"127.0.0.1:{port}",

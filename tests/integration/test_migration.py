@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from autops import wire
+from autops.wire import protocol as wire
 from autops.admin import AdminClient
-from autops.agent import Agent
+from autops.worker.agent import Agent
 from autops.local import LocalPool
-from autops.optim import make_optimizer
+from autops.aggregator.optim import make_optimizer
 from autops_testlib import TENSORS, W, ServerKeyJob, check_same, grad, holding, reported, secret_for
 
 ITERS = 24

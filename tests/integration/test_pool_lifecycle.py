@@ -19,10 +19,10 @@ import time
 import numpy as np
 import psutil
 
-from autops import poolfiles
-from autops.agent import Agent
+from autops.master import poolfiles
+from autops.worker.agent import Agent
 from autops.local import LocalPool
-from autops.report import utilization_report
+from autops.master.report import utilization_report
 from autops_testlib import secret_for
 from dlrt.cpus import usable_cpus
 from test_elastic import FAST, Job, job_of, wait_for

@@ -214,8 +214,8 @@ def test_server_optimizer_state_round_trip(pool, aps_session, optname):
 
 def test_state_of_partitioned_keys_is_reassembled(pool):
     """Agent level: a tensor split into 4 keys; its fetched state equals the server optimizer's."""
-    from autops.agent import Agent
-    from autops.optim import make_optimizer
+    from autops.worker.agent import Agent
+    from autops.aggregator.optim import make_optimizer
     hp = {"lr": 0.01}
     agent = Agent(pool.master, f"parts-{uuid.uuid4().hex[:8]}", 0, 1, mode="server", optimizer="adam", hp=hp,
                   timeout=30, partition_bytes=1024, secret=uuid.uuid4().hex)

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from autops.agent import Agent, AutoPSError
+from autops.worker.agent import Agent, AutoPSError
 from autops_testlib import secret_for
 
 TENSORS = [

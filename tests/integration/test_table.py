@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import zmq
 
-from autops import wire
-from autops.agent import Agent, AutoPSError
+from autops.wire import protocol as wire
+from autops.worker.agent import Agent, AutoPSError
 from autops.local import LocalPool
 
 

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from autops.agent import Agent
+from autops.worker.agent import Agent
 from autops.local import LocalPool
 from autops_testlib import secret_for
 from tiresias.service.cli import jobs_table

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from autops.jobauth import new_job_secret
+from autops.wire.jobauth import new_job_secret
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from torch_reference import batches, make_model, make_optimizer  # noqa: E402
@@ -170,9 +170,9 @@ def test_the_staged_path_trains_like_a_single_process(pool1, monkeypatch, mode, 
     result equals single-process training (a shape slip in the staged parameters of server
     mode was found only on a GPU before this)."""
     import autops.torch as aps
-    import autops.torch_context as context
-    import autops.torch_optimizer as optimizer
-    from autops.torch_device import DeviceStager
+    import autops.worker.context as context
+    import autops.worker.optimizer as optimizer
+    from autops.worker.device import DeviceStager
     ops = HostOps()
     monkeypatch.setattr(context, "DeviceStager", lambda: DeviceStager(ops))
     for module in (aps, optimizer):

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from autops.jobauth import new_job_secret
+from autops.wire.jobauth import new_job_secret
 
 HERE = pathlib.Path(__file__).parent
 sys.path.insert(0, str(HERE))

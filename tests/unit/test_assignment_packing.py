@@ -1,7 +1,7 @@
 """Pseudocode 3 (thesis §4.3.3.2) on the thesis' toy cases (Fig. 4.6)."""
 import pytest
 
-from autops.assignment import effective_iteration, free_time, loss, pack_task, runs_per_cycle
+from autops.master.assignment import effective_iteration, free_time, loss, pack_task, runs_per_cycle
 
 
 def test_fig_4_6_packing_j1_and_j2_gives_cycle_12_and_j1_runs_twice():

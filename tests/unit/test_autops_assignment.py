@@ -1,11 +1,11 @@
-"""``autops.assignment.rebalance``: a job's keys moved onto another set of aggregators (its
+"""``autops.master.assignment.rebalance``: a job's keys moved onto another set of aggregators (its
 aggregator count changed by the scheduler) with few moves and bytes balanced."""
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from autops.assignment import rebalance
+from autops.master.assignment import rebalance
 
 
 def _loads(table, sizes):

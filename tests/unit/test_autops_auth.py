@@ -7,10 +7,10 @@ import stat
 
 import pytest
 
-from autops import clusterauth, wire
-from autops.jobauth import JobSecrets, SecretRefused, check_secret_shape, new_job_secret
-from autops.master import Master
-from autops.report import metric_samples
+from autops.wire import clusterauth, protocol as wire
+from autops.wire.jobauth import JobSecrets, SecretRefused, check_secret_shape, new_job_secret
+from autops.master.pmaster import Master
+from autops.master.report import metric_samples
 from dlrt.curve import Security
 from dlrt.keys import Keys
 

@@ -1,7 +1,7 @@
-"""How the agent groups large keys' pushes of one burst (``autops.coalesce``)."""
+"""How the agent groups large keys' pushes of one burst (``autops.worker.coalesce``)."""
 from __future__ import annotations
 
-from autops.coalesce import Coalescer
+from autops.worker.coalesce import Coalescer
 
 KIB = 1024
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from autops import wire
-from autops.assignment import spread_by_bytes
-from autops.elastic import Elastic, ElasticConfig
-from autops.migration import Migrations
-from autops.partition import plan_keys
-from autops.pool import AggInfo, JobInfo, PoolState
-from autops.providers import Provider
+from autops.wire import protocol as wire
+from autops.master.assignment import spread_by_bytes
+from autops.master.elastic import Elastic, ElasticConfig
+from autops.master.migration import Migrations
+from autops.wire.partition import plan_keys
+from autops.master.pool import AggInfo, JobInfo, PoolState
+from autops.master.providers import Provider
 
 TENSORS = [("w", (4000,), "float32"), ("b", (100,), "float32")]     # keys "w" and "b"
 CONF = {"mode": "sum", "average": False, "optimizer": None, "hp": {}}

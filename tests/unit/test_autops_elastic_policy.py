@@ -2,9 +2,9 @@
 and scaling decisions (thesis §4.3.3.2-5), on plain data."""
 import pytest
 
-from autops.assignment import busy_fraction, job_demand, pack_job, recycle
-from autops.cycle import CyclicSchedule
-from autops.scaling import admissible, allocate_now, choose_cluster, cluster_free_cpu, idle_to_release
+from autops.master.assignment import busy_fraction, job_demand, pack_job, recycle
+from autops.aggregator.cycle import CyclicSchedule
+from autops.master.scaling import admissible, allocate_now, choose_cluster, cluster_free_cpu, idle_to_release
 
 
 def names(i):
@@ -131,7 +131,7 @@ def test_hybrid_scaling_and_admission_decisions():
 # --- recycle: properties over random pools ------------------------------------------------------
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
-from autops.assignment import final_moves, free_time, loss  # noqa: E402
+from autops.master.assignment import final_moves, free_time, loss  # noqa: E402
 
 
 @settings(max_examples=200, deadline=None)

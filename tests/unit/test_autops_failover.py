@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from autops import wire
-from autops.failover import Failover
-from autops.migration import Migrations
-from autops.partition import KeySpec
-from autops.pool import AggInfo, JobInfo, PoolState
-from autops.replication import pick_replica
-from autops.store import Store, StoreError
+from autops.wire import protocol as wire
+from autops.master.failover import Failover
+from autops.master.migration import Migrations
+from autops.wire.partition import KeySpec
+from autops.master.pool import AggInfo, JobInfo, PoolState
+from autops.master.replication import pick_replica
+from autops.aggregator.store import Store, StoreError
 
 from test_autops_elastic import FakeClock, RecordingOutbox, message
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from hypothesis import given, strategies as st
 
-from autops.held import HeldMessages
+from autops.aggregator.held import HeldMessages
 
 
 def test_not_holding_hands_messages_straight_through():

@@ -15,13 +15,14 @@ import time
 import numpy as np
 import pytest
 
-from autops import migration, wire
-from autops.migration import LEAD_ITERATIONS, Migrations
-from autops.partition import KeySpec
-from autops.pool import AggInfo, JobInfo, PoolState
-from autops.precopy import Follower, Precopies
-from autops.spare import SpareBuffers
-from autops.store import Store, StoreError
+from autops.master import migration
+from autops.wire import protocol as wire
+from autops.master.migration import LEAD_ITERATIONS, Migrations
+from autops.wire.partition import KeySpec
+from autops.master.pool import AggInfo, JobInfo, PoolState
+from autops.aggregator.precopy import Follower, Precopies
+from autops.aggregator.spare import SpareBuffers
+from autops.aggregator.store import Store, StoreError
 from autops.transport import prefault, shm
 from autops.transport.base import Shared
 from test_autops_elastic import FakeClock, RecordingOutbox, message
@@ -585,7 +586,7 @@ def test_tcp_loss_is_attributed_to_the_switch_the_lead_and_each_quiet_iteration(
 def test_memory_the_helper_thread_cannot_make_comes_back_as_an_allocation_error(monkeypatch, at_once):
     """A helper thread that runs out of memory readying a key's arrays hands the loop an
     allocation error (answered to pMaster), never nothing: the loop would wait forever."""
-    from autops import aggregator as aggregator_mod
+    from autops.aggregator import service as aggregator_mod
 
     def no_memory(sizes, pace=None):
         raise MemoryError("no room for the optimizer state")
@@ -611,10 +612,10 @@ def test_the_room_check_counts_the_memory_an_aggregator_holds_ready(monkeypatch)
     """A reserve takes memory from what the machine reports available in order to give it
     to jobs: a job it can hold is accepted, on a machine that now reports less than the job
     needs; one larger than the memory available plus what is held ready is refused."""
-    from autops import aggregator as aggregator_mod
-    from autops.store import StoreError
+    from autops.aggregator import service as aggregator_mod
+    from autops.aggregator.store import StoreError
 
-    from autops import memroom
+    from autops.aggregator import memroom
 
     available = 100 << 20
     monkeypatch.setattr(memroom, "mem_available", lambda: available)
@@ -640,7 +641,7 @@ def test_the_room_check_counts_the_memory_an_aggregator_holds_ready(monkeypatch)
 @pytest.mark.parametrize("shared, pieces", [(0.25, 1), (0.5, 2)])
 def test_the_reserve_makes_its_shared_share_as_segments(shared, pieces):
     """``reserve_shared`` of the reserve becomes shared segments (whole pieces), the rest heap."""
-    from autops import aggregator as aggregator_mod
+    from autops.aggregator import service as aggregator_mod
 
     agg = aggregator_mod.Aggregator("tcp://127.0.0.1:1", transport="shm", register_timeout=0.1,
                                     reserve=64 << 20, reserve_shared=shared)
@@ -659,7 +660,7 @@ def test_the_reserve_makes_its_shared_share_as_segments(shared, pieces):
 
 
 def test_a_reserve_share_outside_0_to_1_is_refused():
-    from autops import aggregator as aggregator_mod
+    from autops.aggregator import service as aggregator_mod
 
     for shared in (0.0, 1.5):
         with pytest.raises(ValueError, match="reserve_shared"):
@@ -672,7 +673,7 @@ def test_a_new_replicas_backup_goes_to_the_spares_when_its_move_is_abandoned(bac
     """MIGRATE_DROP with ``backups`` (pMaster's, to the new replica of a move that did not
     complete) frees the backup the state sent ahead made there; without it (to an old owner
     after a move, or to a new owner that is the key's current replica) backups stay."""
-    from autops import aggregator as aggregator_mod
+    from autops.aggregator import service as aggregator_mod
 
     src, old, _ = owner()
     meta, arrays = Store.export_key(old)
@@ -694,7 +695,7 @@ def test_the_reserve_makes_its_segments_again_only_once_the_moves_here_are_over(
     of this aggregator (in: until its first iteration here, the workers' switch, is done),
     nor while a helper thread readies memory for keys arriving (which took the segments):
     that work would land in the move's window."""
-    from autops import aggregator as aggregator_mod
+    from autops.aggregator import service as aggregator_mod
 
     agg = aggregator_mod.Aggregator("tcp://127.0.0.1:1", transport="shm", register_timeout=0.1,
                                     reserve=64 << 20, reserve_shared=0.5)
@@ -736,7 +737,7 @@ def test_the_reserves_segments_being_made_again_stop_while_a_move_here_is_under_
     """A move that starts while the segments a job took are being made again makes their
     pace wait (its quiet probe says no) until it is over; memory readied for arriving keys
     does not wait for moves (it is part of one)."""
-    from autops import aggregator as aggregator_mod
+    from autops.aggregator import service as aggregator_mod
 
     now = [100.0]
     agg = aggregator_mod.Aggregator("tcp://127.0.0.1:1", transport="tcp", register_timeout=0.1)
@@ -761,7 +762,7 @@ def test_memory_made_ready_in_the_background_waits_for_a_gap_in_the_jobs_message
     phases: the pace's quiet probe says no while the loop took a job's message within
     ``DATA_QUIET_S`` or replies wait to be sent, yes after that; pMaster's messages and
     peers' replies do not count."""
-    from autops import aggregator as aggregator_mod
+    from autops.aggregator import service as aggregator_mod
 
     class Requests:                         # a listener with nothing queued
         def recv(self):
@@ -789,7 +790,7 @@ def test_memory_made_ready_in_the_background_waits_for_a_gap_in_the_jobs_message
 
 
 def test_the_transport_is_sending_while_one_of_its_listeners_is():
-    from autops import aggregator as aggregator_mod
+    from autops.aggregator import service as aggregator_mod
 
     agg = aggregator_mod.Aggregator("tcp://127.0.0.1:1", transport="tcp", register_timeout=0.1)
     try:
@@ -804,7 +805,7 @@ def test_the_warm_size_comes_from_the_environment_and_is_bounded(monkeypatch):
     """How much an agent warms a move's new connections with: ``$AUTOPS_WARM_BYTES`` (bytes;
     0 turns it off), else 32 MiB; a size outside 0..``wire.MAX_WARM_BYTES`` is refused when
     the agent is made, before it reaches for pMaster."""
-    from autops.agent import WARM_BYTES, WARM_ENV, Agent, AutoPSError, warm_bytes_from_env
+    from autops.worker.agent import WARM_BYTES, WARM_ENV, Agent, AutoPSError, warm_bytes_from_env
 
     monkeypatch.delenv(WARM_ENV, raising=False)
     assert warm_bytes_from_env() == WARM_BYTES == 32 << 20
@@ -823,7 +824,7 @@ def test_the_warm_size_comes_from_the_environment_and_is_bounded(monkeypatch):
 def test_heartbeats_count_the_current_schedules_outliers_too():
     """``late`` / ``postponed`` in a heartbeat (and so in pMaster's status) include the
     aggregations the schedule in force put off, not only those of schedules replaced."""
-    from autops import aggregator as aggregator_mod
+    from autops.aggregator import service as aggregator_mod
 
     agg = aggregator_mod.Aggregator("tcp://127.0.0.1:1", transport="tcp", register_timeout=0.1)
     sent: list = []

@@ -1,11 +1,11 @@
-"""The orphan timeout decision (``autops.orphan``) on a fake clock: an aggregator gives up only
+"""The orphan timeout decision (``autops.aggregator.orphan``) on a fake clock: an aggregator gives up only
 after its pMaster was silent for longer than the timeout, any word from a pMaster resets the
 wait, and 0 means never."""
 from __future__ import annotations
 
 import pytest
 
-from autops.orphan import DEFAULT_ORPHAN_TIMEOUT, OrphanWatch
+from autops.aggregator.orphan import DEFAULT_ORPHAN_TIMEOUT, OrphanWatch
 
 
 class FakeClock:
@@ -49,6 +49,6 @@ def test_zero_means_never_and_a_negative_timeout_is_refused():
 
 
 def test_an_aggregator_refuses_an_orphan_timeout_its_own_heartbeats_cannot_keep():
-    from autops.aggregator import Aggregator
+    from autops.aggregator.service import Aggregator
     with pytest.raises(ValueError, match="two heartbeat intervals"):
         Aggregator("tcp://127.0.0.1:1", heartbeat_interval=1.0, orphan_timeout=1.5)

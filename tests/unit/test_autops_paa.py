@@ -1,9 +1,9 @@
-"""Optimus's PAA (autops/paa.py), MXNet's default split, Table 3's measures, and the
+"""Optimus's PAA (autops/master/paa.py), MXNet's default split, Table 3's measures, and the
 comparison bench's AutoPS plan and verdict (dlrt_bench/autops_paa.py)."""
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from autops.paa import assign_mxnet, assign_paa, measures
+from autops.master.paa import assign_mxnet, assign_paa, measures
 from dlrt_bench.autops_paa import autops_plan, blocks_of, compare, winner
 
 

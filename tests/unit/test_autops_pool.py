@@ -1,10 +1,10 @@
 """pMaster's pool state queries and its outbox to the aggregators, on a fake clock."""
 from __future__ import annotations
 
-from autops import wire
-from autops.outbox import AggregatorOutbox
-from autops.partition import KeySpec
-from autops.pool import AggInfo, JobInfo, PoolState
+from autops.wire import protocol as wire
+from autops.master.outbox import AggregatorOutbox
+from autops.wire.partition import KeySpec
+from autops.master.pool import AggInfo, JobInfo, PoolState
 
 
 class FakeClock:

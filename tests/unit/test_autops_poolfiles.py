@@ -1,4 +1,4 @@
-"""The records of the aggregators a local provider starts (``autops.poolfiles``) and what a
+"""The records of the aggregators a local provider starts (``autops.master.poolfiles``) and what a
 restarted pMaster's provider does with them (``LocalProvider``): with stand-in processes (a
 sleeping Python whose command line names "aggregator"), no pMaster. A record names a process
 only while that very process runs; the provider adopts its predecessor's aggregators, keeps
@@ -12,8 +12,8 @@ import sys
 import psutil
 import pytest
 
-from autops import poolfiles
-from autops.providers import LocalProvider
+from autops.master import poolfiles
+from autops.master.providers import LocalProvider
 
 MASTER = "tcp://127.0.0.1:5999"
 

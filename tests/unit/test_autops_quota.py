@@ -1,4 +1,4 @@
-"""What an aggregator commits and to whom (``autops.quota``, ``Aggregator._check_room``): the
+"""What an aggregator commits and to whom (``autops.aggregator.quota``, ``Aggregator._check_room``): the
 per-job cap and the per-tenant quota as plain data; keys arriving by migration, backups and
 take-overs committed as declared keys are, and released when they leave or the job ends;
 one connection cap shared by a process's stream listeners (``sockpoll.LinkBudget``)."""
@@ -9,10 +9,11 @@ import time
 
 import pytest
 
-from autops import quota, wire
-from autops.partition import KeySpec
-from autops.quota import Limits, admit
-from autops.store import SecretMismatch
+from autops.aggregator import quota
+from autops.wire import protocol as wire
+from autops.wire.partition import KeySpec
+from autops.aggregator.quota import Limits, admit
+from autops.aggregator.store import SecretMismatch
 from autops.transport.sockpoll import LinkBudget, oldest_unvouched
 from autops.transport.stream import StreamChannel, StreamListener
 
@@ -75,7 +76,7 @@ def spec(key: str, numel: int) -> list:
 
 @pytest.fixture
 def agg(monkeypatch):
-    from autops import aggregator as aggregator_mod
+    from autops.aggregator import service as aggregator_mod
 
     a = aggregator_mod.Aggregator("tcp://127.0.0.1:1", transport="tcp", register_timeout=0.1, ipc=False,
                                   max_job_bytes=10 * M, max_tenant_bytes=12 * M)     # plain memory: at once
@@ -137,7 +138,7 @@ def test_a_jobs_tenant_learnt_from_its_first_request_past_the_quota_drops_the_jo
     with pytest.raises(SecretMismatch):
         agg._check_tenant(request("a2", secret="t" * 16), Frame("alice"), keyed=True)
     assert "a2" not in agg.tenants                                   # a wrong secret names no tenant
-    from autops.aggregator import NoRoom
+    from autops.aggregator.service import NoRoom
     with pytest.raises(NoRoom, match=r"job 'a2' of tenant 'alice'.*\(--max-tenant-bytes\)"):
         agg._check_tenant(request("a2"), Frame("alice"), keyed=True)
     assert "a2" not in agg.store.jobs and agg.committed == {"a1": 8 * M}    # its memory is freed
@@ -177,8 +178,8 @@ def test_keys_moving_in_are_committed_refused_past_the_limit_and_released_as_the
 def test_a_new_backup_past_the_limit_is_refused_and_its_owner_goes_on_without_it(agg):
     import numpy as np
 
-    from autops.aggregator import NoRoom
-    from autops.store import Store
+    from autops.aggregator.service import NoRoom
+    from autops.aggregator.store import Store
 
     quarter = M // 4
     owner_store = Store()

@@ -1,4 +1,4 @@
-"""A restarted pMaster's pool rebuilt from its aggregators' notes (``autops.rebuild``), without
+"""A restarted pMaster's pool rebuilt from its aggregators' notes (``autops.master.rebuild``), without
 processes: a pool is packed by the real elasticity code, every aggregator's note goes through
 JSON (as over the wire), a fresh pool adopts the keys the aggregators hold (as
 ``Master._adopt`` does) and restores the notes. The rebuilt records -- aggregator states,
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 
-from autops.pool import AggInfo, JobInfo
-from autops.rebuild import Restorer, note_for
+from autops.master.pool import AggInfo, JobInfo
+from autops.master.rebuild import Restorer, note_for
 from test_autops_elastic import CONF, TENSORS, Pool, packed
 
 

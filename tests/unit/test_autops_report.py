@@ -9,11 +9,9 @@ import urllib.request
 import pytest
 import zmq
 
-from autops import report
-from autops.report import (
-    REPORT_VERSION, PrometheusExporter, ReportPublisher, format_status, metric_samples,
-    parse_message, skew_of, subscribe, utilization_report,
-)
+from autops.master import report
+from autops.master.report import (REPORT_VERSION, PrometheusExporter, ReportPublisher, format_status, metric_samples,
+                                  parse_message, skew_of, subscribe, utilization_report)
 
 STATUS = {
     "time": 1732000000.0,

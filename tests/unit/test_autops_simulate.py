@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from autops.assignment import final_moves, free_time, loss, pack_job, recycle
-from autops.simulate import (Simulation, SimConfig, fitting_aggregators, main,
-                             merge_by_duration, must_open, recycle_is_futile, simulate)
+from autops.master.assignment import final_moves, free_time, loss, pack_job, recycle
+from autops.master.simulate import (Simulation, SimConfig, fitting_aggregators, main, merge_by_duration, must_open,
+                                    recycle_is_futile, simulate)
 from dlrt.trace import load_trace
 
 MIB4 = 4 << 20                      # one key of exactly 4 MiB (not partitioned)

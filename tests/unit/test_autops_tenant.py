@@ -11,11 +11,11 @@ import stat
 
 import pytest
 
-from autops import clusterauth, wire
-from autops.jobauth import new_job_secret
-from autops.master import TENANT_OPS, Master, TenantOutbox
-from autops.pool import AggInfo, JobInfo, PoolState, tenant_of, tenant_refused
-from autops.poolfiles import TENANTS_FILE, JobTenants
+from autops.wire import clusterauth, protocol as wire
+from autops.wire.jobauth import new_job_secret
+from autops.master.pmaster import TENANT_OPS, Master, TenantOutbox
+from autops.master.pool import AggInfo, JobInfo, PoolState, tenant_of, tenant_refused
+from autops.master.poolfiles import TENANTS_FILE, JobTenants
 from dlrt.curve import Security
 from dlrt.keys import Keys
 

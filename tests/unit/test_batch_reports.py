@@ -1,8 +1,8 @@
-"""An aggregator's migration reports to pMaster, one per batch (``autops.batch_reports``),
+"""An aggregator's migration reports to pMaster, one per batch (``autops.aggregator.batch_reports``),
 decided with a fake clock."""
 from __future__ import annotations
 
-from autops.batch_reports import BatchReports, Report
+from autops.aggregator.batch_reports import BatchReports, Report
 
 
 class Clock:

@@ -81,8 +81,8 @@ def _cycles() -> list[list[str]]:
 
 
 def test_the_scan_sees_the_packages():
-    assert {"dlrt.messages", "autops.master", "infiniswap.daemon", "tiresias.driver"} <= set(MODULES)
-    assert "autops.wire" in GRAPH["autops.master"]
+    assert {"dlrt.messages", "autops.master.pmaster", "infiniswap.daemon", "tiresias.driver"} <= set(MODULES)
+    assert "autops.wire.protocol" in GRAPH["autops.master.pmaster"]
 
 
 def test_no_import_cycles():
@@ -115,3 +115,55 @@ def test_libraries_import_benchmarks_only_lazily_from_their_cli():
             continue
         assert module.endswith(".cli"), f"{module} imports the benchmark package"
         assert not any(top for _, top in hits), f"{module} imports the benchmark package at module level"
+
+
+AUTOPS_PROCESSES = ("autops.worker", "autops.aggregator", "autops.master")
+AUTOPS_SHARED = ("autops.wire", "autops.transport")
+AUTOPS_LEAVES = ("autops.config", "autops.models")     # plain data any of them may read
+
+
+def _within(module: str, packages) -> str | None:
+    return next((p for p in packages if module == p or module.startswith(p + ".")), None)
+
+
+def test_the_autops_processes_import_only_the_shared_layers_below_them():
+    """A worker, an aggregator and pMaster share ``wire`` and ``transport``, and nothing of
+    each other; the shared layers import none of the processes nor what sits above them."""
+    assert {"autops.worker.agent", "autops.aggregator.service", "autops.master.pmaster",
+            "autops.wire.protocol"} <= set(MODULES)
+    for module, deps in GRAPH.items():
+        own = _within(module, AUTOPS_PROCESSES)
+        shared = _within(module, AUTOPS_SHARED)
+        for dep in deps:
+            if not dep.startswith("autops.") or dep == module:
+                continue
+            if own is not None:
+                assert _within(dep, AUTOPS_PROCESSES) in (None, own), f"{module} imports {dep}"
+                assert _within(dep, AUTOPS_PROCESSES + AUTOPS_SHARED + AUTOPS_LEAVES), f"{module} imports {dep}"
+            if shared is not None:
+                assert _within(dep, AUTOPS_SHARED + AUTOPS_LEAVES), f"{module} (shared) imports {dep}"
+            if module in AUTOPS_LEAVES:
+                raise AssertionError(f"{module} is a leaf and imports {dep}")
+
+
+def test_no_private_name_is_imported_across_packages():
+    """``from pkg.mod import _name`` only within ``pkg``."""
+    bad = []
+    for module, path in MODULES.items():
+        package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            if base not in MODULES:
+                continue
+            source = base if MODULES[base].name == "__init__.py" else base.rsplit(".", 1)[0]
+            bad += [f"{module} <- {base}.{a.name}" for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__") and source != package
+                    and f"{base}.{a.name}" not in MODULES]
+    assert bad == []
+

@@ -1,8 +1,8 @@
-"""What an aggregator can give a job (``autops.memroom``): the least of the host's MemAvailable
+"""What an aggregator can give a job (``autops.aggregator.memroom``): the least of the host's MemAvailable
 and the cgroups' limit less usage, with injected figures and cgroup trees (v1 and v2)."""
 from __future__ import annotations
 
-from autops import memroom
+from autops.aggregator import memroom
 
 G, M = 1 << 30, 1 << 20
 

@@ -1,4 +1,4 @@
-"""autops.optim (server-side SGD/Adam/AdamW in numpy) against torch.optim's single-tensor
+"""autops.aggregator.optim (server-side SGD/Adam/AdamW in numpy) against torch.optim's single-tensor
 CPU implementation (foreach=False)."""
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from autops import optim
-from autops.optim import (hp_from_torch_group, make_optimizer, make_scratch,
-                          optimizer_name_of)
+from autops.aggregator import optim
+from autops.aggregator.optim import make_optimizer, make_scratch
+from autops.wire.optimizers import hp_from_torch_group, optimizer_name_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -189,7 +189,7 @@ def test_unfused_mode_matches_torch_default_capability() -> None:
     """fma=False is bit-identical (sqrt swapped) to torch's scalar 'default' kernels."""
     script = textwrap.dedent("""
         import numpy as np, torch
-        from autops import optim
+        from autops.aggregator import optim
         assert torch.backends.cpu.get_cpu_capability().upper() == "DEFAULT"
         def torch_sqrt(x, out):
             torch.sqrt(torch.from_numpy(x), out=torch.from_numpy(out))
@@ -489,7 +489,7 @@ def test_hp_from_torch_group_plain_values_and_errors() -> None:
 
 
 def test_module_does_not_import_torch() -> None:
-    code = "import sys, autops.optim; sys.exit(1 if 'torch' in sys.modules else 0)"
+    code = "import sys, autops.aggregator.optim; sys.exit(1 if 'torch' in sys.modules else 0)"
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, timeout=60).returncode == 0

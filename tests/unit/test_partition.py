@@ -3,9 +3,9 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from autops.assignment import bytes_per_aggregator, spread_by_bytes
-from autops.partition import (DEFAULT_PARTITION_BYTES, MIN_AUTO_PARTITION_BYTES, auto_partition_bytes, plan_keys,
-                               validate_tensor)
+from autops.master.assignment import bytes_per_aggregator, spread_by_bytes
+from autops.wire.partition import (DEFAULT_PARTITION_BYTES, MIN_AUTO_PARTITION_BYTES, auto_partition_bytes,
+                                   plan_keys, validate_tensor)
 
 MiB = 1 << 20
 

@@ -11,11 +11,11 @@ import time
 import numpy as np
 import pytest
 
-import autops.agent
+import autops.worker.agent
 import autops.transport.links as links
-from autops.agent import Agent
-from autops.aggregator import Aggregator
-from autops.master import Master
+from autops.worker.agent import Agent
+from autops.aggregator.service import Aggregator
+from autops.master.pmaster import Master
 from autops.transport.rdma import RdmaChannel
 from rdma_fake import FakeFabric, FakeVerbs
 
@@ -37,7 +37,7 @@ def rdma_pool(monkeypatch):
         return made[-1]
 
     monkeypatch.setattr(links, "PyverbsNic", open_fake)
-    monkeypatch.setattr(autops.agent, "require_device", lambda: "fake")
+    monkeypatch.setattr(autops.worker.agent, "require_device", lambda: "fake")
     master = Master("tcp://127.0.0.1:0", heartbeat_timeout=30)
     aggs = [Aggregator(master.address, transport="rdma", heartbeat_interval=0.5) for _ in range(2)]
     threads = [threading.Thread(target=s.run, daemon=True) for s in (master, *aggs)]

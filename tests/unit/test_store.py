@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from autops.optim import make_optimizer
-from autops.partition import KeySpec
-from autops.store import Store, StoreError
+from autops.aggregator.optim import make_optimizer
+from autops.wire.partition import KeySpec
+from autops.aggregator.store import Store, StoreError
 
 SPEC = KeySpec("w", "w", 0, 6, "float32", False)
 

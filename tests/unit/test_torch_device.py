@@ -1,4 +1,4 @@
-"""Staging of device tensors (``autops.torch_device``) with fake device operations on CPU
+"""Staging of device tensors (``autops.worker.device``) with fake device operations on CPU
 tensors: the push sees the tensor's bytes only after its copy to the host finished, pushes
 leave in the order they were staged (from the caller's thread when it comes back to the
 stager, else from the stager thread), the result is copied back on ``wait()``, and errors
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from autops.torch_device import DeviceStager
+from autops.worker.device import DeviceStager
 
 
 class FakeOps:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import zmq
 
-from autops import wire
+from autops.wire import protocol as wire
 from autops.transport import PayloadError, Shared, Transport, TransportError
 from autops.transport.cma import available as cma_available
 from autops.transport.shm import SegmentReserve, SharedMemory, available as shm_available

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import zmq
 
-from autops import wire
-from autops.partition import KeySpec
+from autops.wire import protocol as wire
+from autops.wire.partition import KeySpec
 from autops.transport import PayloadError
 from dlrt.messages import Protocol, VersionMismatch
 
@@ -134,7 +134,7 @@ def test_another_version_is_a_version_mismatch_naming_both():
 
 
 def test_aggregator_answers_another_version_with_an_error_the_sender_reads():
-    from autops.aggregator import Aggregator
+    from autops.aggregator.service import Aggregator
 
     agg = Aggregator("tcp://127.0.0.1:9", heartbeat_interval=60)
     agg.agg_id = "agg-0"          # registered already: serves data without a master

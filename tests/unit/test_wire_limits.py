@@ -1,5 +1,5 @@
 """What the fuzzing of the shared services (tests/integration/test_fuzz_services.py) found,
-pinned down without processes: declaration limits and field checks of ``autops.wire``,
+pinned down without processes: declaration limits and field checks of ``autops.wire.protocol``,
 replies and migration reports only from the aggregator asked, and shared-memory
 references with negative numbers."""
 from __future__ import annotations
@@ -8,10 +8,10 @@ import os
 
 import pytest
 
-from autops import wire
-from autops.migration import Batch, Migrations
-from autops.outbox import AggregatorOutbox
-from autops.pool import AggInfo, PoolState
+from autops.wire import protocol as wire
+from autops.master.migration import Batch, Migrations
+from autops.master.outbox import AggregatorOutbox
+from autops.master.pool import AggInfo, PoolState
 from autops.transport.base import PayloadError
 from autops.transport.shm import SharedMemory
 

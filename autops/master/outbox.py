@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, Callable, Protocol
 
-from . import wire
+from ..wire import protocol as wire
 from .pool import PoolState
 
 Reply = Callable[[wire.Message | None], None]

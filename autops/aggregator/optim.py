@@ -2,9 +2,8 @@
 
 This module owns the update rules an aggregator applies to its master copy of a parameter
 (a flat, C-contiguous float32 or float64 numpy array) once the averaged gradient of an
-iteration is in, the validation of their hyper-parameters, and the small helpers the agent
-side uses to translate a ``torch.optim`` optimizer (class name, param group) into a server
-optimizer name and hyper-parameters. It must not import torch: aggregators stay light.
+iteration is in (their hyper-parameters are checked by ``autops.wire.optimizers``, which
+workers and pMaster use too). It must not import torch: aggregators stay light.
 
 Numerics follow ``torch.optim``'s default single-tensor CPU path (``foreach=False``) op by
 op: Python-float scalars are computed in double exactly as torch computes them (``1 - beta1``,
@@ -31,7 +30,6 @@ One optimizer instance serves one parameter; instances are not thread-safe.
 """
 from __future__ import annotations
 
-import math
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
@@ -39,26 +37,20 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..wire.optimizers import check_name, hyperparameters, is_real, plain
+
 __all__ = [
     "SCRATCH_CHUNK_ELEMS",
-    "SUPPORTED_OPTIMIZERS",
     "SGD",
     "Adam",
     "AdamW",
     "ServerOptimizer",
-    "hp_from_torch_group",
     "make_optimizer",
     "make_scratch",
-    "optimizer_name_of",
 ]
 
 #: Elements per chunk of the elementwise passes (float64 parameters; float32 ones take 1.5x).
 SCRATCH_CHUNK_ELEMS = 1 << 15
-
-#: Names accepted by :func:`make_optimizer`.
-SUPPORTED_OPTIMIZERS = ("sgd", "adam", "adamw")
-
-_TORCH_CLASSES = {"SGD": "sgd", "Adam": "adam", "AdamW": "adamw"}
 
 # the elementwise square root (a module attribute so that tests can swap in torch's)
 _sqrt = np.sqrt
@@ -83,59 +75,6 @@ def _default_scratch() -> np.ndarray:
     return work
 
 
-# --- hyper-parameter checks ----------------------------------------------------------------
-
-def _is_real(value: Any) -> bool:
-    return (isinstance(value, (int, float, np.integer, np.floating))
-            and not isinstance(value, (bool, np.bool_)))
-
-
-def _real(key: str, value: Any) -> float:
-    if not _is_real(value):
-        raise ValueError(f"hyper-parameter {key!r} must be a real number, got {value!r}")
-    v = float(value)
-    if not math.isfinite(v):
-        raise ValueError(f"hyper-parameter {key!r} must be finite, got {value!r}")
-    return v
-
-
-def _nonneg(key: str, value: Any) -> float:
-    v = _real(key, value)
-    if v < 0.0:
-        raise ValueError(f"invalid {key!r}: {value!r} (must be >= 0)")
-    return v
-
-
-def _flag(key: str, value: Any) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"hyper-parameter {key!r} must be a bool, got {value!r}")
-    return bool(value)
-
-
-def _betas(key: str, value: Any) -> tuple[float, float]:
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
-        raise ValueError(f"hyper-parameter {key!r} must be a pair (beta1, beta2), got {value!r}")
-    out = []
-    for i, b in enumerate(value):
-        v = _real(f"{key}[{i}]", b)
-        if not 0.0 <= v < 1.0:
-            raise ValueError(f"invalid {key!r}: beta at index {i} is {b!r} (must be in [0, 1))")
-        out.append(v)
-    return out[0], out[1]
-
-
-def _plain(value: Any) -> Any:
-    """A plain Python value from a torch/numpy scalar (duck-typed: no torch import)."""
-    if isinstance(value, (bool, int, float, str)) or value is None:
-        return value
-    if isinstance(value, (tuple, list)):
-        return tuple(_plain(v) for v in value)
-    item = getattr(value, "item", None)
-    if callable(item):
-        return item()
-    return value
-
-
 # --- base class --------------------------------------------------------------------------
 
 class ServerOptimizer(ABC):
@@ -147,19 +86,11 @@ class ServerOptimizer(ABC):
     """
 
     name: ClassVar[str] = ""
-    _DEFAULTS: ClassVar[dict[str, Any]] = {}
-    _REQUIRED: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, hp: Mapping[str, Any], *, fma: bool = True) -> None:
         #: reproduce the fused multiply-adds of torch's vectorized CPU kernels (float32)
         self.fma = bool(fma)
-        hp = self._checked_keys(hp)
-        for key in self._REQUIRED:
-            if key not in hp:
-                raise ValueError(f"{self.name}: hyper-parameter {key!r} is required")
-        merged = dict(self._DEFAULTS)
-        merged.update(hp)
-        self._hp: dict[str, Any] = self._validate(merged)
+        self._hp: dict[str, Any] = hyperparameters(self.name, hp)
         self.step_count: int = 0
         self._size: int | None = None
         self._dtype: np.dtype | None = None
@@ -173,26 +104,9 @@ class ServerOptimizer(ABC):
     def set_hp(self, hp: Mapping[str, Any]) -> None:
         """Change some or all hyper-parameters (e.g. the lr an LR scheduler set); the new set
         is validated as a whole and applied only if valid."""
-        hp = self._checked_keys(hp)
-        merged = dict(self._hp)
-        merged.update(hp)
-        self._hp = self._validate(merged)
+        self._hp = hyperparameters(self.name, hp, current=self._hp)
         if self._size is not None:
             self._after_set_hp()
-
-    def _checked_keys(self, hp: Mapping[str, Any]) -> dict[str, Any]:
-        if not isinstance(hp, Mapping):
-            raise ValueError(f"{self.name}: hyper-parameters must be a dict, got {type(hp).__name__}")
-        allowed = set(self._DEFAULTS) | set(self._REQUIRED)
-        for key in hp:
-            if key not in allowed:
-                raise ValueError(f"{self.name}: unknown hyper-parameter {key!r} "
-                                 f"(accepted: {', '.join(sorted(allowed))})")
-        return dict(hp)
-
-    @abstractmethod
-    def _validate(self, hp: dict[str, Any]) -> dict[str, Any]:
-        raise NotImplementedError
 
     def _after_set_hp(self) -> None:
         pass
@@ -269,8 +183,8 @@ class ServerOptimizer(ABC):
         self.step_count = step
 
     def _checked_step(self, step: Any) -> int:
-        step = _plain(step)
-        if not _is_real(step) or not float(step).is_integer() or step < 0:
+        step = plain(step)
+        if not is_real(step) or not float(step).is_integer() or step < 0:
             raise ValueError(f"{self.name}: step must be a non-negative integer, got {step!r}")
         return int(step)
 
@@ -396,28 +310,11 @@ class SGD(ServerOptimizer):
     """torch.optim.SGD (``_single_tensor_sgd``). ``lr`` is required."""
 
     name = "sgd"
-    _DEFAULTS = {"momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0,
-                 "nesterov": False, "maximize": False}
-    _REQUIRED = ("lr",)
 
     def __init__(self, hp: Mapping[str, Any], *, fma: bool = True) -> None:
         self._buf: np.ndarray | None = None
         self._buf_valid = False
         super().__init__(hp, fma=fma)
-
-    def _validate(self, hp: dict[str, Any]) -> dict[str, Any]:
-        out = {
-            "lr": _nonneg("lr", hp["lr"]),
-            "momentum": _nonneg("momentum", hp["momentum"]),
-            "dampening": _real("dampening", hp["dampening"]),
-            "weight_decay": _nonneg("weight_decay", hp["weight_decay"]),
-            "nesterov": _flag("nesterov", hp["nesterov"]),
-            "maximize": _flag("maximize", hp["maximize"]),
-        }
-        if out["nesterov"] and (out["momentum"] <= 0 or out["dampening"] != 0):
-            raise ValueError("invalid 'nesterov': Nesterov momentum requires a momentum > 0 "
-                             "and zero dampening")
-        return out
 
     def state_slots(self) -> int:
         return 1 if self._hp["momentum"] != 0 else 0
@@ -495,8 +392,6 @@ class Adam(ServerOptimizer):
     """torch.optim.Adam (``_single_tensor_adam``), including ``decoupled_weight_decay``."""
 
     name = "adam"
-    _DEFAULTS = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0,
-                 "amsgrad": False, "maximize": False, "decoupled_weight_decay": False}
     _DECOUPLED: ClassVar[bool | None] = None     # None: from the hyper-parameter
 
     def __init__(self, hp: Mapping[str, Any], *, fma: bool = True) -> None:
@@ -504,19 +399,6 @@ class Adam(ServerOptimizer):
         self._exp_avg_sq: np.ndarray | None = None
         self._max_exp_avg_sq: np.ndarray | None = None
         super().__init__(hp, fma=fma)
-
-    def _validate(self, hp: dict[str, Any]) -> dict[str, Any]:
-        out = {
-            "lr": _nonneg("lr", hp["lr"]),
-            "betas": _betas("betas", hp["betas"]),
-            "eps": _nonneg("eps", hp["eps"]),
-            "weight_decay": _nonneg("weight_decay", hp["weight_decay"]),
-            "amsgrad": _flag("amsgrad", hp["amsgrad"]),
-            "maximize": _flag("maximize", hp["maximize"]),
-        }
-        if "decoupled_weight_decay" in hp:
-            out["decoupled_weight_decay"] = _flag("decoupled_weight_decay", hp["decoupled_weight_decay"])
-        return out
 
     @property
     def decoupled(self) -> bool:
@@ -628,52 +510,14 @@ class AdamW(Adam):
     """torch.optim.AdamW: Adam with decoupled weight decay (default 1e-2)."""
 
     name = "adamw"
-    _DEFAULTS = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 1e-2,
-                 "amsgrad": False, "maximize": False}
     _DECOUPLED = True
 
 
 _CLASSES: dict[str, type[ServerOptimizer]] = {"sgd": SGD, "adam": Adam, "adamw": AdamW}
-
-# torch param_group keys that each server optimizer takes
-_GROUP_KEYS = {
-    "sgd": ("lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize"),
-    "adam": ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize", "decoupled_weight_decay"),
-    "adamw": ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"),
-}
-
-
-def _check_name(name: Any) -> str:
-    if name not in _CLASSES:
-        raise ValueError(f"unknown server optimizer {name!r}; supported: {', '.join(SUPPORTED_OPTIMIZERS)}")
-    return name
 
 
 def make_optimizer(name: str, hp: Mapping[str, Any], *, fma: bool = True) -> ServerOptimizer:
     """A server optimizer by name (``"sgd"``, ``"adam"`` or ``"adamw"``) with torch-named
     hyper-parameters; ``ValueError`` for an unknown name, unknown keys or bad values.
     ``fma``: see the module docstring."""
-    return _CLASSES[_check_name(name)](hp, fma=fma)
-
-
-def hp_from_torch_group(name: str, group: Mapping[str, Any]) -> dict[str, Any]:
-    """The hyper-parameters of server optimizer ``name`` picked out of a torch param group
-    (``params`` and torch-only options such as ``foreach`` are dropped; 1-element tensors
-    become Python numbers). The result is validated."""
-    cls = _CLASSES[_check_name(name)]
-    if not isinstance(group, Mapping):
-        raise ValueError(f"param group must be a dict, got {type(group).__name__}")
-    hp = {key: _plain(group[key]) for key in _GROUP_KEYS[name] if key in group}
-    cls(hp)                                   # raises ValueError naming a bad key
-    return hp
-
-
-def optimizer_name_of(torch_optimizer_class_name: str) -> str:
-    """``"SGD"`` -> ``"sgd"``, ``"Adam"`` -> ``"adam"``, ``"AdamW"`` -> ``"adamw"`` (a dotted
-    path such as ``"torch.optim.adam.Adam"`` is accepted too)."""
-    short = str(torch_optimizer_class_name).rsplit(".", 1)[-1]
-    try:
-        return _TORCH_CLASSES[short]
-    except KeyError:
-        raise ValueError(f"server mode supports only SGD/Adam/AdamW optimizers, "
-                         f"got {torch_optimizer_class_name!r}") from None
+    return _CLASSES[check_name(name)](hp, fma=fma)

@@ -49,12 +49,12 @@ import zmq
 from dlrt.curve import Security, default_security, peer_name, refusal_counts, warn_if_exposed
 from dlrt.keys import ensure_cluster_secret, ensure_operator_token
 
-from . import wire
-from .clusterauth import ControlSession, MasterHandshake
+from ..wire import protocol as wire
+from ..wire.clusterauth import ControlSession, MasterHandshake
 from .assignment import rebalance, spread_by_bytes
 from .elastic import Elastic, ElasticConfig
 from .failover import Failover
-from .jobauth import JobSecrets, SecretRefused, check_secret_shape
+from ..wire.jobauth import JobSecrets, SecretRefused, check_secret_shape
 from .migration import Migrations
 from .outbox import AggregatorOutbox, Reply
 from .pool import AggInfo, JobInfo, PoolState, tenant_of, tenant_refused
@@ -63,18 +63,13 @@ from .providers import Provider, StandbyProvider
 from .rebuild import Restorer, note_for
 from .replication import choose_replica, replica_info
 from .scaling import cluster_free_cpu
-from .partition import (DEFAULT_PARTITION_BYTES, DEFAULT_SMALL_BYTES, MIN_AUTO_PARTITION_BYTES, KeySpec,
-                        auto_partition_bytes, plan_keys, tensor_bytes, validate_tensor)
-from .store import MODES
-from .transport.zmq import make_context
+from ..wire.partition import (DEFAULT_PARTITION_BYTES, DEFAULT_SMALL_BYTES, MIN_AUTO_PARTITION_BYTES, KeySpec,
+                              auto_partition_bytes, plan_keys, tensor_bytes, validate_tensor)
+from ..wire.optimizers import MODES, hyperparameters
+from ..transport.zmq import make_context
 
 
-def _optim():
-    from . import optim   # server mode only
-    return optim
-
-
-log = logging.getLogger("autops.master")
+log = logging.getLogger("autops.master.pmaster")
 
 # what only an aggregator sends pMaster: accepted only sealed by its session (``clusterauth``)
 AGGREGATOR_OPS = frozenset({wire.HEARTBEAT, wire.OK, wire.ERROR, wire.TENSOR_COPY_DONE, wire.WORKER_DONE,
@@ -419,7 +414,7 @@ class Master:
         optimizer, hp = msg.get("optimizer"), msg.get("hp") or {}
         job = self.state.jobs.get(job_id)
         if job is None and mode == "server":
-            _optim().make_optimizer(optimizer or "", hp)  # raises ValueError with a clear message
+            hyperparameters(optimizer or "", hp)  # raises ValueError with a clear message
         secret = check_secret_shape(job_id, msg.get("secret"))
         if (job is not None and not same_secret(secret, job.secret)) or \
                 (job is None and self.secrets.matches(job_id, secret) is False):
@@ -565,7 +560,7 @@ class Master:
         if conf["mode"] not in MODES:
             raise ValueError(f"tensor {name!r}: mode must be one of {MODES}, got {conf['mode']!r}")
         if conf["mode"] == "server":
-            _optim().make_optimizer(conf["optimizer"] or "", conf["hp"])
+            hyperparameters(conf["optimizer"] or "", conf["hp"])
         return conf
 
     def _send_assign(self, job: JobInfo, keys: list[KeySpec]) -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from . import wire
+from ..wire import protocol as wire
 from .assignment import LOSS_LIMIT, busy_fraction, final_moves, job_demand, pack_job, recycle, spread_by_bytes
 from .migration import Migrations
 from .outbox import Outbox
@@ -35,7 +35,7 @@ from .pool import AggInfo, Clock, Cluster, JobInfo, PoolState
 from .providers import Provider
 from .scaling import admissible, allocate_now, choose_cluster, cluster_free_cpu, idle_to_release
 
-log = logging.getLogger("autops.elastic")
+log = logging.getLogger("autops.master.elastic")
 
 EWMA = 0.3
 

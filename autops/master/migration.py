@@ -36,12 +36,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import wire
+from ..wire import protocol as wire
 from .outbox import Outbox
 from .pool import Clock, JobInfo, PoolState
 from .replication import choose_replica, replica_info
 
-log = logging.getLogger("autops.migration")
+log = logging.getLogger("autops.master.migration")
 
 # iterations between the hand-over order and the cutover: the agents learn of the move from
 # the pull replies of the iterations in between and prepare for it (map, connect)

@@ -37,9 +37,9 @@ from typing import Any, Iterator, Mapping
 import torch
 
 from .agent import AutoPSError, Handle
-from .optim import hp_from_torch_group, optimizer_name_of
-from .torch_context import WorkerContext, dtype_name, flat_numpy, on_device
-from .torch_device import StagedHandle, host_array
+from ..wire.optimizers import hp_from_torch_group, optimizer_name_of
+from .context import WorkerContext, dtype_name, flat_numpy, on_device
+from .device import StagedHandle, host_array
 
 __all__ = ["DistributedMixin", "wrap_optimizer", "AVERAGED_SUFFIX", "USAGE_SUFFIX"]
 

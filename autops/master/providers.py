@@ -28,9 +28,9 @@ import psutil
 from dlrt.procs import stop_processes
 
 from . import poolfiles
-from .orphan import DEFAULT_ORPHAN_TIMEOUT
+from ..config import DEFAULT_ORPHAN_TIMEOUT
 
-log = logging.getLogger("autops.providers")
+log = logging.getLogger("autops.master.providers")
 
 
 class Provider:

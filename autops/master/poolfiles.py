@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psutil
 
-log = logging.getLogger("autops.poolfiles")
+log = logging.getLogger("autops.master.poolfiles")
 
 DIRNAME = "aggregators"
 TENANTS_FILE = "job_tenants.json"

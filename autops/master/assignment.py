@@ -13,6 +13,8 @@ from __future__ import annotations
 import heapq
 from typing import Callable, Iterable, Mapping, Sequence
 
+from ..wire.cycles import EPS as _EPS, cycle_of, effective_iteration, runs_per_cycle
+
 
 def spread_by_bytes(
     keys: Sequence[tuple[str, int]],
@@ -90,19 +92,6 @@ def bytes_per_aggregator(table: Mapping[str, str], sizes: Mapping[str, int]) -> 
 # the best fit (least free time) wins, else a new aggregator is needed.
 
 LOSS_LIMIT = 0.1
-_EPS = 1e-9
-
-
-def runs_per_cycle(duration: float, cycle: float) -> int:
-    """How many iterations of a job with standalone iteration ``duration`` fit in ``cycle``."""
-    if duration <= 0 or cycle <= 0:
-        raise ValueError(f"iteration duration and cycle must be positive, got {duration} and {cycle}")
-    return max(1, int(cycle / duration + _EPS))
-
-
-def effective_iteration(duration: float, cycle: float) -> float:
-    """A job's iteration duration on an aggregator whose cycle is ``cycle`` (``d_j``)."""
-    return cycle / runs_per_cycle(duration, cycle)
 
 
 def loss(duration: float, cycle: float) -> float:
@@ -159,11 +148,6 @@ def pack_task(job: str, duration: float, cost: float,
 
 
 Loads = Mapping[str, Mapping[str, tuple[float, float]]]
-
-
-def cycle_of(jobs: Mapping[str, tuple[float, float]]) -> float:
-    """``C_n``: the largest standalone iteration duration among the jobs on an aggregator."""
-    return max((d for d, _ in jobs.values()), default=0.0)
 
 
 def busy_fraction(jobs: Mapping[str, tuple[float, float]]) -> float:

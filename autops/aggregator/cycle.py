@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from .assignment import cycle_of, runs_per_cycle
+from ..wire.cycles import cycle_of, runs_per_cycle
 
 
 @dataclass

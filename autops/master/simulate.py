@@ -86,8 +86,8 @@ from dlrt.trace import ignored_message, load_trace, skipped_message
 
 from .assignment import (LOSS_LIMIT, _EPS, Loads, busy_fraction, final_moves, holds, job_demand, joined_cycle,
                          pack_job, recycle, runs_per_cycle)
-from .models import model_tensors
-from .partition import DEFAULT_PARTITION_BYTES, DEFAULT_SMALL_BYTES, plan_keys
+from ..models import model_tensors
+from ..wire.partition import DEFAULT_PARTITION_BYTES, DEFAULT_SMALL_BYTES, plan_keys
 from .scaling import allocate_now, choose_cluster, cluster_free_cpu, idle_to_release
 
 # Assumed standalone iteration durations (seconds), 4 GPUs per worker, maximum batch size.

@@ -23,7 +23,7 @@ from typing import Any
 
 from .pool import AggInfo, JobInfo, PoolState
 
-log = logging.getLogger("autops.rebuild")
+log = logging.getLogger("autops.master.rebuild")
 
 AGG_STATES = ("idle", "temporary", "active", "draining")
 JOB_STATES = ("profiling", "packed", "dedicated", "best-effort")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-DEFAULT_ORPHAN_TIMEOUT = 300.0      # seconds without a pMaster before an aggregator exits
+from ..config import DEFAULT_ORPHAN_TIMEOUT
 
 
 class OrphanWatch:

@@ -68,7 +68,7 @@ BCAST_GET = "bcast_get"
 STATE_GET = "state_get"               # server-side state of keys after an iteration (checkpoints)
 WARM = "warm"                         # a move's new owner, ahead of its switch: answered with the payload
 # the most a WARM carries (each way): enough to take a TCP connection through slow start and
-# grow its socket buffers (32 MiB by default, ``autops.agent.WARM_BYTES``)
+# grow its socket buffers (32 MiB by default, ``autops.worker.agent.WARM_BYTES``)
 MAX_WARM_BYTES = 64 << 20
 # replies
 OK = "ok"

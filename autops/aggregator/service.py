@@ -61,19 +61,21 @@ from dlrt.keys import ensure_cluster_secret
 from dlrt.procs import name_this_thread
 from dlrt.waker import Waker
 
-from . import clusterauth, memroom, quota, wire
+from ..wire import clusterauth, protocol as wire
+from . import memroom, quota
 from .batch_reports import BatchReports
 from .cycle import CyclicSchedule
-from .partition import KeySpec
+from ..wire.partition import KeySpec
 from .held import HeldMessages
-from .orphan import DEFAULT_ORPHAN_TIMEOUT, OrphanWatch
+from ..config import DEFAULT_ORPHAN_TIMEOUT
+from .orphan import OrphanWatch
 from .precopy import Follower, Precopies
 from .spare import SpareBuffers
 from .store import JobState, KeyState, SecretMismatch, Store, StoreError
-from .transport import Channel, Inbound, Sender, Shared, Transport, background_priority, make_context
-from .transport.prefault import PREFAULT_SHARE, HostLoad, Pace, heap_free, warm_heap, zeroed_arrays
-from .transport.shm import RESERVE_SHARED
-from .transport.zmq import heap_kept
+from ..transport import Channel, Inbound, Sender, Shared, Transport, background_priority, make_context
+from ..transport.prefault import PREFAULT_SHARE, HostLoad, Pace, heap_free, warm_heap, zeroed_arrays
+from ..transport.shm import RESERVE_SHARED
+from ..transport.zmq import heap_kept
 
 RESERVE_MOVE_POLL_S = 0.5   # how often the reserve's thread looks whether a move it waits out is over
 RESERVE_MOVE_WAIT_S = 60.0  # the longest it waits for the moves here to be over before making segments
@@ -89,7 +91,7 @@ TIMED = ("state_snapshot", "state_install", "state_takeover", "replica_install")
 
 REFUSED_JOBS_KEPT = 1024    # jobs dropped past their tenant's quota whose requests are answered why
 
-log = logging.getLogger("autops.aggregator")
+log = logging.getLogger("autops.aggregator.service")
 
 
 class NoRoom(StoreError):

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from .agent import Agent, AutoPSError, Handle
-from .torch_device import DeviceStager, host_array
+from .device import DeviceStager, host_array
 
 __all__ = ["WorkerContext", "flat_numpy", "on_device", "dtype_name"]
 

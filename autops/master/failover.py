@@ -26,7 +26,7 @@ import json
 import logging
 from typing import Callable
 
-from . import wire
+from ..wire import protocol as wire
 from .assignment import pack_job
 from .migration import Migrations
 from .outbox import Outbox
@@ -34,7 +34,7 @@ from .pool import AggInfo, JobInfo, PoolState
 from .providers import Provider
 from .replication import choose_replica, replica_info
 
-log = logging.getLogger("autops.failover")
+log = logging.getLogger("autops.master.failover")
 
 
 class Failover:

@@ -33,9 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from .partition import KeySpec
-
-MODES = ("sum", "server")
+from ..wire.optimizers import MODES
+from ..wire.partition import KeySpec
 
 
 def _optim():
