@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 from autops.worker import agent as agent_mod
+from autops.worker import ioloop as ioloop_mod
 from autops.admin import AdminClient
 from autops.worker.agent import Agent, AutoPSError
 from autops.local import LocalPool
@@ -218,7 +219,7 @@ def test_the_staged_push_is_the_kept_copy_and_replays_exactly(pool, references, 
     # same host: a large key's push is staged in shared memory the aggregator reads in place;
     # the staged buffer itself is what the worker keeps for a replay (no second copy), so the
     # next push must go to the key's other staged buffer and the replay must still be exact
-    keep = agent_mod._IOLoop.keep
+    keep = ioloop_mod.IOLoop.keep
     kinds: list[str] = []
 
     def record(self, spec, iteration, data, staged=None, borrow=False):
@@ -228,7 +229,7 @@ def test_the_staged_push_is_the_kept_copy_and_replays_exactly(pool, references, 
             assert not any(arr is staged.array for it, arr in self.kept[spec.key].items() if it != iteration), \
                 "a staged buffer was reused while it still held a kept push"
 
-    monkeypatch.setattr(agent_mod._IOLoop, "keep", record)
+    monkeypatch.setattr(ioloop_mod.IOLoop, "keep", record)
     got = train(pool, "sum", {5: ("pushed", 0, 0.0)})
     assert got["killed"]
     assert kinds.count("staged") > kinds.count("copied"), kinds[:20]
@@ -240,14 +241,14 @@ def test_a_kept_push_still_holds_what_was_pushed_after_the_aggregation(pool, mon
     # what a rank replays after a failure must be its own push, whatever the aggregator did
     # with the staged memory it read it from (in server mode it sums into the first one)
     settled(pool)
-    keep = agent_mod._IOLoop.keep
+    keep = ioloop_mod.IOLoop.keep
     loops: dict[int, object] = {}
 
     def capture(self, spec, iteration, data, staged=None, borrow=False):
-        loops[self.agent.rank] = self
+        loops[self.config.rank] = self
         keep(self, spec, iteration, data, staged, borrow)
 
-    monkeypatch.setattr(agent_mod._IOLoop, "keep", capture)
+    monkeypatch.setattr(ioloop_mod.IOLoop, "keep", capture)
     job = f"kept-{mode}-{next(_jobs)}"
     kw = dict(mode=mode, average=True, num_aggregators=1, timeout=10, partition_bytes=256 << 10,
               secret=secret_for(job))
@@ -278,12 +279,12 @@ def test_a_kept_push_still_holds_what_was_pushed_after_the_aggregation(pool, mon
 
 
 def test_corrupted_replay_is_caught(pool, references, monkeypatch):
-    keep = agent_mod._IOLoop.keep
+    keep = ioloop_mod.IOLoop.keep
 
     def corrupt(self, spec, iteration, data, staged=None, borrow=False):
         keep(self, spec, iteration, data + 1)       # a wrong copy instead of the staged push
 
-    monkeypatch.setattr(agent_mod._IOLoop, "keep", corrupt)
+    monkeypatch.setattr(ioloop_mod.IOLoop, "keep", corrupt)
     # killed after both pushes, before any pull: the new owners rebuild the iteration from the
     # workers' kept copies, which are wrong now
     got = train(pool, "sum", {5: ("pushed", 0, 0.0)})
@@ -299,7 +300,7 @@ def test_push_pull_over_a_socket_recovers_from_the_values_the_workers_pulled(poo
     # values the workers hand over in RECOVER (and from replayed pushes for what nobody pulled).
     # "rank0": killed when rank 0 has pulled the iteration and rank 1 (plain push, then pull)
     # has not: rank 1 reads the value rank 0 handed over
-    keep, request = agent_mod._IOLoop.keep, agent_mod._IOLoop.request
+    keep, request = ioloop_mod.IOLoop.keep, ioloop_mod.IOLoop.request
     kinds: list[str] = []
     recovered_values: list[int] = []
 
@@ -312,8 +313,8 @@ def test_push_pull_over_a_socket_recovers_from_the_values_the_workers_pulled(poo
             recovered_values.append(len(payloads))
         request(self, agg, kind, parts, op, payloads, **fields)
 
-    monkeypatch.setattr(agent_mod._IOLoop, "keep", record)
-    monkeypatch.setattr(agent_mod._IOLoop, "request", count)
+    monkeypatch.setattr(ioloop_mod.IOLoop, "keep", record)
+    monkeypatch.setattr(ioloop_mod.IOLoop, "request", count)
     got = train(pool, "sum", {5: (phase, 0, 0.01)}, fused=fused, transport="ipc")
     assert got["killed"]
     assert "borrowed" in kinds and (fused is not True or set(kinds) == {"borrowed"}), sorted(set(kinds))
@@ -346,12 +347,12 @@ def test_over_cma_a_killed_aggregator_costs_no_step(pool_cma, references, mode, 
 
 
 def test_a_corrupted_recovered_value_is_caught(pool, references, monkeypatch):
-    answered = agent_mod._IOLoop.pulled_answered
+    answered = ioloop_mod.IOLoop.pulled_answered
 
     def corrupt(self, key, iteration, value=None):
         answered(self, key, iteration, None if value is None else value + 1)
 
-    monkeypatch.setattr(agent_mod._IOLoop, "pulled_answered", corrupt)
+    monkeypatch.setattr(ioloop_mod.IOLoop, "pulled_answered", corrupt)
     # killed when rank 0 has pulled iteration 5 and rank 1 has not: rank 1 reads the value
     # rank 0 kept, which is wrong now
     got = train(pool, "sum", {5: ("pushed", 0, 0.0)}, fused="rank0", transport="ipc")

@@ -14,6 +14,7 @@ import zmq
 
 from autops.wire import protocol as wire
 from autops.worker.agent import Agent, AutoPSError
+from autops.worker.commands import TableCmd
 from autops.local import LocalPool
 
 
@@ -37,7 +38,7 @@ def test_redirect_reply_refreshes_the_table_and_resends(pool1):
         agent.declare([("w", (100_000,), "float32")])
         stale = copy.deepcopy(agent.table)
         stale.aggs["agg-0"] = {"endpoints": {"tcp": f"tcp://127.0.0.1:{port}"}, "host": "elsewhere"}
-        agent._submit(("table", stale))           # as if the key had lived on another aggregator
+        agent._submit(TableCmd(stale))            # as if the key had lived on another aggregator
         server = threading.Thread(target=serve_redirects)
         server.start()
         out = np.empty(100_000, np.float32)
