@@ -42,13 +42,12 @@ import contextlib
 import heapq
 import logging
 import os
-import resource
 import signal
 import socket as pysocket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 import psutil
@@ -58,8 +57,6 @@ from dlrt.cpus import usable_cpus
 from dlrt.curve import Security, default_security, peer_name, warn_if_exposed
 from dlrt.hostid import host_id
 from dlrt.keys import ensure_cluster_secret
-from dlrt.procs import name_this_thread
-from dlrt.waker import Waker
 
 from ..wire import clusterauth, protocol as wire
 from . import memroom, quota
@@ -70,23 +67,15 @@ from .held import HeldMessages
 from ..config import DEFAULT_ORPHAN_TIMEOUT
 from .orphan import OrphanWatch
 from .precopy import Follower, Precopies
+from .reserve import MemoryReadier, timed
 from .spare import SpareBuffers
 from .store import JobState, KeyState, SecretMismatch, Store, StoreError
-from ..transport import Channel, Inbound, Sender, Shared, Transport, background_priority, make_context
-from ..transport.prefault import PREFAULT_SHARE, HostLoad, Pace, heap_free, warm_heap, zeroed_arrays
+from ..transport import Channel, Inbound, Sender, Shared, Transport, make_context
+from ..transport.prefault import PREFAULT_SHARE, heap_free
 from ..transport.shm import RESERVE_SHARED
 from ..transport.zmq import heap_kept
 
-RESERVE_MOVE_POLL_S = 0.5   # how often the reserve's thread looks whether a move it waits out is over
-RESERVE_MOVE_WAIT_S = 60.0  # the longest it waits for the moves here to be over before making segments
-# the reserve's segments, once being made again, wait out a move here and the jobs' messages for
-# this long at most per stretch (longer than memory for arrivals: nothing waits for the reserve)
-RESERVE_QUIET_PATIENCE_S = 30.0
-# memory made ready in the background waits for this long without a job's message, and for
-# no reply waiting to be sent (the gap between the jobs' communication phases), before each
-# step, for at most the pace's patience
-DATA_QUIET_S = 0.02
-# serving-thread work timed in ``stats`` (``Aggregator._timed``)
+# serving-thread work timed in ``stats`` (``reserve.timed``)
 TIMED = ("state_snapshot", "state_install", "state_takeover", "replica_install")
 
 REFUSED_JOBS_KEPT = 1024    # jobs dropped past their tenant's quota whose requests are answered why
@@ -118,11 +107,6 @@ def default_advertise_host(bind_host: str) -> str:
         return "127.0.0.1"
 
 
-def _thread_faults() -> int:
-    """The calling thread's minor page faults so far."""
-    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
-
-
 class Aggregator:
     """A keyed aggregation server; ``run()`` blocks until ``stop()`` or a signal."""
 
@@ -140,7 +124,7 @@ class Aggregator:
         in (their buffers, and the heap their pushes will arrive in) where the host stays busy;
         CPU the host has to spare it uses first (``prefault.Pace``); ``reserve``: bytes of
         memory populated at that pace when the aggregator starts, for what arrives
-        later (``_keep_reserve``), ``reserve_shared`` of it as shared segments where the
+        later (``MemoryReadier.keep_reserve``), ``reserve_shared`` of it as shared segments where the
         transport lends memory; ``orphan_timeout``: seconds without hearing from any pMaster
         after which it exits (``orphan``; 0: never); ``max_job_bytes``: the most one job's
         declared keys may take here (default: half of what this machine can give when the
@@ -154,14 +138,7 @@ class Aggregator:
         self.orphan = OrphanWatch(orphan_timeout)
         self.orphaned = False                # it exited for want of a pMaster
         self.note: dict | None = None        # pMaster's record of this aggregator, for a restarted one
-        Pace(prefault_share)        # a share outside (0, 1] is refused here, not in a helper thread later
-        self.prefault_share = prefault_share
-        if reserve < 0:
-            raise ValueError(f"reserve must be 0 or more bytes, not {reserve}")
-        self.reserve = int(reserve)
-        if not 0 < reserve_shared <= 1:
-            raise ValueError(f"reserve_shared must be above 0 and at most 1, not {reserve_shared}")
-        self.reserve_shared = reserve_shared
+        MemoryReadier.check(prefault_share, reserve, reserve_shared)     # before anything is opened
         if headroom < 0 or (max_job_bytes is not None and max_job_bytes <= 0) or \
                 (max_tenant_bytes is not None and max_tenant_bytes <= 0):
             raise ValueError(f"headroom must be 0 or more, max_job_bytes and max_tenant_bytes above 0 "
@@ -232,7 +209,7 @@ class Aggregator:
                       "prefault_faults": 0, "at_once_prefault_faults": 0,
                       # the reserve: memory made ready (at start, and shared segments again as
                       # jobs take them) for what arrives later, and its CPU
-                      "reserve_bytes": self.reserve, "reserve_warmed_bytes": 0, "reserve_cpu_s": 0.0,
+                      "reserve_bytes": int(reserve), "reserve_warmed_bytes": 0, "reserve_cpu_s": 0.0,
                       # server-mode state on the serving thread (seconds, the longest in ms, minor
                       # page faults): the old owner's snapshots sent ahead of a switch, their
                       # installs on a follower, the new owner's take-overs of the state that
@@ -266,12 +243,10 @@ class Aggregator:
         self.admitted: dict[str, int] = {}
         self.postponed: dict[str, tuple[float, int, list]] = {}   # job -> (run at, iteration, pushes)
         self.timers: list[tuple[float, str]] = []
-        # work finished by helper threads (memory populated for an incoming migration)
-        self._ready: list = []
-        self._readying = 0              # helper threads readying memory for keys, not done on the loop yet
-        self._data_at = 0.0             # when the loop last took the jobs' messages (time.monotonic)
         self.held = HeldMessages()      # pMaster's messages after an ASSIGN still allocating
-        self._waker = Waker()
+        # memory made ready on helper threads: the reserve, and keys' memory at the prefault pace
+        self.readier = MemoryReadier(self.transport, self.store, self.stats, self._stop, prefault_share, reserve,
+                                     reserve_shared)
 
     def _allocate(self, job: str, sizes: list) -> list[tuple[np.ndarray, Shared]]:
         """Published buffers from the transport's memory: where the transport can lend them,
@@ -445,14 +420,14 @@ class Aggregator:
         try:
             if self.agg_id is None:
                 self.register()
-            self._keep_reserve()
+            self.readier.keep_reserve()
             self._loop()
         finally:
             self.close()
 
     def close(self) -> None:
         self.transport.close()
-        self._waker.close()
+        self.readier.close()
         self.ctrl.close(0)
         self.ctx.term()
 
@@ -461,7 +436,7 @@ class Aggregator:
         for pollable in self._sources:
             poller.register(pollable, zmq.POLLIN)
         poller.register(self.ctrl, zmq.POLLIN)
-        poller.register(self._waker.fd, zmq.POLLIN)
+        poller.register(self.readier.fd, zmq.POLLIN)
         self.poller = poller
         next_beat = time.monotonic()
         # the listeners' connection limits (handshake deadline, idle timeout, accepting again
@@ -488,8 +463,8 @@ class Aggregator:
                 wake = min(wake, reports.deadline() or wake)
             timeout = max(0.0, min(wake - now, 0.2))
             for pollable, _ in poller.poll(int(timeout * 1000) + 1):
-                if pollable == self._waker.fd:
-                    self._run_ready()
+                if pollable == self.readier.fd:
+                    self.readier.run_ready()
                 elif pollable is self.ctrl:
                     self._drain_master()
                 else:
@@ -511,9 +486,11 @@ class Aggregator:
         if isinstance(source, Channel):
             on_message = self._on_peer
         elif self.security.curve and source.kind == "tcp":
-            on_message, self._data_at = self._on_keyed_data, time.monotonic()
+            on_message = self._on_keyed_data
+            self.readier.data_taken()
         else:
-            on_message, self._data_at = self._on_data, time.monotonic()
+            on_message = self._on_data
+            self.readier.data_taken()
         for _ in range(64):
             inbound = source.recv()
             if inbound is None:
@@ -954,9 +931,9 @@ class Aggregator:
             return
         self.held.hold()
         log.info("job %s: allocating %d bytes for %d keys off the loop", msg["job"], nbytes, len(fresh))
-        self._ready_in_background(msg["job"], sizes, private, nbytes, 0,
-                                  lambda made, arrays: self._finish_assign(msg, keys, made, arrays, committed),
-                                  at_once=True)
+        self.readier.ready_in_background(msg["job"], sizes, private, nbytes, 0,
+                                         lambda made, arrays: self._finish_assign(msg, keys, made, arrays, committed),
+                                         at_once=True)
 
     def _finish_assign(self, msg: wire.Message, keys: list, made: tuple | None = None,
                        private: list | None = None, committed: int = 0) -> None:
@@ -1033,42 +1010,9 @@ class Aggregator:
         # heap they come from, or the switch iteration pays its page faults (one worker's
         # pushes: the keys' bytes once)
         warm = min(sum(spec.nbytes for spec in keys), heap_kept() // 2)
-        self._ready_in_background(msg["job"], sizes, private, nbytes, warm,
-                                  lambda made, arrays: self._finish_prepare(msg, keys, sizes, made, arrays, need))
-
-    def _ready_in_background(self, job: str, sizes: list, private: list, nbytes: int, warm: int,
-                             then: Callable[[tuple, list | None], None], at_once: bool = False) -> None:
-        """On a helper thread, at the prefault pace (``at_once``: keys a job waits for, at once,
-        and counted apart): allocate and populate ``sizes`` (the transport's memory) and
-        ``private`` (``zeroed_arrays``), ``nbytes`` in all, and warm ``warm`` bytes of heap;
-        then, on the loop, ``then((buffers, allocation error), private arrays or None)``."""
-        def populate() -> None:
-            name_this_thread()
-            background_priority()
-            faults = _thread_faults()
-            pace = Pace() if at_once else self._background_pace()
-            made = self._allocate_incoming(sizes, job, pace)
-            arrays, warmed = None, 0
-            if made[1] is None:
-                try:
-                    arrays = zeroed_arrays(private, pace) if private else None
-                    warmed = warm_heap(warm, pace)
-                except MemoryError as exc:      # answered as an allocation error, never lost
-                    made = (None, exc)
-            log.info("job %s: %d bytes populated and %d bytes of heap warmed in %.2f s of CPU (%.2f s of it "
-                     "on CPU the host had to spare; %.2f s paused, %.2f s waiting for a busy host)", job, nbytes,
-                     warmed, pace.cpu_s, pace.idle_cpu_s, pace.paused_s, pace.waited_s)
-            faults = _thread_faults() - faults
-            self._ready.append((self._prefaulted, (0 if made[1] else nbytes, warmed, pace, faults, at_once)))
-            self._ready.append((readied, (made, arrays)))
-            self._waker.wake()
-
-        def readied(made: tuple, arrays: list | None) -> None:
-            self._readying -= 1
-            then(made, arrays)
-
-        self._readying += 1
-        threading.Thread(target=populate, name="autops-populate", daemon=True).start()
+        self.readier.ready_in_background(msg["job"], sizes, private, nbytes, warm,
+                                         lambda made, arrays: self._finish_prepare(msg, keys, sizes, made, arrays,
+                                                                                   need))
 
     def _migrate_drop(self, msg: wire.Message) -> None:
         """Forget keys that moved away, or -- a new replica of a move that failed -- what was
@@ -1084,92 +1028,6 @@ class Aggregator:
                 if not pending.finished:
                     pending.finished = True
                     self._send_error(pending.reply, pending.req, f"key {ks.spec.key!r} moved to another aggregator")
-
-    def _keep_reserve(self) -> None:
-        """Make ``reserve`` bytes ready on a helper thread, at the prefault pace:
-        ``reserve_shared`` of it (where the transport's memory is lent: ``SegmentReserve``) as
-        populated shared segments that the keys' published buffers then come from, made again
-        as jobs take them (once the moves under way here are over); the rest as populated
-        heap, freed below a block left allocated so that glibc keeps it mapped
-        (``warm_heap(fence=True)``), which server-mode keys' accumulators and optimizer state
-        and the received pushes' buffers then come from. Jobs arriving
-        and keys migrating in find their memory ready, without page faults and without
-        populating it then. Capped at half the memory available now."""
-        nbytes = min(self.reserve, psutil.virtual_memory().available // 2)
-        if nbytes < self.reserve:
-            log.warning("reserve of %d bytes capped at %d: half the memory available", self.reserve, nbytes)
-        if nbytes <= 0:
-            return
-        pieces = self.memory.reserve
-        shared = int(nbytes * self.reserve_shared) if pieces is not None else 0
-
-        def taken() -> bool:
-            """Wait until jobs took shared segments and no key moves here or away any more
-            (True; the segments are made again after a move, not in its window; after
-            ``RESERVE_MOVE_WAIT_S`` at most) or the aggregator stops (False)."""
-            while not self._stop.is_set():
-                if pieces.drawn.wait(1.0):
-                    until = time.monotonic() + RESERVE_MOVE_WAIT_S
-                    while self._moves_under_way() and time.monotonic() < until \
-                            and not self._stop.wait(RESERVE_MOVE_POLL_S):
-                        pass
-                    pieces.drawn.clear()
-                    return not self._stop.is_set()
-            return False
-
-        def keep() -> None:
-            name_this_thread()
-            background_priority()
-            pace, reported = self._background_pace(wait_out_moves=True), 0.0
-            try:
-                made = warm_heap(nbytes - shared, pace, fence=True)
-                while True:
-                    made += pieces.fill(shared, pace) if shared else 0
-                    log.info("reserve: %d bytes made ready in %.2f s of CPU", made, pace.cpu_s - reported)
-                    self._ready.append((self._reserve_made, (made, pace.cpu_s - reported)))
-                    self._waker.wake()
-                    made, reported = 0, pace.cpu_s
-                    if not shared or not taken():
-                        return
-            except (MemoryError, OSError) as exc:
-                log.warning("reserve: cannot make memory ready: %s", exc)
-
-        threading.Thread(target=keep, name="autops-reserve", daemon=True).start()
-
-    def _background_pace(self, wait_out_moves: bool = False) -> Pace:
-        """The pace of memory made ready in the background: the host's idle CPU first, else
-        ``prefault_share`` of a core, and in the gaps between the jobs' communication phases
-        here (``_quiet``). ``wait_out_moves`` (the reserve's segments made again): also not
-        while a move here is under way -- one that starts while they are being made stops
-        them until it is over (at most ``RESERVE_QUIET_PATIENCE_S`` per stretch)."""
-        if not wait_out_moves:
-            return Pace(self.prefault_share, load=HostLoad.of_this_host(), quiet=self._quiet)
-        return Pace(self.prefault_share, load=HostLoad.of_this_host(),
-                    quiet=lambda: self._quiet() and not self._moves_under_way(),
-                    quiet_patience=RESERVE_QUIET_PATIENCE_S)
-
-    def _quiet(self) -> bool:
-        """Whether the loop took no job's message for ``DATA_QUIET_S`` and no reply waits to
-        be sent (``Transport.sending``: a pull phase, the workers draining the replies, is
-        the communication phase too) -- read from helper threads."""
-        return time.monotonic() - self._data_at >= DATA_QUIET_S and not self.transport.sending()
-
-    def _moves_under_way(self) -> bool:
-        """Whether a key of this aggregator is migrating in or out -- in until its first
-        iteration here completed (the workers' switch iteration) -- or memory is being readied
-        for keys arriving (read from a helper thread: a snapshot of the tables, never changed
-        from here)."""
-        if self._readying:
-            return True
-        for state in list(self.store.jobs.values()):
-            for ks in list(state.keys.values()):
-                if ks.incoming is not None or ks.moving is not None or ks.awaiting_workers is not None:
-                    return True
-        return False
-
-    def _reserve_made(self, made: int, cpu_s: float) -> None:
-        self.stats["reserve_warmed_bytes"] += made
-        self.stats["reserve_cpu_s"] = round(self.stats["reserve_cpu_s"] + cpu_s, 3)
 
     def _replica_prepare(self, msg: wire.Message) -> None:
         """A new replica of server-mode keys: the memory for their state (master copy,
@@ -1202,9 +1060,9 @@ class Aggregator:
             self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id))
             return
         self._pend(msg["job"], nbytes)
-        self._ready_in_background(msg["job"], params, private, nbytes, 0,
-                                  lambda made, slots: self._replica_readied(msg, keys, made, slots, nbytes),
-                                  at_once=bool(msg.get("at_once")))
+        self.readier.ready_in_background(msg["job"], params, private, nbytes, 0,
+                                         lambda made, slots: self._replica_readied(msg, keys, made, slots, nbytes),
+                                         at_once=bool(msg.get("at_once")))
 
     def _replica_readied(self, msg: wire.Message, keys: list, made: tuple, slots: list | None,
                          pended: int = 0) -> None:
@@ -1239,43 +1097,6 @@ class Aggregator:
         finally:
             self.stats["handover_cpu_s"] = round(self.stats["handover_cpu_s"] + time.thread_time() - started, 4)
 
-    @contextlib.contextmanager
-    def _timed(self, name: str) -> Iterator[None]:
-        """Add the block's time and this thread's minor page faults to ``name``'s figures."""
-        started, faults = time.perf_counter(), _thread_faults()
-        try:
-            yield
-        finally:
-            took = time.perf_counter() - started
-            self.stats[f"{name}_s"] = round(self.stats[f"{name}_s"] + took, 4)
-            self.stats[f"{name}_max_ms"] = max(self.stats[f"{name}_max_ms"], round(1e3 * took, 2))
-            self.stats[f"{name}_faults"] += _thread_faults() - faults
-
-    def _prefaulted(self, nbytes: int, warmed: int, pace: Pace, faults: int, at_once: bool = False) -> None:
-        if at_once:
-            self.stats["at_once_prefaulted_bytes"] += nbytes
-            self.stats["at_once_prefault_cpu_s"] = round(self.stats["at_once_prefault_cpu_s"] + pace.cpu_s, 3)
-            self.stats["at_once_prefault_faults"] += faults
-            return
-        self.stats["prefaulted_bytes"] += nbytes
-        self.stats["prefault_faults"] += faults
-        self.stats["heap_warmed_bytes"] += warmed
-        for name, value in pace.figures().items():
-            self.stats[f"prefault_{name}"] = round(self.stats[f"prefault_{name}"] + value, 3)
-
-    def _allocate_incoming(self, sizes: list, job: str,
-                           pace: Pace | None = None) -> tuple[list[Shared] | None, OSError | MemoryError | None]:
-        try:
-            return self.memory.allocate(sizes, job, pace), None
-        except (OSError, MemoryError) as exc:
-            return None, exc
-
-    def _run_ready(self) -> None:
-        self._waker.clear()
-        while self._ready:
-            fn, args = self._ready.pop(0)
-            fn(*args)
-
     def _finish_prepare(self, msg: wire.Message, keys: list, sizes: list, made: tuple | None = None,
                         private: list | None = None, pended: int = 0) -> None:
         """Create the incoming keys in ``made`` -- ``(buffers, allocation error)`` from a
@@ -1295,7 +1116,7 @@ class Aggregator:
             for spec in keys:
                 if state is not None and spec.key in state.keys:
                     raise StoreError(f"key {spec.key!r} of job {msg['job']!r} is already here")
-            buffers, error = made or self._allocate_incoming(sizes, msg["job"])
+            buffers, error = made or self.readier.allocate(sizes, msg["job"])
             if error is not None:
                 raise StoreError(f"cannot allocate memory for the incoming keys: {error}")
             self._prechecked = msg["job"]       # committed in ``_migrate_prepare``
@@ -1398,7 +1219,7 @@ class Aggregator:
                 self.precopies.holds(ks.job, ks.spec.key, follower.agg)     # the key moved on: nothing to wait for
                 continue
             follower.sent = ks.completed
-            with self._timed("state_snapshot"):
+            with timed(self.stats, "state_snapshot"):
                 snapshot = self._state_snapshot(ks)
             self._send_follower(ks, follower, "state", *snapshot)
 
@@ -1568,7 +1389,7 @@ class Aggregator:
         ks.held_whole_at = None
         hp = ks.held_hp
         if meta.get("ahead"):
-            with self._timed("state_takeover"):
+            with timed(self.stats, "state_takeover"):
                 self.store.take_ahead(ks, meta.get("completed"), state.replicas.get(ks.spec.key))
             self.stats["taken_over_ahead"] += 1
             if hp:
@@ -1799,7 +1620,7 @@ class Aggregator:
             for key, meta, views in wire.key_copies(msg):
                 if incoming:
                     ks = self.store.key(self.store.job(msg["job"], msg["secret"]), key)
-                    with self._timed("state_install"):
+                    with timed(self.stats, "state_install"):
                         self.store.precopy(ks, meta, [np.frombuffer(view, dtype=ks.spec.dtype) for view in views])
                     continue
                 try:
@@ -1820,7 +1641,7 @@ class Aggregator:
                     self._check_room(msg["job"], sum(n * np.dtype(d).itemsize for n, d in sizes))
                 self._prechecked = msg["job"]
                 try:
-                    with self._timed("replica_install"):
+                    with timed(self.stats, "replica_install"):
                         self.store.install_replica(state, spec, meta["mode"], bool(meta.get("average", True)),
                                                    meta.get("optimizer"), meta.get("hp") or {}, meta, arrays)
                 finally:
