@@ -64,9 +64,12 @@ from .batch_reports import BatchReports
 from .cycle import CyclicSchedule
 from ..wire.partition import KeySpec
 from .held import HeldMessages
+from .links import Commitments, Control, Peers
 from ..config import DEFAULT_ORPHAN_TIMEOUT
 from .orphan import OrphanWatch
 from .precopy import Follower, Precopies
+from .recovery import Recovery
+from .replicas import Replication
 from .reserve import MemoryReadier, timed
 from .spare import SpareBuffers
 from .store import JobState, KeyState, SecretMismatch, Store, StoreError
@@ -178,10 +181,6 @@ class Aggregator:
         self.endpoints = self.transport.listen(bind_host, port, advertise_host or default_advertise_host(bind_host))
         warn_if_exposed("aggregator", bind_host, self.security)
         self._sources: dict = {listener.pollable: listener for listener in self.transport.listeners}
-        self._data_ops = {wire.PUSH: self._push, wire.PUSH_PULL: self._push, wire.PULL: self._pull,
-                          wire.INIT: self._init, wire.BCAST_PUT: self._bcast_put, wire.BCAST_GET: self._bcast_get,
-                          wire.TENSOR_COPY: self._tensor_copy, wire.STATE_GET: self._state_get,
-                          wire.RECOVER: self._recover, wire.REPLICATE: self._replicate_in, wire.WARM: self._warm}
         self.ctrl = self.ctx.socket(zmq.DEALER)
         self.security.client(self.ctrl, master)
         self.ctrl.connect(master)
@@ -235,9 +234,7 @@ class Aggregator:
         self.spare = SpareBuffers()      # buffers of keys that moved away, for keys moving back
         self.follow_waits: dict[int, tuple[KeyState, Follower, str]] = {}   # req -> (key, follower, kind)
         self._copy_reqs = iter(range(1, 1 << 62))
-        # replication (server mode): steps and states sent to replicas, waiting for their ack
-        self.replica_waits: dict[int, tuple[KeyState, int, str]] = {}   # req -> (key, iteration, replica)
-        self.store.on_step = self._replicate_step
+        self.store.on_step = self._step_taken
         # cyclic execution: the schedule, each job's latest admitted iteration, postponed work
         self.schedule: CyclicSchedule | None = None
         self.admitted: dict[str, int] = {}
@@ -247,6 +244,20 @@ class Aggregator:
         # memory made ready on helper threads: the reserve, and keys' memory at the prefault pace
         self.readier = MemoryReadier(self.transport, self.store, self.stats, self._stop, prefault_share, reserve,
                                      reserve_shared)
+        # what the collaborators below are given instead of the aggregator (``_to_master`` is
+        # looked up at each answer)
+        control = Control(lambda frames: self._to_master(frames), lambda: self.agg_id)
+        commitments = Commitments(self._check_room, self._learn_tenant, self._pend, self._unpend, self._precheck)
+        # replication (server mode), and taking over the keys of a lost aggregator
+        self.replication = Replication(self.store, self.stats, self.readier, control, commitments,
+                                       Peers(self._peer, self._ticket, self._copy_reqs.__next__), self._published)
+        self.recovery = Recovery(self.store, self.stats, control, commitments, self.replication.set_replica,
+                                 self._forget_waiters, self._published)
+        self._data_ops = {wire.PUSH: self._push, wire.PUSH_PULL: self._push, wire.PULL: self._pull,
+                          wire.INIT: self._init, wire.BCAST_PUT: self._bcast_put, wire.BCAST_GET: self._bcast_get,
+                          wire.TENSOR_COPY: self._tensor_copy, wire.STATE_GET: self._state_get,
+                          wire.RECOVER: self.recovery.recover, wire.REPLICATE: self.replication.receive,
+                          wire.WARM: self._warm}
 
     def _allocate(self, job: str, sizes: list) -> list[tuple[np.ndarray, Shared]]:
         """Published buffers from the transport's memory: where the transport can lend them,
@@ -312,6 +323,16 @@ class Aggregator:
             self.pending[job] = left
         else:
             self.pending.pop(job, None)
+
+    @contextlib.contextmanager
+    def _precheck(self, job: str) -> Iterator[None]:
+        """The store allocates for ``job`` in the block without checking the room again: the
+        caller checked it (``_check_room``) and committed the bytes."""
+        self._prechecked = job
+        try:
+            yield
+        finally:
+            self._prechecked = None
 
     def _learn_tenant(self, job: str, tenant: object) -> None:
         """pMaster named the tenant of ``job`` (the key it registered with) in a sealed command."""
@@ -550,15 +571,15 @@ class Aggregator:
         elif msg.op == wire.MIGRATE_PREPARE:
             self._migrate_prepare(msg)
         elif msg.op == wire.REPLICA_PREPARE:
-            self._replica_prepare(msg)
+            self.replication.prepare(msg)
         elif msg.op == wire.MIGRATE_INIT:
             self._migrate_init(msg)
         elif msg.op == wire.FAILOVER:
-            self._failover(msg)
+            self.recovery.failover(msg)
         elif msg.op == wire.MIGRATE_ABORT:
             self._migrate_abort(msg)
         elif msg.op == wire.REPLICA_SET:
-            self._replica_set(msg)
+            self.replication.set_keys(msg)
         elif msg.op == wire.MIGRATE_DROP:
             self._migrate_drop(msg)
         elif msg.op in (wire.OK, wire.ERROR):
@@ -958,7 +979,7 @@ class Aggregator:
             state = self.store.jobs[msg["job"]]
             for key, info in (msg.get("replicas") or {}).items():
                 if key in state.keys:
-                    self._set_replica(state.keys[key], info)
+                    self.replication.set_replica(state.keys[key], info)
             self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id))
         except (StoreError, ValueError, TypeError) as exc:
             self._to_master(wire.error(str(exc), req=req, agg=self.agg_id))
@@ -1028,65 +1049,6 @@ class Aggregator:
                 if not pending.finished:
                     pending.finished = True
                     self._send_error(pending.reply, pending.req, f"key {ks.spec.key!r} moved to another aggregator")
-
-    def _replica_prepare(self, msg: wire.Message) -> None:
-        """A new replica of server-mode keys: the memory for their state (master copy,
-        optimizer state) is allocated and populated by a helper thread -- at the pace of
-        ``_migrate_prepare`` for migrating keys, at once (``at_once``) where the job waits
-        for it: its new keys, a new replica after a failure -- and kept for
-        ``install_replica``; answered once ready."""
-        req = msg.get("req")
-        try:
-            held = self.store.jobs.get(msg["job"])
-            # not for keys held here already (their state came first): nothing would take it
-            keys = [spec for spec in map(KeySpec.from_wire, msg["keys"])
-                    if held is None or (spec.key not in held.replicas and spec.key not in held.keys)]
-            params = [(spec.numel, spec.dtype) for spec in keys]
-            private = Store.private_sizes(msg["mode"], msg.get("optimizer"), msg.get("hp"), keys, accumulator=False)
-            nbytes = sum(numel * np.dtype(dtype).itemsize for numel, dtype in params + private)
-            self._learn_tenant(msg["job"], msg.get("tenant"))
-        except (KeyError, ValueError, TypeError, IndexError) as exc:
-            self._to_master(wire.error(str(exc), req=req, agg=self.agg_id))
-            return
-        if msg["mode"] != "server" or not keys:
-            self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id))
-            return
-        try:
-            self._check_room(msg["job"], nbytes)     # the backups count as the keys do
-        except StoreError as exc:
-            self._to_master(wire.error(f"cannot back the keys up: {exc}", req=req, agg=self.agg_id))
-            return
-        if not self.memory.slow_to_allocate(nbytes):
-            self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id))
-            return
-        self._pend(msg["job"], nbytes)
-        self.readier.ready_in_background(msg["job"], params, private, nbytes, 0,
-                                         lambda made, slots: self._replica_readied(msg, keys, made, slots, nbytes),
-                                         at_once=bool(msg.get("at_once")))
-
-    def _replica_readied(self, msg: wire.Message, keys: list, made: tuple, slots: list | None,
-                         pended: int = 0) -> None:
-        try:
-            self._keep_readied(msg, keys, made, slots)
-        finally:
-            self._unpend(msg["job"], pended)         # the store holds them now (``readied``), or nothing
-
-    def _keep_readied(self, msg: wire.Message, keys: list, made: tuple, slots: list | None) -> None:
-        req = msg.get("req")
-        buffers, error = made
-        if error is not None:
-            self._to_master(wire.error(f"cannot allocate memory for the replicas: {error}", req=req, agg=self.agg_id))
-            return
-        try:
-            state = self.store.ensure_job(msg["job"], msg["secret"], msg["world_size"], msg["mode"],
-                                          bool(msg.get("average", True)), msg.get("optimizer"), msg.get("hp") or {})
-        except StoreError as exc:
-            self._to_master(wire.error(str(exc), req=req, agg=self.agg_id))
-            return
-        per_key, given = len(slots or ()) // len(keys), iter(slots or ())
-        for spec, buf in zip(keys, buffers):
-            self.store.ready_replica(state, spec, buf.array, buf, [next(given) for _ in range(per_key)])
-        self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id))
 
     @contextlib.contextmanager
     def _handover_cpu(self) -> Iterator[None]:
@@ -1220,11 +1182,23 @@ class Aggregator:
                 continue
             follower.sent = ks.completed
             with timed(self.stats, "state_snapshot"):
-                snapshot = self._state_snapshot(ks)
+                snapshot = self.replication.snapshot(ks)
             self._send_follower(ks, follower, "state", *snapshot)
 
+    def _step_taken(self, ks: KeyState, grad: np.ndarray) -> None:
+        """Store hook, right after the optimizer step of iteration ``completed + 1``: send the
+        replica (``Replication.step``) and the followers of a key whose state is copied ahead
+        (``precopy``) that step's averaged gradient (they apply the same deterministic update).
+        One that has not been sent the previous iteration gets nothing: it is sent the whole state."""
+        iteration = ks.completed + 1
+        items, copy = self.replication.step(ks, grad)
+        for follower in [f for f in ks.followers.values() if f.sent == ks.completed]:
+            follower.sent = iteration
+            copy = np.array(grad) if copy is None else copy
+            self._send_follower(ks, follower, "step", items, [copy])
+
     def _send_follower(self, ks: KeyState, follower: Follower, kind: str, items: list, arrays: list) -> None:
-        req = self._replicate_to(follower.info, ks, kind, items, arrays, incoming=follower.incoming)
+        req = self.replication.send(follower.info, ks, kind, items, arrays, incoming=follower.incoming)
         if req is None:
             self._drop_follower(ks, follower, "it cannot be reached")
         else:
@@ -1308,8 +1282,8 @@ class Aggregator:
         except wire.ProtocolError as exc:
             log.warning("bad reply from a peer aggregator: %s", exc)
             return
-        if msg.get("req") in self.replica_waits:
-            self._replica_acked(msg)
+        if msg.get("req") in self.replication.waits:
+            self.replication.acked(msg)
             return
         if msg.get("req") in self.follow_waits:
             self._follower_acked(msg)
@@ -1411,7 +1385,7 @@ class Aggregator:
             self.stats["errors"] += 1
             log.error("held push of migrated key %s dropped: %s", ks.spec.key, problem)
         if ks.replica is not None and not replica_current:
-            self._replicate_state(ks)
+            self.replication.replicate_state(ks)
 
     def _state_get(self, reply: Sender, msg: wire.Message) -> None:
         """Server-side state of keys right after an iteration (a worker's checkpoint): master
@@ -1431,73 +1405,7 @@ class Aggregator:
         # copies: the next iteration may update the live arrays before they are sent
         reply.send(wire.header(wire.STATE_REPLY, req=msg.get("req"), items=items), [a.copy() for a in arrays])
 
-    # --- failures: take-over, recovery, replication ------------------------------------------
-    def _failover(self, msg: wire.Message) -> None:
-        """pMaster lost an aggregator and gives its keys here: ``promote`` keys are served
-        from this aggregator's replica of them; the others (sum mode) are recovered from the
-        workers (``RECOVER`` and replayed pushes). Anything this aggregator still held for such
-        a key (an unfinished migration) is dropped: the workers resend all of it."""
-        req = msg.get("req")
-        try:
-            state = self.store.ensure_job(msg["job"], msg["secret"], msg["world_size"], msg.get("mode") or "sum",
-                                          bool(msg.get("average", True)), msg.get("optimizer"),
-                                          msg.get("hp") or {})
-            keys = [KeySpec.from_wire(k) for k in msg["keys"]]
-            replicas = dict(msg.get("replicas") or {})
-            self._learn_tenant(msg["job"], msg.get("tenant"))
-            # committed as a declaration is: a take-over that does not fit fails the job with the reason
-            self._check_room(msg["job"], self._failover_bytes(state, msg, keys))
-            missing = []
-            self._prechecked = msg["job"]
-            try:
-                self._take_keys(state, msg, keys, replicas, missing)
-            finally:
-                self._prechecked = None
-            if missing:
-                raise StoreError(f"no replica of {missing[:4]} here")
-            self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id))
-        except (StoreError, ValueError, TypeError) as exc:
-            self._to_master(wire.error(str(exc), req=req, agg=self.agg_id))
-
-    @staticmethod
-    def _failover_bytes(state: JobState, msg: wire.Message, keys: list[KeySpec]) -> int:
-        """The bytes a FAILOVER ``msg`` of ``keys`` commits here beyond what ``state`` holds of
-        them (a promoted backup becomes the key: its gradient accumulator is new)."""
-        mode = msg.get("mode") or "sum"
-        need = 0
-        for spec in keys:
-            new = sum(n * np.dtype(d).itemsize for n, d in
-                      Store.buffer_sizes(mode, [spec]) +
-                      Store.private_sizes(mode, msg.get("optimizer"), msg.get("hp"), [spec]))
-            old = state.keys.get(spec.key)
-            held = Store.key_bytes(old) if old is not None else 0
-            backup = state.replicas.get(spec.key) if msg.get("promote") else None
-            held += Store.key_bytes(backup, accumulator=False) if backup is not None else 0
-            need += max(0, new - held)
-        return need
-
-    def _take_keys(self, state: JobState, msg: wire.Message, keys: list[KeySpec], replicas: dict,
-                   missing: list) -> None:
-        """``_failover``'s keys, taken over (``missing``: those with no backup here to promote)."""
-        for spec in keys:
-            old = state.keys.get(spec.key)
-            if old is not None:
-                self._forget_waiters(old)
-            if msg.get("promote"):
-                ks = self.store.promote(state, spec.key)
-                if ks is None:
-                    missing.append(spec.key)
-                    continue
-            else:
-                state.keys.pop(spec.key, None)
-                self.store.assign(msg["job"], msg["secret"], msg["world_size"], msg["mode"], [spec],
-                                  average=bool(msg.get("average", True)), optimizer=msg.get("optimizer"),
-                                  hp=msg.get("hp") or {})
-                ks = state.keys[spec.key]
-                self.store.start_recovery(ks)
-            ks.moving, ks.incoming, ks.awaiting_workers = None, None, None
-            self._set_replica(ks, replicas.get(spec.key))
-
+    # --- failures: take-over (``recovery``), replication (``replicas``) ----------------------------
     def _forget_waiters(self, ks: KeyState) -> None:
         """Parked pulls of a key taken over: their workers resend them (no answer)."""
         for pending in self.waiters.pop(id(ks), []):
@@ -1518,177 +1426,6 @@ class Aggregator:
                 log.info("migration of %s of job %s aborted: the new owner was lost", key, msg["job"])
         self.precopies.forget(msg["job"], set(msg["keys"]))
         self._to_master(wire.encode(wire.OK, req=msg.get("req"), agg=self.agg_id))
-
-    def _replica_set(self, msg: wire.Message) -> None:
-        """Replicate these keys to ``replica`` (or stop: None) from now on."""
-        state = self.store.jobs.get(msg["job"])
-        for key in msg["keys"]:
-            ks = state.keys.get(key) if state is not None else None
-            if ks is not None:
-                self._set_replica(ks, msg.get("replica"))
-        self._to_master(wire.encode(wire.OK, req=msg.get("req"), agg=self.agg_id))
-
-    def _set_replica(self, ks: KeyState, info: dict | None) -> None:
-        if ks.mode != "server":
-            return
-        ks.replica = dict(info) if info else None
-        ks.replicated = ks.replica_sent = -1
-        if ks.replica is None:
-            self._published(ks)       # pulls that waited for the old replica
-        elif ks.initialized and ks.incoming is None:
-            self._replicate_state(ks)
-
-    def _replicate_state(self, ks: KeyState) -> None:
-        """Send the whole server-side state of ``ks`` to its replica (REPLICATE ``state``)."""
-        ks.replica_sent = ks.completed
-        self._send_replica(ks, ks.completed, "state", *self._state_snapshot(ks))
-
-    def _state_snapshot(self, ks: KeyState) -> tuple[list, list]:
-        """REPLICATE ``state`` items and arrays of ``ks``: its whole state, copied now (the
-        next step may change the live arrays before they are sent)."""
-        state = self.store.jobs[ks.job]
-        meta, arrays = self.store.export_key(ks)
-        meta.update(spec=ks.spec.to_wire(), mode=ks.mode, average=ks.average, world_size=state.world_size,
-                    optimizer=state.optimizer if ks.optimizer is None else ks.optimizer.name)
-        return [wire.KeyCopy(ks.spec.key, meta, len(arrays)).to_wire()], [np.array(a) for a in arrays]
-
-    def _replicate_step(self, ks: KeyState, grad: np.ndarray) -> None:
-        """Store hook, right after the optimizer step of iteration ``completed + 1``: send the
-        replica (and the followers of a key whose state is copied ahead, ``precopy``) that
-        step's averaged gradient (it applies the same deterministic update). One that has
-        not been sent the previous iteration gets nothing: it is sent the whole state."""
-        iteration = ks.completed + 1
-        items = [wire.StepItem(ks.spec.key, iteration, 0, dict(ks.optimizer.hp)).to_wire()]
-        copy = None
-        if ks.replica is not None and ks.replica_sent == ks.completed:
-            ks.replica_sent = iteration
-            copy = np.array(grad)
-            self._send_replica(ks, iteration, "step", items, [copy])
-        for follower in [f for f in ks.followers.values() if f.sent == ks.completed]:
-            follower.sent = iteration
-            copy = np.array(grad) if copy is None else copy
-            self._send_follower(ks, follower, "step", items, [copy])
-
-    def _send_replica(self, ks: KeyState, iteration: int, kind: str, items: list, arrays: list) -> None:
-        req = self._replicate_to(ks.replica, ks, kind, items, arrays)
-        if req is not None:
-            self.replica_waits[req] = (ks, iteration, ks.replica.get("agg", ""))
-
-    def _replicate_to(self, info: dict, ks: KeyState, kind: str, items: list, arrays: list,
-                      **fields) -> int | None:
-        """One REPLICATE of ``kind`` about ``ks`` to the aggregator ``info`` names: its
-        request id, None when it could not be sent."""
-        state = self.store.jobs[ks.job]
-        req = next(self._copy_reqs)
-        try:
-            self._peer(info).send(wire.header(wire.REPLICATE, req=req, kind=kind, job=ks.job, secret=state.secret,
-                                              peer=self._ticket(state), items=items, **fields), arrays)
-        except Exception as exc:  # an unreachable replica must not stop the data path
-            log.error("cannot replicate %s of job %s to %s: %s", ks.spec.key, ks.job, info.get("agg"), exc)
-            return None
-        return req
-
-    def _replica_acked(self, msg: wire.Message) -> None:
-        ks, iteration, replica = self.replica_waits.pop(msg["req"])
-        if ks.replica is None or ks.replica.get("agg", "") != replica:
-            return          # an answer from a replica this key no longer uses
-        if msg.op == wire.ERROR and msg.get("no_room"):
-            # it will not hold the backup (room, --max-job-bytes, --max-tenant-bytes): sending the
-            # state again would be refused again; the key goes on without a replica
-            log.error("replica %s of %s of job %s: %s; the key has no replica from now on", replica, ks.spec.key,
-                      ks.job, msg["message"])
-            ks.replica = None
-            ks.replicated = ks.replica_sent = -1
-        elif msg.op == wire.ERROR:
-            log.warning("replica of %s of job %s: %s; sending the whole state", ks.spec.key, ks.job, msg["message"])
-            self._replicate_state(ks)
-            return
-        if iteration > ks.replicated:
-            ks.replicated = iteration
-        for waiter in ks.init_waiters:
-            waiter[2].discard(id(ks))
-            if not waiter[2]:
-                waiter[0].send(wire.header(wire.OK, req=waiter[1]))
-        ks.init_waiters = []
-        self._published(ks)
-
-    def _replicate_in(self, reply: Sender, msg: wire.Message) -> None:
-        """Replica side: install a whole state, or apply one step of the owner. With
-        ``incoming``, the same for a key migrating here (its state sent ahead, ``precopy``)."""
-        incoming = bool(msg.get("incoming"))
-        if msg.get("kind") == "state":
-            for key, meta, views in wire.key_copies(msg):
-                if incoming:
-                    ks = self.store.key(self.store.job(msg["job"], msg["secret"]), key)
-                    with timed(self.stats, "state_install"):
-                        self.store.precopy(ks, meta, [np.frombuffer(view, dtype=ks.spec.dtype) for view in views])
-                    continue
-                try:
-                    spec = KeySpec.from_wire(meta["spec"])
-                    state = self.store.ensure_job(msg["job"], msg["secret"], int(meta["world_size"]), meta["mode"],
-                                                  bool(meta.get("average", True)), meta.get("optimizer"),
-                                                  meta.get("hp") or {})
-                except (KeyError, TypeError, ValueError) as exc:
-                    raise wire.ProtocolError(f"replicate: bad state of {key!r}: {exc}") from None
-                arrays = [np.frombuffer(view, dtype=spec.dtype) for view in views]
-                if key not in state.replicas and key not in state.readied:
-                    # a new backup, with no memory made ready for it: committed as the key is
-                    try:
-                        sizes = [(spec.numel, spec.dtype), *Store.private_sizes(
-                            meta["mode"], meta.get("optimizer"), meta.get("hp"), [spec], accumulator=False)]
-                    except ValueError as exc:
-                        raise wire.ProtocolError(f"replicate: bad state of {key!r}: {exc}") from None
-                    self._check_room(msg["job"], sum(n * np.dtype(d).itemsize for n, d in sizes))
-                self._prechecked = msg["job"]
-                try:
-                    with timed(self.stats, "replica_install"):
-                        self.store.install_replica(state, spec, meta["mode"], bool(meta.get("average", True)),
-                                                   meta.get("optimizer"), meta.get("hp") or {}, meta, arrays)
-                finally:
-                    self._prechecked = None
-        else:
-            state = self.store.job(msg["job"], msg["secret"])
-            steps = []
-            for item in msg.items(wire.StepItem):
-                rks = self._following(state, item.key) if incoming else state.replicas.get(item.key)
-                grad = msg.whole(item.payload, rks.spec.dtype) if rks is not None else None
-                if rks is None or not self.store.replica_accepts(rks, item.iteration, grad):
-                    raise StoreError(f"replica of {item.key!r} misses the steps before {item.iteration}")
-                steps.append((rks, item, grad))
-            # acknowledged on receipt, applied right after: nothing else runs in between here,
-            # so a promotion always finds the step applied
-            reply.send(wire.header(wire.OK, req=msg.get("req")))
-            for rks, item, grad in steps:
-                self.store.replica_step(rks, item.iteration, grad, item.hp)
-            return
-        reply.send(wire.header(wire.OK, req=msg.get("req")))
-
-    @staticmethod
-    def _following(state: JobState, key: str) -> KeyState | None:
-        """The key migrating here whose state came ahead and follows the old owner's steps."""
-        ks = state.keys.get(key)
-        return ks if ks is not None and ks.incoming is not None and ks.precopied else None
-
-    def _recover(self, reply: Sender, msg: wire.Message) -> None:
-        """A worker's RECOVER: the last iteration it pulled of each key taken over here, and
-        the value it pulled then where it kept it."""
-        state = self.store.job(msg["job"], msg["secret"])
-        rank = msg["rank"]
-        self.store._check_rank(state, rank)
-        resumed = []
-        for item in msg.items(wire.RecoverItem):
-            ks = self.store.key(state, item.key)
-            value = msg.array(item.value, ks.spec.dtype) if item.value is not None else None
-            done, problems = self.store.recover_report(ks, rank, item.pulled, value)
-            for problem in problems:
-                self.stats["errors"] += 1
-                log.error("replayed push of %s dropped: %s", item.key, problem)
-            if done:
-                resumed.append(ks)
-        reply.send(wire.header(wire.OK, req=msg.get("req")))
-        for ks in resumed:
-            log.info("key %s of job %s recovered at iteration %d", ks.spec.key, ks.job, ks.completed)
-            self._published(ks)
 
     def _init(self, reply: Sender, msg: wire.Message) -> None:
         state = self.store.job(msg["job"], msg["secret"])
@@ -1713,7 +1450,7 @@ class Aggregator:
             for ks in backed:
                 ks.replica_sent = -1
                 ks.init_waiters.append(waiter)
-                self._replicate_state(ks)
+                self.replication.replicate_state(ks)
         else:
             reply.send(wire.header(wire.OK, req=msg.get("req")))
         for key, *_ in prepared:
