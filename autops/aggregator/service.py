@@ -61,6 +61,7 @@ from dlrt.keys import ensure_cluster_secret
 from ..wire import clusterauth, protocol as wire
 from . import memroom, quota
 from .batch_reports import BatchReports
+from .broadcast import Broadcasts
 from .cycle import CyclicSchedule
 from ..wire.partition import KeySpec
 from .held import HeldMessages
@@ -176,7 +177,7 @@ class Aggregator:
         self.transport = Transport(self.ctx, transport, local=ipc, security=self.security)
         self.memory = self.transport.memory
         self.store = Store(self._allocate)
-        self.waiters: dict = {}     # id(KeyState) -> [PendingPull]; ("bcast", job, name, seq) -> [(reply, req)]
+        self.waiters: dict[int, list[PendingPull]] = {}     # id(KeyState) -> [PendingPull]
         self._stop = threading.Event()
         self.endpoints = self.transport.listen(bind_host, port, advertise_host or default_advertise_host(bind_host))
         warn_if_exposed("aggregator", bind_host, self.security)
@@ -253,8 +254,9 @@ class Aggregator:
                                        Peers(self._peer, self._ticket, self._copy_reqs.__next__), self._published)
         self.recovery = Recovery(self.store, self.stats, control, commitments, self.replication.set_replica,
                                  self._forget_waiters, self._published)
+        self.bcast = Broadcasts(self.store)     # a job's broadcasts, and the gets parked until their put
         self._data_ops = {wire.PUSH: self._push, wire.PUSH_PULL: self._push, wire.PULL: self._pull,
-                          wire.INIT: self._init, wire.BCAST_PUT: self._bcast_put, wire.BCAST_GET: self._bcast_get,
+                          wire.INIT: self._init, wire.BCAST_PUT: self.bcast.put, wire.BCAST_GET: self.bcast.get,
                           wire.TENSOR_COPY: self._tensor_copy, wire.STATE_GET: self._state_get,
                           wire.RECOVER: self.recovery.recover, wire.REPLICATE: self.replication.receive,
                           wire.WARM: self._warm}
@@ -1457,17 +1459,6 @@ class Aggregator:
             # a pull of iteration 0, or one whose update only waited for the master copy
             self._published(state.keys[key])
 
-    def _bcast_put(self, reply: Sender, msg: wire.Message) -> None:
-        state = self.store.job(msg["job"], msg["secret"])
-        if len(msg.payloads) != 1:
-            raise wire.ProtocolError("bcast_put: exactly one payload frame expected")
-        data = msg.whole(0, np.uint8)
-        self.store.bcast_put(state, msg["name"], msg["seq"], data)
-        reply.send(wire.header(wire.OK, req=msg.get("req")))
-        waiting = self.waiters.pop(("bcast", msg["job"], msg["name"], msg["seq"]), [])
-        for pending_reply, pending_req in waiting:
-            self._answer_bcast(state, msg["name"], msg["seq"], pending_reply, pending_req)
-
     def _warm(self, reply: Sender, msg: wire.Message) -> None:
         """WARM: an agent's connection to this aggregator, opened for a move's switch, carries
         the payload here and back before the switch does (``_IOLoop.prepare_ahead``). Echoed,
@@ -1480,18 +1471,6 @@ class Aggregator:
             raise wire.ProtocolError(f"warm: {nbytes} bytes, more than {wire.MAX_WARM_BYTES}")
         self.stats["warm_bytes"] += nbytes
         reply.send(wire.header(wire.WARM, req=msg.get("req")), list(msg.payloads))
-
-    def _bcast_get(self, reply: Sender, msg: wire.Message) -> None:
-        state = self.store.job(msg["job"], msg["secret"])
-        if (msg["name"], msg["seq"]) in state.broadcasts:
-            self._answer_bcast(state, msg["name"], msg["seq"], reply, msg.get("req"))
-        else:
-            self.waiters.setdefault(("bcast", msg["job"], msg["name"], msg["seq"]), []).append(
-                (reply, msg.get("req")))
-
-    def _answer_bcast(self, state: JobState, name: str, seq: int, reply: Sender, req: int | None) -> None:
-        data = self.store.bcast_get(state, name, seq)
-        reply.send(wire.header(wire.PULL_REPLY, req=req, items=[wire.PullReplyItem(name, seq, 0).to_wire()]), [data])
 
 
 def serve(master: str, **kwargs) -> None:
