@@ -17,7 +17,7 @@ owns is the REPLICATE requests waiting for their answer.
 from __future__ import annotations
 
 import logging
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -177,7 +177,7 @@ class Replication:
         if req is not None:
             self.waits[req] = ReplicaWait(ks, iteration, ks.replica.get("agg", ""))
 
-    def send(self, info: dict, ks: KeyState, kind: str, items: list, arrays: list, **fields) -> int | None:
+    def send(self, info: dict, ks: KeyState, kind: str, items: list, arrays: list, **fields: Any) -> int | None:
         """One REPLICATE of ``kind`` about ``ks`` to the aggregator ``info`` names: its
         request id, None when it could not be sent."""
         state = self.store.jobs[ks.job]

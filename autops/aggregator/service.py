@@ -35,6 +35,13 @@ counted (``auth_refusals``). State from another aggregator (TENSOR_COPY, REPLICA
 on the data listeners, not on an authenticated connection, so it also carries a proof of
 the cluster key bound to the job and its secret (``clusterauth.peer_ticket``): a rank of the
 job cannot pose as an aggregator, and nobody without the job's secret can touch the job.
+
+Parts of the work are done by collaborators the aggregator constructs and calls from its
+dispatch, each given what it needs (``links``: answers to pMaster, room and quota checks,
+channels to peers) and never the aggregator itself: ``reserve.MemoryReadier`` (the memory
+reserve and the memory of arriving keys, made ready on helper threads), ``replicas.Replication``
+(REPLICA_PREPARE, REPLICA_SET, REPLICATE both ways), ``recovery.Recovery`` (FAILOVER, RECOVER)
+and ``broadcast.Broadcasts`` (BCAST_PUT, BCAST_GET).
 """
 from __future__ import annotations
 
