@@ -35,6 +35,13 @@ counted (``auth_refusals``). State from another aggregator (TENSOR_COPY, REPLICA
 on the data listeners, not on an authenticated connection, so it also carries a proof of
 the cluster key bound to the job and its secret (``clusterauth.peer_ticket``): a rank of the
 job cannot pose as an aggregator, and nobody without the job's secret can touch the job.
+
+Parts of the work are done by collaborators the aggregator constructs and calls from its
+dispatch, each given what it needs (``links``: answers to pMaster, room and quota checks,
+channels to peers) and never the aggregator itself: ``reserve.MemoryReadier`` (the memory
+reserve and the memory of arriving keys, made ready on helper threads), ``replicas.Replication``
+(REPLICA_PREPARE, REPLICA_SET, REPLICATE both ways), ``recovery.Recovery`` (FAILOVER, RECOVER)
+and ``broadcast.Broadcasts`` (BCAST_PUT, BCAST_GET).
 """
 from __future__ import annotations
 
@@ -42,13 +49,12 @@ import contextlib
 import heapq
 import logging
 import os
-import resource
 import signal
 import socket as pysocket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 import psutil
@@ -58,35 +64,29 @@ from dlrt.cpus import usable_cpus
 from dlrt.curve import Security, default_security, peer_name, warn_if_exposed
 from dlrt.hostid import host_id
 from dlrt.keys import ensure_cluster_secret
-from dlrt.procs import name_this_thread
-from dlrt.waker import Waker
 
 from ..wire import clusterauth, protocol as wire
 from . import memroom, quota
 from .batch_reports import BatchReports
+from .broadcast import Broadcasts
 from .cycle import CyclicSchedule
 from ..wire.partition import KeySpec
 from .held import HeldMessages
+from .links import Commitments, Control, Peers
 from ..config import DEFAULT_ORPHAN_TIMEOUT
 from .orphan import OrphanWatch
 from .precopy import Follower, Precopies
+from .recovery import Recovery
+from .replicas import Replication
+from .reserve import MemoryReadier, timed
 from .spare import SpareBuffers
 from .store import JobState, KeyState, SecretMismatch, Store, StoreError
-from ..transport import Channel, Inbound, Sender, Shared, Transport, background_priority, make_context
-from ..transport.prefault import PREFAULT_SHARE, HostLoad, Pace, heap_free, warm_heap, zeroed_arrays
+from ..transport import Channel, Inbound, Sender, Shared, Transport, make_context
+from ..transport.prefault import PREFAULT_SHARE, heap_free
 from ..transport.shm import RESERVE_SHARED
 from ..transport.zmq import heap_kept
 
-RESERVE_MOVE_POLL_S = 0.5   # how often the reserve's thread looks whether a move it waits out is over
-RESERVE_MOVE_WAIT_S = 60.0  # the longest it waits for the moves here to be over before making segments
-# the reserve's segments, once being made again, wait out a move here and the jobs' messages for
-# this long at most per stretch (longer than memory for arrivals: nothing waits for the reserve)
-RESERVE_QUIET_PATIENCE_S = 30.0
-# memory made ready in the background waits for this long without a job's message, and for
-# no reply waiting to be sent (the gap between the jobs' communication phases), before each
-# step, for at most the pace's patience
-DATA_QUIET_S = 0.02
-# serving-thread work timed in ``stats`` (``Aggregator._timed``)
+# serving-thread work timed in ``stats`` (``reserve.timed``)
 TIMED = ("state_snapshot", "state_install", "state_takeover", "replica_install")
 
 REFUSED_JOBS_KEPT = 1024    # jobs dropped past their tenant's quota whose requests are answered why
@@ -118,11 +118,6 @@ def default_advertise_host(bind_host: str) -> str:
         return "127.0.0.1"
 
 
-def _thread_faults() -> int:
-    """The calling thread's minor page faults so far."""
-    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
-
-
 class Aggregator:
     """A keyed aggregation server; ``run()`` blocks until ``stop()`` or a signal."""
 
@@ -140,7 +135,7 @@ class Aggregator:
         in (their buffers, and the heap their pushes will arrive in) where the host stays busy;
         CPU the host has to spare it uses first (``prefault.Pace``); ``reserve``: bytes of
         memory populated at that pace when the aggregator starts, for what arrives
-        later (``_keep_reserve``), ``reserve_shared`` of it as shared segments where the
+        later (``MemoryReadier.keep_reserve``), ``reserve_shared`` of it as shared segments where the
         transport lends memory; ``orphan_timeout``: seconds without hearing from any pMaster
         after which it exits (``orphan``; 0: never); ``max_job_bytes``: the most one job's
         declared keys may take here (default: half of what this machine can give when the
@@ -154,14 +149,7 @@ class Aggregator:
         self.orphan = OrphanWatch(orphan_timeout)
         self.orphaned = False                # it exited for want of a pMaster
         self.note: dict | None = None        # pMaster's record of this aggregator, for a restarted one
-        Pace(prefault_share)        # a share outside (0, 1] is refused here, not in a helper thread later
-        self.prefault_share = prefault_share
-        if reserve < 0:
-            raise ValueError(f"reserve must be 0 or more bytes, not {reserve}")
-        self.reserve = int(reserve)
-        if not 0 < reserve_shared <= 1:
-            raise ValueError(f"reserve_shared must be above 0 and at most 1, not {reserve_shared}")
-        self.reserve_shared = reserve_shared
+        MemoryReadier.check(prefault_share, reserve, reserve_shared)     # before anything is opened
         if headroom < 0 or (max_job_bytes is not None and max_job_bytes <= 0) or \
                 (max_tenant_bytes is not None and max_tenant_bytes <= 0):
             raise ValueError(f"headroom must be 0 or more, max_job_bytes and max_tenant_bytes above 0 "
@@ -196,15 +184,11 @@ class Aggregator:
         self.transport = Transport(self.ctx, transport, local=ipc, security=self.security)
         self.memory = self.transport.memory
         self.store = Store(self._allocate)
-        self.waiters: dict = {}     # id(KeyState) -> [PendingPull]; ("bcast", job, name, seq) -> [(reply, req)]
+        self.waiters: dict[int, list[PendingPull]] = {}     # id(KeyState) -> [PendingPull]
         self._stop = threading.Event()
         self.endpoints = self.transport.listen(bind_host, port, advertise_host or default_advertise_host(bind_host))
         warn_if_exposed("aggregator", bind_host, self.security)
         self._sources: dict = {listener.pollable: listener for listener in self.transport.listeners}
-        self._data_ops = {wire.PUSH: self._push, wire.PUSH_PULL: self._push, wire.PULL: self._pull,
-                          wire.INIT: self._init, wire.BCAST_PUT: self._bcast_put, wire.BCAST_GET: self._bcast_get,
-                          wire.TENSOR_COPY: self._tensor_copy, wire.STATE_GET: self._state_get,
-                          wire.RECOVER: self._recover, wire.REPLICATE: self._replicate_in, wire.WARM: self._warm}
         self.ctrl = self.ctx.socket(zmq.DEALER)
         self.security.client(self.ctrl, master)
         self.ctrl.connect(master)
@@ -232,7 +216,7 @@ class Aggregator:
                       "prefault_faults": 0, "at_once_prefault_faults": 0,
                       # the reserve: memory made ready (at start, and shared segments again as
                       # jobs take them) for what arrives later, and its CPU
-                      "reserve_bytes": self.reserve, "reserve_warmed_bytes": 0, "reserve_cpu_s": 0.0,
+                      "reserve_bytes": int(reserve), "reserve_warmed_bytes": 0, "reserve_cpu_s": 0.0,
                       # server-mode state on the serving thread (seconds, the longest in ms, minor
                       # page faults): the old owner's snapshots sent ahead of a switch, their
                       # installs on a follower, the new owner's take-overs of the state that
@@ -258,20 +242,31 @@ class Aggregator:
         self.spare = SpareBuffers()      # buffers of keys that moved away, for keys moving back
         self.follow_waits: dict[int, tuple[KeyState, Follower, str]] = {}   # req -> (key, follower, kind)
         self._copy_reqs = iter(range(1, 1 << 62))
-        # replication (server mode): steps and states sent to replicas, waiting for their ack
-        self.replica_waits: dict[int, tuple[KeyState, int, str]] = {}   # req -> (key, iteration, replica)
-        self.store.on_step = self._replicate_step
+        self.store.on_step = self._step_taken
         # cyclic execution: the schedule, each job's latest admitted iteration, postponed work
         self.schedule: CyclicSchedule | None = None
         self.admitted: dict[str, int] = {}
         self.postponed: dict[str, tuple[float, int, list]] = {}   # job -> (run at, iteration, pushes)
         self.timers: list[tuple[float, str]] = []
-        # work finished by helper threads (memory populated for an incoming migration)
-        self._ready: list = []
-        self._readying = 0              # helper threads readying memory for keys, not done on the loop yet
-        self._data_at = 0.0             # when the loop last took the jobs' messages (time.monotonic)
         self.held = HeldMessages()      # pMaster's messages after an ASSIGN still allocating
-        self._waker = Waker()
+        # memory made ready on helper threads: the reserve, and keys' memory at the prefault pace
+        self.readier = MemoryReadier(self.transport, self.store, self.stats, self._stop, prefault_share, reserve,
+                                     reserve_shared)
+        # what the collaborators below are given instead of the aggregator (``_to_master`` is
+        # looked up at each answer)
+        control = Control(lambda frames: self._to_master(frames), lambda: self.agg_id)
+        commitments = Commitments(self._check_room, self._learn_tenant, self._pend, self._unpend, self._precheck)
+        # replication (server mode), and taking over the keys of a lost aggregator
+        self.replication = Replication(self.store, self.stats, self.readier, control, commitments,
+                                       Peers(self._peer, self._ticket, self._copy_reqs.__next__), self._published)
+        self.recovery = Recovery(self.store, self.stats, control, commitments, self.replication.set_replica,
+                                 self._forget_waiters, self._published)
+        self.bcast = Broadcasts(self.store)     # a job's broadcasts, and the gets parked until their put
+        self._data_ops = {wire.PUSH: self._push, wire.PUSH_PULL: self._push, wire.PULL: self._pull,
+                          wire.INIT: self._init, wire.BCAST_PUT: self.bcast.put, wire.BCAST_GET: self.bcast.get,
+                          wire.TENSOR_COPY: self._tensor_copy, wire.STATE_GET: self._state_get,
+                          wire.RECOVER: self.recovery.recover, wire.REPLICATE: self.replication.receive,
+                          wire.WARM: self._warm}
 
     def _allocate(self, job: str, sizes: list) -> list[tuple[np.ndarray, Shared]]:
         """Published buffers from the transport's memory: where the transport can lend them,
@@ -337,6 +332,16 @@ class Aggregator:
             self.pending[job] = left
         else:
             self.pending.pop(job, None)
+
+    @contextlib.contextmanager
+    def _precheck(self, job: str) -> Iterator[None]:
+        """The store allocates for ``job`` in the block without checking the room again: the
+        caller checked it (``_check_room``) and committed the bytes."""
+        self._prechecked = job
+        try:
+            yield
+        finally:
+            self._prechecked = None
 
     def _learn_tenant(self, job: str, tenant: object) -> None:
         """pMaster named the tenant of ``job`` (the key it registered with) in a sealed command."""
@@ -445,14 +450,14 @@ class Aggregator:
         try:
             if self.agg_id is None:
                 self.register()
-            self._keep_reserve()
+            self.readier.keep_reserve()
             self._loop()
         finally:
             self.close()
 
     def close(self) -> None:
         self.transport.close()
-        self._waker.close()
+        self.readier.close()
         self.ctrl.close(0)
         self.ctx.term()
 
@@ -461,7 +466,7 @@ class Aggregator:
         for pollable in self._sources:
             poller.register(pollable, zmq.POLLIN)
         poller.register(self.ctrl, zmq.POLLIN)
-        poller.register(self._waker.fd, zmq.POLLIN)
+        poller.register(self.readier.fd, zmq.POLLIN)
         self.poller = poller
         next_beat = time.monotonic()
         # the listeners' connection limits (handshake deadline, idle timeout, accepting again
@@ -488,8 +493,8 @@ class Aggregator:
                 wake = min(wake, reports.deadline() or wake)
             timeout = max(0.0, min(wake - now, 0.2))
             for pollable, _ in poller.poll(int(timeout * 1000) + 1):
-                if pollable == self._waker.fd:
-                    self._run_ready()
+                if pollable == self.readier.fd:
+                    self.readier.run_ready()
                 elif pollable is self.ctrl:
                     self._drain_master()
                 else:
@@ -511,9 +516,11 @@ class Aggregator:
         if isinstance(source, Channel):
             on_message = self._on_peer
         elif self.security.curve and source.kind == "tcp":
-            on_message, self._data_at = self._on_keyed_data, time.monotonic()
+            on_message = self._on_keyed_data
+            self.readier.data_taken()
         else:
-            on_message, self._data_at = self._on_data, time.monotonic()
+            on_message = self._on_data
+            self.readier.data_taken()
         for _ in range(64):
             inbound = source.recv()
             if inbound is None:
@@ -573,15 +580,15 @@ class Aggregator:
         elif msg.op == wire.MIGRATE_PREPARE:
             self._migrate_prepare(msg)
         elif msg.op == wire.REPLICA_PREPARE:
-            self._replica_prepare(msg)
+            self.replication.prepare(msg)
         elif msg.op == wire.MIGRATE_INIT:
             self._migrate_init(msg)
         elif msg.op == wire.FAILOVER:
-            self._failover(msg)
+            self.recovery.failover(msg)
         elif msg.op == wire.MIGRATE_ABORT:
             self._migrate_abort(msg)
         elif msg.op == wire.REPLICA_SET:
-            self._replica_set(msg)
+            self.replication.set_keys(msg)
         elif msg.op == wire.MIGRATE_DROP:
             self._migrate_drop(msg)
         elif msg.op in (wire.OK, wire.ERROR):
@@ -954,9 +961,9 @@ class Aggregator:
             return
         self.held.hold()
         log.info("job %s: allocating %d bytes for %d keys off the loop", msg["job"], nbytes, len(fresh))
-        self._ready_in_background(msg["job"], sizes, private, nbytes, 0,
-                                  lambda made, arrays: self._finish_assign(msg, keys, made, arrays, committed),
-                                  at_once=True)
+        self.readier.ready_in_background(msg["job"], sizes, private, nbytes, 0,
+                                         lambda made, arrays: self._finish_assign(msg, keys, made, arrays, committed),
+                                         at_once=True)
 
     def _finish_assign(self, msg: wire.Message, keys: list, made: tuple | None = None,
                        private: list | None = None, committed: int = 0) -> None:
@@ -981,7 +988,7 @@ class Aggregator:
             state = self.store.jobs[msg["job"]]
             for key, info in (msg.get("replicas") or {}).items():
                 if key in state.keys:
-                    self._set_replica(state.keys[key], info)
+                    self.replication.set_replica(state.keys[key], info)
             self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id))
         except (StoreError, ValueError, TypeError) as exc:
             self._to_master(wire.error(str(exc), req=req, agg=self.agg_id))
@@ -1033,42 +1040,9 @@ class Aggregator:
         # heap they come from, or the switch iteration pays its page faults (one worker's
         # pushes: the keys' bytes once)
         warm = min(sum(spec.nbytes for spec in keys), heap_kept() // 2)
-        self._ready_in_background(msg["job"], sizes, private, nbytes, warm,
-                                  lambda made, arrays: self._finish_prepare(msg, keys, sizes, made, arrays, need))
-
-    def _ready_in_background(self, job: str, sizes: list, private: list, nbytes: int, warm: int,
-                             then: Callable[[tuple, list | None], None], at_once: bool = False) -> None:
-        """On a helper thread, at the prefault pace (``at_once``: keys a job waits for, at once,
-        and counted apart): allocate and populate ``sizes`` (the transport's memory) and
-        ``private`` (``zeroed_arrays``), ``nbytes`` in all, and warm ``warm`` bytes of heap;
-        then, on the loop, ``then((buffers, allocation error), private arrays or None)``."""
-        def populate() -> None:
-            name_this_thread()
-            background_priority()
-            faults = _thread_faults()
-            pace = Pace() if at_once else self._background_pace()
-            made = self._allocate_incoming(sizes, job, pace)
-            arrays, warmed = None, 0
-            if made[1] is None:
-                try:
-                    arrays = zeroed_arrays(private, pace) if private else None
-                    warmed = warm_heap(warm, pace)
-                except MemoryError as exc:      # answered as an allocation error, never lost
-                    made = (None, exc)
-            log.info("job %s: %d bytes populated and %d bytes of heap warmed in %.2f s of CPU (%.2f s of it "
-                     "on CPU the host had to spare; %.2f s paused, %.2f s waiting for a busy host)", job, nbytes,
-                     warmed, pace.cpu_s, pace.idle_cpu_s, pace.paused_s, pace.waited_s)
-            faults = _thread_faults() - faults
-            self._ready.append((self._prefaulted, (0 if made[1] else nbytes, warmed, pace, faults, at_once)))
-            self._ready.append((readied, (made, arrays)))
-            self._waker.wake()
-
-        def readied(made: tuple, arrays: list | None) -> None:
-            self._readying -= 1
-            then(made, arrays)
-
-        self._readying += 1
-        threading.Thread(target=populate, name="autops-populate", daemon=True).start()
+        self.readier.ready_in_background(msg["job"], sizes, private, nbytes, warm,
+                                         lambda made, arrays: self._finish_prepare(msg, keys, sizes, made, arrays,
+                                                                                   need))
 
     def _migrate_drop(self, msg: wire.Message) -> None:
         """Forget keys that moved away, or -- a new replica of a move that failed -- what was
@@ -1085,151 +1059,6 @@ class Aggregator:
                     pending.finished = True
                     self._send_error(pending.reply, pending.req, f"key {ks.spec.key!r} moved to another aggregator")
 
-    def _keep_reserve(self) -> None:
-        """Make ``reserve`` bytes ready on a helper thread, at the prefault pace:
-        ``reserve_shared`` of it (where the transport's memory is lent: ``SegmentReserve``) as
-        populated shared segments that the keys' published buffers then come from, made again
-        as jobs take them (once the moves under way here are over); the rest as populated
-        heap, freed below a block left allocated so that glibc keeps it mapped
-        (``warm_heap(fence=True)``), which server-mode keys' accumulators and optimizer state
-        and the received pushes' buffers then come from. Jobs arriving
-        and keys migrating in find their memory ready, without page faults and without
-        populating it then. Capped at half the memory available now."""
-        nbytes = min(self.reserve, psutil.virtual_memory().available // 2)
-        if nbytes < self.reserve:
-            log.warning("reserve of %d bytes capped at %d: half the memory available", self.reserve, nbytes)
-        if nbytes <= 0:
-            return
-        pieces = self.memory.reserve
-        shared = int(nbytes * self.reserve_shared) if pieces is not None else 0
-
-        def taken() -> bool:
-            """Wait until jobs took shared segments and no key moves here or away any more
-            (True; the segments are made again after a move, not in its window; after
-            ``RESERVE_MOVE_WAIT_S`` at most) or the aggregator stops (False)."""
-            while not self._stop.is_set():
-                if pieces.drawn.wait(1.0):
-                    until = time.monotonic() + RESERVE_MOVE_WAIT_S
-                    while self._moves_under_way() and time.monotonic() < until \
-                            and not self._stop.wait(RESERVE_MOVE_POLL_S):
-                        pass
-                    pieces.drawn.clear()
-                    return not self._stop.is_set()
-            return False
-
-        def keep() -> None:
-            name_this_thread()
-            background_priority()
-            pace, reported = self._background_pace(wait_out_moves=True), 0.0
-            try:
-                made = warm_heap(nbytes - shared, pace, fence=True)
-                while True:
-                    made += pieces.fill(shared, pace) if shared else 0
-                    log.info("reserve: %d bytes made ready in %.2f s of CPU", made, pace.cpu_s - reported)
-                    self._ready.append((self._reserve_made, (made, pace.cpu_s - reported)))
-                    self._waker.wake()
-                    made, reported = 0, pace.cpu_s
-                    if not shared or not taken():
-                        return
-            except (MemoryError, OSError) as exc:
-                log.warning("reserve: cannot make memory ready: %s", exc)
-
-        threading.Thread(target=keep, name="autops-reserve", daemon=True).start()
-
-    def _background_pace(self, wait_out_moves: bool = False) -> Pace:
-        """The pace of memory made ready in the background: the host's idle CPU first, else
-        ``prefault_share`` of a core, and in the gaps between the jobs' communication phases
-        here (``_quiet``). ``wait_out_moves`` (the reserve's segments made again): also not
-        while a move here is under way -- one that starts while they are being made stops
-        them until it is over (at most ``RESERVE_QUIET_PATIENCE_S`` per stretch)."""
-        if not wait_out_moves:
-            return Pace(self.prefault_share, load=HostLoad.of_this_host(), quiet=self._quiet)
-        return Pace(self.prefault_share, load=HostLoad.of_this_host(),
-                    quiet=lambda: self._quiet() and not self._moves_under_way(),
-                    quiet_patience=RESERVE_QUIET_PATIENCE_S)
-
-    def _quiet(self) -> bool:
-        """Whether the loop took no job's message for ``DATA_QUIET_S`` and no reply waits to
-        be sent (``Transport.sending``: a pull phase, the workers draining the replies, is
-        the communication phase too) -- read from helper threads."""
-        return time.monotonic() - self._data_at >= DATA_QUIET_S and not self.transport.sending()
-
-    def _moves_under_way(self) -> bool:
-        """Whether a key of this aggregator is migrating in or out -- in until its first
-        iteration here completed (the workers' switch iteration) -- or memory is being readied
-        for keys arriving (read from a helper thread: a snapshot of the tables, never changed
-        from here)."""
-        if self._readying:
-            return True
-        for state in list(self.store.jobs.values()):
-            for ks in list(state.keys.values()):
-                if ks.incoming is not None or ks.moving is not None or ks.awaiting_workers is not None:
-                    return True
-        return False
-
-    def _reserve_made(self, made: int, cpu_s: float) -> None:
-        self.stats["reserve_warmed_bytes"] += made
-        self.stats["reserve_cpu_s"] = round(self.stats["reserve_cpu_s"] + cpu_s, 3)
-
-    def _replica_prepare(self, msg: wire.Message) -> None:
-        """A new replica of server-mode keys: the memory for their state (master copy,
-        optimizer state) is allocated and populated by a helper thread -- at the pace of
-        ``_migrate_prepare`` for migrating keys, at once (``at_once``) where the job waits
-        for it: its new keys, a new replica after a failure -- and kept for
-        ``install_replica``; answered once ready."""
-        req = msg.get("req")
-        try:
-            held = self.store.jobs.get(msg["job"])
-            # not for keys held here already (their state came first): nothing would take it
-            keys = [spec for spec in map(KeySpec.from_wire, msg["keys"])
-                    if held is None or (spec.key not in held.replicas and spec.key not in held.keys)]
-            params = [(spec.numel, spec.dtype) for spec in keys]
-            private = Store.private_sizes(msg["mode"], msg.get("optimizer"), msg.get("hp"), keys, accumulator=False)
-            nbytes = sum(numel * np.dtype(dtype).itemsize for numel, dtype in params + private)
-            self._learn_tenant(msg["job"], msg.get("tenant"))
-        except (KeyError, ValueError, TypeError, IndexError) as exc:
-            self._to_master(wire.error(str(exc), req=req, agg=self.agg_id))
-            return
-        if msg["mode"] != "server" or not keys:
-            self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id))
-            return
-        try:
-            self._check_room(msg["job"], nbytes)     # the backups count as the keys do
-        except StoreError as exc:
-            self._to_master(wire.error(f"cannot back the keys up: {exc}", req=req, agg=self.agg_id))
-            return
-        if not self.memory.slow_to_allocate(nbytes):
-            self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id))
-            return
-        self._pend(msg["job"], nbytes)
-        self._ready_in_background(msg["job"], params, private, nbytes, 0,
-                                  lambda made, slots: self._replica_readied(msg, keys, made, slots, nbytes),
-                                  at_once=bool(msg.get("at_once")))
-
-    def _replica_readied(self, msg: wire.Message, keys: list, made: tuple, slots: list | None,
-                         pended: int = 0) -> None:
-        try:
-            self._keep_readied(msg, keys, made, slots)
-        finally:
-            self._unpend(msg["job"], pended)         # the store holds them now (``readied``), or nothing
-
-    def _keep_readied(self, msg: wire.Message, keys: list, made: tuple, slots: list | None) -> None:
-        req = msg.get("req")
-        buffers, error = made
-        if error is not None:
-            self._to_master(wire.error(f"cannot allocate memory for the replicas: {error}", req=req, agg=self.agg_id))
-            return
-        try:
-            state = self.store.ensure_job(msg["job"], msg["secret"], msg["world_size"], msg["mode"],
-                                          bool(msg.get("average", True)), msg.get("optimizer"), msg.get("hp") or {})
-        except StoreError as exc:
-            self._to_master(wire.error(str(exc), req=req, agg=self.agg_id))
-            return
-        per_key, given = len(slots or ()) // len(keys), iter(slots or ())
-        for spec, buf in zip(keys, buffers):
-            self.store.ready_replica(state, spec, buf.array, buf, [next(given) for _ in range(per_key)])
-        self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id))
-
     @contextlib.contextmanager
     def _handover_cpu(self) -> Iterator[None]:
         """Add this thread's CPU in the block to ``handover_cpu_s`` (the old owner's hand-overs)."""
@@ -1238,43 +1067,6 @@ class Aggregator:
             yield
         finally:
             self.stats["handover_cpu_s"] = round(self.stats["handover_cpu_s"] + time.thread_time() - started, 4)
-
-    @contextlib.contextmanager
-    def _timed(self, name: str) -> Iterator[None]:
-        """Add the block's time and this thread's minor page faults to ``name``'s figures."""
-        started, faults = time.perf_counter(), _thread_faults()
-        try:
-            yield
-        finally:
-            took = time.perf_counter() - started
-            self.stats[f"{name}_s"] = round(self.stats[f"{name}_s"] + took, 4)
-            self.stats[f"{name}_max_ms"] = max(self.stats[f"{name}_max_ms"], round(1e3 * took, 2))
-            self.stats[f"{name}_faults"] += _thread_faults() - faults
-
-    def _prefaulted(self, nbytes: int, warmed: int, pace: Pace, faults: int, at_once: bool = False) -> None:
-        if at_once:
-            self.stats["at_once_prefaulted_bytes"] += nbytes
-            self.stats["at_once_prefault_cpu_s"] = round(self.stats["at_once_prefault_cpu_s"] + pace.cpu_s, 3)
-            self.stats["at_once_prefault_faults"] += faults
-            return
-        self.stats["prefaulted_bytes"] += nbytes
-        self.stats["prefault_faults"] += faults
-        self.stats["heap_warmed_bytes"] += warmed
-        for name, value in pace.figures().items():
-            self.stats[f"prefault_{name}"] = round(self.stats[f"prefault_{name}"] + value, 3)
-
-    def _allocate_incoming(self, sizes: list, job: str,
-                           pace: Pace | None = None) -> tuple[list[Shared] | None, OSError | MemoryError | None]:
-        try:
-            return self.memory.allocate(sizes, job, pace), None
-        except (OSError, MemoryError) as exc:
-            return None, exc
-
-    def _run_ready(self) -> None:
-        self._waker.clear()
-        while self._ready:
-            fn, args = self._ready.pop(0)
-            fn(*args)
 
     def _finish_prepare(self, msg: wire.Message, keys: list, sizes: list, made: tuple | None = None,
                         private: list | None = None, pended: int = 0) -> None:
@@ -1295,7 +1087,7 @@ class Aggregator:
             for spec in keys:
                 if state is not None and spec.key in state.keys:
                     raise StoreError(f"key {spec.key!r} of job {msg['job']!r} is already here")
-            buffers, error = made or self._allocate_incoming(sizes, msg["job"])
+            buffers, error = made or self.readier.allocate(sizes, msg["job"])
             if error is not None:
                 raise StoreError(f"cannot allocate memory for the incoming keys: {error}")
             self._prechecked = msg["job"]       # committed in ``_migrate_prepare``
@@ -1398,12 +1190,24 @@ class Aggregator:
                 self.precopies.holds(ks.job, ks.spec.key, follower.agg)     # the key moved on: nothing to wait for
                 continue
             follower.sent = ks.completed
-            with self._timed("state_snapshot"):
-                snapshot = self._state_snapshot(ks)
+            with timed(self.stats, "state_snapshot"):
+                snapshot = self.replication.snapshot(ks)
             self._send_follower(ks, follower, "state", *snapshot)
 
+    def _step_taken(self, ks: KeyState, grad: np.ndarray) -> None:
+        """Store hook, right after the optimizer step of iteration ``completed + 1``: send the
+        replica (``Replication.step``) and the followers of a key whose state is copied ahead
+        (``precopy``) that step's averaged gradient (they apply the same deterministic update).
+        One that has not been sent the previous iteration gets nothing: it is sent the whole state."""
+        iteration = ks.completed + 1
+        items, copy = self.replication.step(ks, grad)
+        for follower in [f for f in ks.followers.values() if f.sent == ks.completed]:
+            follower.sent = iteration
+            copy = np.array(grad) if copy is None else copy
+            self._send_follower(ks, follower, "step", items, [copy])
+
     def _send_follower(self, ks: KeyState, follower: Follower, kind: str, items: list, arrays: list) -> None:
-        req = self._replicate_to(follower.info, ks, kind, items, arrays, incoming=follower.incoming)
+        req = self.replication.send(follower.info, ks, kind, items, arrays, incoming=follower.incoming)
         if req is None:
             self._drop_follower(ks, follower, "it cannot be reached")
         else:
@@ -1487,8 +1291,8 @@ class Aggregator:
         except wire.ProtocolError as exc:
             log.warning("bad reply from a peer aggregator: %s", exc)
             return
-        if msg.get("req") in self.replica_waits:
-            self._replica_acked(msg)
+        if msg.get("req") in self.replication.waits:
+            self.replication.acked(msg)
             return
         if msg.get("req") in self.follow_waits:
             self._follower_acked(msg)
@@ -1568,7 +1372,7 @@ class Aggregator:
         ks.held_whole_at = None
         hp = ks.held_hp
         if meta.get("ahead"):
-            with self._timed("state_takeover"):
+            with timed(self.stats, "state_takeover"):
                 self.store.take_ahead(ks, meta.get("completed"), state.replicas.get(ks.spec.key))
             self.stats["taken_over_ahead"] += 1
             if hp:
@@ -1590,7 +1394,7 @@ class Aggregator:
             self.stats["errors"] += 1
             log.error("held push of migrated key %s dropped: %s", ks.spec.key, problem)
         if ks.replica is not None and not replica_current:
-            self._replicate_state(ks)
+            self.replication.replicate_state(ks)
 
     def _state_get(self, reply: Sender, msg: wire.Message) -> None:
         """Server-side state of keys right after an iteration (a worker's checkpoint): master
@@ -1610,73 +1414,7 @@ class Aggregator:
         # copies: the next iteration may update the live arrays before they are sent
         reply.send(wire.header(wire.STATE_REPLY, req=msg.get("req"), items=items), [a.copy() for a in arrays])
 
-    # --- failures: take-over, recovery, replication ------------------------------------------
-    def _failover(self, msg: wire.Message) -> None:
-        """pMaster lost an aggregator and gives its keys here: ``promote`` keys are served
-        from this aggregator's replica of them; the others (sum mode) are recovered from the
-        workers (``RECOVER`` and replayed pushes). Anything this aggregator still held for such
-        a key (an unfinished migration) is dropped: the workers resend all of it."""
-        req = msg.get("req")
-        try:
-            state = self.store.ensure_job(msg["job"], msg["secret"], msg["world_size"], msg.get("mode") or "sum",
-                                          bool(msg.get("average", True)), msg.get("optimizer"),
-                                          msg.get("hp") or {})
-            keys = [KeySpec.from_wire(k) for k in msg["keys"]]
-            replicas = dict(msg.get("replicas") or {})
-            self._learn_tenant(msg["job"], msg.get("tenant"))
-            # committed as a declaration is: a take-over that does not fit fails the job with the reason
-            self._check_room(msg["job"], self._failover_bytes(state, msg, keys))
-            missing = []
-            self._prechecked = msg["job"]
-            try:
-                self._take_keys(state, msg, keys, replicas, missing)
-            finally:
-                self._prechecked = None
-            if missing:
-                raise StoreError(f"no replica of {missing[:4]} here")
-            self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id))
-        except (StoreError, ValueError, TypeError) as exc:
-            self._to_master(wire.error(str(exc), req=req, agg=self.agg_id))
-
-    @staticmethod
-    def _failover_bytes(state: JobState, msg: wire.Message, keys: list[KeySpec]) -> int:
-        """The bytes a FAILOVER ``msg`` of ``keys`` commits here beyond what ``state`` holds of
-        them (a promoted backup becomes the key: its gradient accumulator is new)."""
-        mode = msg.get("mode") or "sum"
-        need = 0
-        for spec in keys:
-            new = sum(n * np.dtype(d).itemsize for n, d in
-                      Store.buffer_sizes(mode, [spec]) +
-                      Store.private_sizes(mode, msg.get("optimizer"), msg.get("hp"), [spec]))
-            old = state.keys.get(spec.key)
-            held = Store.key_bytes(old) if old is not None else 0
-            backup = state.replicas.get(spec.key) if msg.get("promote") else None
-            held += Store.key_bytes(backup, accumulator=False) if backup is not None else 0
-            need += max(0, new - held)
-        return need
-
-    def _take_keys(self, state: JobState, msg: wire.Message, keys: list[KeySpec], replicas: dict,
-                   missing: list) -> None:
-        """``_failover``'s keys, taken over (``missing``: those with no backup here to promote)."""
-        for spec in keys:
-            old = state.keys.get(spec.key)
-            if old is not None:
-                self._forget_waiters(old)
-            if msg.get("promote"):
-                ks = self.store.promote(state, spec.key)
-                if ks is None:
-                    missing.append(spec.key)
-                    continue
-            else:
-                state.keys.pop(spec.key, None)
-                self.store.assign(msg["job"], msg["secret"], msg["world_size"], msg["mode"], [spec],
-                                  average=bool(msg.get("average", True)), optimizer=msg.get("optimizer"),
-                                  hp=msg.get("hp") or {})
-                ks = state.keys[spec.key]
-                self.store.start_recovery(ks)
-            ks.moving, ks.incoming, ks.awaiting_workers = None, None, None
-            self._set_replica(ks, replicas.get(spec.key))
-
+    # --- failures: take-over (``recovery``), replication (``replicas``) ----------------------------
     def _forget_waiters(self, ks: KeyState) -> None:
         """Parked pulls of a key taken over: their workers resend them (no answer)."""
         for pending in self.waiters.pop(id(ks), []):
@@ -1697,177 +1435,6 @@ class Aggregator:
                 log.info("migration of %s of job %s aborted: the new owner was lost", key, msg["job"])
         self.precopies.forget(msg["job"], set(msg["keys"]))
         self._to_master(wire.encode(wire.OK, req=msg.get("req"), agg=self.agg_id))
-
-    def _replica_set(self, msg: wire.Message) -> None:
-        """Replicate these keys to ``replica`` (or stop: None) from now on."""
-        state = self.store.jobs.get(msg["job"])
-        for key in msg["keys"]:
-            ks = state.keys.get(key) if state is not None else None
-            if ks is not None:
-                self._set_replica(ks, msg.get("replica"))
-        self._to_master(wire.encode(wire.OK, req=msg.get("req"), agg=self.agg_id))
-
-    def _set_replica(self, ks: KeyState, info: dict | None) -> None:
-        if ks.mode != "server":
-            return
-        ks.replica = dict(info) if info else None
-        ks.replicated = ks.replica_sent = -1
-        if ks.replica is None:
-            self._published(ks)       # pulls that waited for the old replica
-        elif ks.initialized and ks.incoming is None:
-            self._replicate_state(ks)
-
-    def _replicate_state(self, ks: KeyState) -> None:
-        """Send the whole server-side state of ``ks`` to its replica (REPLICATE ``state``)."""
-        ks.replica_sent = ks.completed
-        self._send_replica(ks, ks.completed, "state", *self._state_snapshot(ks))
-
-    def _state_snapshot(self, ks: KeyState) -> tuple[list, list]:
-        """REPLICATE ``state`` items and arrays of ``ks``: its whole state, copied now (the
-        next step may change the live arrays before they are sent)."""
-        state = self.store.jobs[ks.job]
-        meta, arrays = self.store.export_key(ks)
-        meta.update(spec=ks.spec.to_wire(), mode=ks.mode, average=ks.average, world_size=state.world_size,
-                    optimizer=state.optimizer if ks.optimizer is None else ks.optimizer.name)
-        return [wire.KeyCopy(ks.spec.key, meta, len(arrays)).to_wire()], [np.array(a) for a in arrays]
-
-    def _replicate_step(self, ks: KeyState, grad: np.ndarray) -> None:
-        """Store hook, right after the optimizer step of iteration ``completed + 1``: send the
-        replica (and the followers of a key whose state is copied ahead, ``precopy``) that
-        step's averaged gradient (it applies the same deterministic update). One that has
-        not been sent the previous iteration gets nothing: it is sent the whole state."""
-        iteration = ks.completed + 1
-        items = [wire.StepItem(ks.spec.key, iteration, 0, dict(ks.optimizer.hp)).to_wire()]
-        copy = None
-        if ks.replica is not None and ks.replica_sent == ks.completed:
-            ks.replica_sent = iteration
-            copy = np.array(grad)
-            self._send_replica(ks, iteration, "step", items, [copy])
-        for follower in [f for f in ks.followers.values() if f.sent == ks.completed]:
-            follower.sent = iteration
-            copy = np.array(grad) if copy is None else copy
-            self._send_follower(ks, follower, "step", items, [copy])
-
-    def _send_replica(self, ks: KeyState, iteration: int, kind: str, items: list, arrays: list) -> None:
-        req = self._replicate_to(ks.replica, ks, kind, items, arrays)
-        if req is not None:
-            self.replica_waits[req] = (ks, iteration, ks.replica.get("agg", ""))
-
-    def _replicate_to(self, info: dict, ks: KeyState, kind: str, items: list, arrays: list,
-                      **fields) -> int | None:
-        """One REPLICATE of ``kind`` about ``ks`` to the aggregator ``info`` names: its
-        request id, None when it could not be sent."""
-        state = self.store.jobs[ks.job]
-        req = next(self._copy_reqs)
-        try:
-            self._peer(info).send(wire.header(wire.REPLICATE, req=req, kind=kind, job=ks.job, secret=state.secret,
-                                              peer=self._ticket(state), items=items, **fields), arrays)
-        except Exception as exc:  # an unreachable replica must not stop the data path
-            log.error("cannot replicate %s of job %s to %s: %s", ks.spec.key, ks.job, info.get("agg"), exc)
-            return None
-        return req
-
-    def _replica_acked(self, msg: wire.Message) -> None:
-        ks, iteration, replica = self.replica_waits.pop(msg["req"])
-        if ks.replica is None or ks.replica.get("agg", "") != replica:
-            return          # an answer from a replica this key no longer uses
-        if msg.op == wire.ERROR and msg.get("no_room"):
-            # it will not hold the backup (room, --max-job-bytes, --max-tenant-bytes): sending the
-            # state again would be refused again; the key goes on without a replica
-            log.error("replica %s of %s of job %s: %s; the key has no replica from now on", replica, ks.spec.key,
-                      ks.job, msg["message"])
-            ks.replica = None
-            ks.replicated = ks.replica_sent = -1
-        elif msg.op == wire.ERROR:
-            log.warning("replica of %s of job %s: %s; sending the whole state", ks.spec.key, ks.job, msg["message"])
-            self._replicate_state(ks)
-            return
-        if iteration > ks.replicated:
-            ks.replicated = iteration
-        for waiter in ks.init_waiters:
-            waiter[2].discard(id(ks))
-            if not waiter[2]:
-                waiter[0].send(wire.header(wire.OK, req=waiter[1]))
-        ks.init_waiters = []
-        self._published(ks)
-
-    def _replicate_in(self, reply: Sender, msg: wire.Message) -> None:
-        """Replica side: install a whole state, or apply one step of the owner. With
-        ``incoming``, the same for a key migrating here (its state sent ahead, ``precopy``)."""
-        incoming = bool(msg.get("incoming"))
-        if msg.get("kind") == "state":
-            for key, meta, views in wire.key_copies(msg):
-                if incoming:
-                    ks = self.store.key(self.store.job(msg["job"], msg["secret"]), key)
-                    with self._timed("state_install"):
-                        self.store.precopy(ks, meta, [np.frombuffer(view, dtype=ks.spec.dtype) for view in views])
-                    continue
-                try:
-                    spec = KeySpec.from_wire(meta["spec"])
-                    state = self.store.ensure_job(msg["job"], msg["secret"], int(meta["world_size"]), meta["mode"],
-                                                  bool(meta.get("average", True)), meta.get("optimizer"),
-                                                  meta.get("hp") or {})
-                except (KeyError, TypeError, ValueError) as exc:
-                    raise wire.ProtocolError(f"replicate: bad state of {key!r}: {exc}") from None
-                arrays = [np.frombuffer(view, dtype=spec.dtype) for view in views]
-                if key not in state.replicas and key not in state.readied:
-                    # a new backup, with no memory made ready for it: committed as the key is
-                    try:
-                        sizes = [(spec.numel, spec.dtype), *Store.private_sizes(
-                            meta["mode"], meta.get("optimizer"), meta.get("hp"), [spec], accumulator=False)]
-                    except ValueError as exc:
-                        raise wire.ProtocolError(f"replicate: bad state of {key!r}: {exc}") from None
-                    self._check_room(msg["job"], sum(n * np.dtype(d).itemsize for n, d in sizes))
-                self._prechecked = msg["job"]
-                try:
-                    with self._timed("replica_install"):
-                        self.store.install_replica(state, spec, meta["mode"], bool(meta.get("average", True)),
-                                                   meta.get("optimizer"), meta.get("hp") or {}, meta, arrays)
-                finally:
-                    self._prechecked = None
-        else:
-            state = self.store.job(msg["job"], msg["secret"])
-            steps = []
-            for item in msg.items(wire.StepItem):
-                rks = self._following(state, item.key) if incoming else state.replicas.get(item.key)
-                grad = msg.whole(item.payload, rks.spec.dtype) if rks is not None else None
-                if rks is None or not self.store.replica_accepts(rks, item.iteration, grad):
-                    raise StoreError(f"replica of {item.key!r} misses the steps before {item.iteration}")
-                steps.append((rks, item, grad))
-            # acknowledged on receipt, applied right after: nothing else runs in between here,
-            # so a promotion always finds the step applied
-            reply.send(wire.header(wire.OK, req=msg.get("req")))
-            for rks, item, grad in steps:
-                self.store.replica_step(rks, item.iteration, grad, item.hp)
-            return
-        reply.send(wire.header(wire.OK, req=msg.get("req")))
-
-    @staticmethod
-    def _following(state: JobState, key: str) -> KeyState | None:
-        """The key migrating here whose state came ahead and follows the old owner's steps."""
-        ks = state.keys.get(key)
-        return ks if ks is not None and ks.incoming is not None and ks.precopied else None
-
-    def _recover(self, reply: Sender, msg: wire.Message) -> None:
-        """A worker's RECOVER: the last iteration it pulled of each key taken over here, and
-        the value it pulled then where it kept it."""
-        state = self.store.job(msg["job"], msg["secret"])
-        rank = msg["rank"]
-        self.store._check_rank(state, rank)
-        resumed = []
-        for item in msg.items(wire.RecoverItem):
-            ks = self.store.key(state, item.key)
-            value = msg.array(item.value, ks.spec.dtype) if item.value is not None else None
-            done, problems = self.store.recover_report(ks, rank, item.pulled, value)
-            for problem in problems:
-                self.stats["errors"] += 1
-                log.error("replayed push of %s dropped: %s", item.key, problem)
-            if done:
-                resumed.append(ks)
-        reply.send(wire.header(wire.OK, req=msg.get("req")))
-        for ks in resumed:
-            log.info("key %s of job %s recovered at iteration %d", ks.spec.key, ks.job, ks.completed)
-            self._published(ks)
 
     def _init(self, reply: Sender, msg: wire.Message) -> None:
         state = self.store.job(msg["job"], msg["secret"])
@@ -1892,23 +1459,12 @@ class Aggregator:
             for ks in backed:
                 ks.replica_sent = -1
                 ks.init_waiters.append(waiter)
-                self._replicate_state(ks)
+                self.replication.replicate_state(ks)
         else:
             reply.send(wire.header(wire.OK, req=msg.get("req")))
         for key, *_ in prepared:
             # a pull of iteration 0, or one whose update only waited for the master copy
             self._published(state.keys[key])
-
-    def _bcast_put(self, reply: Sender, msg: wire.Message) -> None:
-        state = self.store.job(msg["job"], msg["secret"])
-        if len(msg.payloads) != 1:
-            raise wire.ProtocolError("bcast_put: exactly one payload frame expected")
-        data = msg.whole(0, np.uint8)
-        self.store.bcast_put(state, msg["name"], msg["seq"], data)
-        reply.send(wire.header(wire.OK, req=msg.get("req")))
-        waiting = self.waiters.pop(("bcast", msg["job"], msg["name"], msg["seq"]), [])
-        for pending_reply, pending_req in waiting:
-            self._answer_bcast(state, msg["name"], msg["seq"], pending_reply, pending_req)
 
     def _warm(self, reply: Sender, msg: wire.Message) -> None:
         """WARM: an agent's connection to this aggregator, opened for a move's switch, carries
@@ -1922,18 +1478,6 @@ class Aggregator:
             raise wire.ProtocolError(f"warm: {nbytes} bytes, more than {wire.MAX_WARM_BYTES}")
         self.stats["warm_bytes"] += nbytes
         reply.send(wire.header(wire.WARM, req=msg.get("req")), list(msg.payloads))
-
-    def _bcast_get(self, reply: Sender, msg: wire.Message) -> None:
-        state = self.store.job(msg["job"], msg["secret"])
-        if (msg["name"], msg["seq"]) in state.broadcasts:
-            self._answer_bcast(state, msg["name"], msg["seq"], reply, msg.get("req"))
-        else:
-            self.waiters.setdefault(("bcast", msg["job"], msg["name"], msg["seq"]), []).append(
-                (reply, msg.get("req")))
-
-    def _answer_bcast(self, state: JobState, name: str, seq: int, reply: Sender, req: int | None) -> None:
-        data = self.store.bcast_get(state, name, seq)
-        reply.send(wire.header(wire.PULL_REPLY, req=req, items=[wire.PullReplyItem(name, seq, 0).to_wire()]), [data])
 
 
 def serve(master: str, **kwargs) -> None:

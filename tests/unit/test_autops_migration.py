@@ -586,21 +586,21 @@ def test_tcp_loss_is_attributed_to_the_switch_the_lead_and_each_quiet_iteration(
 def test_memory_the_helper_thread_cannot_make_comes_back_as_an_allocation_error(monkeypatch, at_once):
     """A helper thread that runs out of memory readying a key's arrays hands the loop an
     allocation error (answered to pMaster), never nothing: the loop would wait forever."""
-    from autops.aggregator import service as aggregator_mod
+    from autops.aggregator import reserve as reserve_mod, service as aggregator_mod
 
     def no_memory(sizes, pace=None):
         raise MemoryError("no room for the optimizer state")
 
-    monkeypatch.setattr(aggregator_mod, "zeroed_arrays", no_memory)
+    monkeypatch.setattr(reserve_mod, "zeroed_arrays", no_memory)
     agg = aggregator_mod.Aggregator("tcp://127.0.0.1:1", transport="tcp", register_timeout=0.1)
     try:
         got = []
-        agg._ready_in_background("j", [(1024, "float32")], [(1024, "float32")], 8192, 0,
-                                 lambda made, arrays: got.append((made, arrays)), at_once=at_once)
+        agg.readier.ready_in_background("j", [(1024, "float32")], [(1024, "float32")], 8192, 0,
+                                        lambda made, arrays: got.append((made, arrays)), at_once=at_once)
         deadline = time.monotonic() + 10
-        while len(agg._ready) < 2 and time.monotonic() < deadline:      # the figures, then the answer
+        while len(agg.readier.finished) < 2 and time.monotonic() < deadline:      # the figures, then the answer
             time.sleep(0.01)
-        agg._run_ready()
+        agg.readier.run_ready()
         [((buffers, error), arrays)] = got
         assert buffers is None and arrays is None and isinstance(error, MemoryError)
         assert agg.stats["prefaulted_bytes"] == agg.stats["at_once_prefaulted_bytes"] == 0
@@ -648,11 +648,11 @@ def test_the_reserve_makes_its_shared_share_as_segments(shared, pieces):
     try:
         piece = agg.memory.reserve.piece
         assert piece == 16 << 20
-        agg._keep_reserve()
+        agg.readier.keep_reserve()
         deadline = time.monotonic() + 30
-        while not agg._ready and time.monotonic() < deadline:      # the helper thread's figures
+        while not agg.readier.finished and time.monotonic() < deadline:      # the helper thread's figures
             time.sleep(0.01)
-        agg._run_ready()
+        agg.readier.run_ready()
         assert agg.memory.reserve.held == pieces * piece
         assert agg.stats["reserve_warmed_bytes"] >= pieces * piece
     finally:
@@ -695,13 +695,13 @@ def test_the_reserve_makes_its_segments_again_only_once_the_moves_here_are_over(
     of this aggregator (in: until its first iteration here, the workers' switch, is done),
     nor while a helper thread readies memory for keys arriving (which took the segments):
     that work would land in the move's window."""
-    from autops.aggregator import service as aggregator_mod
+    from autops.aggregator import reserve as reserve_mod, service as aggregator_mod
 
     agg = aggregator_mod.Aggregator("tcp://127.0.0.1:1", transport="shm", register_timeout=0.1,
                                     reserve=64 << 20, reserve_shared=0.5)
     try:
         reserve = agg.memory.reserve
-        agg._keep_reserve()
+        agg.readier.keep_reserve()
         deadline = time.monotonic() + 30
         while reserve.held < 32 << 20 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -714,16 +714,16 @@ def test_the_reserve_makes_its_segments_again_only_once_the_moves_here_are_over(
         elif under_way == "key moving out":
             key.moving = {"mid": 1}
         elif under_way == "memory being readied":
-            agg._readying = 1
+            agg.readier.readying = 1
         else:
             key.awaiting_workers = (5, 12, 0.0)
         reserve.take([(reserve.piece, "uint8")], "j")
         assert reserve.held == 16 << 20
-        waited = time.monotonic() + 3 * aggregator_mod.RESERVE_MOVE_POLL_S
+        waited = time.monotonic() + 3 * reserve_mod.RESERVE_MOVE_POLL_S
         while time.monotonic() < waited:
             assert reserve.held == 16 << 20, "made again during the move"
             time.sleep(0.05)
-        key.incoming, key.moving, key.awaiting_workers, agg._readying = None, None, None, 0   # the move is over
+        key.incoming, key.moving, key.awaiting_workers, agg.readier.readying = None, None, None, 0   # the move is over
         deadline = time.monotonic() + 30
         while reserve.held < 32 << 20 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -737,16 +737,16 @@ def test_the_reserves_segments_being_made_again_stop_while_a_move_here_is_under_
     """A move that starts while the segments a job took are being made again makes their
     pace wait (its quiet probe says no) until it is over; memory readied for arriving keys
     does not wait for moves (it is part of one)."""
-    from autops.aggregator import service as aggregator_mod
+    from autops.aggregator import reserve as reserve_mod, service as aggregator_mod
 
     now = [100.0]
     agg = aggregator_mod.Aggregator("tcp://127.0.0.1:1", transport="tcp", register_timeout=0.1)
     try:
         with monkeypatch.context() as patched:
             patched.setattr(aggregator_mod.time, "monotonic", lambda: now[0])
-            refill, arrivals = agg._background_pace(wait_out_moves=True), agg._background_pace()
+            refill, arrivals = agg.readier.background_pace(wait_out_moves=True), agg.readier.background_pace()
             assert refill.quiet() and arrivals.quiet()
-            assert refill.quiet_patience == aggregator_mod.RESERVE_QUIET_PATIENCE_S
+            assert refill.quiet_patience == reserve_mod.RESERVE_QUIET_PATIENCE_S
             state = agg.store.ensure_job("j", "secret", 2, "sum", True, None, {})
             key = type("Key", (), {"incoming": None, "moving": {"mid": 1}, "awaiting_workers": None})()
             state.keys["w"] = key
@@ -762,7 +762,7 @@ def test_memory_made_ready_in_the_background_waits_for_a_gap_in_the_jobs_message
     phases: the pace's quiet probe says no while the loop took a job's message within
     ``DATA_QUIET_S`` or replies wait to be sent, yes after that; pMaster's messages and
     peers' replies do not count."""
-    from autops.aggregator import service as aggregator_mod
+    from autops.aggregator import reserve as reserve_mod, service as aggregator_mod
 
     class Requests:                         # a listener with nothing queued
         def recv(self):
@@ -773,13 +773,13 @@ def test_memory_made_ready_in_the_background_waits_for_a_gap_in_the_jobs_message
     try:
         with monkeypatch.context() as patched:
             patched.setattr(aggregator_mod.time, "monotonic", lambda: now[0])
-            pace = agg._background_pace()
+            pace = agg.readier.background_pace()
             assert pace.quiet is not None and pace.quiet()
             agg._drain(Requests())
             assert not pace.quiet()
-            now[0] += aggregator_mod.DATA_QUIET_S / 2
+            now[0] += reserve_mod.DATA_QUIET_S / 2
             assert not pace.quiet()
-            now[0] += aggregator_mod.DATA_QUIET_S / 2
+            now[0] += reserve_mod.DATA_QUIET_S / 2
             assert pace.quiet()
             agg._drain_master()             # nothing from pMaster either: still quiet
             assert pace.quiet()

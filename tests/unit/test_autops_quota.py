@@ -193,12 +193,12 @@ def test_a_new_backup_past_the_limit_is_refused_and_its_owner_goes_on_without_it
                                   secret="s" * 16, items=[wire.KeyCopy("w", meta, len(arrays)).to_wire()]))
     assert assign(agg, "j", 2 * HALF, key="v").op == wire.OK        # 2 MiB held; the backup: 10 MiB more
     with pytest.raises(NoRoom, match="--max-job-bytes"):
-        agg._replicate_in(None, msg)
+        agg.replication.receive(None, msg)
     assert "w" not in agg.store.jobs["j"].replicas and agg.committed == {"j": 2 * M}
     # the owner's side: told no_room, it stops replicating instead of sending the state again
     ks.replica = {"agg": "agg-9"}
-    agg.replica_waits[7] = (ks, 0, "agg-9")
-    agg._replica_acked(wire.decode(wire.error("no room", req=7, no_room=True)))
+    agg.replication.waits[7] = (ks, 0, "agg-9")
+    agg.replication.acked(wire.decode(wire.error("no room", req=7, no_room=True)))
     assert ks.replica is None and ks.published == ks.completed
 
 
