@@ -1468,9 +1468,9 @@ class Aggregator:
 
     def _warm(self, reply: Sender, msg: wire.Message) -> None:
         """WARM: an agent's connection to this aggregator, opened for a move's switch, carries
-        the payload here and back before the switch does (``_IOLoop.prepare_ahead``). Echoed,
-        so an answer never costs more than its request; by value only, at most
-        ``wire.MAX_WARM_BYTES``."""
+        the payload here and back before the switch does (the worker's
+        ``IOLoop.prepare_ahead``). Echoed, so an answer never costs more than its request; by
+        value only, at most ``wire.MAX_WARM_BYTES``."""
         if msg.lent:
             raise wire.ProtocolError("warm: the payload must come by value, not lent")
         nbytes = sum(memoryview(p).nbytes for p in msg.payloads)
