@@ -174,7 +174,7 @@ class Agent:
         self._registration = Registration(dict(
             job=job, world_size=world_size, rank=rank, num_aggregators=num_aggregators, mode=mode, average=average,
             optimizer=optimizer, hp=hp or {}, partition_bytes=partition_bytes, small_bytes=small_bytes,
-            replicate=fault_tolerant))
+            replicate=fault_tolerant), secret)
         try:
             reply = self._master.call(wire.REGISTER_JOB, secret=secret, **self._registration.fields)
         except BaseException as exc:
@@ -183,7 +183,6 @@ class Agent:
             if isinstance(exc, (PoolBusy, MasterUnreachable)):     # a launcher may run it again later
                 requeue.request(f"AutoPS pool refused the job for now: {str(exc).removeprefix('master: ')}")
             raise
-        self.secret: str = secret
         self.aggregators: list[str] = list(reply["aggregators"])
         table = Table()
         table.aggs = dict(reply.get("endpoints") or {})
@@ -193,7 +192,7 @@ class Agent:
         self._commands = CommandQueue()
         self._closed = False
         # what the I/O thread needs of this agent, all of it (it never sees the agent)
-        self._loop_config = LoopConfig(job=job, secret=secret, rank=rank, master=master,
+        self._loop_config = LoopConfig(job=job, rank=rank, master=master,
                                        aggregators=tuple(self.aggregators), timeout=timeout,
                                        fault_tolerant=fault_tolerant, mode=mode, warm_bytes=warm_bytes,
                                        transport=transport, security=self.security, ctx=self.ctx)
@@ -227,6 +226,15 @@ class Agent:
     def partition_bytes(self) -> int | None:
         """The job's partition size: the one set, else pMaster's choice (known after a declare)."""
         return self._registration.partition_bytes
+
+    @property
+    def secret(self) -> str:
+        """The job's secret, sent with every request (set: the next requests carry the new one)."""
+        return self._registration.secret
+
+    @secret.setter
+    def secret(self, value: str) -> None:
+        self._registration.secret = value
 
     @property
     def table(self) -> Table:

@@ -258,7 +258,7 @@ class IOLoop:
         config = self.config
         try:
             self.master.sock.send_multipart(wire.encode(
-                wire.PROFILE, job=config.job, secret=config.secret, rank=config.rank,
+                wire.PROFILE, job=config.job, secret=self.registration.secret, rank=config.rank,
                 iteration=self.last_iteration, count=count, duration=duration), zmq.NOBLOCK)
         except zmq.ZMQError:
             pass        # the master is unreachable; the next period tries again
@@ -401,7 +401,8 @@ class IOLoop:
         channel = self.channel_for(agg)
         req = next(self.reqs)
         config = self.config
-        head = wire.header(op, req=req, job=config.job, secret=config.secret, rank=config.rank, **fields)
+        head = wire.header(op, req=req, job=config.job, secret=self.registration.secret, rank=config.rank,
+                           **fields)
         now = time.monotonic()
         self.inflight[req] = Request(kind, agg, parts, now + config.timeout, now,
                                      (op, list(payloads), fields) if kind in (wire.INIT, wire.BCAST_PUT,
@@ -598,7 +599,7 @@ class IOLoop:
             for move in moves:
                 self.learn_move(move)
         else:
-            reply = self.master.call(wire.GET_TABLE, job=self.config.job, secret=self.config.secret)
+            reply = self.master.call(wire.GET_TABLE, job=self.config.job, secret=self.registration.secret)
             if int(reply.get("epoch") or 0) > self.table.epoch:
                 self.failover(reply, [request])
                 return
@@ -679,7 +680,7 @@ class IOLoop:
         self.next_probe = time.monotonic() + PROBE_AFTER
         config = self.config
         try:
-            self.probe_req = self.master.send(wire.GET_TABLE, job=config.job, secret=config.secret,
+            self.probe_req = self.master.send(wire.GET_TABLE, job=config.job, secret=self.registration.secret,
                                               rank=config.rank, since=self.table.epoch)
         except zmq.ZMQError:
             pass            # pMaster unreachable; the next period tries again
@@ -714,9 +715,10 @@ class IOLoop:
         config = self.config
         short = min(config.timeout, max(PROBE_AFTER, 1.0))
         try:
-            self.master.call(wire.REGISTER_JOB, timeout=short, secret=config.secret, rejoin=True,
+            self.master.call(wire.REGISTER_JOB, timeout=short, secret=self.registration.secret, rejoin=True,
                              **self.registration.fields)
-            reply = self.master.call(wire.DECLARE, timeout=config.timeout, job=config.job, secret=config.secret,
+            reply = self.master.call(wire.DECLARE, timeout=config.timeout, job=config.job,
+                                     secret=self.registration.secret,
                                      tensors=list(self.registration.declared))
         except MasterUnreachable as exc:
             log.debug("rejoin: %s", exc)

@@ -15,7 +15,6 @@ from dlrt.curve import Security
 class LoopConfig:
     """Who this rank is and how its I/O thread works, fixed when the agent starts."""
     job: str
-    secret: str
     rank: int
     master: str                        # pMaster's address
     aggregators: tuple[str, ...]       # the job's aggregators when it registered
@@ -41,9 +40,11 @@ class Counters:
 @dataclass(slots=True)
 class Registration:
     """What this rank told pMaster, to tell a restarted pMaster again (``IOLoop.rejoin``):
-    REGISTER_JOB's ``fields`` and the tensors ``declared`` since (filled by the agent);
-    ``done``: the rank left the job (no more probes)."""
+    REGISTER_JOB's ``fields``, the job's ``secret`` (every request carries it; the agent's
+    ``secret`` attribute reads and sets it) and the tensors ``declared`` since (filled by the
+    agent); ``done``: the rank left the job (no more probes)."""
     fields: dict
+    secret: str
     declared: list = field(default_factory=list)
     done: bool = False
 
