@@ -61,6 +61,7 @@ from . import progress
 from .cluster import ClusterSpec
 from .driver_config import PLACEMENTS, DriverConfig
 from .nodes import Eligibility, Nodes
+from .packing.guests import Guests
 from .packing.matching import Candidate, pack, pack_greedy
 from .packing.rounds import RoundJob, plan_round
 from .packing.slots import GpuSlots, Sharing
@@ -92,7 +93,7 @@ class Driver:
         self.slots = GpuSlots(cluster.nodes, cluster.gpus_per_node) if self.config.packing else None
         self._held: dict[int, frozenset[tuple[int, int]]] = {}   # live sharing: GPUs of stopped runs
         self._next_round = -INF                                  # live sharing: when the next round is due
-        self._guest_of: dict[int, int] = {}     # allocation + sharing: a guest job -> the job whose GPUs it shares
+        self._guest_of = Guests()     # allocation + sharing: a guest job -> the job whose GPUs it shares
         self._guest_wait: dict[int, tuple[int, float, float]] = {}   # live: guest -> (host, speeds) once it exited
         self._drain_pair: dict[int, int] = {}   # live: a stopped host -> its stopped guest, still on its GPUs
         self.capacity = cluster.total_gpus
@@ -527,7 +528,7 @@ class Driver:
 
     def guest_on(self, job_id: int) -> int | None:
         """Allocation and sharing: the guest running on ``job_id``'s GPUs."""
-        return next((g for g, h in self._guest_of.items() if h == job_id), None)
+        return self._guest_of.guest_on(job_id)
 
     def partner(self, job_id: int) -> int | None:
         """GPU sharing: the running job ``job_id`` shares its GPUs with (None: alone)."""
@@ -665,14 +666,18 @@ class Driver:
         guest_id = self.guest_on(job.job_id)
         if guest_id is None:
             return []
-        del self._guest_of[guest_id]
-        guest = self.running[guest_id]
-        self.used += guest.num_gpus
         if self.nodes is not None:
             plc.apply(self.nodes.free, alloc)
             self.nodes.alloc[guest_id] = alloc
+        return [self._guest_inherits(guest_id)]
+
+    def _guest_inherits(self, guest_id: int) -> JobState:
+        """The host of ``guest_id`` left: the guest runs on alone, on GPUs now its own."""
+        del self._guest_of[guest_id]
+        guest = self.running[guest_id]
+        self.used += guest.num_gpus
         self._run_alone(guest)
-        return [guest]
+        return guest
 
     def _packed_speeds(self, pairs) -> dict[int, float]:
         """Every packed job's normalised speed, from the true profile (a noisy one decided);
@@ -826,7 +831,7 @@ class Driver:
         changed = []
         for job in jobs:
             host = self._guest_of.pop(job.job_id, None)
-            guest = self.guest_on(job.job_id) if self._guest_of else None
+            guest = self.guest_on(job.job_id)
             if guest in stopping:
                 guest = None
             if host is not None:
@@ -857,11 +862,7 @@ class Driver:
                 self._run_alone(self.running[host])
                 changed.append(self.running[host])
             if guest is not None:
-                del self._guest_of[guest]
-                other = self.running[guest]
-                self.used += other.num_gpus
-                self._run_alone(other)
-                changed.append(other)
+                changed.append(self._guest_inherits(guest))
         return changed
 
     def _start(self, job: JobState) -> None:
