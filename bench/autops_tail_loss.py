@@ -28,7 +28,7 @@ import numpy as np
 
 from autops.transport import tcpopts
 from autops.transport.stream import StreamChannel, StreamListener
-from dlrt.testbed import Testbed, cleanup
+from dlrt_bench.testbed import Testbed, cleanup
 from dlrt_bench import tail_loss_bench
 from dlrt_bench.autops_migrate import in_netns
 

@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 
-from dlrt.testbed import Testbed, cleanup
+from dlrt_bench.testbed import Testbed, cleanup
 from dlrt_bench import tail_loss_bench
 from dlrt_bench.autops_migrate import in_netns
 from infiniswap.core import CoreDevice, DataServer, SlabStore

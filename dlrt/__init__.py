@@ -7,6 +7,7 @@ identity (``hostid``), addresses and endpoints (``endpoints``), a thread waker
 (``statelock``), a run's request to its launcher to run it again later (``requeue``), job
 traces read into plain records
 (``trace``: AutoPS's and Tiresias's simulators replay the same traces) and the command-line
-helpers every CLI uses (``cli``), emulated hosts for tests and benchmarks (``testbed``, the
-``dlrt`` command in ``main``). Each system keeps its own protocol on top.
+helpers every CLI uses (``cli``), and the ``dlrt`` command (``main``). Each system keeps its
+own protocol on top. Emulated hosts for tests and benchmarks live with the benchmarks
+(``dlrt_bench.testbed``).
 """

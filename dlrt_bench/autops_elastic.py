@@ -82,7 +82,7 @@ def _worker(master: str, job: str, tag: int, rank: int, world: int, tensors: lis
     agent = None
     try:
         if place is not None:             # an emulated host's (network namespace, host id)
-            from dlrt.testbed import enter_netns
+            from .testbed import enter_netns
             enter_netns(place[0])
             os.environ["DLRT_HOST_ID"] = place[1]
         from autops.worker.agent import Agent
@@ -156,7 +156,7 @@ class Workers:
                   target_s: float | None = None, calib_iters: int = 4, timeout: float = 30.0,
                   go: bool = True, transport: str = "auto", hosts: Sequence[Any] | None = None) -> None:
         """Spawn the job's workers; they register when ``go`` (or ``open(tag)``). ``hosts``:
-        rank ``r`` runs as emulated host ``hosts[r]`` (``dlrt.testbed.Host``)."""
+        rank ``r`` runs as emulated host ``hosts[r]`` (``dlrt_bench.testbed.Host``)."""
         self.jobs[tag], self.world[tag] = job, world
         secret = new_job_secret()          # the launcher's: the same for every rank of the job
         self.stop[tag] = self.ctx.Value("q", BIG)

@@ -1,4 +1,4 @@
-"""An AutoPS pool on emulated hosts: pMaster and aggregators inside ``dlrt.testbed`` hosts.
+"""An AutoPS pool on emulated hosts: pMaster and aggregators inside ``dlrt_bench.testbed`` hosts.
 
 ``HostPool(tb, aggregator_hosts, master_host=None)`` starts pMaster on ``master_host``
 (default: the first aggregator's host, beside that aggregator) bound to the host's bridge
@@ -22,7 +22,8 @@ import time
 from typing import Sequence
 
 from dlrt.procs import stop_processes
-from dlrt.testbed import Host, Testbed
+
+from .testbed import Host, Testbed
 
 __all__ = ["HostPool", "MASTER_PORT"]
 

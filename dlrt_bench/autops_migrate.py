@@ -88,7 +88,7 @@ Figures, per repeat; over repeats their maximum (``max_*``) and median (``median
   per iteration before and after it.
 
 ``--emulate-hosts`` runs every aggregator and every worker on an emulated host of its own
-(``dlrt.testbed``, ``--link``, default 10 Gbit/s): the state then crosses shaped links.
+(``dlrt_bench.testbed``, ``--link``, default 10 Gbit/s): the state then crosses shaped links.
 
 ``--json FILE`` writes one JSON object per (model, mode) (``-``: stdout; ``--append`` adds
 to FILE).
@@ -116,11 +116,11 @@ from autops.transport.prefault import PREFAULT_SHARE
 from autops.transport.shm import RESERVE_SHARED
 from dlrt import cli
 from dlrt.procs import exit_on_sigterm
-from dlrt.testbed import Testbed, add_rps_option, available, cleanup, enter_netns
 
 from .autops_hosts import HostPool
 from .cpu_time import CpuSampler
 from .tcp_loss import TcpLossSampler
+from .testbed import Testbed, add_rps_option, available, cleanup, enter_netns
 
 from .autops_elastic import (ITERATION_S, Workers, add_common_args, all_cpu, background_cpu, counter_delta,
                              parse_args, proc_counters, scaled_tensors, tensor_bytes, warn_background,
@@ -779,7 +779,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="pMaster's --heartbeat-timeout: on a loaded machine an aggregator allocating a "
                         "model's memory can miss heartbeats for seconds without being lost")
     p.add_argument("--emulate-hosts", action="store_true",
-                   help="every aggregator and worker on an emulated host of its own (root; dlrt.testbed)")
+                   help="every aggregator and worker on an emulated host of its own (root; dlrt_bench.testbed)")
     p.add_argument("--link", default="10gbit", help="emulated hosts: link rate (none: unshaped)")
     p.add_argument("--prefix", default="apsm", help="emulated hosts: name prefix of the testbed")
     add_rps_option(p, "emulated hosts: ")

@@ -44,11 +44,11 @@ from dlrt.keys import temporary_cluster
 from autops.models import model_tensors
 from dlrt import cli
 from dlrt.procs import exit_on_sigterm
-from dlrt.testbed import DEFAULT_CONGESTION, add_rps_option
 
 from .pushpull_sites import EmulatedSite, LocalSite, emulation_unavailable
 from .answers import read_answers, stop_workers
 from .pushpull_workers import seed_parameters
+from .testbed import DEFAULT_CONGESTION, add_rps_option
 
 __all__ = ["main", "seed_parameters", "owned_rss", "RssSampler"]
 
@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="blocks each system's iterations are split into, alternating with the other's")
     parser.add_argument("--emulate-hosts", action="store_true",
                         help="each aggregator and each worker on an emulated host of its own (root; "
-                             "network namespaces with shaped links, see dlrt.testbed)")
+                             "network namespaces with shaped links, see dlrt_bench.testbed)")
     parser.add_argument("--link", nargs="+", default=["1gbit"],
                         help="emulated hosts: link rates (e.g. 1gbit 10gbit; none: unshaped)")
     parser.add_argument("--delay", default=None, help="emulated hosts: one-way delay between hosts, e.g. 50us")

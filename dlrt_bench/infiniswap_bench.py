@@ -26,7 +26,7 @@ The daemons' CPU time is measured over steps 1-3 and for each phase, with the by
 to and from remote memory: CPU seconds per GB and % of one core (target for ``shm``: near
 zero, as with RDMA; for ``tcp``: as little as TCP allows, see docs/infiniswap.md).
 
-``--emulate-hosts`` runs the same across emulated hosts (``dlrt.testbed``, root): the
+``--emulate-hosts`` runs the same across emulated hosts (``dlrt_bench.testbed``, root): the
 daemons on their own hosts, the device side (this module again, ``--attach FILE``) on
 another, over links shaped to ``--link`` (``--delay``); modes ``tcp`` (the device's
 ``auto`` transport, which must pick TCP) and ``disk``.  It adds the bytes each host sent and
@@ -408,7 +408,7 @@ def run_emulated(size: int = 2 << 30, ndaemons: int = 3, *, link: str = "10gbit"
     ``"none"``: not shaped, to see what the shaping costs).  Returns
     :func:`run`'s result plus ``emulated_hosts``: the layout and the bytes each host sent and
     received over its link during the run."""
-    from dlrt.testbed import Testbed, available, cleanup
+    from .testbed import Testbed, available, cleanup
     from dlrt_bench.infiniswap_hosts import HostCluster, link_delta
 
     bad = [m for m in modes if m not in HOST_MODES]

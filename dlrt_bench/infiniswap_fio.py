@@ -8,7 +8,7 @@ they moved and % of one core.  Devices:
 * ``remote``: our device (FUSE file -> loop, direct I/O) with every slab mapped to daemons
   and the whole device written first, so reads are served from remote memory.  The daemons
   run on this host (the device then uses their memory directly, over shared memory), or,
-  with ``--emulate-hosts``, each on its own emulated host (``dlrt.testbed``, root) with the
+  with ``--emulate-hosts``, each on its own emulated host (``dlrt_bench.testbed``, root) with the
   device on another, over TCP through links shaped to ``--link``;
 * ``backup_only``: the same device with no daemons (every page from the backup file);
 * ``plain_loop``: a plain loop device (direct I/O) on a file on local disk.
@@ -35,7 +35,8 @@ from typing import Any, Callable
 from dlrt_bench import infiniswap_stack as demo
 from dlrt.sizes import parse_size
 from dlrt.procs import exit_on_sigterm
-from dlrt.testbed import add_rps_option
+
+from .testbed import add_rps_option
 
 __all__ = ["TESTS", "fio", "run_all", "main"]
 
@@ -115,7 +116,7 @@ def _local_remote(size: int, runtime: float, daemons: int) -> dict[str, Any]:
 
 def _emulated_remote(size: int, runtime: float, daemons: int, link: str,
                      delay: str | None, rps: bool = True) -> dict[str, Any]:
-    from dlrt.testbed import Testbed, available, cleanup
+    from .testbed import Testbed, available, cleanup
     from dlrt_bench.infiniswap_hosts import (DeviceProcess, HostCluster, link_delta,
                                              verify_with_a_daemon_killed)
 

@@ -1,4 +1,4 @@
-"""Infiniswap on emulated hosts (``dlrt.testbed``): the device on one host, daemons on others.
+"""Infiniswap on emulated hosts (``dlrt_bench.testbed``): the device on one host, daemons on others.
 
 The building blocks the cross-host benchmarks (``infiniswap bench --emulate-hosts``,
 ``bench/infiniswap_fio.py --emulate-hosts``) and the cross-host test share:
@@ -29,8 +29,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 from dlrt.procs import stop_processes
-from dlrt.testbed import Testbed
 from infiniswap.local import DaemonProcess, LocalDaemons
+
+from .testbed import Testbed
 
 __all__ = ["HostCluster", "DeviceProcess", "AttachedDaemon", "AttachedDaemons", "link_delta"]
 

@@ -6,7 +6,7 @@ their stdin and stdout, and says where gloo's rank 0 listens. Both pools run a s
 
 * ``LocalSite``: pMaster and ``A`` aggregators on loopback (``autops.local.LocalPool``), the
   workers as local processes.
-* ``EmulatedSite``: a ``dlrt.testbed.Testbed`` of ``A + W`` hosts with shaped links:
+* ``EmulatedSite``: a ``dlrt_bench.testbed.Testbed`` of ``A + W`` hosts with shaped links:
   aggregator ``i`` on host ``i`` with pMaster beside aggregator 0 (``autops_hosts.HostPool``),
   worker ``r`` on host ``A + r``, gloo's rank 0 on worker host 0, so gloo runs among the same
   worker hosts over the same links. ``traffic()`` reads the links' byte counters per role.
@@ -18,9 +18,9 @@ from typing import Sequence
 
 from autops.local import LocalPool, free_port
 from dlrt.procs import die_with_parent
-from dlrt.testbed import DEFAULT_CONGESTION, HOST_IFNAME, Testbed, available, cleanup
 
 from .autops_hosts import HostPool
+from .testbed import DEFAULT_CONGESTION, HOST_IFNAME, Testbed, available, cleanup
 
 __all__ = ["LocalSite", "EmulatedSite", "GLOO_PORT", "MASTER_ARGS", "emulation_unavailable"]
 

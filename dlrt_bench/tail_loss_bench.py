@@ -9,7 +9,8 @@ import uuid
 from typing import Callable
 
 from dlrt import cli, tcpopts
-from dlrt.testbed import available
+
+from .testbed import available
 
 
 def parser(description: str, prefix: str, size_help: str, at_help: str, idle_help: str) -> argparse.ArgumentParser:

@@ -1,6 +1,6 @@
 """Two AutoPS training jobs on emulated hosts: workers and aggregators on different "machines".
 
-Builds a testbed (``dlrt.testbed``, root only) of four hosts joined by 1 Gbit/s links:
+Builds a testbed (``dlrt_bench.testbed``, root only) of four hosts joined by 1 Gbit/s links:
 pMaster and aggregator agg-0 on h0, aggregator agg-1 on h1, and one training job per worker
 host (``examples/train_digits.py`` under ``torchrun --nproc-per-node 2``: h2 runs a sum-mode
 SGD job, h3 a server-side Adam job; each asks for one aggregator). Every process has its host's identity, so workers reach
@@ -24,7 +24,7 @@ import time
 
 from autops.wire.jobauth import new_job_secret
 from dlrt.keys import temporary_cluster
-from dlrt.testbed import Testbed, available
+from dlrt_bench.testbed import Testbed, available
 from dlrt_bench.autops_hosts import HostPool
 
 EXAMPLE = pathlib.Path(__file__).resolve().parent / "train_digits.py"

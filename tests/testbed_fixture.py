@@ -3,10 +3,10 @@
 ``testbed`` is a function-scoped fixture factory::
 
     def test_x(testbed):
-        tb = testbed(hosts=3, link="1gbit")       # an up dlrt.testbed.Testbed
+        tb = testbed(hosts=3, link="1gbit")       # an up dlrt_bench.testbed.Testbed
         tb.hosts[0].popen([...])
 
-It skips the test with the reason when ``dlrt.testbed.available()`` gives one (not root, no
+It skips the test with the reason when ``dlrt_bench.testbed.available()`` gives one (not root, no
 ``tc``, no netem for a ``delay``), removes what a killed earlier run left under the same
 prefix before building, and always tears down (processes, namespaces, links), also when the
 test fails. The prefix is derived from the test module's name (and a counter, for a second
@@ -32,7 +32,7 @@ from typing import Callable, Iterator
 import pytest
 
 from dlrt.keys import temporary_cluster
-from dlrt.testbed import Testbed, available, cleanup
+from dlrt_bench.testbed import Testbed, available, cleanup
 
 __all__ = ["testbed", "emulated_hosts", "prefix_for"]
 

@@ -2,7 +2,7 @@
 benchmark that compares it with gloo there.
 
 pMaster and aggregator 0 on host 0, aggregator 1 on host 1, the workers on hosts 2 and 3
-(``dlrt.testbed``, 1 Gbit/s links). The results must be bit-identical to the same job on
+(``dlrt_bench.testbed``, 1 Gbit/s links). The results must be bit-identical to the same job on
 loopback (the mean of two pushes does not depend on their order), and the links' byte
 counters must show that the pushes and the results crossed the bridge: with ``auto``
 transports, ipc or shared memory between the namespaces (which share unix sockets and
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from autops.local import LocalPool
-from dlrt.testbed import available, cleanup, leftovers
+from dlrt_bench.testbed import available, cleanup, leftovers
 from dlrt_bench.autops_hosts import HostPool
 from dlrt_bench.autops_pushpull import main as pushpull_main
 from testbed_fixture import prefix_for, testbed  # noqa: F401 (fixture)

@@ -1,6 +1,6 @@
 """Live migration across emulated hosts (root): the migration property test of
 tests/integration/test_migration.py with every aggregator and the job on hosts of their own,
-joined by 10 Gbit/s links (``dlrt.testbed``).
+joined by 10 Gbit/s links (``dlrt_bench.testbed``).
 
 pMaster and agg-0 sit on h0, agg-1 on h1, agg-2 on h2; the job's two ranks run on h3 and
 reach the aggregators over TCP across the shaped links, and migrating keys travel between

@@ -68,7 +68,7 @@ ROOTS = [
     (["autops"], autops.cli.main, [], {("bench", name): m for name, (m, _) in autops.cli.BENCHMARKS.items()}),
     (["infiniswap"], infiniswap.cli.main, [], {(name,): m for name, (m, _) in infiniswap.cli.FORWARDED.items()}),
     (["tiresias"], tiresias.cli.main, [], {}),
-    (["dlrt"], dlrt.main.main, [], {}),
+    (["dlrt"], dlrt.main.main, ["testbed"], {}),     # the testbed's commands are loaded only when named
 ]
 SPECIAL = [(["infiniswap", "device", "stop"], infiniswap.cli.main, ["device", "stop"])]   # its own parser
 

@@ -1,5 +1,5 @@
 """Infiniswap across emulated hosts: the device on one host, two daemons on two others, over
-TCP through links shaped to 10 Gbit/s (``dlrt.testbed``).
+TCP through links shaped to 10 Gbit/s (``dlrt_bench.testbed``).
 
 * the daemons bind to and advertise their hosts' bridge addresses, and the device's ``auto``
   transport picks TCP for them (each emulated host has its own ``DLRT_HOST_ID``; shared
@@ -29,7 +29,7 @@ import pytest
 from dlrt_bench import infiniswap_stack as demo
 from dlrt_bench.infiniswap_hosts import DeviceProcess, HostCluster, verify_with_a_daemon_killed
 from dlrt import tcpopts
-from dlrt.testbed import available, cleanup, leftovers
+from dlrt_bench.testbed import available, cleanup, leftovers
 from testbed_fixture import prefix_for, testbed  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.timeout(240)

@@ -19,8 +19,8 @@ import pytest
 
 from dlrt.hostid import HOST_ID_ENV
 from dlrt_bench.tcp_loss import host_counters
-from dlrt.testbed import (DEFAULT_CONGESTION, Testbed, TestbedError, available, cleanup, leftovers, parse_delay,
-                          parse_rate, rps_mask, shaping_commands, subnet_of)
+from dlrt_bench.testbed import (DEFAULT_CONGESTION, Testbed, TestbedError, available, cleanup, leftovers, parse_delay,
+                               parse_rate, rps_mask, shaping_commands, subnet_of)
 from testbed_fixture import emulated_hosts, prefix_for, testbed  # noqa: F401 (fixture)
 
 PY = sys.executable
@@ -198,7 +198,7 @@ def test_unavailable_says_why(monkeypatch):
 def test_a_failed_up_removes_what_it_built(monkeypatch):
     """Shaping the second host fails: ``up`` raises the command's error and leaves nothing."""
     _skip_unless_available()
-    import dlrt.testbed as testbed_module
+    import dlrt_bench.testbed as testbed_module
     prefix = prefix_for(__name__, 5)
     cleanup(prefix)
     real_tc = testbed_module._tc
@@ -426,7 +426,7 @@ def test_cleanup_removes_what_a_sigkilled_owner_left():
     cleanup(prefix)
     owner = subprocess.Popen([PY, "-c", textwrap.dedent(f"""
         import subprocess, time
-        from dlrt.testbed import Testbed
+        from dlrt_bench.testbed import Testbed
         tb = Testbed(2, link="1gbit", prefix={prefix!r}).up()
         tb.hosts[1].popen(["sleep", "300"])
         print("ready", flush=True)

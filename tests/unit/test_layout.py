@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGES = ("dlrt", "dlrt_bench", "autops", "infiniswap", "tiresias")
@@ -23,10 +24,14 @@ def _modules() -> dict[str, pathlib.Path]:
 
 
 def _imports(name: str, path: pathlib.Path) -> list[tuple[str, bool]]:
-    """``(imported module, at module level)`` for every import statement in the file."""
+    """``(imported module, at module level)`` for every import statement in the file; module
+    level is anywhere outside a function body (under ``if``, ``try`` or in a class too): what
+    runs when the module is imported."""
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     tree = ast.parse(path.read_text())
-    top = {id(n) for n in tree.body}
+    in_functions = {id(inner) for node in ast.walk(tree)
+                    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+                    for inner in ast.walk(node) if inner is not node}
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -38,11 +43,19 @@ def _imports(name: str, path: pathlib.Path) -> list[tuple[str, bool]]:
             targets = [f"{base}.{a.name}" for a in node.names] + [base]
         else:
             continue
-        found += [(t, id(node) in top) for t in targets]
+        found += [(t, id(node) not in in_functions) for t in targets]
     return found
 
 
+def _commands() -> set[str]:
+    """The modules behind the console scripts (pyproject.toml's ``[project.scripts]``)."""
+    text = (ROOT / "pyproject.toml").read_text()
+    section = text.split("[project.scripts]", 1)[1].split("\n[", 1)[0]
+    return set(re.findall(r'^\s*[\w-]+\s*=\s*"([\w.]+):', section, re.MULTILINE))
+
+
 MODULES = _modules()
+COMMANDS = _commands()
 GRAPH = {m: {t for t, _ in _imports(m, p) if t in MODULES and t != m} for m, p in MODULES.items()}
 
 
@@ -83,6 +96,7 @@ def _cycles() -> list[list[str]]:
 def test_the_scan_sees_the_packages():
     assert {"dlrt.messages", "autops.master.pmaster", "infiniswap.daemon", "tiresias.driver"} <= set(MODULES)
     assert "autops.wire.protocol" in GRAPH["autops.master.pmaster"]
+    assert COMMANDS == {"autops.cli", "tiresias.cli", "infiniswap.cli", "dlrt.main"}
 
 
 def test_no_import_cycles():
@@ -99,8 +113,10 @@ def _importers(prefix: str) -> dict[str, list[tuple[str, bool]]]:
 
 
 def test_shared_core_imports_none_of_the_systems():
-    for system in ("autops", "infiniswap", "tiresias", "dlrt_bench"):
+    """... nor the benchmarks, but for its command's ``testbed`` (lazily: the tests below)."""
+    for system in ("autops", "infiniswap", "tiresias"):
         assert [m for m in _importers(system) if m.startswith("dlrt.")] == []
+    assert [m for m in _importers("dlrt_bench") if m.startswith("dlrt.") and m not in COMMANDS] == []
 
 
 def test_tiresias_stands_alone_and_autops_simulation_reads_traces_as_data():
@@ -113,8 +129,17 @@ def test_libraries_import_benchmarks_only_lazily_from_their_cli():
     for module, hits in _importers("dlrt_bench").items():
         if module.startswith("dlrt_bench"):
             continue
-        assert module.endswith(".cli"), f"{module} imports the benchmark package"
+        assert module in COMMANDS, f"{module} imports the benchmark package"
         assert not any(top for _, top in hits), f"{module} imports the benchmark package at module level"
+
+
+def test_no_library_module_imports_the_benchmarks_at_module_level():
+    """Importing any module of dlrt, autops, infiniswap or tiresias loads nothing of dlrt_bench
+    (the testbed included): an import inside a function, run only when a command asks for a
+    benchmark or the testbed, is the one form allowed."""
+    eager = [f"{module} <- {target}" for module, hits in _importers("dlrt_bench").items()
+             if not module.startswith("dlrt_bench") for target, top in hits if top]
+    assert eager == []
 
 
 AUTOPS_PROCESSES = ("autops.worker", "autops.aggregator", "autops.master")

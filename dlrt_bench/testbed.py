@@ -47,8 +47,8 @@ import time
 import zlib
 from typing import Any, Mapping, NamedTuple, Sequence
 
-from .hostid import HOST_ID_ENV
-from .procs import signal_group
+from dlrt.hostid import HOST_ID_ENV
+from dlrt.procs import signal_group
 
 __all__ = ["Testbed", "Host", "Counters", "TestbedError", "available", "cleanup", "enter_netns", "leftovers",
            "parse_rate", "parse_delay", "check_prefix", "subnet_of", "shaping_commands",
