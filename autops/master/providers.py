@@ -67,6 +67,18 @@ class Provider:
 StandbyProvider = Provider
 
 
+def aggregator_command(master: str, name: str, bind_host: str, log_level: str = "WARNING",
+                       transport: str = "auto", orphan_timeout: float | None = None) -> list[str]:
+    """The command line of an aggregator a provider starts (this Python, ``autops.cli``):
+    registered with ``master`` as ``name``, listening on ``bind_host``; ``orphan_timeout``
+    None: ``DEFAULT_ORPHAN_TIMEOUT``."""
+    cmd = [sys.executable, "-m", "autops.cli", "--log-level", log_level, "aggregator",
+           "--master", master, "--name", name, "--bind-host", bind_host]
+    if transport != "auto":
+        cmd += ["--transport", transport]
+    return cmd + ["--orphan-timeout", str(DEFAULT_ORPHAN_TIMEOUT if orphan_timeout is None else orphan_timeout)]
+
+
 class LocalProvider(Provider):
     """Aggregator processes on this machine, started on demand and stopped by pid."""
 
@@ -143,12 +155,8 @@ class LocalProvider(Provider):
         names = []
         for _ in range(min(n, self.can_start(0))):
             name = f"{self.prefix}-{next(self._ids)}"
-            cmd = [sys.executable, "-m", "autops.cli", "--log-level", self.log_level, "aggregator",
-                   "--master", self.master, "--name", name, "--bind-host", self.bind_host]
-            if self.transport != "auto":
-                cmd += ["--transport", self.transport]
-            cmd += ["--orphan-timeout", str(DEFAULT_ORPHAN_TIMEOUT if self.orphan_timeout is None
-                                            else self.orphan_timeout)]
+            cmd = aggregator_command(self.master, name, self.bind_host, log_level=self.log_level,
+                                     transport=self.transport, orphan_timeout=self.orphan_timeout)
             # not tied to pMaster's life (no PR_SET_PDEATHSIG): it serves on when pMaster dies
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=dict(os.environ))
             self.procs[name] = proc

@@ -28,7 +28,8 @@ SIGKILL (``kill_tree``) while the launcher lives. The node command dies with its
 (``PR_SET_PDEATHSIG``), so a lost node's raylet taking its actors down takes the job too. Every node needs this package installed
 (the actor class is imported there) and ``spec.log_path`` must be a path every node sees.
 Ray 2.60 resolves a loopback driver address to the machine's IP, which a cluster bound to
-127.0.0.1 (as in tests) does not listen on; ``connect`` keeps loopback addresses as given.
+127.0.0.1 (as in tests) does not listen on; ``dlrt.rayconn.loopback_kept`` keeps loopback
+addresses as given.
 """
 from __future__ import annotations
 
@@ -40,11 +41,11 @@ import signal
 import subprocess
 import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from dlrt.procs import die_with_parent, kill_tree, signal_group
+from dlrt.rayconn import error_line, loopback_kept
 
 from . import cgroup
 from .executor import LaunchSpec, NodeInfo, RunEnd, node_command, node_env
@@ -65,7 +66,6 @@ NODE_RESOURCE = "tiresias_node:"
 RAY_NODE_ID_LABEL = "ray.io/node-id"
 BUNDLE_CPU = 0.01
 NAME_RE = re.compile(r"^tiresias-job(\d+)-run(\d+)(?:-node(\d+))?$")
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def run_name(job_id: int, run: int) -> str:
@@ -82,22 +82,6 @@ def node_name(node: dict[str, Any]) -> str:
         if key.startswith(NODE_RESOURCE) and len(key) > len(NODE_RESOURCE):
             return key[len(NODE_RESOURCE):]
     return "ray-" + node["NodeID"][:8]
-
-
-@contextmanager
-def _loopback_kept(address: str | None) -> Iterator[dict[str, Any]]:
-    """Let ``ray.init`` connect to a cluster bound to 127.0.0.1 (Ray would swap in the host's IP)."""
-    host = (address or "").rsplit(":", 1)[0]
-    if host not in LOOPBACK:
-        yield {}
-        return
-    from ray._private import services
-    resolve = services.resolve_ip_for_localhost
-    services.resolve_ip_for_localhost = lambda h: h
-    try:
-        yield {"_node_ip_address": "127.0.0.1"}
-    finally:
-        services.resolve_ip_for_localhost = resolve
 
 
 class NodeLauncher:
@@ -220,7 +204,7 @@ class RayExecutor:
         self.namespace = namespace
         self.ready_timeout = ready_timeout
         self.call_timeout = call_timeout
-        with _loopback_kept(address) as extra:             # None: the cluster this machine runs (never a new one)
+        with loopback_kept(address) as extra:             # None: the cluster this machine runs (never a new one)
             ray.init(address=address or "auto", namespace=namespace, ignore_reinit_error=True,
                      log_to_driver=False, logging_level=logging.WARNING, **extra)
         self._launcher = ray.remote(NodeLauncher)
@@ -355,7 +339,7 @@ class RayExecutor:
         try:
             return ray.get(ref, timeout=self.call_timeout)
         except ray.exceptions.RayError as exc:
-            return {"code": None, "lost": f"launcher {actor} died: {_first_line(exc)}"}
+            return {"code": None, "lost": f"launcher {actor} died: {error_line(exc)}"}
 
     def _stop_rest(self, run: _Run) -> None:
         """One node failed or was lost: SIGTERM the others, SIGKILL after ``KILL_AFTER_S``."""
@@ -447,7 +431,3 @@ def _run_of(name: str) -> str | None:
     m = NAME_RE.match(name or "")
     return run_name(int(m.group(1)), int(m.group(2))) if m else None
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
