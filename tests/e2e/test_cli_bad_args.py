@@ -22,6 +22,7 @@ import pathlib
 import socket
 import subprocess
 import sys
+import time
 from typing import Callable, Iterator
 from unittest import mock
 
@@ -297,3 +298,16 @@ def test_console_scripts(argv, status, text, busy_port, traces):
     argv = [a.format(busy=busy_port, header=traces["header"]) for a in argv]
     proc = run_script(*argv)
     assert text in assert_one_line_error(proc.returncode, proc.stderr, {status}, argv)
+
+
+def test_tiresias_master_with_no_ray_cluster_at_the_address_is_one_line_at_once(tmp_path):
+    with socket.socket() as s:              # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = ["master", "--executor", "ray", "--ray-address", f"127.0.0.1:{port}", "--state", str(tmp_path / "st"),
+            "--bind", "127.0.0.1:0"]
+    t0 = time.monotonic()
+    code, stderr = run_in_process(tiresias.cli.main, argv)
+    line = assert_one_line_error(code, stderr, {1}, argv)
+    assert f"no Ray cluster at 127.0.0.1:{port}: connection refused" in line
+    assert time.monotonic() - t0 < 10

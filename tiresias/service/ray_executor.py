@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from dlrt.procs import die_with_parent, kill_tree, signal_group
-from dlrt.rayconn import error_line, loopback_kept
+from dlrt.rayconn import check_address, error_line, loopback_kept
 
 from . import cgroup
 from .executor import LaunchSpec, NodeInfo, RunEnd, node_command, node_env
@@ -204,6 +204,7 @@ class RayExecutor:
         self.namespace = namespace
         self.ready_timeout = ready_timeout
         self.call_timeout = call_timeout
+        address = check_address(address)      # one line at once, not minutes in ray.init, for a wrong address
         with loopback_kept(address) as extra:             # None: the cluster this machine runs (never a new one)
             ray.init(address=address or "auto", namespace=namespace, ignore_reinit_error=True,
                      log_to_driver=False, logging_level=logging.WARNING, **extra)
