@@ -401,7 +401,8 @@ def _cmd_workload(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The ``tiresias`` parser: the simulator's commands and the live service's."""
     from .service import cli as service_cli
     parser = cli.parser("tiresias", "Tiresias GPU cluster scheduler: simulator and live master")
     sub = cli.add_commands(parser)
@@ -428,6 +429,11 @@ def main(argv: list[str] | None = None) -> int:
     _workload_arguments(p)
     p.set_defaults(func=_cmd_workload)
     service_cli.add_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.command is None:
         return cli.no_subcommand(parser)
