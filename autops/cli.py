@@ -184,7 +184,8 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     p = cli.add_command(sub, "master", "run pMaster", log_level=None)
     p.add_argument("--bind", type=cli.address, default=f"{DEFAULT_BIND_HOST}:5555", metavar="ADDR",
                    help="address to listen on (HOST:PORT or tcp://HOST:PORT; 0.0.0.0:PORT for every interface)")
-    p.add_argument("--heartbeat-timeout", type=cli.positive(float), default=m.heartbeat_timeout)
+    p.add_argument("--heartbeat-timeout", type=cli.positive(float), default=m.heartbeat_timeout,
+                   help="seconds without a heartbeat after which an aggregator counts as lost")
     p.add_argument("--provider", choices=("standby", "local"), default=m.provider,
                    help="standby: use aggregators started with `autops aggregator`; local: also start "
                         "aggregator processes on this machine when needed")
@@ -248,7 +249,8 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                         "device; not run on hardware yet, see docs/rdma.md); cma: the same protocol "
                         "between processes of this host, reads by process_vm_readv")
     p.add_argument("--name", default=a.name, help="aggregator id (default: pMaster gives agg-N)")
-    p.add_argument("--register-timeout", type=cli.positive(float), default=a.register_timeout)
+    p.add_argument("--register-timeout", type=cli.positive(float), default=a.register_timeout,
+                   help="seconds to wait for pMaster to take its registration")
     p.add_argument("--heartbeat-interval", type=cli.positive(float), default=a.heartbeat_interval,
                    help="seconds between heartbeats (keep it well below pMaster's --heartbeat-timeout)")
     p.add_argument("--orphan-timeout", type=cli.non_negative(float), default=a.orphan_timeout, metavar="SECONDS",
@@ -290,7 +292,9 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     p.add_argument("--transport", choices=("auto", "tcp", "ipc", "shm", "rdma", "cma"), default=None,
                    help="AUTOPS_TRANSPORT for the command (default: as in the environment, else auto); "
                         "with rdma or cma the aggregators are started with it too")
-    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...",
+                   help="the command to run, e.g. torchrun ... train.py (it gets $AUTOPS_MASTER, $AUTOPS_JOB, "
+                        "$AUTOPS_JOB_SECRET and $AUTOPS_AGGREGATORS)")
     p.set_defaults(func=_cmd_local)
 
     from .master.report import STATUS_LEGEND
@@ -299,18 +303,18 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                         epilog=STATUS_LEGEND)
     p.formatter_class = _LegendFormatter         # the legend keeps its lines
     _master_arg(p)
-    p.add_argument("--timeout", type=cli.positive(float), default=5.0)
+    p.add_argument("--timeout", type=cli.positive(float), default=5.0, help="seconds to wait for pMaster's answer")
     p.set_defaults(func=_cmd_status)
 
     p = cli.add_command(sub, "migrate", "move a job's keys (all by default) to other aggregators, live",
                         log_level=None, json_help="write pMaster's answer as JSON to FILE ('-' for stdout)")
     _master_arg(p)
-    p.add_argument("--job", required=True)
+    p.add_argument("--job", required=True, help="the job whose keys move (its AutoPS job id)")
     p.add_argument("--keys", nargs="*", default=None, help="keys to move (default: every key of the job)")
     p.add_argument("--to", nargs="*", default=None, help="aggregators to move to (default: all others)")
     p.add_argument("--count", type=cli.positive(int), default=None, metavar="N",
                    help="spread every key of the job over N aggregators with few moves (those it uses first)")
-    p.add_argument("--timeout", type=cli.positive(float), default=5.0)
+    p.add_argument("--timeout", type=cli.positive(float), default=5.0, help="seconds to wait for pMaster's answer")
     p.add_argument("--token-file", default=None, metavar="FILE",
                    help="the operator token (default: operator.token in the key directory, $DLRT_KEYS)")
     p.set_defaults(func=_cmd_migrate)
