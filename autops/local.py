@@ -24,6 +24,7 @@ from dlrt.curve import Security, default_security
 from dlrt.keys import Keys
 from dlrt.procs import die_with_parent, stop_processes
 
+from .config import RUNTIME_DIR_ENV
 from .master import poolfiles
 from .admin import query_status
 
@@ -49,7 +50,7 @@ class LocalPool:
         self.procs: list[subprocess.Popen] = []
         # unix sockets of this pool live in a directory removed on stop, also after a SIGKILL
         self.runtime_dir = tempfile.mkdtemp(prefix="autops-pool-")
-        self.env = {**os.environ, "AUTOPS_RUNTIME_DIR": self.runtime_dir, **(env or {})}
+        self.env = {**os.environ, RUNTIME_DIR_ENV: self.runtime_dir, **(env or {})}
         keys = (env or {}).get("DLRT_KEYS")
         self.security: Security = Security(Keys.load(keys)) if keys else default_security()
         self.master_args = list(master_args or [])

@@ -13,18 +13,19 @@ import json
 import os
 import pathlib
 
+from .config import SHAPES_ENV, tensor_shapes
+
 __all__ = ["DEFAULT_SHAPES", "SHAPES_ENV", "SYNTHETIC", "Tensor", "shapes_path", "known_models",
            "model_tensors"]
 
 DEFAULT_SHAPES = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "models" / "tensor_shapes.json"
-SHAPES_ENV = "AUTOPS_TENSOR_SHAPES"
 Tensor = tuple[str, tuple[int, ...], str]
 SYNTHETIC: dict[str, list[Tensor]] = {"flat64m": [("flat", (16 * 2**20,), "float32")]}
 
 
 def shapes_path(shapes_file: str | os.PathLike | None = None) -> pathlib.Path:
     """The shapes file used for ``shapes_file`` (None: ``$AUTOPS_TENSOR_SHAPES`` or the default)."""
-    return pathlib.Path(shapes_file or os.environ.get(SHAPES_ENV) or DEFAULT_SHAPES)
+    return pathlib.Path(shapes_file or tensor_shapes() or DEFAULT_SHAPES)
 
 
 @functools.lru_cache(maxsize=8)

@@ -52,7 +52,8 @@ from typing import Callable, Iterable, Mapping
 
 import torch
 
-from .worker.agent import DEFAULT_TIMEOUT, Agent, AuthRefused, AutoPSError, Handle
+from .config import master_address
+from .worker.agent import Agent, AuthRefused, AutoPSError, Handle, config_from_env
 from .worker.context import WorkerContext, dtype_name, flat_numpy, on_device
 from .worker.optimizer import DistributedMixin, create_missing_state, group_scalars, set_group_scalars, wrap_optimizer
 
@@ -89,11 +90,14 @@ def init(master: str | None = None, job: str | None = None, rank: int | None = N
 
     Fails within ``timeout`` seconds (``AUTOPS_TIMEOUT``, default 60) with the master's address
     in the message when it cannot be reached.
+
+    The arguments not given come from the environment (``autops.config.AgentConfig``, read
+    here once pMaster's address is known; a bad value raises ``BadSetting`` naming it).
     """
     global _ctx
     if _ctx is not None:
         return
-    master = master or os.environ.get("AUTOPS_MASTER")
+    master = master or master_address()
     rank = int(os.environ.get("RANK", 0)) if rank is None else rank
     world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
     if not master:
@@ -102,18 +106,17 @@ def init(master: str | None = None, job: str | None = None, rank: int | None = N
         log.info("AUTOPS_MASTER not set and world size 1: training locally without a parameter service")
         _ctx = WorkerContext(None, 0, 1)
         return
-    job = job or os.environ.get("AUTOPS_JOB")
+    config = config_from_env()
+    job = job or config.job
     if not job:
         if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
             job = f"torchrun-{os.environ['MASTER_ADDR']}-{os.environ['MASTER_PORT']}"
         else:
             raise AutoPSError("AUTOPS_JOB is not set: give every job a unique id")
-    timeout = float(os.environ.get("AUTOPS_TIMEOUT", DEFAULT_TIMEOUT)) if timeout is None else timeout
-    n_aggs = int(os.environ.get("AUTOPS_AGGREGATORS", 0)) if num_aggregators is None else num_aggregators
-    agent = Agent(master, job, rank, world_size, mode="sum", num_aggregators=n_aggs, timeout=timeout,
-                  transport=transport or os.environ.get("AUTOPS_TRANSPORT", "auto"),
-                  secret=secret,
-                  fault_tolerant=os.environ.get("AUTOPS_FAULT_TOLERANT", "1").lower() not in ("0", "false", "no"))
+    agent = Agent(master, job, rank, world_size, mode="sum",
+                  num_aggregators=config.aggregators if num_aggregators is None else num_aggregators,
+                  timeout=config.timeout if timeout is None else timeout, transport=transport or config.transport,
+                  secret=secret, fault_tolerant=config.fault_tolerant, config=config)
     _ctx = WorkerContext(agent, rank, world_size)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+from typing import Mapping
 
 __all__ = ["RTO_MIN_US", "KERNEL_RTO_MIN_US", "TCP_RTO_MIN_US", "rto_min_us_from_env", "set_rto_min", "unsupported"]
 
@@ -28,10 +29,11 @@ KERNEL_RTO_MIN_US = 200_000         # the kernel's own floor, the most the optio
 TCP_RTO_MIN_US = getattr(socket, "TCP_RTO_MIN_US", 45)      # linux/tcp.h, 6.15+
 
 
-def rto_min_us_from_env(env: str, strict: bool = True) -> int:
-    """``$env`` (microseconds, 0..``KERNEL_RTO_MIN_US``), else ``RTO_MIN_US``. A value that is
-    not one: ``ValueError``, or with ``strict`` off ``RTO_MIN_US``."""
-    text = os.environ.get(env, "").strip()
+def rto_min_us_from_env(env: str, strict: bool = True, environ: Mapping[str, str] | None = None) -> int:
+    """``$env`` (microseconds, 0..``KERNEL_RTO_MIN_US``) in ``environ`` (default the
+    process's environment), else ``RTO_MIN_US``. A value that is not one: ``ValueError``, or
+    with ``strict`` off ``RTO_MIN_US``."""
+    text = (os.environ if environ is None else environ).get(env, "").strip()
     if not text:
         return RTO_MIN_US
     try:

@@ -110,10 +110,8 @@ import numpy as np
 import psutil
 
 from autops.admin import AdminClient
-from autops.worker.agent import WARM_BYTES, WARM_ENV, warm_bytes_from_env
+from autops.config import PREFAULT_SHARE, RESERVE_SHARED, WARM_BYTES, WARM_ENV, AgentConfig
 from autops.local import LocalPool
-from autops.transport.prefault import PREFAULT_SHARE
-from autops.transport.shm import RESERVE_SHARED
 from dlrt import cli
 from dlrt.procs import exit_on_sigterm
 
@@ -342,7 +340,7 @@ def run_migrate(model: str, mode: str, args: argparse.Namespace) -> dict:
         "rps": args.rps if args.emulate_hosts else None,
         "prefault_share": args.prefault_share, "reserve": args.reserve,
         "reserve_shared": args.reserve_shared, "reserve_wait_s": reserve_wait_s,
-        "warm_bytes": warm_bytes_from_env(),
+        "warm_bytes": AgentConfig.from_env().warm_bytes,
         # the workers' connections warmed ahead of a move, their echoes back
         "warmed_connections": sum(results[(MAIN, r)].get("warmed", 0) for r in range(2)),
         "tensors": len(tensors), "model_bytes": tensor_bytes(tensors), "keys_moved": repeats[0]["keys"] if repeats else 0,

@@ -36,9 +36,8 @@ from typing import Any
 
 import psutil
 
-from autops.worker.agent import PARTITION_ENV
-from autops.transport.links import TCP_STREAM_ENV
-from autops.wire.jobauth import ENV as SECRET_ENV, new_job_secret
+from autops.config import PARTITION_ENV, SECRET_ENV, TCP_STREAM_ENV
+from autops.wire.jobauth import new_job_secret
 from autops.wire.partition import DEFAULT_PARTITION_BYTES
 from dlrt.keys import temporary_cluster
 from autops.models import model_tensors

@@ -300,7 +300,8 @@ class Group:
 def start_group(variant: str, world: int, shape: tuple[int, int, int], lr: float, base_env: dict,
                 master: str | None, timeout: float) -> Group:
     """Start (not wait for) the ``world`` processes of ``variant``."""
-    from autops.wire.jobauth import ENV as SECRET_ENV, new_job_secret
+    from autops.config import SECRET_ENV
+    from autops.wire.jobauth import new_job_secret
     from autops.local import free_port
     from dlrt.procs import die_with_parent
     system = VARIANTS[variant][0]

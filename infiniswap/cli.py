@@ -452,7 +452,8 @@ def _daemon_args(d: argparse.ArgumentParser) -> None:
                    help="control endpoint, HOST:PORT or tcp://HOST:PORT (port 0 = any)")
     d.add_argument("--headroom", type=cli.size, default="8G",
                    help="free memory to keep for local applications")
-    d.add_argument("--slab-size", type=cli.size, default="1G")
+    d.add_argument("--slab-size", type=cli.size, default="1G",
+                   help="the unit of memory lent to a device (the devices' --slab-size must match)")
     d.add_argument("--capacity", type=cli.size, default=None,
                    help="most memory to lend (default: all of it above HeadRoom)")
     d.add_argument("--no-lock", action="store_true",
@@ -524,7 +525,8 @@ def _device_args(v: argparse.ArgumentParser) -> None:
     v.add_argument("--backup", required=True, help="backup file (created, size bytes)")
     v.add_argument("--daemons", type=cli.address_list, default=[], metavar="ADDR,...",
                    help="comma-separated daemon control addresses (HOST:PORT or tcp://HOST:PORT)")
-    v.add_argument("--slab-size", type=cli.size, default="1G")
+    v.add_argument("--slab-size", type=cli.size, default="1G",
+                   help="the unit of the device's space placed on one daemon (the daemons' --slab-size)")
     v.add_argument("--hot-slab", type=float, default=20.0,
                    help="page I/Os per second that make a slab hot")
     v.add_argument("--period", type=_positive(float), default=1.0, help="control loop period, seconds")
@@ -568,7 +570,8 @@ def _parser() -> argparse.ArgumentParser:
 
     s = cli.add_command(sub, "status", "ask daemons and devices for their state",
                         json_help="write the answers as JSON to FILE ('-' for stdout instead of the table)")
-    s.add_argument("--daemons", type=cli.address_list, default=None, metavar="ADDR,...")
+    s.add_argument("--daemons", type=cli.address_list, default=None, metavar="ADDR,...",
+                   help="daemons' control addresses")
     s.add_argument("--devices", type=cli.address_list, default=None, metavar="ADDR,...",
                    help="devices' --status-bind addresses")
     s.add_argument("--timeout", type=_positive(float), default=2.0, help="seconds to wait for each answer")
@@ -581,7 +584,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--memory", type=cli.size, required=True, help="memory limit of the cgroup, e.g. 64M")
     r.add_argument("--swappiness", type=int, default=None, metavar="N",
                    help="memory.swappiness of the cgroup (cgroup v1 only; 0..100)")
-    r.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...")
+    r.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...", help="the command to run in the cgroup")
     r.set_defaults(run=_cmd_run)
 
     for name, (_, text) in FORWARDED.items():      # their own parsers read the rest

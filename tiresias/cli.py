@@ -66,7 +66,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--thresholds", default="3200",
                    help="queue thresholds in GPU-seconds, comma-separated (K - 1 of them; ignored with "
                         "--queues auto)")
-    p.add_argument("--promote-knob", type=float, default=None)
+    p.add_argument("--promote-knob", type=float, default=None,
+                   help="las/gittins: a job that waited at least this many times its last run goes back to the "
+                        "first queue (default: never)")
     p.add_argument("--continuous", action="store_true", help="continuous priorities (no queues)")
     p.add_argument("--interval", type=cli.positive(float), default=None,
                    help="--continuous: seconds between priority updates (default 1); optimus, optimus-oracle, "
@@ -82,7 +84,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="count: GPUs counted cluster-wide (the original simulator); tiresias: consolidate "
                         "jobs with skew > PACKLIMIT, others limit fragmentation; consolidate / spread: all jobs; "
                         "most-free: Pollux's simulator's (from the node with the most free GPUs first)")
-    p.add_argument("--packlimit", type=float, default=DEFAULT_PACKLIMIT)
+    p.add_argument("--packlimit", type=float, default=DEFAULT_PACKLIMIT,
+                   help="--placement tiresias: consolidate jobs whose skew is above this (0..1)")
     p.add_argument("--migrate", action="store_true",
                    help="when consolidation is blocked by fragmentation, repack and rename nodes with the "
                         "migration-minimizing (Hungarian) matching")
@@ -401,7 +404,8 @@ def _cmd_workload(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The ``tiresias`` parser: the simulator's commands and the live service's."""
     from .service import cli as service_cli
     parser = cli.parser("tiresias", "Tiresias GPU cluster scheduler: simulator and live master")
     sub = cli.add_commands(parser)
@@ -409,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
                         json_help="write the summary as JSON to FILE only ('-' for stdout; without "
                                   "--json it is printed)")
     _common(p)
-    p.add_argument("--policy", choices=sorted(POLICIES), default="las")
+    p.add_argument("--policy", choices=sorted(POLICIES), default="las", help="the scheduling policy")
     p.add_argument("--jobs-csv", default=None, metavar="FILE", help="one row per job")
     p.add_argument("--plot", default=None, metavar="PNG", help="JCT CDF and GPUs in use over time")
     p.set_defaults(func=_cmd_simulate)
@@ -428,6 +432,11 @@ def main(argv: list[str] | None = None) -> int:
     _workload_arguments(p)
     p.set_defaults(func=_cmd_workload)
     service_cli.add_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.command is None:
         return cli.no_subcommand(parser)

@@ -53,7 +53,7 @@ import signal
 import socket as pysocket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Iterator
 
 import numpy as np
@@ -73,7 +73,7 @@ from .cycle import CyclicSchedule
 from ..wire.partition import KeySpec
 from .held import HeldMessages
 from .links import Commitments, Control, Peers
-from ..config import DEFAULT_ORPHAN_TIMEOUT
+from ..config import DEFAULT_ORPHAN_TIMEOUT, PREFAULT_SHARE, RESERVE_SHARED, AggregatorConfig, TransportConfig
 from .orphan import OrphanWatch
 from .precopy import Follower, Precopies
 from .recovery import Recovery
@@ -81,9 +81,8 @@ from .replicas import Replication
 from .reserve import MemoryReadier, timed
 from .spare import SpareBuffers
 from .store import JobState, KeyState, SecretMismatch, Store, StoreError
-from ..transport import Channel, Inbound, Sender, Shared, Transport, make_context
-from ..transport.prefault import PREFAULT_SHARE, heap_free
-from ..transport.shm import RESERVE_SHARED
+from ..transport import Channel, Inbound, Sender, Shared, Transport, make_context, settings_from_env
+from ..transport.prefault import heap_free
 from ..transport.zmq import heap_kept
 
 # serving-thread work timed in ``stats`` (``reserve.timed``)
@@ -128,7 +127,8 @@ class Aggregator:
                  cluster_secret: bytes | None = None, prefault_share: float = PREFAULT_SHARE,
                  reserve: int = 0, reserve_shared: float = RESERVE_SHARED,
                  orphan_timeout: float = DEFAULT_ORPHAN_TIMEOUT, max_job_bytes: int | None = None,
-                 headroom: int = memroom.DEFAULT_HEADROOM, max_tenant_bytes: int | None = None) -> None:
+                 headroom: int = memroom.DEFAULT_HEADROOM, max_tenant_bytes: int | None = None,
+                 transport_config: TransportConfig | None = None) -> None:
         """``security``: CURVE for every tcp socket (default: the key directory's);
         ``cluster_secret``: what it proves to pMaster (default: the key directory's);
         ``prefault_share``: at most this share of a core populates memory for keys migrating
@@ -141,7 +141,8 @@ class Aggregator:
         declared keys may take here (default: half of what this machine can give when the
         aggregator starts, ``memroom``); ``headroom``: bytes never committed to jobs;
         ``max_tenant_bytes``: the most all jobs of one tenant (its CURVE key's name) may take
-        here together (default: ``quota.default_tenant_bytes``)."""
+        here together (default: ``quota.default_tenant_bytes``); ``transport_config``: the
+        transport's settings (default ``transport.settings_from_env()``)."""
         self.master = master
         if 0 < orphan_timeout < 2 * heartbeat_interval:
             raise ValueError(f"orphan timeout {orphan_timeout:g}s: give 0 (never) or at least two heartbeat "
@@ -178,10 +179,11 @@ class Aggregator:
         self.name = name
         self.agg_id: str | None = None
         self.agg_name: str | None = None     # the id pMaster gave, kept to register again
-        self.ctx = make_context(server=True)
+        links = transport_config if transport_config is not None else settings_from_env()
+        self.ctx = make_context(server=True, malloc_tuning=links.malloc_tuning)
         # the data path: listeners for agents and peers (tcp; ipc and shm for this host),
         # channels to peer aggregators, and the memory published values live in
-        self.transport = Transport(self.ctx, transport, local=ipc, security=self.security)
+        self.transport = Transport(self.ctx, transport, local=ipc, security=self.security, config=links)
         self.memory = self.transport.memory
         self.store = Store(self._allocate)
         self.waiters: dict[int, list[PendingPull]] = {}     # id(KeyState) -> [PendingPull]
@@ -1480,8 +1482,8 @@ class Aggregator:
         reply.send(wire.header(wire.WARM, req=msg.get("req")), list(msg.payloads))
 
 
-def serve(master: str, **kwargs) -> None:
-    """Run one aggregator in this process until SIGTERM/SIGINT."""
-    agg = Aggregator(master, **kwargs)
+def serve(master: str, config: AggregatorConfig) -> None:
+    """Run one aggregator of pMaster ``master`` in this process until SIGTERM/SIGINT."""
+    agg = Aggregator(master, **{f.name: getattr(config, f.name) for f in fields(config)})
     agg.install_signal_handlers()
     agg.run()

@@ -49,6 +49,7 @@ import zmq
 from dlrt.curve import Security, default_security, peer_name, refusal_counts, warn_if_exposed
 from dlrt.keys import ensure_cluster_secret, ensure_operator_token
 
+from ..config import MasterConfig
 from ..wire import protocol as wire
 from ..wire.clusterauth import ControlSession, MasterHandshake
 from .assignment import rebalance, spread_by_bytes
@@ -831,18 +832,19 @@ class Master:
         self._reply(identity, wire.encode(wire.OK, req=msg.get("req"), status=self.status()))
 
 
-def serve(bind: str, provider: str = "standby", max_aggregators: int | None = None,
-          log_level: str = "WARNING", aggregator_transport: str = "auto",
-          on_listening: Callable[[str], None] | None = None, aggregator_orphan_timeout: float | None = None,
-          **kwargs) -> None:
-    """Run a pMaster until stopped; ``on_listening(address)`` once its socket is bound."""
+def serve(config: MasterConfig, elastic: ElasticConfig | None = None,
+          on_listening: Callable[[str], None] | None = None) -> None:
+    """Run a pMaster as ``config`` says (elasticity as ``elastic`` says) until stopped;
+    ``on_listening(address)`` once its socket is bound."""
     from .providers import make_provider
-    master = Master(bind, make_provider=lambda address: make_provider(provider, address, max_aggregators,
-                                                                      log_level=log_level,
-                                                                      transport=aggregator_transport,
-                                                                      state_dir=kwargs.get("state_dir"),
-                                                                      orphan_timeout=aggregator_orphan_timeout),
-                    **kwargs)
+    master = Master(config.bind, heartbeat_timeout=config.heartbeat_timeout, elastic=elastic,
+                    report_bind=config.report_bind, metrics_port=config.metrics_port,
+                    report_period=config.report_period, state_dir=config.state_dir,
+                    make_provider=lambda address: make_provider(config.provider, address, config.max_aggregators,
+                                                                log_level=config.log_level,
+                                                                transport=config.aggregator_transport,
+                                                                state_dir=config.state_dir,
+                                                                orphan_timeout=config.aggregator_orphan_timeout))
     if on_listening is not None:
         on_listening(master.address)
     master.install_signal_handlers()

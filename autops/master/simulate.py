@@ -786,9 +786,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"(defaults: {', '.join(f'{m}={d:g}' for m, d in ITER_SECONDS.items())})")
     parser.add_argument("--agg-rate", type=float, default=AGG_RATE,
                         help="aggregation bytes per CPU-second (an assumption)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random choices (models drawn, noise)")
     parser.add_argument("--cluster-size", type=int, default=16, help="aggregators per cluster (soft bound)")
-    parser.add_argument("--loss-limit", type=float, default=LOSS_LIMIT)
+    parser.add_argument("--loss-limit", type=float, default=LOSS_LIMIT,
+                        help="LossLimit: largest speed loss packing may cause")
     parser.add_argument("--period", type=float, default=300.0, help="hybrid scaling period, seconds")
     parser.add_argument("--threshold", type=int, default=1,
                         help="allocate between periods only for requests of this many aggregators or more")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from .base import (Channel, Inbound, Listener, Memory, PayloadError, Sender, Shared, TransportError,
                    background_priority)
-from .links import TRANSPORTS, Transport
+from .links import TRANSPORTS, Transport, settings_from_env
 from .zmq import make_context
 
 __all__ = ["Channel", "Inbound", "Listener", "Memory", "PayloadError", "Sender", "Shared", "Transport",
-           "TransportError", "TRANSPORTS", "background_priority", "make_context"]
+           "TransportError", "TRANSPORTS", "background_priority", "make_context", "settings_from_env"]

@@ -20,13 +20,12 @@ nor cma (on one host shm moves fewer bytes still).
 """
 from __future__ import annotations
 
-import os
-
 import zmq
 
 from dlrt.curve import Security, default_security
 from dlrt.hostid import host_id
 
+from ..config import TCP_STREAM_ENV, TransportConfig
 from .base import Channel, Listener, Memory, PlainMemory, TransportError
 from .cma import CmaVerbs
 from .rdma import RdmaChannel, RdmaListener
@@ -34,37 +33,20 @@ from .rdma_memory import RdmaMemory
 from .rdma_verbs import PyverbsNic, Verbs
 from .shm import SharedMemory, available as shm_available
 from .shm_channel import ShmFraming
-from .sockpoll import LinkBudget, connection_limits
+from .sockpoll import LinkBudget
 from .stream import StreamChannel, StreamListener
-from .tcpopts import rto_min_us_from_env
 from .zmq import ZmqChannel, ZmqListener, ipc_address, keep_freed_buffers
 
 TRANSPORTS = ("auto", "tcp", "ipc", "shm", "rdma", "cma")
 ONE_SIDED = ("rdma", "cma")      # the kinds whose receiver READs the sender's memory (rdma.py)
-# connections per ZeroMQ tcp peer ($AUTOPS_TCP_LANES; a stream endpoint gets one). One:
-# several connections share a link fairly, so every key crossing it advances at once and
-# all complete late, where one connection delivers keys one after the other and the
-# aggregators answer the first ones while the rest are still coming (measured on emulated
-# 200 Mbit/s hosts, W = A = 4: 4.6 s per iteration with one, 5.3 s with two). More help
-# where one connection cannot fill a link (a long round trip).
-TCP_LANES = 1
-TCP_STREAM = True               # plain tcp over stream.py's framing ($AUTOPS_TCP_STREAM=0: over ZeroMQ)
-TCP_STREAM_ENV = "AUTOPS_TCP_STREAM"
 
 
-def tcp_lanes() -> int:
-    """Connections to open to each tcp peer: ``$AUTOPS_TCP_LANES``, else ``TCP_LANES``."""
+def settings_from_env() -> TransportConfig:
+    """``TransportConfig.from_env()``, a bad value raised as ``TransportError`` (naming it)."""
     try:
-        return max(1, int(os.environ.get("AUTOPS_TCP_LANES", TCP_LANES)))
-    except ValueError:
-        return TCP_LANES
-
-
-def tcp_stream() -> bool:
-    """Whether plain tcp goes over ``stream`` endpoints: ``$AUTOPS_TCP_STREAM`` (0 or 1),
-    else ``TCP_STREAM``."""
-    value = os.environ.get(TCP_STREAM_ENV, "").strip()
-    return TCP_STREAM if value not in ("0", "1") else value == "1"
+        return TransportConfig.from_env()
+    except ValueError as exc:
+        raise TransportError(str(exc)) from None
 
 
 class Transport:
@@ -75,22 +57,23 @@ class Transport:
     shared-memory segments (visible in ``/proc/<pid>/fd``). ``verbs``: the RDMA device
     for ``rdma`` (default: pyverbs' first device, opened here). ``security``: CURVE on the
     ZeroMQ tcp channels and listeners (default: the key directory's, ``dlrt.curve``); without
-    CURVE tcp peers are reached over their ``stream`` endpoint (``tcp_stream()``).
-    For ``cma`` the ``verbs`` default to ``cma.CmaVerbs``."""
+    CURVE tcp peers are reached over their ``stream`` endpoint (unless ``config.tcp_stream``
+    is off). For ``cma`` the ``verbs`` default to ``cma.CmaVerbs``. ``config``: the
+    transport's settings, handed to every channel and listener made here (default
+    ``settings_from_env()``: a bad value fails here, not in a link later)."""
 
     def __init__(self, ctx: zmq.Context, preference: str = "auto", local: bool = True,
-                 label: str | None = None, verbs: Verbs | None = None, security: Security | None = None) -> None:
+                 label: str | None = None, verbs: Verbs | None = None, security: Security | None = None,
+                 config: TransportConfig | None = None) -> None:
         if preference not in TRANSPORTS:
             raise TransportError(f"unknown transport {preference!r} (one of {', '.join(TRANSPORTS)})")
-        try:
-            rto_min_us_from_env()          # a bad $AUTOPS_TCP_RTO_MIN_US fails here, not in a link later
-        except ValueError as exc:
-            raise TransportError(str(exc)) from None
+        config = config if config is not None else settings_from_env()
+        self.config = config
         self.ctx = ctx
         self.security = security if security is not None else default_security()
         self.preference = preference
         self.local = local
-        self.streams = not self.security.curve and tcp_stream()
+        self.streams = not self.security.curve and config.tcp_stream
         self.verbs = (verbs or PyverbsNic()) if preference == "rdma" else \
             (verbs or CmaVerbs()) if preference == "cma" else None
         self.memory: Memory = (RdmaMemory(self.verbs) if self.verbs is not None
@@ -99,7 +82,7 @@ class Transport:
         self.listeners: list[Listener] = []
         # one cap on the connections of all of this process's stream listeners (tcp and ipc):
         # a peer connecting to every endpoint holds no more than $AUTOPS_STREAM_MAX_CONNECTIONS
-        self.link_budget = LinkBudget(connection_limits()[0])
+        self.link_budget = LinkBudget(config.stream_max_connections)
         self._tuned = False
 
     # --- which kind reaches a peer ------------------------------------------------------
@@ -162,10 +145,10 @@ class Transport:
                 channel = RdmaChannel(self.verbs, self.memory, address, kind=kind)
             elif kind in ("ipc", "stream"):
                 self._tune()
-                channel = StreamChannel(address)
+                channel = StreamChannel(address, config=self.config)
             else:
                 self._tune()
-                channel = ZmqChannel(self.ctx, address, kind, lanes=tcp_lanes(), security=self.security)
+                channel = ZmqChannel(self.ctx, address, kind, lanes=self.config.tcp_lanes, security=self.security)
             self.channels[address] = channel
         return channel
 
@@ -184,7 +167,7 @@ class Transport:
                 raise TransportError(f"port {port}: the stream endpoint needs the next port free too (at most 65534)")
             try:
                 self.listeners.append(StreamListener(f"tcp://{bind_host}:{stream_port}", advertise_host,
-                                                     budget=self.link_budget))
+                                                     budget=self.link_budget, config=self.config))
             except OSError as exc:
                 raise TransportError(f"cannot listen on {bind_host}:{stream_port} for the stream endpoint "
                                      f"({exc.strerror or exc}); free that port or set {TCP_STREAM_ENV}=0") from None
@@ -194,9 +177,10 @@ class Transport:
         elif self.verbs is not None:
             self.listeners.append(RdmaListener(self.verbs, self.memory, bind_host.strip("[]"), 0, advertise_host))
         if self.local:
-            self.listeners.append(StreamListener(ipc_address("agg"), budget=self.link_budget))
+            self.listeners.append(StreamListener(ipc_address("agg", self.config.runtime_dir), budget=self.link_budget,
+                                                 config=self.config))
             if isinstance(self.memory, SharedMemory):
-                self.listeners.append(ZmqListener(self.ctx, ipc_address("agg-shm"), "shm",
+                self.listeners.append(ZmqListener(self.ctx, ipc_address("agg-shm", self.config.runtime_dir), "shm",
                                                   framing=ShmFraming(self.memory), security=self.security))
         return {listener.kind: listener.address for listener in self.listeners}
 
@@ -213,7 +197,7 @@ class Transport:
         return self.memory.mapped_handles(scope) if self.lends_to(peer) else []
 
     def _tune(self) -> None:
-        if not self._tuned:
+        if not self._tuned and self.config.malloc_tuning:
             # tensors arrive in socket frames: let their buffers reuse heap pages
             # (process-wide glibc setting; AUTOPS_MALLOC_TUNING=0 turns it off)
             self._tuned = keep_freed_buffers()

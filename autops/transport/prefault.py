@@ -35,9 +35,6 @@ MADV_POPULATE_WRITE = 23        # Linux 5.14
 CHUNK = 4 << 20                 # bytes populated per step: a step under way when the host gets busy runs on
 HEAP_CHUNK = 16 << 20           # heap warmed per allocation (below the mmap threshold keep_freed_buffers sets)
 POPULATE_MIN_PAGES = 16         # zeroed_arrays populates arrays spanning at least this many whole pages
-# an aggregator's default share of a core for memory made ready for keys migrating in: a
-# helper thread's nice value would not keep that off the workers' and other jobs' CPU
-PREFAULT_SHARE = 0.25
 LOAD_WINDOW_S = 0.1     # how far back HostLoad looks
 STALL_FREE = 0.05       # the share of that time tasks may have waited for a CPU on a host with a core to spare
 BUSY_PATIENCE_S = 1.0   # how long Pace waits for a busy host to have a CPU to spare before it goes at its share

@@ -11,20 +11,20 @@ use RDMA at all: pyverbs importable and ``ibv_get_device_list`` naming at least 
 device. When not, it raises ``RdmaUnavailable`` (a ``TransportError`` that the CLIs report
 as a runtime error, exit status 1) whose text says what to do.
 
-Environment: ``AUTOPS_RDMA_DEVICE`` (device name, default the first), ``AUTOPS_RDMA_PORT``
-(default 1), ``AUTOPS_RDMA_GID_INDEX`` (default 0; RoCE v2 usually wants the index of the
-port's RoCE v2 GID, see ``show_gids``).
+Settings (``autops.config.TransportConfig``): ``AUTOPS_RDMA_DEVICE`` (device name, default
+the first), ``AUTOPS_RDMA_PORT`` (default 1), ``AUTOPS_RDMA_GID_INDEX`` (default 0; RoCE v2
+usually wants the index of the port's RoCE v2 GID, see ``show_gids``).
 
 Not run on hardware: this machine has no RDMA device and cannot load Soft-RoCE; the
 code follows rdma-core's pyverbs API (v44) and its tests' RC set-up.
 """
 from __future__ import annotations
 
-import os
 import random
 import time
 from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
+from ..config import RDMA_DEVICE_ENV, TransportConfig
 from .base import TransportError
 from .rdma_layout import ConnInfo
 
@@ -123,15 +123,15 @@ def device_names(list_devices: Callable[[], Sequence] = _ibv_devices) -> list[st
 
 
 def require_device(name: str | None = None, list_devices: Callable[[], Sequence] = _ibv_devices) -> str:
-    """The device to use (``name``, ``$AUTOPS_RDMA_DEVICE``, else the first found);
-    ``RdmaUnavailable`` at once when there is none."""
+    """The device to use (``name``, else ``TransportConfig.from_env()``'s, ``$AUTOPS_RDMA_DEVICE``,
+    else the first found); ``RdmaUnavailable`` at once when there is none."""
     names = device_names(list_devices)
     if not names:
         raise RdmaUnavailable(NO_DEVICE)
-    wanted = name or os.environ.get("AUTOPS_RDMA_DEVICE") or names[0]
+    wanted = name or TransportConfig.from_env().rdma_device or names[0]
     if wanted not in names:
         raise RdmaUnavailable(f"RDMA device {wanted!r} not found (found: {', '.join(names)}); "
-                              "set AUTOPS_RDMA_DEVICE to one of them, or use --transport tcp")
+                              f"set {RDMA_DEVICE_ENV} to one of them, or use --transport tcp")
     return wanted
 
 
@@ -153,11 +153,16 @@ class PyverbsNic:
     pins_memory = True
 
     def __init__(self, device: str | None = None, port: int | None = None, gid_index: int | None = None) -> None:
+        """``device``, ``port``, ``gid_index``: None takes ``TransportConfig.from_env()``'s."""
         pv = load_pyverbs()
         self.pv = pv
+        if device is None or port is None or gid_index is None:
+            config = TransportConfig.from_env()
+            device, port = device or config.rdma_device, port or config.rdma_port
+            gid_index = config.rdma_gid_index if gid_index is None else gid_index
         self.device = require_device(device)
-        self.port = port or int(os.environ.get("AUTOPS_RDMA_PORT", "1"))
-        self.gid_index = gid_index if gid_index is not None else int(os.environ.get("AUTOPS_RDMA_GID_INDEX", "0"))
+        self.port = port
+        self.gid_index = gid_index
         self.ctx = pv.device.Context(name=self.device)
         self.pd = pv.pd.PD(self.ctx)
         attr = self.ctx.query_device()

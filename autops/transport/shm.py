@@ -31,10 +31,6 @@ log = logging.getLogger("autops.transport")
 ALIGN = 64
 PREFAULT_IN_BACKGROUND = 4 << 20    # allocations with more bytes are populated by a helper thread
 RESERVE_PIECE = 16 << 20            # bytes per segment a SegmentReserve makes ahead
-# the share of an aggregator's reserve made as such pieces: about a quarter of what a server-mode
-# job with Adam needs is published buffers (master copies; the rest its gradient accumulators,
-# optimizer state and received pushes), two thirds of a sum-mode job's (two buffers per key)
-RESERVE_SHARED = 0.25
 
 
 def available() -> bool:

@@ -22,9 +22,9 @@ from abc import abstractmethod
 from collections import deque
 from typing import Any, Iterable, Sequence
 
-from dlrt.limits import env_positive, half_open_files
 from dlrt.waker import Waker
 
+from ..config import MAX_LINKS_ENV
 from .base import Channel, Inbound, Listener, TransportError
 
 log = logging.getLogger("autops.transport")
@@ -32,32 +32,16 @@ log = logging.getLogger("autops.transport")
 _NO_LENT: frozenset = frozenset()
 
 # Limits on connections nobody has vouched for (docs/autops.md, "Limits on connections"):
-# a listener that sets them (``StreamListener``) closes a connection that has not delivered a
-# whole message within HANDSHAKE_S, and one that delivered some but never became a job's
-# channel (``PeerLink.vouch``) once idle for IDLE_S; the listeners sharing a ``LinkBudget``
-# keep at most its ``max_links`` connections together (the oldest one not vouched for, on
-# any of them, makes room for a new one, else the new one is closed); and where accept
-# fails for want of descriptors a listener stops accepting for ACCEPT_PAUSE_S, logging once
-# per LOG_EVERY_S.
-MAX_LINKS_ENV = "AUTOPS_STREAM_MAX_CONNECTIONS"
-HANDSHAKE_ENV = "AUTOPS_STREAM_HANDSHAKE_S"
-IDLE_ENV = "AUTOPS_STREAM_IDLE_S"
-HANDSHAKE_S = 10.0
-IDLE_S = 120.0
+# a listener that sets them (``StreamListener``, from ``TransportConfig``) closes a connection
+# that has not delivered a whole message within its ``handshake_s``, and one that delivered
+# some but never became a job's channel (``PeerLink.vouch``) once idle for its ``idle_s``; the
+# listeners sharing a ``LinkBudget`` keep at most its ``max_links`` connections together (the
+# oldest one not vouched for, on any of them, makes room for a new one, else the new one is
+# closed); and where accept fails for want of descriptors a listener stops accepting for
+# ACCEPT_PAUSE_S, logging once per LOG_EVERY_S.
 ACCEPT_PAUSE_S = 0.5
 LOG_EVERY_S = 10.0
 _HOUSEKEEP_EVERY_S = 0.25
-
-
-def default_max_links() -> int:
-    """Half of this process's open-file limit, between 16 and 4096 (512 at the usual 1024)."""
-    return half_open_files()
-
-
-def connection_limits() -> tuple[int, float, float]:
-    """``(max_links, handshake_s, idle_s)`` from the environment, else the defaults."""
-    return (env_positive(MAX_LINKS_ENV, default_max_links(), int), env_positive(HANDSHAKE_ENV, HANDSHAKE_S),
-            env_positive(IDLE_ENV, IDLE_S))
 
 
 def oldest_unvouched(connections: Iterable[tuple[Any, bool, bool, float]]) -> Any:
@@ -255,8 +239,8 @@ class LinkListener(Listener):
     """A bound, listening ``sock`` whose connections each become a link (``_link_for``);
     messages are taken from the links in turn, each answered on its own. ``budget`` (a
     ``LinkBudget``, shared with the process's other listeners; None: no cap), ``handshake_s``
-    and ``idle_s`` (None: no limit) bound the connections nobody vouched for (see
-    ``HANDSHAKE_S``); ``housekeep`` applies the deadlines, from ``recv`` and from the
+    and ``idle_s`` (None: no limit) bound the connections nobody vouched for (see the
+    limits above); ``housekeep`` applies the deadlines, from ``recv`` and from the
     service's loop."""
 
     budget: LinkBudget | None = None

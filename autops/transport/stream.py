@@ -44,9 +44,10 @@ import numpy as np
 
 from dlrt.endpoints import host_port
 
+from ..config import TransportConfig
 from .base import TransportError, buffer_of
-from .sockpoll import LinkBudget, LinkChannel, LinkListener, connection_limits, first_n
-from .tcpopts import rto_min_us_from_env, set_rto_min
+from .sockpoll import LinkBudget, LinkChannel, LinkListener, first_n
+from .tcpopts import set_rto_min
 
 __all__ = ["StreamChannel", "StreamListener", "StreamLink", "SPLICE_MIN", "socket_path", "stream_kind"]
 
@@ -188,9 +189,11 @@ class _Incoming:
 class StreamLink:
     """One connection: queued output (sent by ``flush``), what the peer still reads of
     ours (``kept`` until its DONE), and what arrived (``pump`` reads, ``next_message``
-    hands out). A failure of the peer or the stream marks it ``broken`` and closes it."""
+    hands out). A failure of the peer or the stream marks it ``broken`` and closes it.
+    ``rto_min_us``: the retransmission-timeout floor of a TCP link (``tcpopts``; 0: the
+    kernel's)."""
 
-    def __init__(self, sock: socket.socket, name: str) -> None:
+    def __init__(self, sock: socket.socket, name: str, rto_min_us: int) -> None:
         sock.setblocking(False)
         self.kind = "ipc" if sock.family == socket.AF_UNIX else "tcp"
         try:
@@ -200,9 +203,8 @@ class StreamLink:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)    # a DONE or reply goes at once
         except OSError:
             pass
-        # a lost tail waits the measured round trip, not the kernel's 200 ms (tcpopts.py;
-        # the Transport refused a bad setting when the service started)
-        self.rto_min_us = set_rto_min(sock, rto_min_us_from_env(strict=False)) if self.kind == "tcp" else None
+        # a lost tail waits the measured round trip, not the kernel's 200 ms (tcpopts.py)
+        self.rto_min_us = set_rto_min(sock, rto_min_us) if self.kind == "tcp" else None
         self.sock, self.fd, self.name = sock, sock.fileno(), name
         self.out: deque = deque()
         self.kept: dict[int, list] = {}
@@ -219,12 +221,12 @@ class StreamLink:
         self.ready: deque = deque()     # (header, payloads) read whole
 
     @classmethod
-    def dial(cls, address: str, timeout: float = CONNECT_TIMEOUT) -> "StreamLink":
+    def dial(cls, address: str, rto_min_us: int, timeout: float = CONNECT_TIMEOUT) -> "StreamLink":
         """Connect to a listener at ``ipc://PATH`` or ``tcp://HOST:PORT`` (OSError when none
         is there)."""
         if stream_kind(address) == "tcp":
             sock = socket.create_connection(_tcp_host_port(address), timeout=timeout)
-            return cls(sock, address)
+            return cls(sock, address, rto_min_us)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(timeout)
@@ -232,7 +234,7 @@ class StreamLink:
         except BaseException:
             sock.close()
             raise
-        return cls(sock, address)
+        return cls(sock, address, rto_min_us)
 
     # --- sending ----------------------------------------------------------------------
     def send(self, header: bytes, payloads: Sequence = ()) -> None:
@@ -488,11 +490,12 @@ class StreamLink:
 
 class StreamChannel(LinkChannel):
     """A connection to one peer's ``ipc://PATH`` or ``tcp://HOST:PORT`` listener; replies
-    come back on it."""
+    come back on it. ``config``: the transport's settings (default
+    ``TransportConfig.from_env()``)."""
 
     lends = False
 
-    def __init__(self, address: str, timeout: float = CONNECT_TIMEOUT) -> None:
+    def __init__(self, address: str, timeout: float = CONNECT_TIMEOUT, config: TransportConfig | None = None) -> None:
         self.kind = stream_kind(address)
         if self.kind == "tcp":
             _tcp_host_port(address)
@@ -501,9 +504,10 @@ class StreamChannel(LinkChannel):
         super().__init__()
         self.address = address
         self.timeout = timeout
+        self.rto_min_us = (config or TransportConfig.from_env()).tcp_rto_min_us
 
     def _dial(self) -> StreamLink:
-        return StreamLink.dial(self.address, self.timeout)
+        return StreamLink.dial(self.address, self.rto_min_us, self.timeout)
 
 
 class StreamListener(LinkListener):
@@ -511,19 +515,21 @@ class StreamListener(LinkListener):
     close), or TCP bound to ``tcp://HOST:PORT`` (port 0: a free one), whose ``address``
     then names ``advertise_host`` and the port bound. ``kind``, the endpoint's name in what
     a service registers: ``ipc``, or ``stream`` for TCP (``tcp`` is its ZeroMQ endpoint).
-    Its connections are bounded (``sockpoll.connection_limits``: a cap, a handshake deadline,
-    an idle timeout for those that never became a job's channel; the arguments override the
-    environment's). ``budget``: the cap it shares with the process's other listeners
-    (``sockpoll.LinkBudget``); without one it has a cap of its own, ``max_links``."""
+    Its connections are bounded (``config``'s ``stream_*``: a cap, a handshake deadline, an
+    idle timeout for those that never became a job's channel; the arguments override them).
+    ``budget``: the cap it shares with the process's other listeners (``sockpoll.LinkBudget``);
+    without one it has a cap of its own, ``max_links``. ``config``: the transport's settings
+    (default ``TransportConfig.from_env()``)."""
 
     def __init__(self, address: str, advertise_host: str | None = None, max_links: int | None = None,
                  handshake_s: float | None = None, idle_s: float | None = None,
-                 budget: LinkBudget | None = None) -> None:
+                 budget: LinkBudget | None = None, config: TransportConfig | None = None) -> None:
         self.path: str | None = None
-        env_max, env_handshake, env_idle = connection_limits()
-        self.budget = budget if budget is not None else LinkBudget(max_links or env_max)
-        self.handshake_s = handshake_s or env_handshake
-        self.idle_s = idle_s or env_idle
+        config = config or TransportConfig.from_env()
+        self.budget = budget if budget is not None else LinkBudget(max_links or config.stream_max_connections)
+        self.handshake_s = handshake_s or config.stream_handshake_s
+        self.idle_s = idle_s or config.stream_idle_s
+        self.rto_min_us = config.tcp_rto_min_us
         self.kind = "stream" if stream_kind(address) == "tcp" else "ipc"
         if self.kind == "stream":
             host, port = _tcp_host_port(address, bind=True)
@@ -548,7 +554,8 @@ class StreamListener(LinkListener):
         super().__init__(sock)
 
     def _link_for(self, sock: socket.socket, peer: object) -> StreamLink:
-        return StreamLink(sock, f"{self.path or self.address} peer {peer if self.path is None else sock.fileno()}")
+        return StreamLink(sock, f"{self.path or self.address} peer {peer if self.path is None else sock.fileno()}",
+                          self.rto_min_us)
 
     def close(self) -> None:
         super().close()

@@ -28,21 +28,23 @@ _C_INT_MAX = (1 << 31) - 1
 _heap_kept = 0      # bytes glibc keeps of what every thread frees (one arena, trim threshold), once tuned
 
 
-def make_context(server: bool = False) -> zmq.Context:
+def make_context(server: bool = False, malloc_tuning: bool = True) -> zmq.Context:
     """The process's ZeroMQ context. ``server``: a service process of this runtime (an
     aggregator) that receives many large messages at once; its received buffers are kept in
     one glibc heap (``keep_freed_buffers(one_arena=True)``), set before the context starts
-    the I/O thread that allocates them."""
-    if server:
+    the I/O thread that allocates them, unless ``malloc_tuning`` is off
+    (``TransportConfig.malloc_tuning``)."""
+    if server and malloc_tuning:
         keep_freed_buffers(one_arena=True)
     ctx = zmq.Context()
     ctx.setsockopt(zmq.LINGER, 0)
     return ctx
 
 
-def ipc_address(prefix: str) -> str:
-    """A fresh unix-socket address under the runtime directory."""
-    base = os.environ.get("AUTOPS_RUNTIME_DIR") or tempfile.gettempdir()
+def ipc_address(prefix: str, directory: str | None = None) -> str:
+    """A fresh unix-socket address in ``directory`` (``TransportConfig.runtime_dir``; None:
+    the temporary directory)."""
+    base = directory or tempfile.gettempdir()
     return f"ipc://{os.path.join(base, f'autops-{prefix}-{os.getpid()}-{uuid.uuid4().hex[:8]}.sock')}"
 
 
@@ -68,14 +70,12 @@ def keep_freed_buffers(mmap_threshold: int = 64 << 20, trim_threshold: int = 1 <
     thread of the process avoids that; it must be set before the I/O thread first allocates.
     Meant for service processes (few threads allocate), not for a user's training process.
 
-    Returns False where mallopt is not available (not glibc). ``AUTOPS_MALLOC_TUNING=0``
-    turns it off.
+    Returns False where mallopt is not available (not glibc). Its callers skip it where
+    ``TransportConfig.malloc_tuning`` is off (``AUTOPS_MALLOC_TUNING=0``).
     """
     for value in (mmap_threshold, trim_threshold):
         if not 0 <= value <= _C_INT_MAX:        # mallopt takes a C int: ctypes would silently truncate
             raise ValueError(f"malloc threshold {value} is outside 0..{_C_INT_MAX}")
-    if os.environ.get("AUTOPS_MALLOC_TUNING", "1") == "0":
-        return False
     try:
         import ctypes
         libc = ctypes.CDLL("libc.so.6")

@@ -2,7 +2,7 @@
 
 A job's secret is made by its launcher (``autops local``, the Tiresias master, the
 benchmarks; ``autops secret`` for a torchrun launch) and given to every rank, usually as
-``$AUTOPS_JOB_SECRET`` (``ENV``). The first registration of a job id with pMaster sets it;
+``$AUTOPS_JOB_SECRET`` (``autops.config.AgentConfig.secret``). The first registration of a job id with pMaster sets it;
 every later request of that job (registration of any rank, declare, table, profile, done,
 and every push, pull and broadcast at the aggregators) must present the same one. pMaster
 never sends it back.
@@ -23,29 +23,17 @@ from pathlib import Path
 
 from dlrt.proof import digest_matches, secret_digest
 
-__all__ = ["ENV", "MIN_SECRET_CHARS", "new_job_secret", "secret_from_env", "default_state_dir",
-           "SecretRefused", "JobSecrets"]
+from ..config import SECRET_ENV
 
-ENV = "AUTOPS_JOB_SECRET"
+__all__ = ["MIN_SECRET_CHARS", "new_job_secret", "SecretRefused", "JobSecrets"]
+
 MIN_SECRET_CHARS = 16      # a secret shorter than this is refused (guessable)
-STATE_ENV = "AUTOPS_STATE_DIR"
 DB_NAME = "jobs.sqlite"
 
 
 def new_job_secret() -> str:
     """A fresh job secret (256 random bits, hex): what a launcher gives every rank of a job."""
     return secrets.token_hex(32)
-
-
-def secret_from_env(given: str | None = None) -> str | None:
-    """``given``, else ``$AUTOPS_JOB_SECRET``, else None."""
-    return given or os.environ.get(ENV) or None
-
-
-def default_state_dir() -> Path:
-    """pMaster's state directory: ``$AUTOPS_STATE_DIR``, else ``~/.dlrt/autops``."""
-    env = os.environ.get(STATE_ENV)
-    return Path(env) if env else Path.home() / ".dlrt" / "autops"
 
 
 class SecretRefused(ValueError):
@@ -60,8 +48,8 @@ def check_secret_shape(job: str, secret: object) -> str:
     """``secret`` when it is a usable secret, else ``SecretRefused`` (``no_secret``/``weak_secret``)."""
     if not isinstance(secret, str) or not secret:
         raise SecretRefused(f"no secret presented for job {job}: give every rank the job's secret "
-                            f"(${ENV}; `autops local` and the Tiresias master set it, "
-                            f"`export {ENV}=$(autops secret)` for torchrun)", "no_secret")
+                            f"(${SECRET_ENV}; `autops local` and the Tiresias master set it, "
+                            f"`export {SECRET_ENV}=$(autops secret)` for torchrun)", "no_secret")
     if len(secret) < MIN_SECRET_CHARS:
         raise SecretRefused(f"the secret of job {job} is too short ({len(secret)} characters, at least "
                             f"{MIN_SECRET_CHARS}); make one with `autops secret`", "weak_secret")

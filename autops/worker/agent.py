@@ -23,7 +23,7 @@ objects its constructor takes. ``Handle``, ``Table``, ``MasterClient`` and the e
 modules of their own and are importable from here as before.
 
 Every rank presents its job's secret (from its launcher: ``secret=`` or
-``$AUTOPS_JOB_SECRET``, ``jobauth``) to pMaster and with every data request; pMaster never
+``$AUTOPS_JOB_SECRET``, ``AgentConfig``; ``jobauth``) to pMaster and with every data request; pMaster never
 sends it. A refusal raises ``AuthRefused`` naming it. Sockets run CURVE beyond loopback when
 the key directory holds the cluster's CURVE keys (``dlrt.curve``).
 
@@ -48,36 +48,29 @@ from dlrt import requeue
 from dlrt.curve import Security, default_security
 from dlrt.procs import name_this_thread
 
+from ..config import DEFAULT_TIMEOUT, SECRET_ENV, WARM_BYTES, AgentConfig
 from ..wire import protocol as wire
-from ..wire.jobauth import ENV as SECRET_ENV, secret_from_env
 from ..wire.partition import KeySpec
 from ..transport import TRANSPORTS, make_context
 from ..transport.cma import require_cma
 from ..transport.rdma_verbs import require_device
 from .commands import (BcastCmd, Command, CommandQueue, FlushCmd, InitCmd, PullCmd, PushCmd, StateCmd,
                        StopCmd, TableCmd)
-from .errors import AuthRefused, AutoPSError, MasterUnreachable, PoolBusy
+from .errors import AuthRefused, AutoPSError, BadSetting, MasterUnreachable, PoolBusy
 from .handles import Handle, Part, StateHandle
-from .ioloop import COALESCE_ENV, PROBE_AFTER, PROFILE_PERIOD, IOLoop, Request
+from .ioloop import PROBE_AFTER, PROFILE_PERIOD, IOLoop, Request
 from .masterclient import MasterClient
 from .shared import Counters, LoopConfig, Registration
 from .table import SharedTable, Table
 
 # the names importable from here (several live in the modules above since the I/O loop has its own)
-__all__ = ["Agent", "AuthRefused", "AutoPSError", "COALESCE_ENV", "DEFAULT_TIMEOUT", "EXIT_DONE_TIMEOUT",
-           "Handle", "JOB_DONE_TIMEOUT", "MasterClient", "MasterUnreachable", "PARTITION_ENV", "PROBE_AFTER",
-           "PROFILE_PERIOD", "Part", "PoolBusy", "Request", "StateHandle", "Table", "WARM_BYTES", "WARM_ENV",
-           "warm_bytes_from_env"]
+__all__ = ["Agent", "AuthRefused", "AutoPSError", "BadSetting", "DEFAULT_TIMEOUT", "EXIT_DONE_TIMEOUT",
+           "Handle", "JOB_DONE_TIMEOUT", "MasterClient", "MasterUnreachable", "PROBE_AFTER", "PROFILE_PERIOD",
+           "Part", "PoolBusy", "Request", "StateHandle", "Table", "WARM_BYTES", "config_from_env"]
 
 log = logging.getLogger("autops.worker.agent")
 
-DEFAULT_TIMEOUT = 60.0
 JOB_DONE_TIMEOUT = 5.0     # seconds a finished rank waits for pMaster to take its JOB_DONE
-PARTITION_ENV = "AUTOPS_PARTITION_BYTES"   # the job's partition size where the caller sets none
-# bytes carried to a move's new owner and back over each TCP connection opened for the move,
-# before its switch (``IOLoop.warm``); "0" turns it off
-WARM_ENV = "AUTOPS_WARM_BYTES"
-WARM_BYTES = 32 << 20
 # agents not closed yet; at interpreter exit each leaves its job (``_leave_at_exit``), waiting
 # at most this long for pMaster's answer (a pool already gone must not hold the exit up)
 _OPEN: "weakref.WeakSet[Agent]" = weakref.WeakSet()
@@ -103,16 +96,13 @@ def _leave_at_exit() -> None:
 atexit.register(_leave_at_exit)
 
 
-def warm_bytes_from_env() -> int:
-    """``$AUTOPS_WARM_BYTES``, else ``WARM_BYTES``: what an agent warms a move's new TCP
-    connections with when its caller says nothing."""
-    text = os.environ.get(WARM_ENV)
-    if not text:
-        return WARM_BYTES
+def config_from_env() -> AgentConfig:
+    """``AgentConfig.from_env()``, a bad value raised as ``BadSetting`` (an ``AutoPSError``
+    and a ``ValueError``, naming the variable)."""
     try:
-        return int(text)
-    except ValueError:
-        raise AutoPSError(f"${WARM_ENV}={text!r} is not a number of bytes") from None
+        return AgentConfig.from_env()
+    except ValueError as exc:
+        raise BadSetting(str(exc)) from None
 
 
 class Agent:
@@ -123,7 +113,7 @@ class Agent:
                  hp: dict | None = None, timeout: float = DEFAULT_TIMEOUT, transport: str = "auto",
                  partition_bytes: int | None = None, small_bytes: int | None = None,
                  secret: str | None = None, fault_tolerant: bool = True, security: Security | None = None,
-                 warm_bytes: int | None = None) -> None:
+                 warm_bytes: int | None = None, config: AgentConfig | None = None) -> None:
         """``secret``: the job's secret, the same for every rank (default ``$AUTOPS_JOB_SECRET``;
         the launcher makes it: ``autops local``, the Tiresias master, ``autops secret``).
         ``fault_tolerant``: the job survives the loss of an aggregator -- each worker keeps
@@ -137,10 +127,14 @@ class Agent:
         declaration of a tensor over 1 MiB: ``autops.wire.partition.auto_partition_bytes``, 1 to 4 MiB).
         ``warm_bytes``: how much each TCP connection opened for a move carries to the new owner
         and back before the move's switch (default ``$AUTOPS_WARM_BYTES``, else ``WARM_BYTES``;
-        0: none, at most ``wire.MAX_WARM_BYTES``)."""
-        secret = secret_from_env(secret)
-        if partition_bytes is None and os.environ.get(PARTITION_ENV):
-            partition_bytes = int(os.environ[PARTITION_ENV])
+        0: none, at most ``wire.MAX_WARM_BYTES``).
+        ``config``: what the environment sets where these arguments say nothing -- the secret,
+        the partition and warm sizes, coalescing and the transport's settings (default
+        ``config_from_env()``, read here); the other arguments keep their own defaults."""
+        config = config if config is not None else config_from_env()
+        secret = secret or config.secret
+        if partition_bytes is None:
+            partition_bytes = config.partition_bytes
         if not secret:
             raise AutoPSError(f"no secret for job {job}: pass secret= or set ${SECRET_ENV} the same for every "
                               f"rank (`autops local` and the Tiresias master do; for torchrun: "
@@ -153,7 +147,7 @@ class Agent:
         self.timeout = timeout
         self.fault_tolerant = fault_tolerant
         if warm_bytes is None:
-            warm_bytes = warm_bytes_from_env()
+            warm_bytes = config.warm_bytes
         if not 0 <= warm_bytes <= wire.MAX_WARM_BYTES:
             raise AutoPSError(f"warm_bytes {warm_bytes} outside 0..{wire.MAX_WARM_BYTES}")
         self.warm_bytes = warm_bytes
@@ -195,7 +189,8 @@ class Agent:
         self._loop_config = LoopConfig(job=job, rank=rank, master=master,
                                        aggregators=tuple(self.aggregators), timeout=timeout,
                                        fault_tolerant=fault_tolerant, mode=mode, warm_bytes=warm_bytes,
-                                       transport=transport, security=self.security, ctx=self.ctx)
+                                       transport=transport, security=self.security, ctx=self.ctx,
+                                       coalesce=config.coalesce, transport_config=config.transport_config)
         self._io = threading.Thread(target=self._io_main, name=f"autops-agent-{rank}", daemon=True)
         self._io_ready = threading.Event()
         self._io.start()

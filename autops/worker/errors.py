@@ -12,6 +12,12 @@ def as_autops_error(exc: BaseException, what: str) -> AutoPSError:
     return exc if isinstance(exc, AutoPSError) else AutoPSError(f"{what} failed: {exc}")
 
 
+class BadSetting(AutoPSError, ValueError):
+    """A bad ``AUTOPS_*`` value where a worker reads its settings (``AgentConfig.from_env``):
+    an ``AutoPSError`` like every error of the agent, and the ``ValueError`` that names the
+    variable."""
+
+
 class MasterUnreachable(AutoPSError):
     """pMaster did not answer (it may be restarting)."""
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -35,11 +34,12 @@ from .table import SharedTable, Table
 
 log = logging.getLogger("autops.worker.agent")     # the agent's log, as before the loop had a module
 
-PROFILE_PERIOD = float(os.environ.get("AUTOPS_PROFILE_PERIOD", "1.0"))
+# seconds between the PROFILE records sent to pMaster (fixed: pMaster's profiling windows
+# count iterations, not records, and a record is also the worker's sign of life)
+PROFILE_PERIOD = 1.0
 # a request unanswered this long makes the agent ask pMaster whether an aggregator was lost
-PROBE_AFTER = float(os.environ.get("AUTOPS_PROBE_AFTER", "1.0"))
-# "0": each large key's push goes as a message of its own, also within a burst (``coalesce``)
-COALESCE_ENV = "AUTOPS_COALESCE"
+# (fixed: the answer is a few bytes unless the job's epoch changed)
+PROBE_AFTER = 1.0
 
 
 @dataclass
@@ -68,7 +68,7 @@ class IOLoop:
             StateCmd: self.do_state, FlushCmd: self.do_flush, TableCmd: self.do_table, StopCmd: self.do_stop}
         self.table = Table()
         self.transport = Transport(config.ctx, config.transport, label=f"autops-agent-{config.rank}",
-                                   security=config.security)
+                                   security=config.security, config=config.transport_config)
         self.channel_agg: dict[Channel, str] = {}
         self.inflight: dict[int, Request] = {}
         self.reqs = itertools.count(1)
@@ -79,7 +79,7 @@ class IOLoop:
         self.batch_keys: dict[str, set[str]] = collections.defaultdict(set)     # the keys in batch_push
         # large keys' pushes of this burst of commands over sockets, per (aggregator, op)
         self.coalesced = Coalescer()
-        self.coalesces = os.environ.get(COALESCE_ENV, "1") != "0"
+        self.coalesces = config.coalesce       # off: each large key's push goes as a message of its own
         self.small: dict[str, set[str]] = {}
         self.routes: dict[str, Channel] = {}                       # agg -> its channel (as the table says)
         self.lending: dict[str, bool] = {}                         # agg -> staged pushes reach it by reference

@@ -10,10 +10,13 @@ import zmq
 
 from dlrt.curve import Security
 
+from ..config import TransportConfig
+
 
 @dataclass(frozen=True, slots=True)
 class LoopConfig:
-    """Who this rank is and how its I/O thread works, fixed when the agent starts."""
+    """Who this rank is and how its I/O thread works, fixed when the agent starts: its
+    arguments, and what its ``AgentConfig`` gave where they said nothing."""
     job: str
     rank: int
     master: str                        # pMaster's address
@@ -25,6 +28,8 @@ class LoopConfig:
     transport: str                     # the transport's name (``autops.transport.TRANSPORTS``)
     security: Security
     ctx: zmq.Context
+    coalesce: bool                     # large keys' pushes to one aggregator go as one message per burst
+    transport_config: TransportConfig  # the transport's settings (``AgentConfig.transport_config``)
 
 
 @dataclass(slots=True)

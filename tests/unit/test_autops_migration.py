@@ -805,17 +805,21 @@ def test_the_warm_size_comes_from_the_environment_and_is_bounded(monkeypatch):
     """How much an agent warms a move's new connections with: ``$AUTOPS_WARM_BYTES`` (bytes;
     0 turns it off), else 32 MiB; a size outside 0..``wire.MAX_WARM_BYTES`` is refused when
     the agent is made, before it reaches for pMaster."""
-    from autops.worker.agent import WARM_BYTES, WARM_ENV, Agent, AutoPSError, warm_bytes_from_env
+    from autops.config import WARM_BYTES, WARM_ENV
+    from autops.worker.agent import Agent, AutoPSError, config_from_env
 
     monkeypatch.delenv(WARM_ENV, raising=False)
-    assert warm_bytes_from_env() == WARM_BYTES == 32 << 20
+    assert config_from_env().warm_bytes == WARM_BYTES == 32 << 20
     monkeypatch.setenv(WARM_ENV, "0")
-    assert warm_bytes_from_env() == 0
+    assert config_from_env().warm_bytes == 0
     monkeypatch.setenv(WARM_ENV, str(1 << 20))
-    assert warm_bytes_from_env() == 1 << 20
+    assert config_from_env().warm_bytes == 1 << 20
     monkeypatch.setenv(WARM_ENV, "32M")
     with pytest.raises(AutoPSError, match="AUTOPS_WARM_BYTES='32M' is not a number"):
-        warm_bytes_from_env()
+        config_from_env()
+    with pytest.raises(AutoPSError, match="AUTOPS_WARM_BYTES='32M' is not a number"):
+        Agent("tcp://127.0.0.1:9", "warm-job", 0, 1, secret="s" * 16)
+    monkeypatch.delenv(WARM_ENV)
     for bad in (-1, wire.MAX_WARM_BYTES + 1):
         with pytest.raises(AutoPSError, match=f"warm_bytes {bad} outside"):
             Agent("tcp://127.0.0.1:9", "warm-job", 0, 1, secret="s" * 16, warm_bytes=bad)

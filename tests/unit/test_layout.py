@@ -145,6 +145,7 @@ def test_no_library_module_imports_the_benchmarks_at_module_level():
 AUTOPS_PROCESSES = ("autops.worker", "autops.aggregator", "autops.master")
 AUTOPS_SHARED = ("autops.wire", "autops.transport")
 AUTOPS_LEAVES = ("autops.config", "autops.models")     # plain data any of them may read
+AUTOPS_CONFIG = "autops.config"         # the settings: the one leaf the other leaves may read
 
 
 def _within(module: str, packages) -> str | None:
@@ -167,7 +168,7 @@ def test_the_autops_processes_import_only_the_shared_layers_below_them():
                 assert _within(dep, AUTOPS_PROCESSES + AUTOPS_SHARED + AUTOPS_LEAVES), f"{module} imports {dep}"
             if shared is not None:
                 assert _within(dep, AUTOPS_SHARED + AUTOPS_LEAVES), f"{module} (shared) imports {dep}"
-            if module in AUTOPS_LEAVES:
+            if module in AUTOPS_LEAVES and (module == AUTOPS_CONFIG or dep != AUTOPS_CONFIG):
                 raise AssertionError(f"{module} is a leaf and imports {dep}")
 
 
@@ -191,4 +192,66 @@ def test_no_private_name_is_imported_across_packages():
                     if a.name.startswith("_") and not a.name.startswith("__") and source != package
                     and f"{base}.{a.name}" not in MODULES]
     assert bad == []
+
+
+ENV_PREFIX = "AUTOPS_"
+
+
+def _environ_reads(source: str, label: str) -> list[str]:
+    """Where ``source`` (module ``label``) reads an ``AUTOPS_*`` variable from the environment: ``X.get(NAME)``,
+    ``X[NAME]`` (read), ``X.pop(NAME)`` or ``NAME in X`` with ``X`` an ``environ``
+    (``os.environ``, an ``environ`` argument), or ``os.getenv(NAME)``; ``NAME`` a string
+    literal or a name bound to one in this module (or imported under it from ``autops.config``)."""
+    tree = ast.parse(source)
+    names = {t.id: n.value.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
+             and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+             for t in n.targets if isinstance(t, ast.Name)}
+    config = ast.parse((ROOT / "autops" / "config.py").read_text())
+    exported = {t.id: n.value.value for n in config.body if isinstance(n, ast.Assign)
+                and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+                for t in n.targets if isinstance(t, ast.Name)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            names.update({a.asname or a.name: exported[a.name] for a in node.names if a.name in exported})
+
+    def variable(node: ast.AST) -> str | None:
+        value = node.value if isinstance(node, ast.Constant) else names.get(getattr(node, "id", None))
+        return value if isinstance(value, str) and value.startswith(ENV_PREFIX) else None
+
+    def is_environ(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Name) and node.id == "environ") or \
+            (isinstance(node, ast.Attribute) and node.attr == "environ")
+
+    found = []
+    for node in ast.walk(tree):
+        key = None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+            if (node.func.attr in ("get", "pop") and is_environ(node.func.value)) or \
+                    (node.func.attr == "getenv" and isinstance(node.func.value, ast.Name) and node.func.value.id == "os"):
+                key = node.args[0]
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and is_environ(node.value):
+            key = node.slice
+        elif isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops) \
+                and any(is_environ(c) for c in node.comparators):
+            key = node.left
+        name = variable(key) if key is not None else None
+        if name:
+            found.append(f"{label}:{node.lineno} reads ${name}")
+    return found
+
+
+def test_only_autops_config_reads_autops_variables():
+    """AutoPS's settings come from one place: no module of ``autops/`` but ``autops/config.py``
+    reads an ``AUTOPS_*`` variable (writing one into a child's environment is fine)."""
+    reads = [hit for module, path in MODULES.items() if module.startswith("autops.") and module != AUTOPS_CONFIG
+             for hit in _environ_reads(path.read_text(), module)]
+    assert reads == []
+    assert _environ_reads((ROOT / "autops" / "config.py").read_text(), AUTOPS_CONFIG)   # it sees the reads there
+    probe = ("import os\nfrom autops.config import WARM_ENV as W\nNAME = 'AUTOPS_X'\n"       # and these
+             "a = os.environ.get('AUTOPS_A')\nb = os.getenv(NAME)\nc = os.environ[W]\n"
+             "d = 'AUTOPS_D' in os.environ\ndef f(environ):\n    return environ.get(NAME, '')\n"
+             "os.environ['AUTOPS_E'] = '1'\nenv = dict(os.environ, AUTOPS_F='1')\nprint('AUTOPS_G')\n")
+    assert sorted(_environ_reads(probe, "probe")) == [
+        "probe:4 reads $AUTOPS_A", "probe:5 reads $AUTOPS_X", "probe:6 reads $AUTOPS_WARM_BYTES",
+        "probe:7 reads $AUTOPS_D", "probe:9 reads $AUTOPS_X"]
 

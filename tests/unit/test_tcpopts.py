@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import zmq
 
+from autops.config import rto_min_us
 from autops.transport import TransportError, tcpopts
 from autops.transport.links import Transport
 from autops.transport.stream import SPLICE_MIN, StreamChannel, StreamListener
@@ -17,16 +18,16 @@ from dlrt.tcpopts import unsupported
 
 def test_the_floor_comes_from_the_environment_within_the_kernels_range(monkeypatch):
     monkeypatch.delenv(tcpopts.RTO_MIN_ENV, raising=False)
-    assert tcpopts.rto_min_us_from_env() == tcpopts.RTO_MIN_US == 10_000
+    assert rto_min_us() == tcpopts.RTO_MIN_US == 10_000
     monkeypatch.setenv(tcpopts.RTO_MIN_ENV, "0")
-    assert tcpopts.rto_min_us_from_env() == 0
+    assert rto_min_us() == 0
     monkeypatch.setenv(tcpopts.RTO_MIN_ENV, " 200000 ")
-    assert tcpopts.rto_min_us_from_env() == tcpopts.KERNEL_RTO_MIN_US
+    assert rto_min_us() == tcpopts.KERNEL_RTO_MIN_US
     for bad in ("200001", "-1", "5ms", "1e4"):
         monkeypatch.setenv(tcpopts.RTO_MIN_ENV, bad)
         with pytest.raises(ValueError, match=tcpopts.RTO_MIN_ENV):
-            tcpopts.rto_min_us_from_env()
-        assert tcpopts.rto_min_us_from_env(strict=False) == tcpopts.RTO_MIN_US
+            rto_min_us()
+        assert rto_min_us(strict=False) == tcpopts.RTO_MIN_US
 
 
 def test_a_transport_refuses_a_bad_floor_when_it_starts(monkeypatch):

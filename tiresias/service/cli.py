@@ -106,7 +106,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--converge", type=float, default=None, metavar="DELTA",
                    help="elastic: the job counts as converged within DELTA of its loss's total improvement "
                         "(an allocation policy's estimate of its remaining steps; default 0.05)")
-    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="a variable of the job's environment (repeat for more)")
     p.add_argument("--workdir", default=None, help="the job's working directory (default: the current one)")
     p.add_argument("job_command", nargs=argparse.REMAINDER, metavar="-- CMD", help="the job's command")
     p.set_defaults(func=cmd_submit)
@@ -117,24 +118,24 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="the newest N jobs (default: the master's, 1000; at most 10000)")
     p.set_defaults(func=cmd_jobs)
     p = _client(sub, "job", "show one job")
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=int, help="the job's id")
     p.set_defaults(func=cmd_job)
     p = _client(sub, "cancel", "cancel a job")
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=int, help="the job's id")
     p.set_defaults(func=cmd_cancel)
     p = _client(sub, "nodes", "show nodes: GPUs, jobs, memory")
     p.set_defaults(func=cmd_nodes)
     for name, online in (("drain", False), ("undrain", True)):
         p = _client(sub, name, "return a node to service" if online else "take a node out of service")
-        p.add_argument("node")
+        p.add_argument("node", help="the node's name (as `tiresias nodes` shows it)")
         p.set_defaults(func=cmd_drain, online=online)
     p = _client(sub, "logs", "print a job's output")
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=int, help="the job's id")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
     p.set_defaults(func=cmd_logs)
     p = _client(sub, "events", "recent events")
-    p.add_argument("--job", type=int, default=None)
-    p.add_argument("--limit", type=cli.positive(int), default=50)
+    p.add_argument("--job", type=int, default=None, help="only this job's events (default: every job's)")
+    p.add_argument("--limit", type=cli.positive(int), default=50, help="the newest N events")
     p.set_defaults(func=cmd_events)
 
 
@@ -155,13 +156,16 @@ def _master_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state", default=DEFAULT_STATE, help="state dir (SQLite, token, logs, checkpoints)")
     p.add_argument("--bind", default="127.0.0.1:8470",
                    help="HOST:PORT or tcp://HOST:PORT of the HTTP API (port 0: any)")
-    p.add_argument("--executor", choices=["local", "ray"], default="local")
+    p.add_argument("--executor", choices=["local", "ray"], default="local",
+                   help="local: jobs run on this machine, on emulated nodes (--nodes); ray: on a Ray cluster")
     p.add_argument("--nodes", default="2x4", help="local executor: NODESxGPUS emulated on this machine")
     p.add_argument("--ray-address", default=None, help="ray executor: the Ray cluster's address")
-    p.add_argument("--policy", choices=LIVE_POLICIES, default="las")
-    p.add_argument("--queues", type=cli.positive(int), default=2)
+    p.add_argument("--policy", choices=LIVE_POLICIES, default="las", help="the scheduling policy")
+    p.add_argument("--queues", type=cli.positive(int), default=2, help="las/gittins: the number of queues")
     p.add_argument("--thresholds", default="3200", help="queue thresholds in GPU-seconds, comma-separated")
-    p.add_argument("--promote-knob", type=cli.positive(float), default=None)
+    p.add_argument("--promote-knob", type=cli.positive(float), default=None,
+                   help="las/gittins: a job that waited at least this many times its last run goes back to the "
+                        "first queue (default: never)")
     p.add_argument("--distribution", default=None, help="gittins: CSV of past jobs' GPU-seconds")
     p.add_argument("--packlimit", type=_skew, default=DEFAULT_PACKLIMIT,
                    help="consolidate jobs whose skew is above this (0..1)")

@@ -33,7 +33,7 @@ def add_user_commands(master_parser: argparse.ArgumentParser) -> None:
     p = _command(users, "list", "list users (never their tokens)")
     p.set_defaults(func=cmd_list)
     p = _command(users, "revoke", "revoke a user's token at once")
-    p.add_argument("name")
+    p.add_argument("name", help="the user's name")
     p.set_defaults(func=cmd_revoke)
     # the master itself takes no command argument: its usage says so (argparse would show
     # the optional ``users`` group as a required MASTER_COMMAND)
