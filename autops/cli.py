@@ -48,6 +48,7 @@ def _cmd_master(args: argparse.Namespace) -> int:
                            period=args.period, threshold=args.threshold, spare=args.spare,
                            job_timeout=args.job_timeout, job_idle_timeout=args.job_idle_timeout)
     serve(MasterConfig(bind=args.bind, heartbeat_timeout=args.heartbeat_timeout, provider=args.provider,
+                       ray_address=args.ray_address,
                        max_aggregators=args.max_aggregators, aggregator_transport=args.aggregator_transport,
                        aggregator_orphan_timeout=args.aggregator_orphan_timeout, report_bind=args.report_bind,
                        metrics_port=args.metrics_port, report_period=args.report_period, state_dir=args.state_dir,
@@ -186,9 +187,13 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                    help="address to listen on (HOST:PORT or tcp://HOST:PORT; 0.0.0.0:PORT for every interface)")
     p.add_argument("--heartbeat-timeout", type=cli.positive(float), default=m.heartbeat_timeout,
                    help="seconds without a heartbeat after which an aggregator counts as lost")
-    p.add_argument("--provider", choices=("standby", "local"), default=m.provider,
+    p.add_argument("--provider", choices=("standby", "local", "ray"), default=m.provider,
                    help="standby: use aggregators started with `autops aggregator`; local: also start "
-                        "aggregator processes on this machine when needed")
+                        "aggregator processes on this machine when needed; ray: also start them as Ray "
+                        "actors on the Ray cluster's nodes with free CPUs")
+    p.add_argument("--ray-address", default=m.ray_address, metavar="HOST:PORT",
+                   help="ray provider: the Ray cluster's address (what `ray start --head` printed; "
+                        "default: the cluster this machine runs)")
     p.add_argument("--max-aggregators", type=cli.positive(int), default=m.max_aggregators,
                    help="local provider: most aggregator processes it starts (default: CPU count)")
     p.add_argument("--aggregator-transport", choices=("auto", "tcp", "rdma", "cma"), default=m.aggregator_transport,

@@ -60,7 +60,7 @@ from .migration import Migrations
 from .outbox import AggregatorOutbox, Reply
 from .pool import AggInfo, JobInfo, PoolState, tenant_of, tenant_refused
 from .poolfiles import JobTenants
-from .providers import Provider, StandbyProvider
+from .providers import Provider, StandbyProvider, make_provider
 from .rebuild import Restorer, note_for
 from .replication import choose_replica, replica_info
 from .scaling import cluster_free_cpu
@@ -832,19 +832,30 @@ class Master:
         self._reply(identity, wire.encode(wire.OK, req=msg.get("req"), status=self.status()))
 
 
+def provider_maker(config: MasterConfig) -> Callable[[str], Provider]:
+    """What builds ``config``'s provider once pMaster's address is known. The Ray provider's
+    aggregators run on other machines: bound to every interface, pMaster tells them the
+    address Ray knows this machine by, not loopback."""
+    if config.provider == "ray":
+        from .rayprovider import ray_provider
+        every = config.bind.replace("tcp://", "").rsplit(":", 1)[0] in ("0.0.0.0", "*")
+        return lambda address: ray_provider(address, config.ray_address, every_interface=every,
+                                            max_aggregators=config.max_aggregators, log_level=config.log_level,
+                                            transport=config.aggregator_transport,
+                                            orphan_timeout=config.aggregator_orphan_timeout)
+    return lambda address: make_provider(config.provider, address, config.max_aggregators,
+                                         log_level=config.log_level, transport=config.aggregator_transport,
+                                         state_dir=config.state_dir, orphan_timeout=config.aggregator_orphan_timeout)
+
+
 def serve(config: MasterConfig, elastic: ElasticConfig | None = None,
           on_listening: Callable[[str], None] | None = None) -> None:
     """Run a pMaster as ``config`` says (elasticity as ``elastic`` says) until stopped;
     ``on_listening(address)`` once its socket is bound."""
-    from .providers import make_provider
     master = Master(config.bind, heartbeat_timeout=config.heartbeat_timeout, elastic=elastic,
                     report_bind=config.report_bind, metrics_port=config.metrics_port,
                     report_period=config.report_period, state_dir=config.state_dir,
-                    make_provider=lambda address: make_provider(config.provider, address, config.max_aggregators,
-                                                                log_level=config.log_level,
-                                                                transport=config.aggregator_transport,
-                                                                state_dir=config.state_dir,
-                                                                orphan_timeout=config.aggregator_orphan_timeout))
+                    make_provider=provider_maker(config))
     if on_listening is not None:
         on_listening(master.address)
     master.install_signal_handlers()

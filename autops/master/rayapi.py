@@ -45,6 +45,10 @@ class RayAPI:
         return [RayNode(n["NodeID"], n["NodeManagerAddress"], float((n.get("Resources") or {}).get("CPU", 0)))
                 for n in self.ray.nodes() if n.get("Alive")]
 
+    def node_ip(self) -> str:
+        """The address Ray knows this machine by."""
+        return self.ray.util.get_node_ip_address()
+
     def free_cpus(self) -> float:
         return float(self.ray.available_resources().get("CPU", 0))
 

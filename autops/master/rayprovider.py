@@ -219,8 +219,13 @@ class RayProvider(Provider):
             self.ray.close()
 
 
-def ray_provider(master: str, address: str | None, **options: Any) -> RayProvider:
+def ray_provider(master: str, address: str | None, every_interface: bool = False, **options: Any) -> RayProvider:
     """A ``RayProvider`` for a pMaster at ``master`` on the Ray cluster at ``address``
-    (``rayapi.connect``; its errors are one line); ``options``: ``RayProvider``'s."""
-    return RayProvider(master, connect(address), **options)
+    (``rayapi.connect``; its errors are one line); ``every_interface``: pMaster listens on
+    every interface (``master`` names loopback), so its aggregators are told the address Ray
+    knows this machine by; ``options``: ``RayProvider``'s."""
+    ray = connect(address)
+    if every_interface:
+        master = master.replace("127.0.0.1", ray.node_ip(), 1)
+    return RayProvider(master, ray, **options)
 

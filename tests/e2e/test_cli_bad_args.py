@@ -311,3 +311,17 @@ def test_tiresias_master_with_no_ray_cluster_at_the_address_is_one_line_at_once(
     line = assert_one_line_error(code, stderr, {1}, argv)
     assert f"no Ray cluster at 127.0.0.1:{port}: connection refused" in line
     assert time.monotonic() - t0 < 10
+
+
+def test_autops_master_with_the_ray_provider_and_no_ray_cluster_is_one_line_at_once(tmp_path):
+    with socket.socket() as s, socket.socket() as b:       # ports nothing listens on
+        s.bind(("127.0.0.1", 0))
+        b.bind(("127.0.0.1", 0))
+        port, bind = s.getsockname()[1], b.getsockname()[1]
+    argv = ["master", "--provider", "ray", "--ray-address", f"127.0.0.1:{port}", "--bind", f"127.0.0.1:{bind}",
+            "--state-dir", str(tmp_path / "st")]
+    t0 = time.monotonic()
+    code, stderr = run_in_process(autops.cli.main, argv)
+    line = assert_one_line_error(code, stderr, {1}, argv)
+    assert f"no Ray cluster at 127.0.0.1:{port}: connection refused" in line
+    assert time.monotonic() - t0 < 10

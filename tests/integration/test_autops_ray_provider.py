@@ -26,8 +26,9 @@ except ImportError as exc:                           # pragma: no cover - depend
 
 from autops.admin import query_status
 from autops.master.elastic import ElasticConfig
-from autops.master.pmaster import Master
-from autops.master.rayprovider import RayProvider, actor_prefix, ray_provider
+from autops.config import MasterConfig
+from autops.master.pmaster import Master, provider_maker
+from autops.master.rayprovider import RayProvider, actor_prefix
 from autops.worker.agent import Agent
 from autops_testlib import secret_for
 from dlrt.hostid import HOST_ID_ENV, host_id
@@ -80,9 +81,13 @@ def cluster():
 def test_pmaster_starts_aggregators_through_ray_and_ends_them(cluster, tmp_path):
     made: list[RayProvider] = []
 
+    # what `autops master --provider ray --ray-address ADDR --max-aggregators 4` builds; orphan
+    # timeout past the test's deadlines: only pMaster's stop can end them in time
+    maker = provider_maker(MasterConfig(provider="ray", ray_address=cluster.address, max_aggregators=4,
+                                        aggregator_orphan_timeout=ORPHAN_S, log_level="WARNING"))
+
     def make(address: str) -> RayProvider:
-        # orphan timeout past the test's deadlines: only pMaster's stop can end them in time
-        made.append(ray_provider(address, cluster.address, max_aggregators=4, orphan_timeout=ORPHAN_S))
+        made.append(maker(address))
         return made[0]
 
     master = Master("tcp://127.0.0.1:0", make_provider=make, elastic=ElasticConfig(enabled=False, spare=1),

@@ -111,7 +111,8 @@ def _default(action: argparse.Action) -> str:
         value = int(value) if value.is_integer() else format(value, "g")
     if isinstance(value, (list, tuple)):
         value = " ".join(map(str, value))
-    return f"`{_cell(str(value).replace(str(pathlib.Path.home()), '~'))}`"
+    text = str(value).replace(str(ROOT.parent / "shared"), "../shared")     # as the checkout's sibling
+    return f"`{_cell(text.replace(str(pathlib.Path.home()), '~'))}`"
 
 
 def _help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
