@@ -150,7 +150,9 @@ def test_a_write_whose_slab_is_taken_back_half_way_is_refused(store, server):
         s.sendall(REQ.pack(MAGIC, VERSION, WRITE, off, 2 * half, 1, gen) + pattern(1, half))
         # the first half is in the slab (written under the lease) before the slab is revoked
         assert wait_until(lambda: store.read(off, half) == pattern(1, half))
-        assert store.revoke(off)
+        # revoked at once; the server's copy of the first half may still be counted as in
+        # progress for an instant after its bytes landed (a busy machine): it drains
+        assert store.revoke(off) or wait_until(lambda: store.drained(off))
         s.sendall(pattern(2, half))
         assert reply(s) == (REPLY_MAGIC, -errno.ESTALE, 1)
         # the connection keeps serving; nothing was written after the revoke
