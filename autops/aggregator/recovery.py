@@ -18,7 +18,8 @@ import numpy as np
 from ..transport import Sender
 from ..wire import protocol as wire
 from ..wire.partition import KeySpec
-from .links import Commitments, Control
+from .commitments import Commitments
+from .links import Control
 from .store import JobState, KeyState, Store, StoreError
 
 __all__ = ["Recovery"]

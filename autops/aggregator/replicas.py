@@ -24,7 +24,8 @@ import numpy as np
 from ..transport import Sender
 from ..wire import protocol as wire
 from ..wire.partition import KeySpec
-from .links import Commitments, Control, Peers
+from .commitments import Commitments
+from .links import Control, Peers
 from .reserve import MemoryReadier, timed
 from .store import JobState, KeyState, Store, StoreError
 

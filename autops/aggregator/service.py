@@ -61,18 +61,19 @@ import psutil
 import zmq
 
 from dlrt.cpus import usable_cpus
-from dlrt.curve import Security, default_security, peer_name, warn_if_exposed
+from dlrt.curve import Security, default_security, warn_if_exposed
 from dlrt.hostid import host_id
 from dlrt.keys import ensure_cluster_secret
 
 from ..wire import clusterauth, protocol as wire
-from . import memroom, quota
+from . import memroom
 from .batch_reports import BatchReports
 from .broadcast import Broadcasts
 from .cycle import CyclicSchedule
 from ..wire.partition import KeySpec
 from .held import HeldMessages
-from .links import Commitments, Control, Peers
+from .commitments import Commitments, NoRoom
+from .links import Control, Peers
 from ..config import DEFAULT_ORPHAN_TIMEOUT
 from .orphan import OrphanWatch
 from .precopy import Follower, Precopies
@@ -82,21 +83,14 @@ from .reserve import MemoryReadier, timed
 from .spare import SpareBuffers
 from .store import JobState, KeyState, SecretMismatch, Store, StoreError
 from ..transport import Channel, Inbound, Sender, Shared, Transport, make_context
-from ..transport.prefault import PREFAULT_SHARE, heap_free
+from ..transport.prefault import PREFAULT_SHARE
 from ..transport.shm import RESERVE_SHARED
 from ..transport.zmq import heap_kept
 
 # serving-thread work timed in ``stats`` (``reserve.timed``)
 TIMED = ("state_snapshot", "state_install", "state_takeover", "replica_install")
 
-REFUSED_JOBS_KEPT = 1024    # jobs dropped past their tenant's quota whose requests are answered why
-
 log = logging.getLogger("autops.aggregator.service")
-
-
-class NoRoom(StoreError):
-    """Bytes this aggregator will not commit: no room, or past a per-job or per-tenant limit.
-    Answered with ``no_room`` set (an owner then stops replicating to the refusing replica)."""
 
 
 @dataclass
@@ -150,26 +144,8 @@ class Aggregator:
         self.orphaned = False                # it exited for want of a pMaster
         self.note: dict | None = None        # pMaster's record of this aggregator, for a restarted one
         MemoryReadier.check(prefault_share, reserve, reserve_shared)     # before anything is opened
-        if headroom < 0 or (max_job_bytes is not None and max_job_bytes <= 0) or \
-                (max_tenant_bytes is not None and max_tenant_bytes <= 0):
-            raise ValueError(f"headroom must be 0 or more, max_job_bytes and max_tenant_bytes above 0 "
-                             f"(not {headroom}, {max_job_bytes}, {max_tenant_bytes})")
-        self.headroom = int(headroom)
-        # what a job holds committed here (``committed``): its keys, replicas and memory made
-        # ready in the store, its spare buffers, and ``pending``: bytes being allocated for it
-        # that the store does not hold yet. Allocation is lazy, so the host's figures show
-        # them only once written (``memroom``)
-        self.pending: dict[str, int] = {}
-        self.tenants: dict[str, str] = {}       # job -> its tenant (CURVE key name), where known
-        self.refused_jobs: dict[str, str] = {}  # job -> why it was dropped past its tenant's quota
-        self._prechecked: str | None = None     # the job whose allocation now was checked already
-        self._rss_base = psutil.Process().memory_info().rss
-        share = None
-        if max_job_bytes is None or max_tenant_bytes is None:
-            share = max(1, memroom.room(memroom.mem_available(), memroom.cgroup_room(), headroom=self.headroom) // 2)
-        self.max_job_bytes = int(max_job_bytes) if max_job_bytes is not None else share
-        self.max_tenant_bytes = int(max_tenant_bytes) if max_tenant_bytes is not None else \
-            quota.default_tenant_bytes(self.max_job_bytes, share)
+        limits = Commitments.resolve(headroom, max_job_bytes, max_tenant_bytes)    # likewise
+        rss_base = psutil.Process().memory_info().rss
         self.security = security if security is not None else default_security()
         self.cluster_secret = cluster_secret if cluster_secret is not None else ensure_cluster_secret()
         self.session: clusterauth.ControlSession | None = None   # the control channel, once registered
@@ -201,7 +177,7 @@ class Aggregator:
                       "handover_messages": 0, "handover_cpu_s": 0.0,
                       "states_sent_ahead": 0, "taken_over_ahead": 0, "auth_refusals": 0, "ctrl_refusals": 0,
                       # declarations, moves, replicas and failovers refused for want of room or past
-                      # --max-job-bytes / --max-tenant-bytes (``_check_room``)
+                      # --max-job-bytes / --max-tenant-bytes (``Commitments.check_room``)
                       "memory_refusals": 0,
                       # memory made ready for keys migrating in: bytes populated, heap warmed, the
                       # CPU seconds it took (of which on CPU the host had to spare), the pauses
@@ -222,6 +198,13 @@ class Aggregator:
                       # installs on a follower, the new owner's take-overs of the state that
                       # came ahead, and whole states installed as a replica
                       **{f"{name}_{unit}": 0 for name in TIMED for unit in ("s", "max_ms", "faults")}}
+        self.spare = SpareBuffers()      # buffers of keys that moved away, for keys moving back
+        # what each job holds committed here, and the room and quota checks more bytes pass
+        self.commitments = Commitments(self.store, self.spare, self.memory, self.stats, limits, headroom, rss_base,
+                                       self._release)
+        # the data path's checks of every request, bound once (not looked up through ``commitments``)
+        self.refused_jobs = self.commitments.refused_jobs
+        self._check_tenant = self.commitments.check_request
         # live migration: copies sent to other aggregators, waiting for their ack (those that
         # sent no state because it went ahead: ``ahead_copies``); server-mode state sent ahead
         # to followers, and their acks
@@ -239,7 +222,6 @@ class Aggregator:
         # the hand-over came (time.monotonic), reported with WORKER_DONE (``_switch_times``)
         self.switch_seen: dict[int, dict] = {}                         # mid -> {"job", "first_push", "handover"}
         self.precopies = Precopies()
-        self.spare = SpareBuffers()      # buffers of keys that moved away, for keys moving back
         self.follow_waits: dict[int, tuple[KeyState, Follower, str]] = {}   # req -> (key, follower, kind)
         self._copy_reqs = iter(range(1, 1 << 62))
         self.store.on_step = self._step_taken
@@ -255,7 +237,7 @@ class Aggregator:
         # what the collaborators below are given instead of the aggregator (``_to_master`` is
         # looked up at each answer)
         control = Control(lambda frames: self._to_master(frames), lambda: self.agg_id)
-        commitments = Commitments(self._check_room, self._learn_tenant, self._pend, self._unpend, self._precheck)
+        commitments = self.commitments
         # replication (server mode), and taking over the keys of a lost aggregator
         self.replication = Replication(self.store, self.stats, self.readier, control, commitments,
                                        Peers(self._peer, self._ticket, self._copy_reqs.__next__), self._published)
@@ -273,102 +255,11 @@ class Aggregator:
         same-host agents read them in place (one memcpy). ``StoreError`` when this machine
         cannot hold them: a job's keys never exhaust its memory."""
         need = sum(numel * np.dtype(dtype).itemsize for numel, dtype in sizes)
-        if self._prechecked != job:         # (an assignment, a failover, a replica checked it first)
-            self._check_room(job, need)
+        self.commitments.check_allocation(job, need)
         try:
             return [(buf.array, buf) for buf in self.memory.allocate(sizes, job)]
         except (OSError, MemoryError) as exc:
             raise StoreError(f"job {job!r}: cannot allocate {need} bytes for its keys: {exc}") from None
-
-    def _room(self) -> int:
-        """Bytes a new declaration may still take here (``memroom.room``): the least of the
-        host's ``MemAvailable`` and the cgroups' limit less usage (v1 and v2), plus what this
-        process holds ready -- its heap's free bytes (the reserve's warmed heap, freed buffers)
-        and the reserve's shared segments, memory the reserve took from ``available`` to give
-        to jobs like this one -- less the headroom and the bytes committed to jobs and not
-        yet written (this process's growth since it started counts as written)."""
-        ready = heap_free() + (self.memory.reserve.held if self.memory.reserve is not None else 0)
-        touched = self.proc.memory_info().rss - self._rss_base if hasattr(self, "proc") else 0
-        return memroom.room(memroom.mem_available(), memroom.cgroup_room(), ready=ready, headroom=self.headroom,
-                            committed=sum(self.committed.values()), touched=touched)
-
-    @property
-    def committed(self) -> dict[str, int]:
-        """Bytes committed here per job: what its keys, replicas and memory made ready take in
-        the store (``Store.footprint``: declared, allocated or not yet), its spare buffers, and
-        what is being allocated for it (``pending``). Keys that move away stop counting but
-        for their published buffers, kept for the job (``spare``) until it ends."""
-        jobs = set(self.store.jobs) | set(self.pending)     # (a job's spares go with its record)
-        out = {job: self.store.footprint(job) + self.spare.held(job) + self.pending.get(job, 0) for job in jobs}
-        return {job: n for job, n in out.items() if n > 0}
-
-    def _limits(self) -> quota.Limits:
-        return quota.Limits(self.max_job_bytes, self.max_tenant_bytes)
-
-    def _check_room(self, job: str, need: int) -> None:
-        """``StoreError`` (``NoRoom``, counted) when ``need`` more bytes for ``job`` are more
-        than this aggregator can give (``_room``), or take the job past ``max_job_bytes`` or its
-        tenant past ``max_tenant_bytes`` (``quota.admit``)."""
-        committed = self.committed
-        room = self._room()
-        if need > room:
-            self.stats["memory_refusals"] += 1
-            raise NoRoom(f"job {job!r}: its keys need {need} bytes, this machine has {room} available for "
-                         f"them (host MemAvailable and cgroup limit, less {sum(committed.values())} "
-                         f"bytes committed to jobs and {self.headroom} kept)")
-        decision = quota.admit(job, need, committed, self.tenants, self._limits())
-        if not decision:
-            self.stats["memory_refusals"] += 1
-            raise NoRoom(decision.reason)
-
-    def _pend(self, job: str, nbytes: int) -> None:
-        """``nbytes`` are being allocated for ``job`` (checked): committed until the store holds them."""
-        if nbytes > 0:
-            self.pending[job] = self.pending.get(job, 0) + nbytes
-
-    def _unpend(self, job: str, nbytes: int) -> None:
-        left = self.pending.get(job, 0) - nbytes
-        if left > 0:
-            self.pending[job] = left
-        else:
-            self.pending.pop(job, None)
-
-    @contextlib.contextmanager
-    def _precheck(self, job: str) -> Iterator[None]:
-        """The store allocates for ``job`` in the block without checking the room again: the
-        caller checked it (``_check_room``) and committed the bytes."""
-        self._prechecked = job
-        try:
-            yield
-        finally:
-            self._prechecked = None
-
-    def _learn_tenant(self, job: str, tenant: object) -> None:
-        """pMaster named the tenant of ``job`` (the key it registered with) in a sealed command."""
-        if isinstance(tenant, str) and tenant:
-            self.tenants[job] = tenant
-
-    def _bind_tenant(self, job: str, name: str | None) -> None:
-        """A request of ``job`` (its secret right) came over a CURVE connection whose key is
-        authorized as ``name``: the first such key names the job's tenant, unless pMaster did.
-        Where that takes the tenant past ``max_tenant_bytes`` the job's keys here are dropped
-        (its memory freed) and the request refused, naming the limit (``NoRoom``)."""
-        if name is None or job in self.tenants:
-            return
-        tenants = {**self.tenants, job: name}
-        decision = quota.admit(job, 0, self.committed, tenants, self._limits())
-        if not decision:
-            self.stats["memory_refusals"] += 1
-            self._release(job)
-            self._refuse_job(job, decision.reason)
-            log.warning("dropped job %s: %s", job, decision.reason)
-            raise NoRoom(decision.reason)
-        self.tenants[job] = name
-
-    def _refuse_job(self, job: str, reason: str) -> None:
-        self.refused_jobs[job] = reason
-        while len(self.refused_jobs) > REFUSED_JOBS_KEPT:
-            self.refused_jobs.pop(next(iter(self.refused_jobs)))
 
     # --- lifecycle ------------------------------------------------------------------
     def stop(self) -> None:
@@ -535,17 +426,11 @@ class Aggregator:
             cpu = self.proc.cpu_percent(None)
         except psutil.Error:
             cpu = 0.0
-        committed = self.committed
-        by_tenant: dict[str, int] = {}
-        for job, nbytes in committed.items():
-            if quota.is_tenant(self.tenants.get(job)):
-                by_tenant[self.tenants[job]] = by_tenant.get(self.tenants[job], 0) + nbytes
         self._to_master(wire.encode(
             wire.HEARTBEAT, agg=self.agg_id or "", cpu_percent=cpu,
             bytes_held=self.store.bytes_held(), jobs=sorted(self.store.jobs),
             # commitments: all jobs', each tenant's, and the limits they are checked against
-            committed_bytes=sum(committed.values()), tenant_committed_bytes=by_tenant,
-            max_job_bytes=self.max_job_bytes, max_tenant_bytes=self.max_tenant_bytes,
+            **self.commitments.figures(),
             profile=self.store.take_profile(), cycle_s=self.schedule.cycle if self.schedule else None,
             **{**self.stats, **self._outliers()}))
 
@@ -634,9 +519,7 @@ class Aggregator:
                 **{f"{k}_at": round(v, 6) for k, v in seen.items() if k != "job"}}
 
     def _release(self, job: str) -> None:
-        self.pending.pop(job, None)
-        self.tenants.pop(job, None)
-        self.refused_jobs.pop(job, None)
+        self.commitments.release(job)
         state = self.store.jobs.get(job)
         if state is None:
             return
@@ -659,19 +542,6 @@ class Aggregator:
     def _send_error(self, reply: Sender, req: int | None, text: str, no_room: bool = False) -> None:
         self.stats["errors"] += 1
         reply.send(wire.header(wire.ERROR, message=text, req=req, **({"no_room": True} if no_room else {})))
-
-    def _check_tenant(self, msg: wire.Message, header: object, keyed: bool) -> None:
-        """Before serving a job's request: a job dropped past its tenant's quota is told why
-        again; over a CURVE connection (``keyed``) the job's tenant is learnt (``_bind_tenant``)
-        once its secret proved right."""
-        job = msg.get("job")
-        if not isinstance(job, str):
-            return                                      # (serving it answers what is wrong)
-        if job in self.refused_jobs and job not in self.store.jobs:
-            raise NoRoom(self.refused_jobs[job])
-        if keyed and job not in self.tenants and job in self.store.jobs:
-            self.store.job(job, msg.get("secret"))     # SecretMismatch: nobody else names its tenant
-            self._bind_tenant(job, peer_name(header))
 
     def _on_data(self, inbound: Inbound, keyed: bool = False) -> None:
         """A request at a listener; ``keyed``: it came over CURVE (a ZeroMQ tcp listener with
@@ -948,14 +818,14 @@ class Aggregator:
             sizes = Store.buffer_sizes(msg["mode"], fresh)
             private = Store.private_sizes(msg["mode"], msg.get("optimizer"), msg.get("hp"), fresh)
             nbytes = sum(numel * np.dtype(dtype).itemsize for numel, dtype in sizes + private)
-            self._learn_tenant(msg["job"], msg.get("tenant"))
+            self.commitments.learn_tenant(msg["job"], msg.get("tenant"))
             if fresh:
-                self._check_room(msg["job"], nbytes)
+                self.commitments.check_room(msg["job"], nbytes)
         except (KeyError, ValueError, TypeError, IndexError, StoreError) as exc:
             self._to_master(wire.error(str(exc), req=msg.get("req"), agg=self.agg_id))
             return
         committed = nbytes if fresh else 0
-        self._pend(msg["job"], committed)
+        self.commitments.pend(msg["job"], committed)
         if not fresh or not self.memory.slow_to_allocate(nbytes):
             self._finish_assign(msg, keys, committed=committed)
             return
@@ -978,13 +848,10 @@ class Aggregator:
                 if error is not None:
                     raise StoreError(f"job {msg['job']!r}: cannot allocate memory for its keys: {error}")
                 buffers = [(buf.array, buf) for buf in shared]
-            self._prechecked = msg["job"]       # its bytes were checked and are pending (``_assign``)
-            try:
+            with self.commitments.prechecked(msg["job"]):    # checked, and pending (``_assign``)
                 self.store.assign(msg["job"], msg["secret"], msg["world_size"], msg["mode"], keys,
                                   average=bool(msg.get("average", True)), optimizer=msg.get("optimizer"),
                                   hp=msg.get("hp") or {}, buffers=buffers, private=private)
-            finally:
-                self._prechecked = None
             state = self.store.jobs[msg["job"]]
             for key, info in (msg.get("replicas") or {}).items():
                 if key in state.keys:
@@ -993,7 +860,7 @@ class Aggregator:
         except (StoreError, ValueError, TypeError) as exc:
             self._to_master(wire.error(str(exc), req=req, agg=self.agg_id))
         finally:
-            self._unpend(msg["job"], committed)      # the store holds them now, or nothing was made
+            self.commitments.unpend(msg["job"], committed)   # the store holds them now, or nothing was made
             if made is not None:
                 self.held.resume(self._on_master)
 
@@ -1004,7 +871,7 @@ class Aggregator:
         Buffers the job's keys left here when they moved away are used again; large new ones
         are created and populated by a helper thread first, so neither the jobs this
         aggregator already serves nor the migrating job wait for page faults. The keys are
-        committed as a declaration is (``_check_room``: room, ``--max-job-bytes``,
+        committed as a declaration is (``Commitments.check_room``: room, ``--max-job-bytes``,
         ``--max-tenant-bytes``); a move that does not fit is refused before anything is
         allocated (pMaster fails the batch with that error; the old owner keeps the keys)."""
         try:
@@ -1014,7 +881,7 @@ class Aggregator:
             # ahead of the switch fills; made ready here too, or that copy pays their faults
             private = Store.private_sizes(msg["mode"], msg.get("optimizer"), msg.get("hp"), keys)
             nbytes = sum(numel * np.dtype(dtype).itemsize for numel, dtype in sizes + private)
-            self._learn_tenant(msg["job"], msg.get("tenant"))
+            self.commitments.learn_tenant(msg["job"], msg.get("tenant"))
         except (KeyError, ValueError, TypeError, IndexError) as exc:
             self._to_master(wire.error(str(exc), req=msg.get("req"), agg=self.agg_id))
             return
@@ -1022,13 +889,13 @@ class Aggregator:
         # the spares are committed to the job already: only the rest is new
         need = nbytes - sum(buf.array.nbytes for buf in reused or ())
         try:
-            self._check_room(msg["job"], need)
+            self.commitments.check_room(msg["job"], need)
         except StoreError as exc:
             self.spare.keep(msg["job"], reused or ())
             log.warning("refused keys moving here: %s", exc)
             self._to_master(wire.error(f"cannot take the keys: {exc}", req=msg.get("req"), agg=self.agg_id))
             return
-        self._pend(msg["job"], need)
+        self.commitments.pend(msg["job"], need)
         if reused is not None:
             self._finish_prepare(msg, keys, sizes, (reused, None), pended=need)
             return
@@ -1076,7 +943,7 @@ class Aggregator:
         try:
             self._prepare_keys(msg, keys, sizes, made, private)
         finally:
-            self._unpend(msg["job"], pended)         # the store holds them now, or nothing was made
+            self.commitments.unpend(msg["job"], pended)      # the store holds them now, or nothing was made
 
     def _prepare_keys(self, msg: wire.Message, keys: list, sizes: list, made: tuple | None,
                       private: list | None) -> None:
@@ -1090,14 +957,11 @@ class Aggregator:
             buffers, error = made or self.readier.allocate(sizes, msg["job"])
             if error is not None:
                 raise StoreError(f"cannot allocate memory for the incoming keys: {error}")
-            self._prechecked = msg["job"]       # committed in ``_migrate_prepare``
-            try:
+            with self.commitments.prechecked(msg["job"]):    # committed in ``_migrate_prepare``
                 self.store.assign(msg["job"], msg["secret"], msg["world_size"], msg["mode"], keys,
                                   average=bool(msg.get("average", True)), optimizer=msg.get("optimizer"),
                                   hp=msg.get("hp") or {}, buffers=[(buf.array, buf) for buf in buffers],
                                   private=private)
-            finally:
-                self._prechecked = None
             state = self.store.jobs[msg["job"]]
             replicas = msg.get("replicas") or {}
             for spec in keys:

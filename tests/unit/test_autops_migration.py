@@ -612,7 +612,7 @@ def test_the_room_check_counts_the_memory_an_aggregator_holds_ready(monkeypatch)
     """A reserve takes memory from what the machine reports available in order to give it
     to jobs: a job it can hold is accepted, on a machine that now reports less than the job
     needs; one larger than the memory available plus what is held ready is refused."""
-    from autops.aggregator import service as aggregator_mod
+    from autops.aggregator import commitments as commitments_mod, service as aggregator_mod
     from autops.aggregator.store import StoreError
 
     from autops.aggregator import memroom
@@ -620,20 +620,21 @@ def test_the_room_check_counts_the_memory_an_aggregator_holds_ready(monkeypatch)
     available = 100 << 20
     monkeypatch.setattr(memroom, "mem_available", lambda: available)
     monkeypatch.setattr(memroom, "cgroup_room", lambda: None)          # no cgroup limit
-    monkeypatch.setattr(aggregator_mod, "heap_free", lambda: 24 << 20)
+    monkeypatch.setattr(commitments_mod, "heap_free", lambda: 24 << 20)
     agg = aggregator_mod.Aggregator("tcp://127.0.0.1:1", transport="shm", register_timeout=0.1)
     try:
-        agg.headroom, agg.max_job_bytes = 0, 1 << 50        # the room alone (memroom's own tests: the rest)
+        # the room alone (memroom's own tests: the rest)
+        agg.commitments.headroom, agg.commitments.max_job_bytes = 0, 1 << 50
         piece = agg.memory.reserve.piece
         agg.memory.reserve.fill(2 * piece)
         held = agg.memory.reserve.held
         assert held == 2 * piece
-        agg._check_room("fits", available + (24 << 20) + held)
+        agg.commitments.check_room("fits", available + (24 << 20) + held)
         with pytest.raises(StoreError, match=rf"'too-big'.* has {available + (24 << 20) + held} available"):
-            agg._check_room("too-big", available + (24 << 20) + held + 1)
+            agg.commitments.check_room("too-big", available + (24 << 20) + held + 1)
         agg.memory.reserve.take([(piece, "uint8")] * 2, "fits")     # handed to a job: ready no more
         with pytest.raises(StoreError):
-            agg._check_room("next", available + (24 << 20) + 1)
+            agg.commitments.check_room("next", available + (24 << 20) + 1)
     finally:
         agg.close()
 
