@@ -109,7 +109,7 @@ class Recovery:
                                   hp=msg.get("hp") or {})
                 ks = state.keys[spec.key]
                 self.store.start_recovery(ks)
-            ks.moving, ks.incoming, ks.awaiting_workers = None, None, None
+            ks.move = ks.arrival = None
             self.set_replica(ks, replicas.get(spec.key))
 
     def recover(self, reply: Sender, msg: wire.Message) -> None:

@@ -140,7 +140,7 @@ class Replication:
         ks.replicated = ks.replica_sent = -1
         if ks.replica is None:
             self.published(ks)       # pulls that waited for the old replica
-        elif ks.initialized and ks.incoming is None:
+        elif ks.initialized and (ks.arrival is None or not ks.arrival.copy_missing):
             self.replicate_state(ks)
 
     # --- the owner's side ---------------------------------------------------------------
@@ -269,4 +269,5 @@ class Replication:
     def _following(state: JobState, key: str) -> KeyState | None:
         """The key migrating here whose state came ahead and follows the old owner's steps."""
         ks = state.keys.get(key)
-        return ks if ks is not None and ks.incoming is not None and ks.precopied else None
+        arrival = ks.arrival if ks is not None else None
+        return ks if arrival is not None and arrival.copy_missing and arrival.precopied else None

@@ -81,6 +81,7 @@ from .recovery import Recovery
 from .replicas import Replication
 from .reserve import MemoryReadier, timed
 from .spare import SpareBuffers
+from .moves_state import Arrival, Handover
 from .store import JobState, KeyState, SecretMismatch, Store, StoreError
 from ..transport import Channel, Inbound, Sender, Shared, Transport, make_context
 from ..transport.prefault import PREFAULT_SHARE
@@ -501,12 +502,12 @@ class Aggregator:
             keys = []
             for role, table in (("owner", state.keys), ("replica", state.replicas)):
                 for ks in table.values():
-                    if ks.incoming is not None or ks.recovering is not None:
+                    if ks.arrival is not None and ks.arrival.copy_missing or ks.recovering is not None:
                         continue
                     optimizer = ks.optimizer.name if ks.optimizer is not None else None
                     hp = dict(ks.optimizer.hp) if ks.optimizer is not None else {}
                     keys.append([*ks.spec.to_wire(), ks.mode, ks.average, optimizer, hp,
-                                 "moving" if ks.moving is not None else role, ks.completed])
+                                 "moving" if ks.move is not None else role, ks.completed])
             out[job] = {"secret": state.secret, "world_size": state.world_size, "keys": keys}
         return out
 
@@ -575,17 +576,6 @@ class Aggregator:
             log.exception("internal error on a data request")
             self._send_error(reply, req, f"internal aggregator error: {exc.__class__.__name__}: {exc}")
 
-    @staticmethod
-    def _moved_past(ks: KeyState, iteration: int) -> bool:
-        """True when ``iteration`` of ``ks`` belongs to the aggregator it is migrating to."""
-        mv = ks.moving
-        return mv is not None and iteration > mv["cutover"]
-
-    @staticmethod
-    def _move(ks: KeyState) -> wire.Move:
-        mv = ks.moving
-        return wire.Move(ks.spec.key, mv["to"], mv["cutover"] + 1, mv["info"])
-
     def _push(self, reply: Sender, msg: wire.Message) -> None:
         """PUSH (acknowledged at once) or PUSH_PULL (answered with the value of the pushed
         iteration once it is published: one message each way per key instead of four)."""
@@ -601,14 +591,16 @@ class Aggregator:
                 raise wire.ProtocolError(f"push: repeated key {key!r}")
             seen.add(key)
             ks = self.store.key(state, key)
-            if self._moved_past(ks, iteration):
-                redirects.append(self._move(ks).to_wire())
+            mv = ks.move
+            if mv is not None and mv.past(iteration):
+                redirects.append(mv.notice(key).to_wire())
                 continue
             data = msg.array(item.data, ks.spec.dtype)
-            if replay and ks.incoming is None and ks.recovering is None and \
-                    self.store.already_has(ks, rank, iteration):
+            arrival = ks.arrival
+            holding = arrival is not None and arrival.copy_missing or ks.recovering is not None
+            if replay and not holding and self.store.already_has(ks, rank, iteration):
                 continue
-            if ks.incoming is not None or ks.recovering is not None:
+            if holding:
                 # migrating here, or recovering: the iteration counter is not known yet; check the rest now
                 self.store._check_rank(state, rank)
                 if data.dtype != np.dtype(ks.spec.dtype) or data.size != ks.spec.numel:
@@ -624,8 +616,11 @@ class Aggregator:
             return
         for ks, _, hp, _, _ in checked:
             if hp:
-                if ks.incoming is not None or ks.recovering is not None:
-                    ks.held_hp = hp
+                arrival = ks.arrival
+                if arrival is not None and arrival.copy_missing:
+                    arrival.hp = hp             # applied with the copy
+                    continue
+                if ks.recovering is not None:
                     continue
                 try:
                     self.store.set_hp(ks, hp)
@@ -638,15 +633,14 @@ class Aggregator:
         for ks, data, _, deferred, iteration in checked:
             self.stats["pushes"] += 1
             self.stats["bytes_in"] += data.nbytes
-            switching = ks.incoming if ks.incoming is not None else \
-                ks.awaiting_workers[0] if ks.awaiting_workers is not None else None
-            if switching is not None:
-                self.switch_seen.setdefault(switching, {"job": state.job}).setdefault("first_push", now)
-            if ks.incoming is not None or ks.recovering is not None:
+            arrival = ks.arrival
+            if arrival is not None:
+                self.switch_seen.setdefault(arrival.mid, {"job": state.job}).setdefault("first_push", now)
+            if arrival is not None and arrival.copy_missing or ks.recovering is not None:
                 ks.held.append((rank, iteration, data, deferred, replay))
-                if ks.incoming is not None and ks.held_whole_at is None and \
+                if arrival is not None and arrival.copy_missing and arrival.whole_at is None and \
                         sum(1 for h in ks.held if h[1] == iteration) >= ks.world_size:
-                    ks.held_whole_at = now      # without the move, aggregation would start now
+                    arrival.whole_at = now      # without the move, aggregation would start now
             elif self._admit(state.job, iteration, now):
                 self._apply_push(ks, rank, data, deferred)
             else:
@@ -712,8 +706,9 @@ class Aggregator:
             raise StoreError(f"job {state.job!r}: rank {rank} outside world size {state.world_size}")
         items, redirects = [], []
         for ks, iteration in self._requested(state, msg):
-            if self._moved_past(ks, iteration):
-                redirects.append(self._move(ks).to_wire())
+            mv = ks.move
+            if mv is not None and mv.past(iteration):
+                redirects.append(mv.notice(ks.spec.key).to_wire())
             items.append((ks, iteration))
         if redirects:
             reply.send(wire.header(wire.REDIRECT, req=msg.get("req"), items=redirects))
@@ -756,14 +751,14 @@ class Aggregator:
                 self._reply_pull(pending)
         if keep:
             self.waiters[id(ks)] = keep
-        mv = ks.moving
-        if mv is not None and not mv["sent"] and ks.completed >= mv["cutover"]:
-            mv["sent"] = True
-            self.due_copies.setdefault(mv["mid"], []).append(ks)
-        if ks.awaiting_workers is not None and ks.incoming is None and ks.completed >= ks.awaiting_workers[1]:
-            mid, _, waited = ks.awaiting_workers
-            ks.awaiting_workers = None
-            self.worker_reports.add(mid, ks.job, [ks.spec.key], 1e3 * waited)
+        mv = ks.move
+        if mv is not None and not mv.sent and ks.completed >= mv.cutover:
+            mv.sent = True
+            self.due_copies.setdefault(mv.mid, []).append(ks)
+        arrival = ks.arrival
+        if arrival is not None and not arrival.copy_missing and ks.completed >= arrival.first:
+            ks.arrival = None
+            self.worker_reports.add(arrival.mid, ks.job, [ks.spec.key], 1e3 * arrival.waited)
 
     def _flush_migration(self) -> None:
         """The hand-overs that came due in this turn of the loop, and the reports due."""
@@ -785,7 +780,8 @@ class Aggregator:
         for ks, iteration in pending.items:
             value = ks.value(iteration)
             # every reply up to the cutover names the new owner: the agents prepare ahead
-            moved = self._move(ks) if ks.moving is not None and iteration <= ks.moving["cutover"] else None
+            mv = ks.move
+            moved = mv.notice(ks.spec.key) if mv is not None and not mv.past(iteration) else None
             self.stats["bytes_out"] += value.nbytes
             if ks.spec.small:
                 small.append((ks.spec.key, iteration, moved, value))
@@ -966,8 +962,7 @@ class Aggregator:
             replicas = msg.get("replicas") or {}
             for spec in keys:
                 ks = state.keys[spec.key]
-                ks.incoming, ks.held_whole_at = msg["mid"], None
-                ks.awaiting_workers = (msg["mid"], 1 << 62, 0.0)
+                ks.arrival = Arrival(msg["mid"])
                 if ks.mode == "server" and replicas.get(spec.key):
                     ks.replica = dict(replicas[spec.key])
             self.worker_reports.expect(msg["mid"], msg["job"], len(keys))
@@ -996,7 +991,8 @@ class Aggregator:
                 ks = state.keys.get(key)
                 if ks is None:
                     raise StoreError(f"key {key!r} of job {msg['job']!r} is not here")
-                if ks.moving is not None or ks.incoming is not None or ks.handover is not None:
+                if ks.move is not None or ks.arrival is not None and ks.arrival.copy_missing \
+                        or ks.handover is not None:
                     raise StoreError(f"key {key!r} of job {msg['job']!r} is already migrating")
                 infos = followers.get(key) or []
                 if not isinstance(infos, list) or not all(isinstance(i, dict) and i.get("agg") for i in infos) \
@@ -1009,7 +1005,7 @@ class Aggregator:
         cutovers = {}
         self.copy_reports.expect(msg["mid"], msg["job"], len(found))
         for ks, infos in found:
-            ks.handover = {"mid": msg["mid"], "to": msg["to"], "info": msg["info"], "lead": lead}
+            ks.handover = Handover(msg["mid"], msg["to"], msg["info"], lead)
             if not infos:
                 cutovers[ks.spec.key] = self._start_handover(ks)
                 continue
@@ -1027,16 +1023,14 @@ class Aggregator:
     @staticmethod
     def _start_handover(ks: KeyState) -> int:
         """The key's cutover: its open iteration plus the hand-over's lead; returns it."""
-        h, ks.handover = ks.handover, None
-        ks.moving = {"mid": h["mid"], "to": h["to"], "info": h["info"],
-                     "cutover": ks.open_iteration + h["lead"], "sent": False}
-        return ks.moving["cutover"]
+        ks.move, ks.handover = ks.handover.move(ks.open_iteration), None
+        return ks.move.cutover
 
     def _followed(self, ks: KeyState) -> None:
         """Every follower of ``ks`` holds its state (or gave up): decide its cutover, tell pMaster."""
         if ks.handover is None:
             return
-        mid = ks.handover["mid"]
+        mid = ks.handover.mid
         cutover = self._start_handover(ks)
         self._to_master(wire.encode(wire.MIGRATE_CUTOVER, mid=mid, job=ks.job,
                                              cutovers={ks.spec.key: cutover}, agg=self.agg_id))
@@ -1122,18 +1116,18 @@ class Aggregator:
         step -- unless the new owner holds them already (a follower, or the key's replica) and
         not ``full``. ``current`` names the aggregators that were sent the cutover iteration's
         state: the new owner keeps such a replica without sending it the state again."""
-        mv = keys[0].moving
+        mv = keys[0].move
         state = self.store.jobs[keys[0].job]
         items, arrays, ahead = [], [], set()
         # the workers' buffers this aggregator maps: the new owner maps them before the
         # workers' first push reaches it, not on that push's path
-        segments = self.transport.handles_for(mv["info"], state.job)
+        segments = self.transport.handles_for(mv.info, state.job)
         for ks in keys:
             current = [f.agg for f in ks.followers.values() if f.sent == ks.completed]
             if ks.replica is not None and ks.replica_sent == ks.completed:
                 current.append(ks.replica.get("agg"))
             ks.followers.clear()       # no step follows the cutover here
-            if ks.mode == "server" and mv["to"] in current and not full:
+            if ks.mode == "server" and mv.to in current and not full:
                 meta, key_arrays = {"completed": ks.completed, "ahead": True}, []
                 ahead.add(ks.spec.key)
             else:
@@ -1142,10 +1136,10 @@ class Aggregator:
             items.append(wire.KeyCopy(ks.spec.key, meta, len(key_arrays)).to_wire())
             arrays.extend(key_arrays)
         req = next(self._copy_reqs)
-        self.copy_waits[req] = (mv["mid"], state.job, [ks.spec.key for ks in keys])
+        self.copy_waits[req] = (mv.mid, state.job, [ks.spec.key for ks in keys])
         if ahead:
             self.ahead_copies[req] = ahead
-        self._peer(mv["info"]).send(wire.header(wire.TENSOR_COPY, req=req, mid=mv["mid"], job=state.job,
+        self._peer(mv.info).send(wire.header(wire.TENSOR_COPY, req=req, mid=mv.mid, job=state.job,
                                                 secret=state.secret, items=items, peer=self._ticket(state)),
                                     arrays)
 
@@ -1193,7 +1187,7 @@ class Aggregator:
         """The new owner did not hold the state a hand-over relied on: send it; returns the
         keys sent again."""
         state = self.store.jobs.get(job)
-        again = [ks for ks in (state.keys.get(k) for k in keys) if ks is not None and ks.moving is not None] \
+        again = [ks for ks in (state.keys.get(k) for k in keys) if ks is not None and ks.move is not None] \
             if state is not None else []
         if again:
             log.warning("%d keys of job %s, e.g. %s: %s; sending the whole state", len(again), job,
@@ -1231,10 +1225,11 @@ class Aggregator:
         """One key of a TENSOR_COPY; StoreError (the key unchanged) when it cannot be taken."""
         t0 = time.thread_time()
         first = meta.get("completed", 0) + 1 if isinstance(meta.get("completed"), int) else 1
+        arrival = self.store.waiting_copy(ks)
         # how long its first iteration here, whole, waited for this hand-over (0: it came first)
-        waited = time.monotonic() - ks.held_whole_at if ks.held_whole_at is not None else 0.0
-        ks.held_whole_at = None
-        hp = ks.held_hp
+        waited = time.monotonic() - arrival.whole_at if arrival.whole_at is not None else 0.0
+        arrival.whole_at = None
+        hp = arrival.hp
         if meta.get("ahead"):
             with timed(self.stats, "state_takeover"):
                 self.store.take_ahead(ks, meta.get("completed"), state.replicas.get(ks.spec.key))
@@ -1246,14 +1241,14 @@ class Aggregator:
                 # hyper-parameters the workers sent with held pushes apply after the copy's own
                 meta = {**meta, "hp": {**(meta.get("hp") or {}), **hp}}
             self.store.take_copy(ks, meta, arrays)
-        ks.held_hp = None
+        arrival.hp = None
         state.replicas.pop(ks.spec.key, None)       # owned here now: a replica of it here is of no use
         replica_current = ks.replica is not None and ks.replica.get("agg") in (meta.get("current") or ())
         if replica_current:
             ks.replica_sent = ks.replicated = ks.completed      # it was sent this state already
         _, problems = self.store.apply_held(ks)
         ks.cpu += time.thread_time() - t0
-        ks.awaiting_workers = (mid, first, waited)
+        arrival.mid, arrival.first, arrival.waited = mid, first, waited
         for problem in problems:
             self.stats["errors"] += 1
             log.error("held push of migrated key %s dropped: %s", ks.spec.key, problem)
@@ -1266,8 +1261,9 @@ class Aggregator:
         state = self.store.job(msg["job"], msg["secret"])
         items, arrays, redirects = [], [], []
         for ks, iteration in self._requested(state, msg):
-            if self._moved_past(ks, iteration):
-                redirects.append(self._move(ks).to_wire())
+            mv = ks.move
+            if mv is not None and mv.past(iteration):
+                redirects.append(mv.notice(ks.spec.key).to_wire())
                 continue
             meta, key_arrays = self.store.export_state(ks, iteration)
             items.append(wire.KeyCopy(ks.spec.key, meta, len(key_arrays)).to_wire())
@@ -1294,8 +1290,8 @@ class Aggregator:
             if ks is not None:
                 ks.followers.clear()
                 ks.handover = None
-            if ks is not None and ks.moving is not None:
-                ks.moving = None
+            if ks is not None and ks.move is not None:
+                ks.move = None
                 log.info("migration of %s of job %s aborted: the new owner was lost", key, msg["job"])
         self.precopies.forget(msg["job"], set(msg["keys"]))
         self._to_master(wire.encode(wire.OK, req=msg.get("req"), agg=self.agg_id))

@@ -20,6 +20,7 @@ from autops.wire import protocol as wire
 from autops.master.migration import LEAD_ITERATIONS, Migrations
 from autops.wire.partition import KeySpec
 from autops.master.pool import AggInfo, JobInfo, PoolState
+from autops.aggregator.moves_state import Arrival, Move
 from autops.aggregator.precopy import Follower, Precopies
 from autops.aggregator.spare import SpareBuffers
 from autops.aggregator.store import Store, StoreError
@@ -45,7 +46,7 @@ def incoming() -> tuple[Store, object]:
     s = Store()
     s.assign("j", "secret", 2, "server", [SPEC], average=True, **ADAM)
     ks = s.jobs["j"].keys["w"]
-    ks.incoming = 7
+    ks.arrival = Arrival(7)
     return s, ks
 
 
@@ -82,7 +83,7 @@ def test_a_key_sent_ahead_and_kept_current_is_taken_over_with_its_counter_only()
     hold(new, 4)                                        # the workers pushed the next iteration early
     assert not dst.pull_ready(new, 4)
     dst.take_ahead(new, 3, None)
-    assert new.incoming is None and dst.apply_held(new) == (1, [])
+    assert not new.arrival.copy_missing and dst.apply_held(new) == (1, [])
     iterate(src, old, 4)
     same_state(new, old)                                # bit-identical to staying put
 
@@ -95,7 +96,7 @@ def test_a_state_behind_the_cutover_is_refused_and_the_key_stays_incoming():
     iterate(src, old, 2)                                # step 2 never reached the new owner
     with pytest.raises(StoreError, match="no state of iteration 2"):
         dst.take_ahead(new, 2, None)
-    assert new.incoming == 7 and new.completed == 1
+    assert new.arrival.copy_missing and new.arrival.mid == 7 and new.completed == 1
     dst.take_copy(new, *Store.export_key(old))          # the whole state, as the fallback sends it
     same_state(new, old)
 
@@ -118,20 +119,20 @@ def test_a_sum_key_is_taken_over_from_its_counter():
     s = Store()
     s.assign("j", "secret", 2, "sum", [SPEC])
     ks = s.jobs["j"].keys["w"]
-    ks.incoming = 3
+    ks.arrival = Arrival(3)
     s.take_ahead(ks, 5, None)
-    assert ks.completed == 5 and ks.incoming is None
+    assert ks.completed == 5 and not ks.arrival.copy_missing
 
 
 def test_only_a_server_key_migrating_here_takes_state_ahead():
     s = Store()
     s.assign("j", "secret", 2, "sum", [SPEC])
     ks = s.jobs["j"].keys["w"]
-    ks.incoming = 3
+    ks.arrival = Arrival(3)
     with pytest.raises(StoreError, match="not a server-mode key migrating here"):
         s.precopy(ks, {"completed": 1}, [])
     _, new = incoming()
-    new.incoming = None
+    new.arrival = None
     with pytest.raises(StoreError, match="not a server-mode key migrating here"):
         Store().precopy(new, {"completed": 1}, [])
 
@@ -708,23 +709,23 @@ def test_the_reserve_makes_its_segments_again_only_once_the_moves_here_are_over(
             time.sleep(0.01)
         assert reserve.held == 32 << 20
         state = agg.store.ensure_job("j", "secret", 2, "server", True, "adam", {"lr": 0.1})
-        key = type("Key", (), {"incoming": None, "moving": None, "awaiting_workers": None})()
+        key = type("Key", (), {"arrival": None, "move": None})()
         state.keys["w"] = key
         if under_way == "key moving in":
-            key.incoming = 5
+            key.arrival = Arrival(5)
         elif under_way == "key moving out":
-            key.moving = {"mid": 1}
+            key.move = Move(1, "agg-2", {}, 12)
         elif under_way == "memory being readied":
             agg.readier.readying = 1
         else:
-            key.awaiting_workers = (5, 12, 0.0)
+            key.arrival = Arrival(5, copy_missing=False, first=12)
         reserve.take([(reserve.piece, "uint8")], "j")
         assert reserve.held == 16 << 20
         waited = time.monotonic() + 3 * reserve_mod.RESERVE_MOVE_POLL_S
         while time.monotonic() < waited:
             assert reserve.held == 16 << 20, "made again during the move"
             time.sleep(0.05)
-        key.incoming, key.moving, key.awaiting_workers, agg.readier.readying = None, None, None, 0   # the move is over
+        key.arrival, key.move, agg.readier.readying = None, None, 0   # the move is over
         deadline = time.monotonic() + 30
         while reserve.held < 32 << 20 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -749,10 +750,10 @@ def test_the_reserves_segments_being_made_again_stop_while_a_move_here_is_under_
             assert refill.quiet() and arrivals.quiet()
             assert refill.quiet_patience == reserve_mod.RESERVE_QUIET_PATIENCE_S
             state = agg.store.ensure_job("j", "secret", 2, "sum", True, None, {})
-            key = type("Key", (), {"incoming": None, "moving": {"mid": 1}, "awaiting_workers": None})()
+            key = type("Key", (), {"arrival": None, "move": Move(1, "agg-2", {}, 12)})()
             state.keys["w"] = key
             assert not refill.quiet() and arrivals.quiet()
-            key.moving = None
+            key.move = None
             assert refill.quiet()
     finally:
         agg.close()

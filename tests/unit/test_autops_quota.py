@@ -12,6 +12,7 @@ import pytest
 from autops.aggregator import quota
 from autops.wire import protocol as wire
 from autops.wire.partition import KeySpec
+from autops.aggregator.moves_state import Arrival
 from autops.aggregator.quota import Limits, admit
 from autops.aggregator.store import SecretMismatch
 from autops.transport.sockpoll import LinkBudget, oldest_unvouched
@@ -164,7 +165,7 @@ def test_keys_moving_in_are_committed_refused_past_the_limit_and_released_as_the
     assert refused.op == wire.ERROR and "limit of 10485760 bytes per job (--max-job-bytes)" in refused["message"]
     assert "j" not in agg.store.jobs and agg.commitments.committed == {} and agg.commitments.pending == {}
     assert prepare(agg, "j", 3 * quarter).op == wire.OK             # 3 x 3 MiB = 9 MiB
-    assert agg.store.jobs["j"].keys["w"].incoming == 1 and agg.commitments.committed == {"j": 9 * M}
+    assert agg.store.jobs["j"].keys["w"].arrival == Arrival(1) and agg.commitments.committed == {"j": 9 * M}
     assert prepare(agg, "j", quarter, key="v", mid=2).op == wire.ERROR   # 3 MiB more: past 10 MiB
     # the key moves away again: its master copy stays as the job's spare, the rest is released
     agg._migrate_drop(wire.decode(wire.encode(wire.MIGRATE_DROP, job="j", keys=["w"])))
