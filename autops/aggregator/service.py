@@ -45,7 +45,6 @@ and ``broadcast.Broadcasts`` (BCAST_PUT, BCAST_GET).
 """
 from __future__ import annotations
 
-import contextlib
 import heapq
 import logging
 import os
@@ -76,12 +75,12 @@ from .commitments import Commitments, NoRoom
 from .links import Control, Peers
 from ..config import DEFAULT_ORPHAN_TIMEOUT
 from .orphan import OrphanWatch
-from .precopy import Follower, Precopies
+from .moves_out import MovesOut
 from .recovery import Recovery
 from .replicas import Replication
 from .reserve import MemoryReadier, timed
 from .spare import SpareBuffers
-from .moves_state import Arrival, Handover
+from .moves_state import Arrival
 from .store import JobState, KeyState, SecretMismatch, Store, StoreError
 from ..transport import Channel, Inbound, Sender, Shared, Transport, make_context
 from ..transport.prefault import PREFAULT_SHARE
@@ -206,24 +205,12 @@ class Aggregator:
         # the data path's checks of every request, bound once (not looked up through ``commitments``)
         self.refused_jobs = self.commitments.refused_jobs
         self._check_tenant = self.commitments.check_request
-        # live migration: copies sent to other aggregators, waiting for their ack (those that
-        # sent no state because it went ahead: ``ahead_copies``); server-mode state sent ahead
-        # to followers, and their acks
-        self.copy_waits: dict[int, tuple[int, str, list[str]]] = {}   # req -> (mid, job, keys)
-        self.ahead_copies: dict[int, set[str]] = {}                    # req -> keys sent without state
-        # hand-overs due, sent once per turn of the loop for all keys that came due in it (one
-        # message, not one per key, on the data path's busiest moment)
-        self.due_copies: dict[int, list[KeyState]] = {}                # mid -> keys
         # the reports to pMaster, once per batch: WORKER_DONE as the new owner (with the
-        # longest any key's first iteration waited here, whole, for its hand-over) and
-        # TENSOR_COPY_DONE as the old one
+        # longest any key's first iteration waited here, whole, for its hand-over)
         self.worker_reports = BatchReports()
-        self.copy_reports = BatchReports()
         # the switch as the new owner saw it, per batch: when the first push of its keys and
         # the hand-over came (time.monotonic), reported with WORKER_DONE (``_switch_times``)
         self.switch_seen: dict[int, dict] = {}                         # mid -> {"job", "first_push", "handover"}
-        self.precopies = Precopies()
-        self.follow_waits: dict[int, tuple[KeyState, Follower, str]] = {}   # req -> (key, follower, kind)
         self._copy_reqs = iter(range(1, 1 << 62))
         self.store.on_step = self._step_taken
         # cyclic execution: the schedule, each job's latest admitted iteration, postponed work
@@ -240,11 +227,14 @@ class Aggregator:
         control = Control(lambda frames: self._to_master(frames), lambda: self.agg_id)
         commitments = self.commitments
         # replication (server mode), and taking over the keys of a lost aggregator
-        self.replication = Replication(self.store, self.stats, self.readier, control, commitments,
-                                       Peers(self._peer, self._ticket, self._copy_reqs.__next__), self._published)
+        peers = Peers(self._peer, self._ticket, self._copy_reqs.__next__)
+        self.replication = Replication(self.store, self.stats, self.readier, control, commitments, peers,
+                                       self._published)
         self.recovery = Recovery(self.store, self.stats, control, commitments, self.replication.set_replica,
                                  self._forget_waiters, self._published)
         self.bcast = Broadcasts(self.store)     # a job's broadcasts, and the gets parked until their put
+        # live migration, the old owner's side: hand-overs, state sent ahead, their reports
+        self.moves_out = MovesOut(self.store, self.stats, control, peers, self.transport, self.replication)
         self._data_ops = {wire.PUSH: self._push, wire.PUSH_PULL: self._push, wire.PULL: self._pull,
                           wire.INIT: self._init, wire.BCAST_PUT: self.bcast.put, wire.BCAST_GET: self.bcast.get,
                           wire.TENSOR_COPY: self._tensor_copy, wire.STATE_GET: self._state_get,
@@ -381,7 +371,7 @@ class Aggregator:
                 next_beat = now + self.heartbeat_interval
             self._run_due(now)
             wake = min(next_beat, self.timers[0][0]) if self.timers else next_beat
-            for reports in (self.worker_reports, self.copy_reports):
+            for reports in (self.worker_reports, self.moves_out.copy_reports):
                 wake = min(wake, reports.deadline() or wake)
             timeout = max(0.0, min(wake - now, 0.2))
             for pollable, _ in poller.poll(int(timeout * 1000) + 1):
@@ -468,11 +458,11 @@ class Aggregator:
         elif msg.op == wire.REPLICA_PREPARE:
             self.replication.prepare(msg)
         elif msg.op == wire.MIGRATE_INIT:
-            self._migrate_init(msg)
+            self.moves_out.init(msg)
         elif msg.op == wire.FAILOVER:
             self.recovery.failover(msg)
         elif msg.op == wire.MIGRATE_ABORT:
-            self._migrate_abort(msg)
+            self.moves_out.abort(msg)
         elif msg.op == wire.REPLICA_SET:
             self.replication.set_keys(msg)
         elif msg.op == wire.MIGRATE_DROP:
@@ -528,10 +518,9 @@ class Aggregator:
             for pending in self.waiters.pop(id(ks), []):
                 self._send_error(pending.reply, pending.req, f"job {job!r} was released")
         self.store.release(job)
-        self.precopies.forget(job)
+        self.moves_out.release(job)
         self.spare.release(job)
         self.worker_reports.forget(job)
-        self.copy_reports.forget(job)
         for mid in [m for m, seen in self.switch_seen.items() if seen["job"] == job]:
             del self.switch_seen[mid]
         self.admitted.pop(job, None)
@@ -753,8 +742,7 @@ class Aggregator:
             self.waiters[id(ks)] = keep
         mv = ks.move
         if mv is not None and not mv.sent and ks.completed >= mv.cutover:
-            mv.sent = True
-            self.due_copies.setdefault(mv.mid, []).append(ks)
+            self.moves_out.hand_over(ks)
         arrival = ks.arrival
         if arrival is not None and not arrival.copy_missing and ks.completed >= arrival.first:
             ks.arrival = None
@@ -762,18 +750,12 @@ class Aggregator:
 
     def _flush_migration(self) -> None:
         """The hand-overs that came due in this turn of the loop, and the reports due."""
-        due, self.due_copies = self.due_copies, {}
-        for keys in due.values():
-            with self._handover_cpu():
-                self._send_copies(keys)
-            self.stats["handover_messages"] += 1
+        self.moves_out.send_due()
         for report in self.worker_reports.due():
             self._to_master(wire.encode(wire.WORKER_DONE, mid=report.mid, job=report.job, keys=report.keys,
                                         agg=self.agg_id, wait_ms=round(report.wait_ms, 3),
                                         **self._switch_times(report.mid)))
-        for report in self.copy_reports.due():
-            self._to_master(wire.encode(wire.TENSOR_COPY_DONE, mid=report.mid, job=report.job, keys=report.keys,
-                                        agg=self.agg_id))
+        self.moves_out.report()
 
     def _reply_pull(self, pending: PendingPull) -> None:
         items, payloads, small = [], [], []
@@ -922,15 +904,6 @@ class Aggregator:
                     pending.finished = True
                     self._send_error(pending.reply, pending.req, f"key {ks.spec.key!r} moved to another aggregator")
 
-    @contextlib.contextmanager
-    def _handover_cpu(self) -> Iterator[None]:
-        """Add this thread's CPU in the block to ``handover_cpu_s`` (the old owner's hand-overs)."""
-        started = time.thread_time()
-        try:
-            yield
-        finally:
-            self.stats["handover_cpu_s"] = round(self.stats["handover_cpu_s"] + time.thread_time() - started, 4)
-
     def _finish_prepare(self, msg: wire.Message, keys: list, sizes: list, made: tuple | None = None,
                         private: list | None = None, pended: int = 0) -> None:
         """Create the incoming keys in ``made`` -- ``(buffers, allocation error)`` from a
@@ -972,131 +945,14 @@ class Aggregator:
         except (StoreError, ValueError, TypeError) as exc:
             self._to_master(wire.error(str(exc), req=req, agg=self.agg_id))
 
-    def _migrate_init(self, msg: wire.Message) -> None:
-        """Old side: hand the keys over after their open iteration plus ``lead`` (the
-        cutover); the new owner learns at once which workers' buffers to map. A key with
-        ``followers`` (server mode) first sends them its state (``precopy``); its cutover is
-        decided once they hold it (``MIGRATE_CUTOVER``)."""
-        req = msg.get("req")
-        try:
-            state = self.store.jobs.get(msg["job"])
-            if state is None:
-                raise StoreError(f"job {msg['job']!r} is not served here")
-            lead = msg.get("lead") or 0
-            if type(lead) is not int or lead < 0:
-                raise StoreError(f"bad lead {lead!r}")
-            followers = msg.get("followers") or {}
-            found = []
-            for key in msg["keys"]:
-                ks = state.keys.get(key)
-                if ks is None:
-                    raise StoreError(f"key {key!r} of job {msg['job']!r} is not here")
-                if ks.move is not None or ks.arrival is not None and ks.arrival.copy_missing \
-                        or ks.handover is not None:
-                    raise StoreError(f"key {key!r} of job {msg['job']!r} is already migrating")
-                infos = followers.get(key) or []
-                if not isinstance(infos, list) or not all(isinstance(i, dict) and i.get("agg") for i in infos) \
-                        or (infos and ks.mode != "server"):
-                    raise StoreError(f"bad followers of key {key!r}: {infos!r}")
-                found.append((ks, infos))
-        except (StoreError, ValueError, TypeError, AttributeError) as exc:
-            self._to_master(wire.error(str(exc), req=req, agg=self.agg_id))
-            return
-        cutovers = {}
-        self.copy_reports.expect(msg["mid"], msg["job"], len(found))
-        for ks, infos in found:
-            ks.handover = Handover(msg["mid"], msg["to"], msg["info"], lead)
-            if not infos:
-                cutovers[ks.spec.key] = self._start_handover(ks)
-                continue
-            ks.followers = {i["agg"]: Follower(dict(i), incoming=i["agg"] == msg["to"]) for i in infos}
-            self.precopies.start(ks, list(ks.followers.values()), self._state_bytes(ks))
-        self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id, cutovers=cutovers))
-        segments = self.transport.handles_for(msg["info"], state.job)
-        if segments:
-            # a copy without keys: the workers' buffers, mapped there before their first push
-            self._peer(msg["info"]).send(wire.header(wire.TENSOR_COPY, mid=msg["mid"], job=state.job,
-                                                     secret=state.secret, items=[], segments=segments,
-                                                     peer=self._ticket(state)))
-        self._pump_precopy()
-
-    @staticmethod
-    def _start_handover(ks: KeyState) -> int:
-        """The key's cutover: its open iteration plus the hand-over's lead; returns it."""
-        ks.move, ks.handover = ks.handover.move(ks.open_iteration), None
-        return ks.move.cutover
-
-    def _followed(self, ks: KeyState) -> None:
-        """Every follower of ``ks`` holds its state (or gave up): decide its cutover, tell pMaster."""
-        if ks.handover is None:
-            return
-        mid = ks.handover.mid
-        cutover = self._start_handover(ks)
-        self._to_master(wire.encode(wire.MIGRATE_CUTOVER, mid=mid, job=ks.job,
-                                             cutovers={ks.spec.key: cutover}, agg=self.agg_id))
-
-    @staticmethod
-    def _state_bytes(ks: KeyState) -> int:
-        arrays = 1 + len(ks.optimizer.state_arrays()) if ks.optimizer is not None else 1
-        return arrays * ks.spec.numel * np.dtype(ks.spec.dtype).itemsize
-
-    def _pump_precopy(self) -> None:
-        """Send the followers' states whose turn it is (``Precopies`` bounds the bytes in flight)."""
-        for ks, follower in self.precopies.due():
-            state = self.store.jobs.get(ks.job)
-            if ks.followers.get(follower.agg) is not follower or state is None or state.keys.get(ks.spec.key) is not ks:
-                self.precopies.holds(ks.job, ks.spec.key, follower.agg)     # the key moved on: nothing to wait for
-                continue
-            follower.sent = ks.completed
-            with timed(self.stats, "state_snapshot"):
-                snapshot = self.replication.snapshot(ks)
-            self._send_follower(ks, follower, "state", *snapshot)
-
     def _step_taken(self, ks: KeyState, grad: np.ndarray) -> None:
         """Store hook, right after the optimizer step of iteration ``completed + 1``: send the
         replica (``Replication.step``) and the followers of a key whose state is copied ahead
-        (``precopy``) that step's averaged gradient (they apply the same deterministic update).
-        One that has not been sent the previous iteration gets nothing: it is sent the whole state."""
-        iteration = ks.completed + 1
+        (``MovesOut.followers_step``) that step's averaged gradient (they apply the same
+        deterministic update)."""
         items, copy = self.replication.step(ks, grad)
-        for follower in [f for f in ks.followers.values() if f.sent == ks.completed]:
-            follower.sent = iteration
-            copy = np.array(grad) if copy is None else copy
-            self._send_follower(ks, follower, "step", items, [copy])
-
-    def _send_follower(self, ks: KeyState, follower: Follower, kind: str, items: list, arrays: list) -> None:
-        req = self.replication.send(follower.info, ks, kind, items, arrays, incoming=follower.incoming)
-        if req is None:
-            self._drop_follower(ks, follower, "it cannot be reached")
-        else:
-            self.follow_waits[req] = (ks, follower, kind)
-
-    def _follower_acked(self, msg: wire.Message) -> None:
-        ks, follower, kind = self.follow_waits.pop(msg["req"])
-        if ks.followers.get(follower.agg) is not follower:
-            return              # an answer about a follower this key no longer has
-        if msg.op == wire.ERROR:
-            self._drop_follower(ks, follower, msg["message"])
-        elif kind == "state":
-            self.stats["states_sent_ahead"] += 1
-            if self.precopies.holds(ks.job, ks.spec.key, follower.agg):
-                self._followed(ks)
-            self._pump_precopy()
-
-    def _drop_follower(self, ks: KeyState, follower: Follower, why: str) -> None:
-        """Stop sending ``ks``'s steps to ``follower`` (its hand-over then carries the state)."""
-        log.warning("%s of job %s: %s no longer follows it: %s", ks.spec.key, ks.job, follower.agg, why)
-        ks.followers.pop(follower.agg, None)
-        if self.precopies.holds(ks.job, ks.spec.key, follower.agg):
-            self._followed(ks)
-        self._pump_precopy()
-
-    def _refollow(self, ks: KeyState) -> None:
-        """The state of ``ks`` changed outside a step (INIT): its followers get it again."""
-        for follower in ks.followers.values():
-            follower.sent = -1
-            self.precopies.requeue(ks, follower, self._state_bytes(ks))
-        self._pump_precopy()
+        if ks.followers:
+            self.moves_out.followers_step(ks, grad, items, copy)
 
     def _ticket(self, state: JobState) -> bytes:
         """What proves to another aggregator that this one holds the cluster key (``clusterauth``)."""
@@ -1110,39 +966,6 @@ class Aggregator:
                 self.poller.register(pollable, zmq.POLLIN)
         return channel
 
-    def _send_copies(self, keys: list[KeyState], full: bool = False) -> None:
-        """TENSOR_COPY (Fig. 4.5 step 4) of keys of one migration whose cutover iteration is
-        complete: each key's counter and, in server mode, its master copy, optimizer state and
-        step -- unless the new owner holds them already (a follower, or the key's replica) and
-        not ``full``. ``current`` names the aggregators that were sent the cutover iteration's
-        state: the new owner keeps such a replica without sending it the state again."""
-        mv = keys[0].move
-        state = self.store.jobs[keys[0].job]
-        items, arrays, ahead = [], [], set()
-        # the workers' buffers this aggregator maps: the new owner maps them before the
-        # workers' first push reaches it, not on that push's path
-        segments = self.transport.handles_for(mv.info, state.job)
-        for ks in keys:
-            current = [f.agg for f in ks.followers.values() if f.sent == ks.completed]
-            if ks.replica is not None and ks.replica_sent == ks.completed:
-                current.append(ks.replica.get("agg"))
-            ks.followers.clear()       # no step follows the cutover here
-            if ks.mode == "server" and mv.to in current and not full:
-                meta, key_arrays = {"completed": ks.completed, "ahead": True}, []
-                ahead.add(ks.spec.key)
-            else:
-                meta, key_arrays = self.store.export_key(ks)
-            meta.update(current=current, segments=segments)
-            items.append(wire.KeyCopy(ks.spec.key, meta, len(key_arrays)).to_wire())
-            arrays.extend(key_arrays)
-        req = next(self._copy_reqs)
-        self.copy_waits[req] = (mv.mid, state.job, [ks.spec.key for ks in keys])
-        if ahead:
-            self.ahead_copies[req] = ahead
-        self._peer(mv.info).send(wire.header(wire.TENSOR_COPY, req=req, mid=mv.mid, job=state.job,
-                                                secret=state.secret, items=items, peer=self._ticket(state)),
-                                    arrays)
-
     def _on_peer(self, inbound: Inbound) -> None:
         try:
             msg = wire.parse(inbound.header, inbound.payloads, inbound.lent)
@@ -1152,48 +975,11 @@ class Aggregator:
         if msg.get("req") in self.replication.waits:
             self.replication.acked(msg)
             return
-        if msg.get("req") in self.follow_waits:
-            self._follower_acked(msg)
+        if msg.get("req") in self.moves_out.follow_waits:
+            self.moves_out.follower_acked(msg)
             return
-        waited = self.copy_waits.pop(msg.get("req"), None)
-        if waited is None:
-            return
-        with self._handover_cpu():
-            self._copy_answered(msg, waited)
-
-    def _copy_answered(self, msg: wire.Message, waited: tuple) -> None:
-        """The new owner's answer to a TENSOR_COPY: report the keys it took, send again the
-        state it lacked, give up on the keys it refused."""
-        mid, job, keys = waited
-        ahead = self.ahead_copies.pop(msg.get("req"), set())
-        if msg.op == wire.ERROR:
-            refused = {key: msg["message"] for key in keys}
-        else:
-            refused = {k: str(v) for k, v in (msg.get("refused") or {}).items() if k in keys}
-        # keys the new owner did not hold the state of, although they went ahead: send it
-        again = self._copy_again(job, [k for k in refused if k in ahead], refused)
-        failed = {k: why for k, why in refused.items() if k not in again}
-        done = [k for k in keys if k not in refused]
-        if done:
-            self.stats["migrated_out"] += len(done)
-            self.copy_reports.add(mid, job, done)
-        if failed:
-            log.error("copy of %s of job %s was refused: %s", sorted(failed), job, next(iter(failed.values())))
-            self.copy_reports.give_up(mid, job, len(failed))
-            self._to_master(wire.encode(wire.TENSOR_COPY_DONE, mid=mid, job=job, keys=sorted(failed),
-                                                 agg=self.agg_id, error=next(iter(failed.values()))))
-
-    def _copy_again(self, job: str, keys: list[str], why: dict[str, str]) -> set[str]:
-        """The new owner did not hold the state a hand-over relied on: send it; returns the
-        keys sent again."""
-        state = self.store.jobs.get(job)
-        again = [ks for ks in (state.keys.get(k) for k in keys) if ks is not None and ks.move is not None] \
-            if state is not None else []
-        if again:
-            log.warning("%d keys of job %s, e.g. %s: %s; sending the whole state", len(again), job,
-                        again[0].spec.key, why[again[0].spec.key])
-            self._send_copies(again, full=True)
-        return {ks.spec.key for ks in again}
+        if msg.get("req") in self.moves_out.copy_waits:
+            self.moves_out.copy_answered(msg)
 
     def _tensor_copy(self, reply: Sender, msg: wire.Message) -> None:
         """New side: take the keys over -- from the copy, or from the state that came ahead
@@ -1280,22 +1066,6 @@ class Aggregator:
         for pending in self.waiters.pop(id(ks), []):
             pending.finished = True
 
-    def _migrate_abort(self, msg: wire.Message) -> None:
-        """The new owner of a migration was lost: keep serving the keys (their state here is
-        whole up to the cutover; later pushes were redirected and are resent) and stop sending
-        their state ahead."""
-        state = self.store.jobs.get(msg["job"])
-        for key in msg["keys"]:
-            ks = state.keys.get(key) if state is not None else None
-            if ks is not None:
-                ks.followers.clear()
-                ks.handover = None
-            if ks is not None and ks.move is not None:
-                ks.move = None
-                log.info("migration of %s of job %s aborted: the new owner was lost", key, msg["job"])
-        self.precopies.forget(msg["job"], set(msg["keys"]))
-        self._to_master(wire.encode(wire.OK, req=msg.get("req"), agg=self.agg_id))
-
     def _init(self, reply: Sender, msg: wire.Message) -> None:
         state = self.store.job(msg["job"], msg["secret"])
         prepared = []
@@ -1310,7 +1080,7 @@ class Aggregator:
             except ValueError as exc:
                 raise StoreError(f"INIT of {key!r}: {exc}") from None
             if state.keys[key].followers:
-                self._refollow(state.keys[key])      # a migration copying its state ahead
+                self.moves_out.refollow(state.keys[key])     # a migration copying its state ahead
         backed = [state.keys[key] for key, *_ in prepared if state.keys[key].replica is not None]
         if backed:
             # acknowledged once every replica holds the master copy: a worker that saw the
