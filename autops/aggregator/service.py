@@ -45,7 +45,6 @@ and ``broadcast.Broadcasts`` (BCAST_PUT, BCAST_GET).
 """
 from __future__ import annotations
 
-import heapq
 import logging
 import os
 import signal
@@ -64,28 +63,26 @@ from dlrt.curve import Security, default_security, warn_if_exposed
 from dlrt.hostid import host_id
 from dlrt.keys import ensure_cluster_secret
 
-from ..wire import clusterauth, protocol as wire
-from . import memroom
-from .batch_reports import BatchReports
-from .broadcast import Broadcasts
-from .cycle import CyclicSchedule
-from ..wire.partition import KeySpec
-from .held import HeldMessages
-from .commitments import Commitments, NoRoom
-from .links import Control, Peers
 from ..config import DEFAULT_ORPHAN_TIMEOUT
-from .orphan import OrphanWatch
-from .moves_out import MovesOut
-from .recovery import Recovery
-from .replicas import Replication
-from .reserve import MemoryReadier, timed
-from .spare import SpareBuffers
-from .moves_state import Arrival
-from .store import JobState, KeyState, SecretMismatch, Store, StoreError
 from ..transport import Channel, Inbound, Sender, Shared, Transport, make_context
 from ..transport.prefault import PREFAULT_SHARE
 from ..transport.shm import RESERVE_SHARED
-from ..transport.zmq import heap_kept
+from ..wire import clusterauth, protocol as wire
+from ..wire.partition import KeySpec
+from . import memroom
+from .broadcast import Broadcasts
+from .commitments import Commitments, NoRoom
+from .cycle import Cycles
+from .held import HeldMessages
+from .links import Control, Peers
+from .moves_in import MovesIn
+from .moves_out import MovesOut
+from .orphan import OrphanWatch
+from .recovery import Recovery
+from .replicas import Replication
+from .reserve import MemoryReadier
+from .spare import SpareBuffers
+from .store import JobState, KeyState, SecretMismatch, Store, StoreError
 
 # serving-thread work timed in ``stats`` (``reserve.timed``)
 TIMED = ("state_snapshot", "state_install", "state_takeover", "replica_install")
@@ -198,26 +195,18 @@ class Aggregator:
                       # installs on a follower, the new owner's take-overs of the state that
                       # came ahead, and whole states installed as a replica
                       **{f"{name}_{unit}": 0 for name in TIMED for unit in ("s", "max_ms", "faults")}}
-        self.spare = SpareBuffers()      # buffers of keys that moved away, for keys moving back
+        spare = SpareBuffers()      # buffers of keys that moved away, for keys moving back (``moves_in``)
         # what each job holds committed here, and the room and quota checks more bytes pass
-        self.commitments = Commitments(self.store, self.spare, self.memory, self.stats, limits, headroom, rss_base,
+        self.commitments = Commitments(self.store, spare, self.memory, self.stats, limits, headroom, rss_base,
                                        self._release)
         # the data path's checks of every request, bound once (not looked up through ``commitments``)
         self.refused_jobs = self.commitments.refused_jobs
         self._check_tenant = self.commitments.check_request
-        # the reports to pMaster, once per batch: WORKER_DONE as the new owner (with the
-        # longest any key's first iteration waited here, whole, for its hand-over)
-        self.worker_reports = BatchReports()
-        # the switch as the new owner saw it, per batch: when the first push of its keys and
-        # the hand-over came (time.monotonic), reported with WORKER_DONE (``_switch_times``)
-        self.switch_seen: dict[int, dict] = {}                         # mid -> {"job", "first_push", "handover"}
         self._copy_reqs = iter(range(1, 1 << 62))
         self.store.on_step = self._step_taken
-        # cyclic execution: the schedule, each job's latest admitted iteration, postponed work
-        self.schedule: CyclicSchedule | None = None
-        self.admitted: dict[str, int] = {}
-        self.postponed: dict[str, tuple[float, int, list]] = {}   # job -> (run at, iteration, pushes)
-        self.timers: list[tuple[float, str]] = []
+        # cyclic execution: the schedule, each job's latest admitted iteration, postponed pushes
+        self.cycles = Cycles(self.stats, self._apply_push)
+        self._admit = self.cycles.admit       # (asked on every push: bound once)
         self.held = HeldMessages()      # pMaster's messages after an ASSIGN still allocating
         # memory made ready on helper threads: the reserve, and keys' memory at the prefault pace
         self.readier = MemoryReadier(self.transport, self.store, self.stats, self._stop, prefault_share, reserve,
@@ -225,20 +214,22 @@ class Aggregator:
         # what the collaborators below are given instead of the aggregator (``_to_master`` is
         # looked up at each answer)
         control = Control(lambda frames: self._to_master(frames), lambda: self.agg_id)
-        commitments = self.commitments
         # replication (server mode), and taking over the keys of a lost aggregator
         peers = Peers(self._peer, self._ticket, self._copy_reqs.__next__)
-        self.replication = Replication(self.store, self.stats, self.readier, control, commitments, peers,
+        self.replication = Replication(self.store, self.stats, self.readier, control, self.commitments, peers,
                                        self._published)
-        self.recovery = Recovery(self.store, self.stats, control, commitments, self.replication.set_replica,
+        self.recovery = Recovery(self.store, self.stats, control, self.commitments, self.replication.set_replica,
                                  self._forget_waiters, self._published)
         self.bcast = Broadcasts(self.store)     # a job's broadcasts, and the gets parked until their put
-        # live migration, the old owner's side: hand-overs, state sent ahead, their reports
+        # live migration: the old owner's side (hand-overs, state sent ahead, their reports)
+        # and the new owner's (keys arriving, their take-over, its reports)
         self.moves_out = MovesOut(self.store, self.stats, control, peers, self.transport, self.replication)
+        self.moves_in = MovesIn(self.store, self.stats, self.readier, control, self.commitments, spare,
+                                self.replication, self._published, self._refuse_waiters)
         self._data_ops = {wire.PUSH: self._push, wire.PUSH_PULL: self._push, wire.PULL: self._pull,
                           wire.INIT: self._init, wire.BCAST_PUT: self.bcast.put, wire.BCAST_GET: self.bcast.get,
-                          wire.TENSOR_COPY: self._tensor_copy, wire.STATE_GET: self._state_get,
-                          wire.RECOVER: self.recovery.recover, wire.REPLICATE: self.replication.receive,
+                          wire.TENSOR_COPY: self.moves_in.copy, wire.STATE_GET: self._state_get,
+                          wire.RECOVER: self.recovery.recover, wire.REPLICATE: self._replicate,
                           wire.WARM: self._warm}
 
     def _allocate(self, job: str, sizes: list) -> list[tuple[np.ndarray, Shared]]:
@@ -283,7 +274,7 @@ class Aggregator:
                 wire.REGISTER_AGG, req=next(self._copy_reqs), nonce=nonce,
                 answer=clusterauth.answer(self.cluster_secret, challenge, nonce), endpoints=self.endpoints,
                 host=host_id(), pid=os.getpid(), name=self.name or self.agg_name, cpus=self.stats["cpus"],
-                holding=self._holding(), note=self.note), session)
+                holding=self.store.holding(), note=self.note), session)
             if reply is None:
                 continue
             self.session = session
@@ -369,9 +360,10 @@ class Aggregator:
             if now >= next_beat:
                 self._heartbeat()
                 next_beat = now + self.heartbeat_interval
-            self._run_due(now)
-            wake = min(next_beat, self.timers[0][0]) if self.timers else next_beat
-            for reports in (self.worker_reports, self.moves_out.copy_reports):
+            self.cycles.run_due(now)
+            due = self.cycles.next_due()
+            wake = min(next_beat, due) if due is not None else next_beat
+            for reports in (self.moves_in.worker_reports, self.moves_out.copy_reports):
                 wake = min(wake, reports.deadline() or wake)
             timeout = max(0.0, min(wake - now, 0.2))
             for pollable, _ in poller.poll(int(timeout * 1000) + 1):
@@ -422,14 +414,9 @@ class Aggregator:
             bytes_held=self.store.bytes_held(), jobs=sorted(self.store.jobs),
             # commitments: all jobs', each tenant's, and the limits they are checked against
             **self.commitments.figures(),
-            profile=self.store.take_profile(), cycle_s=self.schedule.cycle if self.schedule else None,
-            **{**self.stats, **self._outliers()}))
-
-    def _outliers(self) -> dict[str, int]:
-        """Late and postponed aggregations so far: the earlier schedules' and the current one's."""
-        live = self.schedule
-        return {"late": self.stats["late"] + (live.late if live is not None else 0),
-                "postponed": self.stats["postponed"] + (live.postponed if live is not None else 0)}
+            profile=self.store.take_profile(),
+            cycle_s=self.cycles.schedule.cycle if self.cycles.schedule else None,
+            **{**self.stats, **self.cycles.outliers()}))
 
     # --- control from pMaster -------------------------------------------------------
     def _on_master(self, frames: list) -> None:
@@ -452,9 +439,9 @@ class Aggregator:
         elif msg.op == wire.RELEASE_JOB:
             self._release(msg["job"])
         elif msg.op == wire.CYCLE:
-            self._set_cycle(msg["jobs"])
+            self.cycles.set(msg["jobs"], time.monotonic())
         elif msg.op == wire.MIGRATE_PREPARE:
-            self._migrate_prepare(msg)
+            self.moves_in.prepare(msg)
         elif msg.op == wire.REPLICA_PREPARE:
             self.replication.prepare(msg)
         elif msg.op == wire.MIGRATE_INIT:
@@ -466,7 +453,7 @@ class Aggregator:
         elif msg.op == wire.REPLICA_SET:
             self.replication.set_keys(msg)
         elif msg.op == wire.MIGRATE_DROP:
-            self._migrate_drop(msg)
+            self.moves_in.drop(msg)
         elif msg.op in (wire.OK, wire.ERROR):
             if msg.op == wire.OK and isinstance(msg.get("note"), dict):
                 self.note = msg["note"]      # given back when registering with a restarted pMaster
@@ -483,32 +470,6 @@ class Aggregator:
         else:
             log.warning("unexpected %s from master", msg.op)
 
-    def _holding(self) -> dict:
-        """What this aggregator holds, per job (for a restarted pMaster): the secret, world
-        size and every key as ``[*spec, mode, average, optimizer, hp, role, completed]`` with
-        role ``owner`` (``moving`` while it hands the key over) or ``replica``."""
-        out = {}
-        for job, state in self.store.jobs.items():
-            keys = []
-            for role, table in (("owner", state.keys), ("replica", state.replicas)):
-                for ks in table.values():
-                    if ks.arrival is not None and ks.arrival.copy_missing or ks.recovering is not None:
-                        continue
-                    optimizer = ks.optimizer.name if ks.optimizer is not None else None
-                    hp = dict(ks.optimizer.hp) if ks.optimizer is not None else {}
-                    keys.append([*ks.spec.to_wire(), ks.mode, ks.average, optimizer, hp,
-                                 "moving" if ks.move is not None else role, ks.completed])
-            out[job] = {"secret": state.secret, "world_size": state.world_size, "keys": keys}
-        return out
-
-    def _switch_times(self, mid: int) -> dict:
-        """The batch's switch as seen here, for its (first) WORKER_DONE: when the first push of
-        its keys came (``first_push_at``), its hand-over (``handover_at``) and now, as its keys'
-        first iteration is complete (``done_at``); ``time.monotonic`` seconds."""
-        seen = self.switch_seen.pop(mid, None) or {}
-        return {"done_at": round(time.monotonic(), 6),
-                **{f"{k}_at": round(v, 6) for k, v in seen.items() if k != "job"}}
-
     def _release(self, job: str) -> None:
         self.commitments.release(job)
         state = self.store.jobs.get(job)
@@ -519,12 +480,8 @@ class Aggregator:
                 self._send_error(pending.reply, pending.req, f"job {job!r} was released")
         self.store.release(job)
         self.moves_out.release(job)
-        self.spare.release(job)
-        self.worker_reports.forget(job)
-        for mid in [m for m, seen in self.switch_seen.items() if seen["job"] == job]:
-            del self.switch_seen[mid]
-        self.admitted.pop(job, None)
-        self.postponed.pop(job, None)
+        self.moves_in.release(job)
+        self.cycles.release(job)
         self.memory.release(job)
         log.info("released job %s", job)
 
@@ -624,7 +581,7 @@ class Aggregator:
             self.stats["bytes_in"] += data.nbytes
             arrival = ks.arrival
             if arrival is not None:
-                self.switch_seen.setdefault(arrival.mid, {"job": state.job}).setdefault("first_push", now)
+                self.moves_in.pushed(arrival.mid, state.job, now)
             if arrival is not None and arrival.copy_missing or ks.recovering is not None:
                 ks.held.append((rank, iteration, data, deferred, replay))
                 if arrival is not None and arrival.copy_missing and arrival.whole_at is None and \
@@ -633,7 +590,7 @@ class Aggregator:
             elif self._admit(state.job, iteration, now):
                 self._apply_push(ks, rank, data, deferred)
             else:
-                self.postponed[state.job][2].append((ks, rank, data, deferred))
+                self.cycles.postpone(state.job, (ks, rank, data, deferred))
         if answer_with_value:
             self._answer_pull(reply, msg.get("req"), [(ks, iteration) for ks, _, _, _, iteration in checked])
 
@@ -643,45 +600,6 @@ class Aggregator:
         ks.cpu += time.thread_time() - t0
         if done:
             self._published(ks)
-
-    # --- cyclic execution -------------------------------------------------------------
-    def _set_cycle(self, jobs: dict) -> None:
-        """pMaster's packing changed: the jobs here, their standalone D and CPU time e."""
-        try:
-            parsed = {str(j): (float(v[0]), float(v[1])) for j, v in jobs.items()}
-        except (TypeError, ValueError, IndexError):
-            log.warning("bad cycle message: %r", jobs)
-            return
-        if self.schedule is not None:
-            self.stats["late"] += self.schedule.late
-            self.stats["postponed"] += self.schedule.postponed
-        self.schedule = CyclicSchedule(parsed, time.monotonic()) if len(parsed) >= 2 else None
-        if self.schedule is None:
-            self._run_due(float("inf"))
-        log.info("execution cycle %s for %s", f"{self.schedule.cycle:.3f}s" if self.schedule else "off",
-                 sorted(parsed))
-
-    def _admit(self, job: str, iteration: int, now: float) -> bool:
-        """May this push be aggregated now? False: it joins its job's postponed iteration."""
-        pending = self.postponed.get(job)
-        if pending is not None and pending[1] == iteration:
-            return False
-        if self.schedule is None or job not in self.schedule.slots or iteration <= self.admitted.get(job, 0):
-            return True
-        self.admitted[job] = iteration
-        run_at = self.schedule.admit(job, now)
-        if run_at <= now:
-            return True
-        self.postponed[job] = (run_at, iteration, [])
-        heapq.heappush(self.timers, (run_at, job))
-        return False
-
-    def _run_due(self, now: float) -> None:
-        while self.timers and self.timers[0][0] <= now:
-            _, job = heapq.heappop(self.timers)
-            pending = self.postponed.pop(job, None)
-            for ks, rank, data, deferred in (pending[2] if pending else ()):
-                self._apply_push(ks, rank, data, deferred)
 
     def _requested(self, state: JobState, msg: wire.Message) -> Iterator[tuple[KeyState, int]]:
         """The ``PullItem`` items of a PULL or STATE_GET, validated."""
@@ -745,16 +663,12 @@ class Aggregator:
             self.moves_out.hand_over(ks)
         arrival = ks.arrival
         if arrival is not None and not arrival.copy_missing and ks.completed >= arrival.first:
-            ks.arrival = None
-            self.worker_reports.add(arrival.mid, ks.job, [ks.spec.key], 1e3 * arrival.waited)
+            self.moves_in.served(ks)
 
     def _flush_migration(self) -> None:
         """The hand-overs that came due in this turn of the loop, and the reports due."""
         self.moves_out.send_due()
-        for report in self.worker_reports.due():
-            self._to_master(wire.encode(wire.WORKER_DONE, mid=report.mid, job=report.job, keys=report.keys,
-                                        agg=self.agg_id, wait_ms=round(report.wait_ms, 3),
-                                        **self._switch_times(report.mid)))
+        self.moves_in.report()
         self.moves_out.report()
 
     def _reply_pull(self, pending: PendingPull) -> None:
@@ -842,109 +756,6 @@ class Aggregator:
             if made is not None:
                 self.held.resume(self._on_master)
 
-    # --- live migration ---------------------------------------------------------------
-    def _migrate_prepare(self, msg: wire.Message) -> None:
-        """New side: create the keys in the incoming state (pushes held, pulls parked).
-
-        Buffers the job's keys left here when they moved away are used again; large new ones
-        are created and populated by a helper thread first, so neither the jobs this
-        aggregator already serves nor the migrating job wait for page faults. The keys are
-        committed as a declaration is (``Commitments.check_room``: room, ``--max-job-bytes``,
-        ``--max-tenant-bytes``); a move that does not fit is refused before anything is
-        allocated (pMaster fails the batch with that error; the old owner keeps the keys)."""
-        try:
-            keys = [KeySpec.from_wire(k) for k in msg["keys"]]
-            sizes = Store.buffer_sizes(msg["mode"], keys)
-            # server mode: the gradient accumulators and optimizer state, which the state copy
-            # ahead of the switch fills; made ready here too, or that copy pays their faults
-            private = Store.private_sizes(msg["mode"], msg.get("optimizer"), msg.get("hp"), keys)
-            nbytes = sum(numel * np.dtype(dtype).itemsize for numel, dtype in sizes + private)
-            self.commitments.learn_tenant(msg["job"], msg.get("tenant"))
-        except (KeyError, ValueError, TypeError, IndexError) as exc:
-            self._to_master(wire.error(str(exc), req=msg.get("req"), agg=self.agg_id))
-            return
-        reused = self.spare.take(msg["job"], sizes)
-        # the spares are committed to the job already: only the rest is new
-        need = nbytes - sum(buf.array.nbytes for buf in reused or ())
-        try:
-            self.commitments.check_room(msg["job"], need)
-        except StoreError as exc:
-            self.spare.keep(msg["job"], reused or ())
-            log.warning("refused keys moving here: %s", exc)
-            self._to_master(wire.error(f"cannot take the keys: {exc}", req=msg.get("req"), agg=self.agg_id))
-            return
-        self.commitments.pend(msg["job"], need)
-        if reused is not None:
-            self._finish_prepare(msg, keys, sizes, (reused, None), pended=need)
-            return
-        if not self.memory.slow_to_allocate(nbytes):
-            self._finish_prepare(msg, keys, sizes, pended=need)
-            return
-
-        # the workers' pushes of the new keys arrive in received-message buffers: warm the
-        # heap they come from, or the switch iteration pays its page faults (one worker's
-        # pushes: the keys' bytes once)
-        warm = min(sum(spec.nbytes for spec in keys), heap_kept() // 2)
-        self.readier.ready_in_background(msg["job"], sizes, private, nbytes, warm,
-                                         lambda made, arrays: self._finish_prepare(msg, keys, sizes, made, arrays,
-                                                                                   need))
-
-    def _migrate_drop(self, msg: wire.Message) -> None:
-        """Forget keys that moved away, or -- a new replica of a move that failed -- what was
-        readied for them and the backups the state sent ahead made (``backups``): all of it
-        goes to the job's spares."""
-        self.spare.keep(msg["job"], self.store.take_readied(msg["job"], list(msg["keys"])))
-        if msg.get("backups") is True:
-            self.spare.keep(msg["job"], [rks.param_ref for rks in self.store.drop_replicas(msg["job"],
-                                                                                         list(msg["keys"]))])
-        for ks in self.store.drop_keys(msg["job"], list(msg["keys"])):
-            self.spare.keep(ks.job, ks.buffer_refs if ks.mode == "sum" else [ks.param_ref])
-            for pending in self.waiters.pop(id(ks), []):
-                if not pending.finished:
-                    pending.finished = True
-                    self._send_error(pending.reply, pending.req, f"key {ks.spec.key!r} moved to another aggregator")
-
-    def _finish_prepare(self, msg: wire.Message, keys: list, sizes: list, made: tuple | None = None,
-                        private: list | None = None, pended: int = 0) -> None:
-        """Create the incoming keys in ``made`` -- ``(buffers, allocation error)`` from a
-        helper thread, with ``private``: their server-mode arrays (``Store.private_sizes``) --
-        or in memory allocated now; ``pended``: the bytes committed for them meanwhile."""
-        try:
-            self._prepare_keys(msg, keys, sizes, made, private)
-        finally:
-            self.commitments.unpend(msg["job"], pended)      # the store holds them now, or nothing was made
-
-    def _prepare_keys(self, msg: wire.Message, keys: list, sizes: list, made: tuple | None,
-                      private: list | None) -> None:
-        """``_finish_prepare``'s work; answers pMaster."""
-        req = msg.get("req")
-        try:
-            state = self.store.jobs.get(msg["job"])
-            for spec in keys:
-                if state is not None and spec.key in state.keys:
-                    raise StoreError(f"key {spec.key!r} of job {msg['job']!r} is already here")
-            buffers, error = made or self.readier.allocate(sizes, msg["job"])
-            if error is not None:
-                raise StoreError(f"cannot allocate memory for the incoming keys: {error}")
-            with self.commitments.prechecked(msg["job"]):    # committed in ``_migrate_prepare``
-                self.store.assign(msg["job"], msg["secret"], msg["world_size"], msg["mode"], keys,
-                                  average=bool(msg.get("average", True)), optimizer=msg.get("optimizer"),
-                                  hp=msg.get("hp") or {}, buffers=[(buf.array, buf) for buf in buffers],
-                                  private=private)
-            state = self.store.jobs[msg["job"]]
-            replicas = msg.get("replicas") or {}
-            for spec in keys:
-                ks = state.keys[spec.key]
-                ks.arrival = Arrival(msg["mid"])
-                if ks.mode == "server" and replicas.get(spec.key):
-                    ks.replica = dict(replicas[spec.key])
-            self.worker_reports.expect(msg["mid"], msg["job"], len(keys))
-            # the new buffers are mapped and populated by now; agents can map them early
-            segments = self.memory.handles_of(buffers)
-            self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id, segments=segments))
-        except (StoreError, ValueError, TypeError) as exc:
-            self._to_master(wire.error(str(exc), req=req, agg=self.agg_id))
-
     def _step_taken(self, ks: KeyState, grad: np.ndarray) -> None:
         """Store hook, right after the optimizer step of iteration ``completed + 1``: send the
         replica (``Replication.step``) and the followers of a key whose state is copied ahead
@@ -981,66 +792,6 @@ class Aggregator:
         if msg.get("req") in self.moves_out.copy_waits:
             self.moves_out.copy_answered(msg)
 
-    def _tensor_copy(self, reply: Sender, msg: wire.Message) -> None:
-        """New side: take the keys over -- from the copy, or from the state that came ahead
-        (``precopy``, or this aggregator's replica of the key) -- apply the held pushes, answer
-        parked pulls. The answer lists the keys ``refused`` (their state did not arrive
-        ahead after all: the old owner sends it). A copy without keys names the workers'
-        buffers to map ahead."""
-        state = self.store.job(msg["job"], msg["secret"])
-        self.memory.premap(msg.get("segments"))
-        if msg.get("items"):          # a hand-over (a copy without keys only names buffers to map)
-            self.switch_seen.setdefault(msg["mid"], {"job": state.job}).setdefault("handover", time.monotonic())
-        installed, refused = [], {}
-        for key, meta, views in wire.key_copies(msg):
-            self.memory.premap(meta.get("segments"))     # the workers' buffers, before their pushes come
-            try:
-                ks = self.store.key(state, key)
-                self._take_over(state, ks, meta, [np.frombuffer(view, dtype=ks.spec.dtype) for view in views],
-                                msg["mid"])
-            except StoreError as exc:
-                refused[key] = str(exc)
-                continue
-            installed.append(ks)
-        self.stats["migrated_in"] += len(installed)
-        reply.send(wire.header(wire.OK, req=msg.get("req"), **({"refused": refused} if refused else {})))
-        for ks in installed:
-            self._published(ks)
-
-    def _take_over(self, state: JobState, ks: KeyState, meta: dict, arrays: list, mid: int) -> None:
-        """One key of a TENSOR_COPY; StoreError (the key unchanged) when it cannot be taken."""
-        t0 = time.thread_time()
-        first = meta.get("completed", 0) + 1 if isinstance(meta.get("completed"), int) else 1
-        arrival = self.store.waiting_copy(ks)
-        # how long its first iteration here, whole, waited for this hand-over (0: it came first)
-        waited = time.monotonic() - arrival.whole_at if arrival.whole_at is not None else 0.0
-        arrival.whole_at = None
-        hp = arrival.hp
-        if meta.get("ahead"):
-            with timed(self.stats, "state_takeover"):
-                self.store.take_ahead(ks, meta.get("completed"), state.replicas.get(ks.spec.key))
-            self.stats["taken_over_ahead"] += 1
-            if hp:
-                self.store.set_hp(ks, hp)
-        else:
-            if hp:
-                # hyper-parameters the workers sent with held pushes apply after the copy's own
-                meta = {**meta, "hp": {**(meta.get("hp") or {}), **hp}}
-            self.store.take_copy(ks, meta, arrays)
-        arrival.hp = None
-        state.replicas.pop(ks.spec.key, None)       # owned here now: a replica of it here is of no use
-        replica_current = ks.replica is not None and ks.replica.get("agg") in (meta.get("current") or ())
-        if replica_current:
-            ks.replica_sent = ks.replicated = ks.completed      # it was sent this state already
-        _, problems = self.store.apply_held(ks)
-        ks.cpu += time.thread_time() - t0
-        arrival.mid, arrival.first, arrival.waited = mid, first, waited
-        for problem in problems:
-            self.stats["errors"] += 1
-            log.error("held push of migrated key %s dropped: %s", ks.spec.key, problem)
-        if ks.replica is not None and not replica_current:
-            self.replication.replicate_state(ks)
-
     def _state_get(self, reply: Sender, msg: wire.Message) -> None:
         """Server-side state of keys right after an iteration (a worker's checkpoint): master
         copy, optimizer state and step, serialised as TENSOR_COPY serialises them."""
@@ -1065,6 +816,20 @@ class Aggregator:
         """Parked pulls of a key taken over: their workers resend them (no answer)."""
         for pending in self.waiters.pop(id(ks), []):
             pending.finished = True
+
+    def _refuse_waiters(self, ks: KeyState, why: str) -> None:
+        """Parked pulls of a key that moved on, not answered yet: answered with the error ``why``."""
+        for pending in self.waiters.pop(id(ks), []):
+            if not pending.finished:
+                pending.finished = True
+                self._send_error(pending.reply, pending.req, why)
+
+    def _replicate(self, reply: Sender, msg: wire.Message) -> None:
+        """REPLICATE: to a key migrating here (``incoming``: its state sent ahead) or to a backup."""
+        if msg.get("incoming"):
+            self.moves_in.precopy(reply, msg)
+        else:
+            self.replication.receive(reply, msg)
 
     def _init(self, reply: Sender, msg: wire.Message) -> None:
         state = self.store.job(msg["job"], msg["secret"])

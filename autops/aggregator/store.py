@@ -665,6 +665,24 @@ class Store:
         return total
 
     # --- reporting -----------------------------------------------------------------
+    def holding(self) -> dict:
+        """What this aggregator holds, per job (for a restarted pMaster): the secret, world
+        size and every key as ``[*spec, mode, average, optimizer, hp, role, completed]`` with
+        role ``owner`` (``moving`` while it hands the key over) or ``replica``."""
+        out = {}
+        for job, state in self.jobs.items():
+            keys = []
+            for role, table in (("owner", state.keys), ("replica", state.replicas)):
+                for ks in table.values():
+                    if ks.arrival is not None and ks.arrival.copy_missing or ks.recovering is not None:
+                        continue
+                    optimizer = ks.optimizer.name if ks.optimizer is not None else None
+                    hp = dict(ks.optimizer.hp) if ks.optimizer is not None else {}
+                    keys.append([*ks.spec.to_wire(), ks.mode, ks.average, optimizer, hp,
+                                 "moving" if ks.move is not None else role, ks.completed])
+            out[job] = {"secret": state.secret, "world_size": state.world_size, "keys": keys}
+        return out
+
     def bytes_held(self) -> int:
         total = 0
         for state in self.jobs.values():

@@ -683,9 +683,9 @@ def test_a_new_replicas_backup_goes_to_the_spares_when_its_move_is_abandoned(bac
     try:
         state = agg.store.ensure_job("j", "secret", 2, "server", True, "adam", {"lr": 0.1})
         agg.store.install_replica(state, SPEC, "server", True, "adam", {"lr": 0.1}, meta, [a.copy() for a in arrays])
-        agg._migrate_drop(message(wire.MIGRATE_DROP, job="j", keys=["w"], **({"backups": True} if backups else {})))
+        agg.moves_in.drop(message(wire.MIGRATE_DROP, job="j", keys=["w"], **({"backups": True} if backups else {})))
         assert ("w" in state.replicas) is not backups
-        assert (agg.spare.take("j", [(SPEC.numel, SPEC.dtype)]) is not None) is backups
+        assert (agg.moves_in.spare.take("j", [(SPEC.numel, SPEC.dtype)]) is not None) is backups
     finally:
         agg.close()
 
@@ -832,14 +832,14 @@ def test_heartbeats_count_the_current_schedules_outliers_too():
     sent: list = []
     agg._to_master = sent.append
     try:
-        agg._set_cycle({"a": [1.0, 0.9], "b": [1.0, 0.9]})       # a 1 s cycle, one slot each
-        start = agg.schedule.start
+        agg.cycles.set({"a": [1.0, 0.9], "b": [1.0, 0.9]}, time.monotonic())   # a 1 s cycle, one slot each
+        start = agg.cycles.schedule.start
         assert agg._admit("a", 1, start + 0.1)                   # a's slot: at once
         assert not agg._admit("a", 2, start + 0.2)               # a second one in the cycle: b's
         agg._heartbeat()                                         # 0.9 s is reserved, so it waits
         beat = wire.decode(sent[-1])
         assert (beat["late"], beat["postponed"]) == (1, 1)
-        agg._set_cycle({})                                       # replaced: counted once, not twice
+        agg.cycles.set({}, time.monotonic())                     # replaced: counted once, not twice
         agg._heartbeat()
         beat = wire.decode(sent[-1])
         assert (beat["late"], beat["postponed"]) == (1, 1)

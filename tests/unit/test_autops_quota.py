@@ -153,7 +153,7 @@ def test_a_jobs_tenant_learnt_from_its_first_request_past_the_quota_drops_the_jo
 
 
 def prepare(agg, job: str, numel: int, key: str = "w", mid: int = 1) -> wire.Message:
-    agg._migrate_prepare(wire.decode(wire.encode(
+    agg.moves_in.prepare(wire.decode(wire.encode(
         wire.MIGRATE_PREPARE, req=3, mid=mid, job=job, secret="s" * 16, world_size=1, mode="server",
         optimizer="sgd", hp={"lr": 0.1, "momentum": 0.9}, average=True, keys=[spec(key, numel)], replicas={})))
     return agg.answers.pop()
@@ -168,7 +168,7 @@ def test_keys_moving_in_are_committed_refused_past_the_limit_and_released_as_the
     assert agg.store.jobs["j"].keys["w"].arrival == Arrival(1) and agg.commitments.committed == {"j": 9 * M}
     assert prepare(agg, "j", quarter, key="v", mid=2).op == wire.ERROR   # 3 MiB more: past 10 MiB
     # the key moves away again: its master copy stays as the job's spare, the rest is released
-    agg._migrate_drop(wire.decode(wire.encode(wire.MIGRATE_DROP, job="j", keys=["w"])))
+    agg.moves_in.drop(wire.decode(wire.encode(wire.MIGRATE_DROP, job="j", keys=["w"])))
     assert agg.commitments.committed == {"j": 3 * M}
     assert prepare(agg, "j", 3 * quarter, mid=3).op == wire.OK      # back: the spare reused, 6 MiB new
     assert agg.commitments.committed == {"j": 9 * M}
