@@ -226,6 +226,11 @@ class Aggregator:
         self.moves_out = MovesOut(self.store, self.stats, control, peers, self.transport, self.replication)
         self.moves_in = MovesIn(self.store, self.stats, self.readier, control, self.commitments, spare,
                                 self.replication, self._published, self._refuse_waiters)
+        # who waits for the answers of other aggregators: each request id is in the table of
+        # the collaborator that sent it (one sequence of ids, ``Peers.next_req``)
+        self._answers = ((self.replication.waits, self.replication.acked),
+                         (self.moves_out.follow_waits, self.moves_out.follower_acked),
+                         (self.moves_out.copy_waits, self.moves_out.copy_answered))
         self._data_ops = {wire.PUSH: self._push, wire.PUSH_PULL: self._push, wire.PULL: self._pull,
                           wire.INIT: self._init, wire.BCAST_PUT: self.bcast.put, wire.BCAST_GET: self.bcast.get,
                           wire.TENSOR_COPY: self.moves_in.copy, wire.STATE_GET: self._state_get,
@@ -778,19 +783,17 @@ class Aggregator:
         return channel
 
     def _on_peer(self, inbound: Inbound) -> None:
+        """Another aggregator's answer: to the collaborator whose request it answers (``_answers``)."""
         try:
             msg = wire.parse(inbound.header, inbound.payloads, inbound.lent)
         except wire.ProtocolError as exc:
             log.warning("bad reply from a peer aggregator: %s", exc)
             return
-        if msg.get("req") in self.replication.waits:
-            self.replication.acked(msg)
-            return
-        if msg.get("req") in self.moves_out.follow_waits:
-            self.moves_out.follower_acked(msg)
-            return
-        if msg.get("req") in self.moves_out.copy_waits:
-            self.moves_out.copy_answered(msg)
+        req = msg.get("req")
+        for waits, answered in self._answers:
+            if req in waits:
+                answered(msg)
+                return
 
     def _state_get(self, reply: Sender, msg: wire.Message) -> None:
         """Server-side state of keys right after an iteration (a worker's checkpoint): master
