@@ -1,28 +1,18 @@
-"""The aggregator process: serves push/pull of the keys pMaster assigned to it.
+"""The aggregator process: the data path of the keys pMaster assigned to it.
 
 One aggregator per machine. It listens through its ``Transport`` (tcp, and ipc and shared
-memory for agents on the same host), registers with pMaster over a DEALER, heartbeats,
-accepts ``ASSIGN`` and ``RELEASE_JOB`` from pMaster, and runs the data plane over the
-``Store``: requests and replies are ``wire`` records; pushes are acknowledged at once,
-pulls are parked until their iteration is published. Published values live in the
-transport's memory, so a channel that can lend them sends references instead of bytes,
-and a push whose buffer the worker lent is summed in place when its iteration completes.
-Any bad request is answered with an error to that client only; the loop never dies on input.
-It outlives pMaster (training goes on; a restarted pMaster is told what is held here and the
-record pMaster last sent with its heartbeat answers, ``note``), but not for ever: heard from by
-no pMaster for ``orphan_timeout`` seconds, it exits (``orphan``).
-
-Elasticity (thesis §4.3): the aggregator measures the CPU time of every key and reports it
-with its heartbeat (one record per period); it runs the jobs packed on it in cycles
-(``cycle.CyclicSchedule``: a late aggregation runs in this cycle only if the slack allows,
-else at the next cycle start); and it takes part in live migration (Fig. 4.5): as the old
-owner it finishes the cutover iteration, tells the workers the new address in those pull
-replies (and REDIRECTs anything later), then sends TENSOR_COPY to the new owner and
-TENSOR_COPY_DONE to pMaster; as the new owner it holds pushes until the copy arrived and
-sends WORKER_DONE once the workers pushed to it; as the new replica of server-mode keys --
-a job's new keys or migrating ones -- it makes the memory for their state ready
-(REPLICA_PREPARE). A worker taking a checkpoint in server mode gets the same serialisation
-(master copy, optimizer state, step) with STATE_GET.
+memory for agents on the same host), registers with pMaster over a DEALER, heartbeats, and
+runs the data plane over the ``Store``: requests and replies are ``wire`` records; pushes
+are acknowledged at once, pulls are parked until their iteration is published. Published
+values live in the transport's memory, so a channel that can lend them sends references
+instead of bytes, and a push whose buffer the worker lent is summed in place when its
+iteration completes. Any bad request is answered with an error to that client only; the
+loop never dies on input. It outlives pMaster (training goes on; a restarted pMaster is told
+what is held here and the record pMaster last sent with its heartbeat answers, ``note``),
+but not for ever: heard from by no pMaster for ``orphan_timeout`` seconds, it exits
+(``orphan``). It measures the CPU time of every key and reports it with its heartbeat
+(elasticity, thesis §4.3). A worker taking a checkpoint in server mode gets a key's master
+copy, optimizer state and step with STATE_GET.
 
 Security (docs/autops.md, "Security"): registration proves the cluster key both ways and
 seals the control channel (``clusterauth``): commands (ASSIGN, RELEASE_JOB, MIGRATE_*, REPLICA_PREPARE,
@@ -36,12 +26,20 @@ on the data listeners, not on an authenticated connection, so it also carries a 
 the cluster key bound to the job and its secret (``clusterauth.peer_ticket``): a rank of the
 job cannot pose as an aggregator, and nobody without the job's secret can touch the job.
 
-Parts of the work are done by collaborators the aggregator constructs and calls from its
-dispatch, each given what it needs (``links``: answers to pMaster, room and quota checks,
-channels to peers) and never the aggregator itself: ``reserve.MemoryReadier`` (the memory
-reserve and the memory of arriving keys, made ready on helper threads), ``replicas.Replication``
-(REPLICA_PREPARE, REPLICA_SET, REPLICATE both ways), ``recovery.Recovery`` (FAILOVER, RECOVER)
-and ``broadcast.Broadcasts`` (BCAST_PUT, BCAST_GET).
+The rest is done by collaborators the aggregator constructs and calls from its dispatch and
+its loop, each given what it needs through its constructor (``links``: answers to pMaster,
+channels to peers; callables; other collaborators), never the aggregator itself:
+``commitments.Commitments`` (what each job holds committed here: the room and quota checks,
+tenants), ``assign.Assignments`` (ASSIGN), ``reserve.MemoryReadier`` (the memory reserve and
+the memory of arriving keys, made ready on helper threads), ``cycle.Cycles`` (CYCLE, and when
+each push is aggregated), ``moves_out.MovesOut`` and ``moves_in.MovesIn`` (live migration,
+Fig. 4.5: the old owner's side -- MIGRATE_INIT, the cutover, state sent ahead, TENSOR_COPY,
+MIGRATE_ABORT -- and the new owner's -- MIGRATE_PREPARE, the take-over, WORKER_DONE,
+MIGRATE_DROP), ``replicas.Replication`` (REPLICA_PREPARE, REPLICA_SET, REPLICATE both ways),
+``recovery.Recovery`` (FAILOVER, RECOVER) and ``broadcast.Broadcasts`` (BCAST_PUT, BCAST_GET).
+Of a migration the data path keeps the per-key test (``moves_state``: a moving key's pull
+replies name its new owner, what comes after its cutover is redirected, an arriving key's
+pushes are held) and the calls into those two at a key's turning points.
 """
 from __future__ import annotations
 
@@ -58,7 +56,6 @@ import numpy as np
 import psutil
 import zmq
 
-from dlrt.cpus import usable_cpus
 from dlrt.curve import Security, default_security, warn_if_exposed
 from dlrt.hostid import host_id
 from dlrt.keys import ensure_cluster_secret
@@ -68,8 +65,8 @@ from ..transport import Channel, Inbound, Sender, Shared, Transport, make_contex
 from ..transport.prefault import PREFAULT_SHARE
 from ..transport.shm import RESERVE_SHARED
 from ..wire import clusterauth, protocol as wire
-from ..wire.partition import KeySpec
-from . import memroom
+from . import figures, memroom
+from .assign import Assignments
 from .broadcast import Broadcasts
 from .commitments import Commitments, NoRoom
 from .cycle import Cycles
@@ -83,9 +80,6 @@ from .replicas import Replication
 from .reserve import MemoryReadier
 from .spare import SpareBuffers
 from .store import JobState, KeyState, SecretMismatch, Store, StoreError
-
-# serving-thread work timed in ``stats`` (``reserve.timed``)
-TIMED = ("state_snapshot", "state_install", "state_takeover", "replica_install")
 
 log = logging.getLogger("autops.aggregator.service")
 
@@ -166,35 +160,7 @@ class Aggregator:
         self.security.client(self.ctrl, master)
         self.ctrl.connect(master)
         self.proc = psutil.Process()
-        self.stats = {"cpus": usable_cpus(),     # what this process can use (affinity, cgroup quota)
-                      "pushes": 0, "pulls": 0, "errors": 0, "bytes_in": 0, "bytes_out": 0, "warm_bytes": 0,
-                      "late": 0, "postponed": 0, "migrated_in": 0, "migrated_out": 0,
-                      # hand-overs sent as the old owner (TENSOR_COPY messages with keys) and
-                      # the loop's CPU seconds sending them and taking their answers
-                      "handover_messages": 0, "handover_cpu_s": 0.0,
-                      "states_sent_ahead": 0, "taken_over_ahead": 0, "auth_refusals": 0, "ctrl_refusals": 0,
-                      # declarations, moves, replicas and failovers refused for want of room or past
-                      # --max-job-bytes / --max-tenant-bytes (``Commitments.check_room``)
-                      "memory_refusals": 0,
-                      # memory made ready for keys migrating in: bytes populated, heap warmed, the
-                      # CPU seconds it took (of which on CPU the host had to spare), the pauses
-                      # that kept the rest to --prefault-share, and the waits for a busy host
-                      "prefaulted_bytes": 0, "heap_warmed_bytes": 0, "prefault_cpu_s": 0.0,
-                      "prefault_idle_cpu_s": 0.0, "prefault_paused_s": 0.0, "prefault_waited_s": 0.0,
-                      # the same for keys a job waits for (its new keys, on the owner and the
-                      # replica; a new replica after a failure), made ready at once
-                      "at_once_prefaulted_bytes": 0, "at_once_prefault_cpu_s": 0.0,
-                      # and the helper threads' minor page faults doing either (a populated
-                      # page faults once; memory that was populated before, none)
-                      "prefault_faults": 0, "at_once_prefault_faults": 0,
-                      # the reserve: memory made ready (at start, and shared segments again as
-                      # jobs take them) for what arrives later, and its CPU
-                      "reserve_bytes": int(reserve), "reserve_warmed_bytes": 0, "reserve_cpu_s": 0.0,
-                      # server-mode state on the serving thread (seconds, the longest in ms, minor
-                      # page faults): the old owner's snapshots sent ahead of a switch, their
-                      # installs on a follower, the new owner's take-overs of the state that
-                      # came ahead, and whole states installed as a replica
-                      **{f"{name}_{unit}": 0 for name in TIMED for unit in ("s", "max_ms", "faults")}}
+        self.stats = figures.initial(reserve)     # reported with every heartbeat
         spare = SpareBuffers()      # buffers of keys that moved away, for keys moving back (``moves_in``)
         # what each job holds committed here, and the room and quota checks more bytes pass
         self.commitments = Commitments(self.store, spare, self.memory, self.stats, limits, headroom, rss_base,
@@ -221,6 +187,9 @@ class Aggregator:
         self.recovery = Recovery(self.store, self.stats, control, self.commitments, self.replication.set_replica,
                                  self._forget_waiters, self._published)
         self.bcast = Broadcasts(self.store)     # a job's broadcasts, and the gets parked until their put
+        # the keys pMaster assigns, large ones made ready off the loop while its later messages wait
+        self.assignments = Assignments(self.store, self.readier, control, self.commitments,
+                                       self.replication.set_replica, self.held, self._on_master)
         # live migration: the old owner's side (hand-overs, state sent ahead, their reports)
         # and the new owner's (keys arriving, their take-over, its reports)
         self.moves_out = MovesOut(self.store, self.stats, control, peers, self.transport, self.replication)
@@ -440,7 +409,7 @@ class Aggregator:
             log.warning("refused an unsealed %s on the control channel", msg.op)
             return
         if msg.op == wire.ASSIGN:
-            self._assign(msg)
+            self.assignments.assign(msg)
         elif msg.op == wire.RELEASE_JOB:
             self._release(msg["job"])
         elif msg.op == wire.CYCLE:
@@ -701,65 +670,6 @@ class Aggregator:
             payloads.append(value)
         self.stats["pulls"] += len(items)
         pending.reply.send(wire.header(wire.PULL_REPLY, req=pending.req, items=items), payloads)
-
-    def _assign(self, msg: wire.Message) -> None:
-        """Create a job's keys; large new buffers -- in server mode also the gradient
-        accumulators and the optimizer's state -- are allocated and populated by a helper
-        thread, at once (the job waits for them), while pMaster's later messages wait
-        (``held``), so this loop keeps serving and sending heartbeats (an allocation of a GiB
-        holds it for a second) and does not fault the state in at the job's first steps."""
-        try:
-            keys = [KeySpec.from_wire(k) for k in msg["keys"]]
-            state = self.store.jobs.get(msg["job"])
-            fresh = [k for k in keys if state is None or k.key not in state.keys]
-            sizes = Store.buffer_sizes(msg["mode"], fresh)
-            private = Store.private_sizes(msg["mode"], msg.get("optimizer"), msg.get("hp"), fresh)
-            nbytes = sum(numel * np.dtype(dtype).itemsize for numel, dtype in sizes + private)
-            self.commitments.learn_tenant(msg["job"], msg.get("tenant"))
-            if fresh:
-                self.commitments.check_room(msg["job"], nbytes)
-        except (KeyError, ValueError, TypeError, IndexError, StoreError) as exc:
-            self._to_master(wire.error(str(exc), req=msg.get("req"), agg=self.agg_id))
-            return
-        committed = nbytes if fresh else 0
-        self.commitments.pend(msg["job"], committed)
-        if not fresh or not self.memory.slow_to_allocate(nbytes):
-            self._finish_assign(msg, keys, committed=committed)
-            return
-        self.held.hold()
-        log.info("job %s: allocating %d bytes for %d keys off the loop", msg["job"], nbytes, len(fresh))
-        self.readier.ready_in_background(msg["job"], sizes, private, nbytes, 0,
-                                         lambda made, arrays: self._finish_assign(msg, keys, made, arrays, committed),
-                                         at_once=True)
-
-    def _finish_assign(self, msg: wire.Message, keys: list, made: tuple | None = None,
-                       private: list | None = None, committed: int = 0) -> None:
-        """Create ``keys`` (in ``made`` -- ``(buffers, allocation error)`` from a helper thread,
-        with ``private``: their server-mode arrays -- or in memory allocated now), answer
-        pMaster, then handle what it sent meanwhile."""
-        req = msg.get("req")
-        try:
-            buffers = None
-            if made is not None:
-                shared, error = made
-                if error is not None:
-                    raise StoreError(f"job {msg['job']!r}: cannot allocate memory for its keys: {error}")
-                buffers = [(buf.array, buf) for buf in shared]
-            with self.commitments.prechecked(msg["job"]):    # checked, and pending (``_assign``)
-                self.store.assign(msg["job"], msg["secret"], msg["world_size"], msg["mode"], keys,
-                                  average=bool(msg.get("average", True)), optimizer=msg.get("optimizer"),
-                                  hp=msg.get("hp") or {}, buffers=buffers, private=private)
-            state = self.store.jobs[msg["job"]]
-            for key, info in (msg.get("replicas") or {}).items():
-                if key in state.keys:
-                    self.replication.set_replica(state.keys[key], info)
-            self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id))
-        except (StoreError, ValueError, TypeError) as exc:
-            self._to_master(wire.error(str(exc), req=req, agg=self.agg_id))
-        finally:
-            self.commitments.unpend(msg["job"], committed)   # the store holds them now, or nothing was made
-            if made is not None:
-                self.held.resume(self._on_master)
 
     def _step_taken(self, ks: KeyState, grad: np.ndarray) -> None:
         """Store hook, right after the optimizer step of iteration ``completed + 1``: send the

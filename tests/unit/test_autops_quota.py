@@ -95,8 +95,8 @@ HALF = M // 8      # float32s a sum-mode key commits 1 MiB for (two buffers)
 
 def assign(agg, job: str, numel: int, key: str = "w", tenant: str | None = None) -> wire.Message:
     fields = {"tenant": tenant} if tenant else {}
-    agg._assign(wire.decode(wire.encode(wire.ASSIGN, req=1, job=job, secret="s" * 16, world_size=1, mode="sum",
-                                        keys=[spec(key, numel)], **fields)))
+    agg.assignments.assign(wire.decode(wire.encode(wire.ASSIGN, req=1, job=job, secret="s" * 16, world_size=1,
+                                                   mode="sum", keys=[spec(key, numel)], **fields)))
     return agg.answers.pop()
 
 
