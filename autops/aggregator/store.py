@@ -36,6 +36,7 @@ import numpy as np
 from ..wire.optimizers import MODES
 from ..wire.partition import KeySpec
 from .moves_state import Arrival, Handover, Move
+from .precopy import Follower
 
 
 def _optim():
@@ -74,7 +75,7 @@ class KeyState:
     # and reports once the workers' first iteration here is complete
     handover: Handover | None = None   # old side: waiting for its followers to decide the cutover
     move: Move | None = None           # old side: the cutover decided
-    followers: dict = field(default_factory=dict)   # old side: agg -> precopy.Follower (server mode)
+    followers: dict[str, Follower] = field(default_factory=dict)   # old side: by agg (server mode)
     arrival: Arrival | None = None     # new side
     # pushes held while the copy is missing (migrating here) or while recovering after a
     # failure: (rank, iteration, data, deferred, replay)
