@@ -14,15 +14,24 @@ aggregation of one iteration of ``j`` on this aggregator (all its keys here, CPU
   way; in the worst case the late job loses one iteration (§4.3.3.2, "Handling outliers").
 
 ``CyclicSchedule.admit(job, now)`` returns when to run the aggregation (``now`` or a later
-cycle start). Jobs without a reservation (not packed here yet) run at once.
+cycle start). Jobs without a reservation (not packed here yet) run at once. ``Cycles`` applies
+it to an aggregator's pushes: the schedule pMaster sets (CYCLE), each job's latest admitted
+iteration, and the pushes of an iteration put off until its slot.
 """
 from __future__ import annotations
 
+import heapq
+import logging
 import math
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
 
 from ..wire.cycles import cycle_of, runs_per_cycle
+
+__all__ = ["CyclicSchedule", "Cycles"]
+
+# the aggregator's log: these lines read as they did when the service logged them itself
+log = logging.getLogger("autops.aggregator.service")
 
 
 @dataclass
@@ -83,3 +92,79 @@ class CyclicSchedule:
             nxt += 1
         s.used[nxt] = s.used.get(nxt, 0) + 1
         return self.cycle_start(nxt)
+
+
+class Cycles:
+    """Cyclic execution on one aggregator: the schedule in force (None: every push is
+    aggregated at once), each job's latest admitted iteration, and per job the iteration put
+    off until its slot with its pushes (``timers``: when each is due).
+
+    ``stats``: the aggregator's figures, to which the outliers of a schedule replaced are
+    added (``late``, ``postponed``); ``apply_push(key, rank, data, deferred)``: aggregate a
+    push put off, once its slot came."""
+
+    def __init__(self, stats: dict, apply_push: Callable[..., None]) -> None:
+        self.stats = stats
+        self.apply_push = apply_push
+        self.schedule: CyclicSchedule | None = None
+        self.admitted: dict[str, int] = {}
+        self.postponed: dict[str, tuple[float, int, list]] = {}   # job -> (run at, iteration, pushes)
+        self.timers: list[tuple[float, str]] = []
+
+    def set(self, jobs: dict, now: float) -> None:
+        """CYCLE: pMaster's packing changed: the jobs here, their standalone D and CPU time e."""
+        try:
+            parsed = {str(j): (float(v[0]), float(v[1])) for j, v in jobs.items()}
+        except (TypeError, ValueError, IndexError):
+            log.warning("bad cycle message: %r", jobs)
+            return
+        if self.schedule is not None:
+            self.stats["late"] += self.schedule.late
+            self.stats["postponed"] += self.schedule.postponed
+        self.schedule = CyclicSchedule(parsed, now) if len(parsed) >= 2 else None
+        if self.schedule is None:
+            self.run_due(float("inf"))
+        log.info("execution cycle %s for %s", f"{self.schedule.cycle:.3f}s" if self.schedule else "off",
+                 sorted(parsed))
+
+    def admit(self, job: str, iteration: int, now: float) -> bool:
+        """May this push be aggregated now? False: it joins its job's postponed iteration (``postpone``)."""
+        pending = self.postponed.get(job)
+        if pending is not None and pending[1] == iteration:
+            return False
+        if self.schedule is None or job not in self.schedule.slots or iteration <= self.admitted.get(job, 0):
+            return True
+        self.admitted[job] = iteration
+        run_at = self.schedule.admit(job, now)
+        if run_at <= now:
+            return True
+        self.postponed[job] = (run_at, iteration, [])
+        heapq.heappush(self.timers, (run_at, job))
+        return False
+
+    def postpone(self, job: str, push: tuple) -> None:
+        """A push ``admit`` refused: ``(key, rank, data, deferred)``, aggregated with its iteration."""
+        self.postponed[job][2].append(push)
+
+    def run_due(self, now: float) -> None:
+        """Aggregate the pushes put off whose slot came by ``now``."""
+        while self.timers and self.timers[0][0] <= now:
+            _, job = heapq.heappop(self.timers)
+            pending = self.postponed.pop(job, None)
+            for ks, rank, data, deferred in (pending[2] if pending else ()):
+                self.apply_push(ks, rank, data, deferred)
+
+    def next_due(self) -> float | None:
+        """When the next pushes put off are due (None: none are)."""
+        return self.timers[0][0] if self.timers else None
+
+    def outliers(self) -> dict[str, int]:
+        """Late and postponed aggregations so far: the earlier schedules' and the current one's."""
+        live = self.schedule
+        return {"late": self.stats["late"] + (live.late if live is not None else 0),
+                "postponed": self.stats["postponed"] + (live.postponed if live is not None else 0)}
+
+    def release(self, job: str) -> None:
+        """The job left this aggregator: its admitted iteration and pushes put off are forgotten."""
+        self.admitted.pop(job, None)
+        self.postponed.pop(job, None)

@@ -8,8 +8,8 @@ follower holds up no pull. A key's switch is decided once all its followers hold
 so each key is followed only for the iterations its own copy and the switch's lead take.
 ``Precopies`` decides when each state goes out -- a bounded number of bytes in flight, so
 that copying gigabytes does not take the data path's CPU and sockets all at once -- and
-tells when a key's followers all hold it. Bookkeeping only: the aggregator sends and
-receives.
+tells when a key's followers all hold it. Bookkeeping only: ``moves_out.MovesOut`` sends
+and receives.
 """
 from __future__ import annotations
 

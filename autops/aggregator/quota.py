@@ -6,7 +6,7 @@ belongs to where that is known, and the limits. A job's tenant is the name its C
 key is authorized under (``dlrt keys tenant NAME``); the cluster's own ``member`` key is not a
 tenant, and a job whose tenant is not known (CURVE off, or not yet seen) has only the per-job
 cap. ``admit`` answers with a ``Decision`` whose ``reason`` names the limit and the option
-that sets it; the aggregator (``aggregator.py``) reads the machine's room and applies it.
+that sets it; ``commitments.Commitments`` reads the machine's room and applies it.
 """
 from __future__ import annotations
 

@@ -18,7 +18,8 @@ import numpy as np
 from ..transport import Sender
 from ..wire import protocol as wire
 from ..wire.partition import KeySpec
-from .links import Commitments, Control
+from .commitments import Commitments
+from .links import Control
 from .store import JobState, KeyState, Store, StoreError
 
 __all__ = ["Recovery"]
@@ -108,7 +109,7 @@ class Recovery:
                                   hp=msg.get("hp") or {})
                 ks = state.keys[spec.key]
                 self.store.start_recovery(ks)
-            ks.moving, ks.incoming, ks.awaiting_workers = None, None, None
+            ks.move = ks.arrival = None
             self.set_replica(ks, replicas.get(spec.key))
 
     def recover(self, reply: Sender, msg: wire.Message) -> None:

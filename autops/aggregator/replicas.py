@@ -6,9 +6,9 @@ every step's averaged gradient (``step``, the store's hook), and takes the repli
 (``waits``, ``acked``): a server-mode key with a replica publishes an iteration only once the
 replica acknowledged it (``KeyState.published``), and INIT replies wait for it likewise. As a
 replica it readies the memory of keys it will back up (``prepare``, REPLICA_PREPARE), installs
-whole states and applies steps (``receive``, REPLICATE) -- the same for a key migrating here
-whose state the old owner sends ahead (``incoming``, ``precopy``). pMaster says which
-aggregator backs a key up (``set_keys``, REPLICA_SET; ``set_replica``).
+whole states and applies steps (``receive``, REPLICATE; ``apply_steps`` also applies the old
+owner's steps to a key migrating here whose state came ahead, for ``moves_in.MovesIn``).
+pMaster says which aggregator backs a key up (``set_keys``, REPLICA_SET; ``set_replica``).
 
 The per-key replication state stays in ``KeyState`` (``replica``, ``replicated``,
 ``replica_sent``, ``init_waiters``), which the store's publishing reads; what this class
@@ -24,9 +24,10 @@ import numpy as np
 from ..transport import Sender
 from ..wire import protocol as wire
 from ..wire.partition import KeySpec
-from .links import Commitments, Control, Peers
+from .commitments import Commitments
+from .links import Control, Peers
 from .reserve import MemoryReadier, timed
-from .store import JobState, KeyState, Store, StoreError
+from .store import KeyState, Store, StoreError
 
 __all__ = ["Replication", "ReplicaWait"]
 
@@ -139,7 +140,7 @@ class Replication:
         ks.replicated = ks.replica_sent = -1
         if ks.replica is None:
             self.published(ks)       # pulls that waited for the old replica
-        elif ks.initialized and ks.incoming is None:
+        elif ks.initialized and (ks.arrival is None or not ks.arrival.copy_missing):
             self.replicate_state(ks)
 
     # --- the owner's side ---------------------------------------------------------------
@@ -218,54 +219,46 @@ class Replication:
 
     # --- the replica's side -------------------------------------------------------------
     def receive(self, reply: Sender, msg: wire.Message) -> None:
-        """REPLICATE: install a whole state, or apply one step of the owner. With
-        ``incoming``, the same for a key migrating here (its state sent ahead, ``precopy``)."""
-        incoming = bool(msg.get("incoming"))
-        if msg.get("kind") == "state":
-            for key, meta, views in wire.key_copies(msg):
-                if incoming:
-                    ks = self.store.key(self.store.job(msg["job"], msg["secret"]), key)
-                    with timed(self.stats, "state_install"):
-                        self.store.precopy(ks, meta, [np.frombuffer(view, dtype=ks.spec.dtype) for view in views])
-                    continue
-                try:
-                    spec = KeySpec.from_wire(meta["spec"])
-                    state = self.store.ensure_job(msg["job"], msg["secret"], int(meta["world_size"]), meta["mode"],
-                                                  bool(meta.get("average", True)), meta.get("optimizer"),
-                                                  meta.get("hp") or {})
-                except (KeyError, TypeError, ValueError) as exc:
-                    raise wire.ProtocolError(f"replicate: bad state of {key!r}: {exc}") from None
-                arrays = [np.frombuffer(view, dtype=spec.dtype) for view in views]
-                if key not in state.replicas and key not in state.readied:
-                    # a new backup, with no memory made ready for it: committed as the key is
-                    try:
-                        sizes = [(spec.numel, spec.dtype), *Store.private_sizes(
-                            meta["mode"], meta.get("optimizer"), meta.get("hp"), [spec], accumulator=False)]
-                    except ValueError as exc:
-                        raise wire.ProtocolError(f"replicate: bad state of {key!r}: {exc}") from None
-                    self.commitments.check_room(msg["job"], sum(n * np.dtype(d).itemsize for n, d in sizes))
-                with self.commitments.prechecked(msg["job"]), timed(self.stats, "replica_install"):
-                    self.store.install_replica(state, spec, meta["mode"], bool(meta.get("average", True)),
-                                               meta.get("optimizer"), meta.get("hp") or {}, meta, arrays)
-        else:
+        """REPLICATE to a backup: install a whole state, or apply one step of the owner (to a
+        key migrating here whose state the old owner sends ahead: ``MovesIn.precopy``)."""
+        if msg.get("kind") != "state":
             state = self.store.job(msg["job"], msg["secret"])
-            steps = []
-            for item in msg.items(wire.StepItem):
-                rks = self._following(state, item.key) if incoming else state.replicas.get(item.key)
-                grad = msg.whole(item.payload, rks.spec.dtype) if rks is not None else None
-                if rks is None or not self.store.replica_accepts(rks, item.iteration, grad):
-                    raise StoreError(f"replica of {item.key!r} misses the steps before {item.iteration}")
-                steps.append((rks, item, grad))
-            # acknowledged on receipt, applied right after: nothing else runs in between here,
-            # so a promotion always finds the step applied
-            reply.send(wire.header(wire.OK, req=msg.get("req")))
-            for rks, item, grad in steps:
-                self.store.replica_step(rks, item.iteration, grad, item.hp)
+            self.apply_steps(reply, msg, state.replicas.get)
             return
+        for key, meta, views in wire.key_copies(msg):
+            try:
+                spec = KeySpec.from_wire(meta["spec"])
+                state = self.store.ensure_job(msg["job"], msg["secret"], int(meta["world_size"]), meta["mode"],
+                                              bool(meta.get("average", True)), meta.get("optimizer"),
+                                              meta.get("hp") or {})
+            except (KeyError, TypeError, ValueError) as exc:
+                raise wire.ProtocolError(f"replicate: bad state of {key!r}: {exc}") from None
+            arrays = [np.frombuffer(view, dtype=spec.dtype) for view in views]
+            if key not in state.replicas and key not in state.readied:
+                # a new backup, with no memory made ready for it: committed as the key is
+                try:
+                    sizes = [(spec.numel, spec.dtype), *Store.private_sizes(
+                        meta["mode"], meta.get("optimizer"), meta.get("hp"), [spec], accumulator=False)]
+                except ValueError as exc:
+                    raise wire.ProtocolError(f"replicate: bad state of {key!r}: {exc}") from None
+                self.commitments.check_room(msg["job"], sum(n * np.dtype(d).itemsize for n, d in sizes))
+            with self.commitments.prechecked(msg["job"]), timed(self.stats, "replica_install"):
+                self.store.install_replica(state, spec, meta["mode"], bool(meta.get("average", True)),
+                                           meta.get("optimizer"), meta.get("hp") or {}, meta, arrays)
         reply.send(wire.header(wire.OK, req=msg.get("req")))
 
-    @staticmethod
-    def _following(state: JobState, key: str) -> KeyState | None:
-        """The key migrating here whose state came ahead and follows the old owner's steps."""
-        ks = state.keys.get(key)
-        return ks if ks is not None and ks.incoming is not None and ks.precopied else None
+    def apply_steps(self, reply: Sender, msg: wire.Message, find: Callable[[str], KeyState | None]) -> None:
+        """REPLICATE of kind ``step``: the owner's steps, each to the key ``find(key)`` gives
+        (None: none here follows it), checked first, acknowledged, then applied."""
+        steps = []
+        for item in msg.items(wire.StepItem):
+            rks = find(item.key)
+            grad = msg.whole(item.payload, rks.spec.dtype) if rks is not None else None
+            if rks is None or not self.store.replica_accepts(rks, item.iteration, grad):
+                raise StoreError(f"replica of {item.key!r} misses the steps before {item.iteration}")
+            steps.append((rks, item, grad))
+        # acknowledged on receipt, applied right after: nothing else runs in between here,
+        # so a promotion always finds the step applied
+        reply.send(wire.header(wire.OK, req=msg.get("req")))
+        for rks, item, grad in steps:
+            self.store.replica_step(rks, item.iteration, grad, item.hp)

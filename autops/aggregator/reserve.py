@@ -153,7 +153,7 @@ class MemoryReadier:
             return True
         for state in list(self.store.jobs.values()):
             for ks in list(state.keys.values()):
-                if ks.incoming is not None or ks.moving is not None or ks.awaiting_workers is not None:
+                if ks.arrival is not None or ks.move is not None:
                     return True
         return False
 

@@ -1,28 +1,18 @@
-"""The aggregator process: serves push/pull of the keys pMaster assigned to it.
+"""The aggregator process: the data path of the keys pMaster assigned to it.
 
 One aggregator per machine. It listens through its ``Transport`` (tcp, and ipc and shared
-memory for agents on the same host), registers with pMaster over a DEALER, heartbeats,
-accepts ``ASSIGN`` and ``RELEASE_JOB`` from pMaster, and runs the data plane over the
-``Store``: requests and replies are ``wire`` records; pushes are acknowledged at once,
-pulls are parked until their iteration is published. Published values live in the
-transport's memory, so a channel that can lend them sends references instead of bytes,
-and a push whose buffer the worker lent is summed in place when its iteration completes.
-Any bad request is answered with an error to that client only; the loop never dies on input.
-It outlives pMaster (training goes on; a restarted pMaster is told what is held here and the
-record pMaster last sent with its heartbeat answers, ``note``), but not for ever: heard from by
-no pMaster for ``orphan_timeout`` seconds, it exits (``orphan``).
-
-Elasticity (thesis §4.3): the aggregator measures the CPU time of every key and reports it
-with its heartbeat (one record per period); it runs the jobs packed on it in cycles
-(``cycle.CyclicSchedule``: a late aggregation runs in this cycle only if the slack allows,
-else at the next cycle start); and it takes part in live migration (Fig. 4.5): as the old
-owner it finishes the cutover iteration, tells the workers the new address in those pull
-replies (and REDIRECTs anything later), then sends TENSOR_COPY to the new owner and
-TENSOR_COPY_DONE to pMaster; as the new owner it holds pushes until the copy arrived and
-sends WORKER_DONE once the workers pushed to it; as the new replica of server-mode keys --
-a job's new keys or migrating ones -- it makes the memory for their state ready
-(REPLICA_PREPARE). A worker taking a checkpoint in server mode gets the same serialisation
-(master copy, optimizer state, step) with STATE_GET.
+memory for agents on the same host), registers with pMaster over a DEALER, heartbeats, and
+runs the data plane over the ``Store``: requests and replies are ``wire`` records; pushes
+are acknowledged at once, pulls are parked until their iteration is published. Published
+values live in the transport's memory, so a channel that can lend them sends references
+instead of bytes, and a push whose buffer the worker lent is summed in place when its
+iteration completes. Any bad request is answered with an error to that client only; the
+loop never dies on input. It outlives pMaster (training goes on; a restarted pMaster is told
+what is held here and the record pMaster last sent with its heartbeat answers, ``note``),
+but not for ever: heard from by no pMaster for ``orphan_timeout`` seconds, it exits
+(``orphan``). It measures the CPU time of every key and reports it with its heartbeat
+(elasticity, thesis §4.3). A worker taking a checkpoint in server mode gets a key's master
+copy, optimizer state and step with STATE_GET.
 
 Security (docs/autops.md, "Security"): registration proves the cluster key both ways and
 seals the control channel (``clusterauth``): commands (ASSIGN, RELEASE_JOB, MIGRATE_*, REPLICA_PREPARE,
@@ -36,17 +26,23 @@ on the data listeners, not on an authenticated connection, so it also carries a 
 the cluster key bound to the job and its secret (``clusterauth.peer_ticket``): a rank of the
 job cannot pose as an aggregator, and nobody without the job's secret can touch the job.
 
-Parts of the work are done by collaborators the aggregator constructs and calls from its
-dispatch, each given what it needs (``links``: answers to pMaster, room and quota checks,
-channels to peers) and never the aggregator itself: ``reserve.MemoryReadier`` (the memory
-reserve and the memory of arriving keys, made ready on helper threads), ``replicas.Replication``
-(REPLICA_PREPARE, REPLICA_SET, REPLICATE both ways), ``recovery.Recovery`` (FAILOVER, RECOVER)
-and ``broadcast.Broadcasts`` (BCAST_PUT, BCAST_GET).
+The rest is done by collaborators the aggregator constructs and calls from its dispatch and
+its loop, each given what it needs through its constructor (``links``: answers to pMaster,
+channels to peers; callables; other collaborators), never the aggregator itself:
+``commitments.Commitments`` (what each job holds committed here: the room and quota checks,
+tenants), ``assign.Assignments`` (ASSIGN), ``reserve.MemoryReadier`` (the memory reserve and
+the memory of arriving keys, made ready on helper threads), ``cycle.Cycles`` (CYCLE, and when
+each push is aggregated), ``moves_out.MovesOut`` and ``moves_in.MovesIn`` (live migration,
+Fig. 4.5: the old owner's side -- MIGRATE_INIT, the cutover, state sent ahead, TENSOR_COPY,
+MIGRATE_ABORT -- and the new owner's -- MIGRATE_PREPARE, the take-over, WORKER_DONE,
+MIGRATE_DROP), ``replicas.Replication`` (REPLICA_PREPARE, REPLICA_SET, REPLICATE both ways),
+``recovery.Recovery`` (FAILOVER, RECOVER) and ``broadcast.Broadcasts`` (BCAST_PUT, BCAST_GET).
+Of a migration the data path keeps the per-key test (``moves_state``: a moving key's pull
+replies name its new owner, what comes after its cutover is redirected, an arriving key's
+pushes are held) and the calls into those two at a key's turning points.
 """
 from __future__ import annotations
 
-import contextlib
-import heapq
 import logging
 import os
 import signal
@@ -60,42 +56,30 @@ import numpy as np
 import psutil
 import zmq
 
-from dlrt.cpus import usable_cpus
-from dlrt.curve import Security, default_security, peer_name, warn_if_exposed
+from dlrt.curve import Security, default_security, warn_if_exposed
 from dlrt.hostid import host_id
 from dlrt.keys import ensure_cluster_secret
 
-from ..wire import clusterauth, protocol as wire
-from . import memroom, quota
-from .batch_reports import BatchReports
-from .broadcast import Broadcasts
-from .cycle import CyclicSchedule
-from ..wire.partition import KeySpec
-from .held import HeldMessages
-from .links import Commitments, Control, Peers
 from ..config import DEFAULT_ORPHAN_TIMEOUT, PREFAULT_SHARE, RESERVE_SHARED, AggregatorConfig, TransportConfig
+from ..transport import Channel, Inbound, Sender, Shared, Transport, make_context, settings_from_env
+from ..wire import clusterauth, protocol as wire
+from . import figures, memroom
+from .assign import Assignments
+from .broadcast import Broadcasts
+from .commitments import Commitments, NoRoom
+from .cycle import Cycles
+from .held import HeldMessages
+from .links import Control, Peers
+from .moves_in import MovesIn
+from .moves_out import MovesOut
 from .orphan import OrphanWatch
-from .precopy import Follower, Precopies
 from .recovery import Recovery
 from .replicas import Replication
-from .reserve import MemoryReadier, timed
+from .reserve import MemoryReadier
 from .spare import SpareBuffers
 from .store import JobState, KeyState, SecretMismatch, Store, StoreError
-from ..transport import Channel, Inbound, Sender, Shared, Transport, make_context, settings_from_env
-from ..transport.prefault import heap_free
-from ..transport.zmq import heap_kept
-
-# serving-thread work timed in ``stats`` (``reserve.timed``)
-TIMED = ("state_snapshot", "state_install", "state_takeover", "replica_install")
-
-REFUSED_JOBS_KEPT = 1024    # jobs dropped past their tenant's quota whose requests are answered why
 
 log = logging.getLogger("autops.aggregator.service")
-
-
-class NoRoom(StoreError):
-    """Bytes this aggregator will not commit: no room, or past a per-job or per-tenant limit.
-    Answered with ``no_room`` set (an owner then stops replicating to the refusing replica)."""
 
 
 @dataclass
@@ -151,26 +135,8 @@ class Aggregator:
         self.orphaned = False                # it exited for want of a pMaster
         self.note: dict | None = None        # pMaster's record of this aggregator, for a restarted one
         MemoryReadier.check(prefault_share, reserve, reserve_shared)     # before anything is opened
-        if headroom < 0 or (max_job_bytes is not None and max_job_bytes <= 0) or \
-                (max_tenant_bytes is not None and max_tenant_bytes <= 0):
-            raise ValueError(f"headroom must be 0 or more, max_job_bytes and max_tenant_bytes above 0 "
-                             f"(not {headroom}, {max_job_bytes}, {max_tenant_bytes})")
-        self.headroom = int(headroom)
-        # what a job holds committed here (``committed``): its keys, replicas and memory made
-        # ready in the store, its spare buffers, and ``pending``: bytes being allocated for it
-        # that the store does not hold yet. Allocation is lazy, so the host's figures show
-        # them only once written (``memroom``)
-        self.pending: dict[str, int] = {}
-        self.tenants: dict[str, str] = {}       # job -> its tenant (CURVE key name), where known
-        self.refused_jobs: dict[str, str] = {}  # job -> why it was dropped past its tenant's quota
-        self._prechecked: str | None = None     # the job whose allocation now was checked already
-        self._rss_base = psutil.Process().memory_info().rss
-        share = None
-        if max_job_bytes is None or max_tenant_bytes is None:
-            share = max(1, memroom.room(memroom.mem_available(), memroom.cgroup_room(), headroom=self.headroom) // 2)
-        self.max_job_bytes = int(max_job_bytes) if max_job_bytes is not None else share
-        self.max_tenant_bytes = int(max_tenant_bytes) if max_tenant_bytes is not None else \
-            quota.default_tenant_bytes(self.max_job_bytes, share)
+        limits = Commitments.resolve(headroom, max_job_bytes, max_tenant_bytes)    # likewise
+        rss_base = psutil.Process().memory_info().rss
         self.security = security if security is not None else default_security()
         self.cluster_secret = cluster_secret if cluster_secret is not None else ensure_cluster_secret()
         self.session: clusterauth.ControlSession | None = None   # the control channel, once registered
@@ -195,61 +161,19 @@ class Aggregator:
         self.security.client(self.ctrl, master)
         self.ctrl.connect(master)
         self.proc = psutil.Process()
-        self.stats = {"cpus": usable_cpus(),     # what this process can use (affinity, cgroup quota)
-                      "pushes": 0, "pulls": 0, "errors": 0, "bytes_in": 0, "bytes_out": 0, "warm_bytes": 0,
-                      "late": 0, "postponed": 0, "migrated_in": 0, "migrated_out": 0,
-                      # hand-overs sent as the old owner (TENSOR_COPY messages with keys) and
-                      # the loop's CPU seconds sending them and taking their answers
-                      "handover_messages": 0, "handover_cpu_s": 0.0,
-                      "states_sent_ahead": 0, "taken_over_ahead": 0, "auth_refusals": 0, "ctrl_refusals": 0,
-                      # declarations, moves, replicas and failovers refused for want of room or past
-                      # --max-job-bytes / --max-tenant-bytes (``_check_room``)
-                      "memory_refusals": 0,
-                      # memory made ready for keys migrating in: bytes populated, heap warmed, the
-                      # CPU seconds it took (of which on CPU the host had to spare), the pauses
-                      # that kept the rest to --prefault-share, and the waits for a busy host
-                      "prefaulted_bytes": 0, "heap_warmed_bytes": 0, "prefault_cpu_s": 0.0,
-                      "prefault_idle_cpu_s": 0.0, "prefault_paused_s": 0.0, "prefault_waited_s": 0.0,
-                      # the same for keys a job waits for (its new keys, on the owner and the
-                      # replica; a new replica after a failure), made ready at once
-                      "at_once_prefaulted_bytes": 0, "at_once_prefault_cpu_s": 0.0,
-                      # and the helper threads' minor page faults doing either (a populated
-                      # page faults once; memory that was populated before, none)
-                      "prefault_faults": 0, "at_once_prefault_faults": 0,
-                      # the reserve: memory made ready (at start, and shared segments again as
-                      # jobs take them) for what arrives later, and its CPU
-                      "reserve_bytes": int(reserve), "reserve_warmed_bytes": 0, "reserve_cpu_s": 0.0,
-                      # server-mode state on the serving thread (seconds, the longest in ms, minor
-                      # page faults): the old owner's snapshots sent ahead of a switch, their
-                      # installs on a follower, the new owner's take-overs of the state that
-                      # came ahead, and whole states installed as a replica
-                      **{f"{name}_{unit}": 0 for name in TIMED for unit in ("s", "max_ms", "faults")}}
-        # live migration: copies sent to other aggregators, waiting for their ack (those that
-        # sent no state because it went ahead: ``ahead_copies``); server-mode state sent ahead
-        # to followers, and their acks
-        self.copy_waits: dict[int, tuple[int, str, list[str]]] = {}   # req -> (mid, job, keys)
-        self.ahead_copies: dict[int, set[str]] = {}                    # req -> keys sent without state
-        # hand-overs due, sent once per turn of the loop for all keys that came due in it (one
-        # message, not one per key, on the data path's busiest moment)
-        self.due_copies: dict[int, list[KeyState]] = {}                # mid -> keys
-        # the reports to pMaster, once per batch: WORKER_DONE as the new owner (with the
-        # longest any key's first iteration waited here, whole, for its hand-over) and
-        # TENSOR_COPY_DONE as the old one
-        self.worker_reports = BatchReports()
-        self.copy_reports = BatchReports()
-        # the switch as the new owner saw it, per batch: when the first push of its keys and
-        # the hand-over came (time.monotonic), reported with WORKER_DONE (``_switch_times``)
-        self.switch_seen: dict[int, dict] = {}                         # mid -> {"job", "first_push", "handover"}
-        self.precopies = Precopies()
-        self.spare = SpareBuffers()      # buffers of keys that moved away, for keys moving back
-        self.follow_waits: dict[int, tuple[KeyState, Follower, str]] = {}   # req -> (key, follower, kind)
+        self.stats = figures.initial(reserve)     # reported with every heartbeat
+        spare = SpareBuffers()      # buffers of keys that moved away, for keys moving back (``moves_in``)
+        # what each job holds committed here, and the room and quota checks more bytes pass
+        self.commitments = Commitments(self.store, spare, self.memory, self.stats, limits, headroom, rss_base,
+                                       self._release)
+        # the data path's checks of every request, bound once (not looked up through ``commitments``)
+        self.refused_jobs = self.commitments.refused_jobs
+        self._check_tenant = self.commitments.check_request
         self._copy_reqs = iter(range(1, 1 << 62))
         self.store.on_step = self._step_taken
-        # cyclic execution: the schedule, each job's latest admitted iteration, postponed work
-        self.schedule: CyclicSchedule | None = None
-        self.admitted: dict[str, int] = {}
-        self.postponed: dict[str, tuple[float, int, list]] = {}   # job -> (run at, iteration, pushes)
-        self.timers: list[tuple[float, str]] = []
+        # cyclic execution: the schedule, each job's latest admitted iteration, postponed pushes
+        self.cycles = Cycles(self.stats, self._apply_push)
+        self._admit = self.cycles.admit       # (asked on every push: bound once)
         self.held = HeldMessages()      # pMaster's messages after an ASSIGN still allocating
         # memory made ready on helper threads: the reserve, and keys' memory at the prefault pace
         self.readier = MemoryReadier(self.transport, self.store, self.stats, self._stop, prefault_share, reserve,
@@ -257,17 +181,30 @@ class Aggregator:
         # what the collaborators below are given instead of the aggregator (``_to_master`` is
         # looked up at each answer)
         control = Control(lambda frames: self._to_master(frames), lambda: self.agg_id)
-        commitments = Commitments(self._check_room, self._learn_tenant, self._pend, self._unpend, self._precheck)
         # replication (server mode), and taking over the keys of a lost aggregator
-        self.replication = Replication(self.store, self.stats, self.readier, control, commitments,
-                                       Peers(self._peer, self._ticket, self._copy_reqs.__next__), self._published)
-        self.recovery = Recovery(self.store, self.stats, control, commitments, self.replication.set_replica,
+        peers = Peers(self._peer, self._ticket, self._copy_reqs.__next__)
+        self.replication = Replication(self.store, self.stats, self.readier, control, self.commitments, peers,
+                                       self._published)
+        self.recovery = Recovery(self.store, self.stats, control, self.commitments, self.replication.set_replica,
                                  self._forget_waiters, self._published)
         self.bcast = Broadcasts(self.store)     # a job's broadcasts, and the gets parked until their put
+        # the keys pMaster assigns, large ones made ready off the loop while its later messages wait
+        self.assignments = Assignments(self.store, self.readier, control, self.commitments,
+                                       self.replication.set_replica, self.held, self._on_master)
+        # live migration: the old owner's side (hand-overs, state sent ahead, their reports)
+        # and the new owner's (keys arriving, their take-over, its reports)
+        self.moves_out = MovesOut(self.store, self.stats, control, peers, self.transport, self.replication)
+        self.moves_in = MovesIn(self.store, self.stats, self.readier, control, self.commitments, spare,
+                                self.replication, self._published, self._refuse_waiters)
+        # who waits for the answers of other aggregators: each request id is in the table of
+        # the collaborator that sent it (one sequence of ids, ``Peers.next_req``)
+        self._answers = ((self.replication.waits, self.replication.acked),
+                         (self.moves_out.follow_waits, self.moves_out.follower_acked),
+                         (self.moves_out.copy_waits, self.moves_out.copy_answered))
         self._data_ops = {wire.PUSH: self._push, wire.PUSH_PULL: self._push, wire.PULL: self._pull,
                           wire.INIT: self._init, wire.BCAST_PUT: self.bcast.put, wire.BCAST_GET: self.bcast.get,
-                          wire.TENSOR_COPY: self._tensor_copy, wire.STATE_GET: self._state_get,
-                          wire.RECOVER: self.recovery.recover, wire.REPLICATE: self.replication.receive,
+                          wire.TENSOR_COPY: self.moves_in.copy, wire.STATE_GET: self._state_get,
+                          wire.RECOVER: self.recovery.recover, wire.REPLICATE: self._replicate,
                           wire.WARM: self._warm}
 
     def _allocate(self, job: str, sizes: list) -> list[tuple[np.ndarray, Shared]]:
@@ -275,102 +212,11 @@ class Aggregator:
         same-host agents read them in place (one memcpy). ``StoreError`` when this machine
         cannot hold them: a job's keys never exhaust its memory."""
         need = sum(numel * np.dtype(dtype).itemsize for numel, dtype in sizes)
-        if self._prechecked != job:         # (an assignment, a failover, a replica checked it first)
-            self._check_room(job, need)
+        self.commitments.check_allocation(job, need)
         try:
             return [(buf.array, buf) for buf in self.memory.allocate(sizes, job)]
         except (OSError, MemoryError) as exc:
             raise StoreError(f"job {job!r}: cannot allocate {need} bytes for its keys: {exc}") from None
-
-    def _room(self) -> int:
-        """Bytes a new declaration may still take here (``memroom.room``): the least of the
-        host's ``MemAvailable`` and the cgroups' limit less usage (v1 and v2), plus what this
-        process holds ready -- its heap's free bytes (the reserve's warmed heap, freed buffers)
-        and the reserve's shared segments, memory the reserve took from ``available`` to give
-        to jobs like this one -- less the headroom and the bytes committed to jobs and not
-        yet written (this process's growth since it started counts as written)."""
-        ready = heap_free() + (self.memory.reserve.held if self.memory.reserve is not None else 0)
-        touched = self.proc.memory_info().rss - self._rss_base if hasattr(self, "proc") else 0
-        return memroom.room(memroom.mem_available(), memroom.cgroup_room(), ready=ready, headroom=self.headroom,
-                            committed=sum(self.committed.values()), touched=touched)
-
-    @property
-    def committed(self) -> dict[str, int]:
-        """Bytes committed here per job: what its keys, replicas and memory made ready take in
-        the store (``Store.footprint``: declared, allocated or not yet), its spare buffers, and
-        what is being allocated for it (``pending``). Keys that move away stop counting but
-        for their published buffers, kept for the job (``spare``) until it ends."""
-        jobs = set(self.store.jobs) | set(self.pending)     # (a job's spares go with its record)
-        out = {job: self.store.footprint(job) + self.spare.held(job) + self.pending.get(job, 0) for job in jobs}
-        return {job: n for job, n in out.items() if n > 0}
-
-    def _limits(self) -> quota.Limits:
-        return quota.Limits(self.max_job_bytes, self.max_tenant_bytes)
-
-    def _check_room(self, job: str, need: int) -> None:
-        """``StoreError`` (``NoRoom``, counted) when ``need`` more bytes for ``job`` are more
-        than this aggregator can give (``_room``), or take the job past ``max_job_bytes`` or its
-        tenant past ``max_tenant_bytes`` (``quota.admit``)."""
-        committed = self.committed
-        room = self._room()
-        if need > room:
-            self.stats["memory_refusals"] += 1
-            raise NoRoom(f"job {job!r}: its keys need {need} bytes, this machine has {room} available for "
-                         f"them (host MemAvailable and cgroup limit, less {sum(committed.values())} "
-                         f"bytes committed to jobs and {self.headroom} kept)")
-        decision = quota.admit(job, need, committed, self.tenants, self._limits())
-        if not decision:
-            self.stats["memory_refusals"] += 1
-            raise NoRoom(decision.reason)
-
-    def _pend(self, job: str, nbytes: int) -> None:
-        """``nbytes`` are being allocated for ``job`` (checked): committed until the store holds them."""
-        if nbytes > 0:
-            self.pending[job] = self.pending.get(job, 0) + nbytes
-
-    def _unpend(self, job: str, nbytes: int) -> None:
-        left = self.pending.get(job, 0) - nbytes
-        if left > 0:
-            self.pending[job] = left
-        else:
-            self.pending.pop(job, None)
-
-    @contextlib.contextmanager
-    def _precheck(self, job: str) -> Iterator[None]:
-        """The store allocates for ``job`` in the block without checking the room again: the
-        caller checked it (``_check_room``) and committed the bytes."""
-        self._prechecked = job
-        try:
-            yield
-        finally:
-            self._prechecked = None
-
-    def _learn_tenant(self, job: str, tenant: object) -> None:
-        """pMaster named the tenant of ``job`` (the key it registered with) in a sealed command."""
-        if isinstance(tenant, str) and tenant:
-            self.tenants[job] = tenant
-
-    def _bind_tenant(self, job: str, name: str | None) -> None:
-        """A request of ``job`` (its secret right) came over a CURVE connection whose key is
-        authorized as ``name``: the first such key names the job's tenant, unless pMaster did.
-        Where that takes the tenant past ``max_tenant_bytes`` the job's keys here are dropped
-        (its memory freed) and the request refused, naming the limit (``NoRoom``)."""
-        if name is None or job in self.tenants:
-            return
-        tenants = {**self.tenants, job: name}
-        decision = quota.admit(job, 0, self.committed, tenants, self._limits())
-        if not decision:
-            self.stats["memory_refusals"] += 1
-            self._release(job)
-            self._refuse_job(job, decision.reason)
-            log.warning("dropped job %s: %s", job, decision.reason)
-            raise NoRoom(decision.reason)
-        self.tenants[job] = name
-
-    def _refuse_job(self, job: str, reason: str) -> None:
-        self.refused_jobs[job] = reason
-        while len(self.refused_jobs) > REFUSED_JOBS_KEPT:
-            self.refused_jobs.pop(next(iter(self.refused_jobs)))
 
     # --- lifecycle ------------------------------------------------------------------
     def stop(self) -> None:
@@ -403,7 +249,7 @@ class Aggregator:
                 wire.REGISTER_AGG, req=next(self._copy_reqs), nonce=nonce,
                 answer=clusterauth.answer(self.cluster_secret, challenge, nonce), endpoints=self.endpoints,
                 host=host_id(), pid=os.getpid(), name=self.name or self.agg_name, cpus=self.stats["cpus"],
-                holding=self._holding(), note=self.note), session)
+                holding=self.store.holding(), note=self.note), session)
             if reply is None:
                 continue
             self.session = session
@@ -489,9 +335,10 @@ class Aggregator:
             if now >= next_beat:
                 self._heartbeat()
                 next_beat = now + self.heartbeat_interval
-            self._run_due(now)
-            wake = min(next_beat, self.timers[0][0]) if self.timers else next_beat
-            for reports in (self.worker_reports, self.copy_reports):
+            self.cycles.run_due(now)
+            due = self.cycles.next_due()
+            wake = min(next_beat, due) if due is not None else next_beat
+            for reports in (self.moves_in.worker_reports, self.moves_out.copy_reports):
                 wake = min(wake, reports.deadline() or wake)
             timeout = max(0.0, min(wake - now, 0.2))
             for pollable, _ in poller.poll(int(timeout * 1000) + 1):
@@ -537,25 +384,14 @@ class Aggregator:
             cpu = self.proc.cpu_percent(None)
         except psutil.Error:
             cpu = 0.0
-        committed = self.committed
-        by_tenant: dict[str, int] = {}
-        for job, nbytes in committed.items():
-            if quota.is_tenant(self.tenants.get(job)):
-                by_tenant[self.tenants[job]] = by_tenant.get(self.tenants[job], 0) + nbytes
         self._to_master(wire.encode(
             wire.HEARTBEAT, agg=self.agg_id or "", cpu_percent=cpu,
             bytes_held=self.store.bytes_held(), jobs=sorted(self.store.jobs),
             # commitments: all jobs', each tenant's, and the limits they are checked against
-            committed_bytes=sum(committed.values()), tenant_committed_bytes=by_tenant,
-            max_job_bytes=self.max_job_bytes, max_tenant_bytes=self.max_tenant_bytes,
-            profile=self.store.take_profile(), cycle_s=self.schedule.cycle if self.schedule else None,
-            **{**self.stats, **self._outliers()}))
-
-    def _outliers(self) -> dict[str, int]:
-        """Late and postponed aggregations so far: the earlier schedules' and the current one's."""
-        live = self.schedule
-        return {"late": self.stats["late"] + (live.late if live is not None else 0),
-                "postponed": self.stats["postponed"] + (live.postponed if live is not None else 0)}
+            **self.commitments.figures(),
+            profile=self.store.take_profile(),
+            cycle_s=self.cycles.schedule.cycle if self.cycles.schedule else None,
+            **{**self.stats, **self.cycles.outliers()}))
 
     # --- control from pMaster -------------------------------------------------------
     def _on_master(self, frames: list) -> None:
@@ -574,25 +410,25 @@ class Aggregator:
             log.warning("refused an unsealed %s on the control channel", msg.op)
             return
         if msg.op == wire.ASSIGN:
-            self._assign(msg)
+            self.assignments.assign(msg)
         elif msg.op == wire.RELEASE_JOB:
             self._release(msg["job"])
         elif msg.op == wire.CYCLE:
-            self._set_cycle(msg["jobs"])
+            self.cycles.set(msg["jobs"], time.monotonic())
         elif msg.op == wire.MIGRATE_PREPARE:
-            self._migrate_prepare(msg)
+            self.moves_in.prepare(msg)
         elif msg.op == wire.REPLICA_PREPARE:
             self.replication.prepare(msg)
         elif msg.op == wire.MIGRATE_INIT:
-            self._migrate_init(msg)
+            self.moves_out.init(msg)
         elif msg.op == wire.FAILOVER:
             self.recovery.failover(msg)
         elif msg.op == wire.MIGRATE_ABORT:
-            self._migrate_abort(msg)
+            self.moves_out.abort(msg)
         elif msg.op == wire.REPLICA_SET:
             self.replication.set_keys(msg)
         elif msg.op == wire.MIGRATE_DROP:
-            self._migrate_drop(msg)
+            self.moves_in.drop(msg)
         elif msg.op in (wire.OK, wire.ERROR):
             if msg.op == wire.OK and isinstance(msg.get("note"), dict):
                 self.note = msg["note"]      # given back when registering with a restarted pMaster
@@ -609,36 +445,8 @@ class Aggregator:
         else:
             log.warning("unexpected %s from master", msg.op)
 
-    def _holding(self) -> dict:
-        """What this aggregator holds, per job (for a restarted pMaster): the secret, world
-        size and every key as ``[*spec, mode, average, optimizer, hp, role, completed]`` with
-        role ``owner`` (``moving`` while it hands the key over) or ``replica``."""
-        out = {}
-        for job, state in self.store.jobs.items():
-            keys = []
-            for role, table in (("owner", state.keys), ("replica", state.replicas)):
-                for ks in table.values():
-                    if ks.incoming is not None or ks.recovering is not None:
-                        continue
-                    optimizer = ks.optimizer.name if ks.optimizer is not None else None
-                    hp = dict(ks.optimizer.hp) if ks.optimizer is not None else {}
-                    keys.append([*ks.spec.to_wire(), ks.mode, ks.average, optimizer, hp,
-                                 "moving" if ks.moving is not None else role, ks.completed])
-            out[job] = {"secret": state.secret, "world_size": state.world_size, "keys": keys}
-        return out
-
-    def _switch_times(self, mid: int) -> dict:
-        """The batch's switch as seen here, for its (first) WORKER_DONE: when the first push of
-        its keys came (``first_push_at``), its hand-over (``handover_at``) and now, as its keys'
-        first iteration is complete (``done_at``); ``time.monotonic`` seconds."""
-        seen = self.switch_seen.pop(mid, None) or {}
-        return {"done_at": round(time.monotonic(), 6),
-                **{f"{k}_at": round(v, 6) for k, v in seen.items() if k != "job"}}
-
     def _release(self, job: str) -> None:
-        self.pending.pop(job, None)
-        self.tenants.pop(job, None)
-        self.refused_jobs.pop(job, None)
+        self.commitments.release(job)
         state = self.store.jobs.get(job)
         if state is None:
             return
@@ -646,14 +454,9 @@ class Aggregator:
             for pending in self.waiters.pop(id(ks), []):
                 self._send_error(pending.reply, pending.req, f"job {job!r} was released")
         self.store.release(job)
-        self.precopies.forget(job)
-        self.spare.release(job)
-        self.worker_reports.forget(job)
-        self.copy_reports.forget(job)
-        for mid in [m for m, seen in self.switch_seen.items() if seen["job"] == job]:
-            del self.switch_seen[mid]
-        self.admitted.pop(job, None)
-        self.postponed.pop(job, None)
+        self.moves_out.release(job)
+        self.moves_in.release(job)
+        self.cycles.release(job)
         self.memory.release(job)
         log.info("released job %s", job)
 
@@ -661,19 +464,6 @@ class Aggregator:
     def _send_error(self, reply: Sender, req: int | None, text: str, no_room: bool = False) -> None:
         self.stats["errors"] += 1
         reply.send(wire.header(wire.ERROR, message=text, req=req, **({"no_room": True} if no_room else {})))
-
-    def _check_tenant(self, msg: wire.Message, header: object, keyed: bool) -> None:
-        """Before serving a job's request: a job dropped past its tenant's quota is told why
-        again; over a CURVE connection (``keyed``) the job's tenant is learnt (``_bind_tenant``)
-        once its secret proved right."""
-        job = msg.get("job")
-        if not isinstance(job, str):
-            return                                      # (serving it answers what is wrong)
-        if job in self.refused_jobs and job not in self.store.jobs:
-            raise NoRoom(self.refused_jobs[job])
-        if keyed and job not in self.tenants and job in self.store.jobs:
-            self.store.job(job, msg.get("secret"))     # SecretMismatch: nobody else names its tenant
-            self._bind_tenant(job, peer_name(header))
 
     def _on_data(self, inbound: Inbound, keyed: bool = False) -> None:
         """A request at a listener; ``keyed``: it came over CURVE (a ZeroMQ tcp listener with
@@ -707,17 +497,6 @@ class Aggregator:
             log.exception("internal error on a data request")
             self._send_error(reply, req, f"internal aggregator error: {exc.__class__.__name__}: {exc}")
 
-    @staticmethod
-    def _moved_past(ks: KeyState, iteration: int) -> bool:
-        """True when ``iteration`` of ``ks`` belongs to the aggregator it is migrating to."""
-        mv = ks.moving
-        return mv is not None and iteration > mv["cutover"]
-
-    @staticmethod
-    def _move(ks: KeyState) -> wire.Move:
-        mv = ks.moving
-        return wire.Move(ks.spec.key, mv["to"], mv["cutover"] + 1, mv["info"])
-
     def _push(self, reply: Sender, msg: wire.Message) -> None:
         """PUSH (acknowledged at once) or PUSH_PULL (answered with the value of the pushed
         iteration once it is published: one message each way per key instead of four)."""
@@ -733,14 +512,16 @@ class Aggregator:
                 raise wire.ProtocolError(f"push: repeated key {key!r}")
             seen.add(key)
             ks = self.store.key(state, key)
-            if self._moved_past(ks, iteration):
-                redirects.append(self._move(ks).to_wire())
+            mv = ks.move
+            if mv is not None and mv.past(iteration):
+                redirects.append(mv.notice(key).to_wire())
                 continue
             data = msg.array(item.data, ks.spec.dtype)
-            if replay and ks.incoming is None and ks.recovering is None and \
-                    self.store.already_has(ks, rank, iteration):
+            arrival = ks.arrival
+            holding = arrival is not None and arrival.copy_missing or ks.recovering is not None
+            if replay and not holding and self.store.already_has(ks, rank, iteration):
                 continue
-            if ks.incoming is not None or ks.recovering is not None:
+            if holding:
                 # migrating here, or recovering: the iteration counter is not known yet; check the rest now
                 self.store._check_rank(state, rank)
                 if data.dtype != np.dtype(ks.spec.dtype) or data.size != ks.spec.numel:
@@ -756,8 +537,11 @@ class Aggregator:
             return
         for ks, _, hp, _, _ in checked:
             if hp:
-                if ks.incoming is not None or ks.recovering is not None:
-                    ks.held_hp = hp
+                arrival = ks.arrival
+                if arrival is not None and arrival.copy_missing:
+                    arrival.hp = hp             # applied with the copy
+                    continue
+                if ks.recovering is not None:
                     continue
                 try:
                     self.store.set_hp(ks, hp)
@@ -770,19 +554,18 @@ class Aggregator:
         for ks, data, _, deferred, iteration in checked:
             self.stats["pushes"] += 1
             self.stats["bytes_in"] += data.nbytes
-            switching = ks.incoming if ks.incoming is not None else \
-                ks.awaiting_workers[0] if ks.awaiting_workers is not None else None
-            if switching is not None:
-                self.switch_seen.setdefault(switching, {"job": state.job}).setdefault("first_push", now)
-            if ks.incoming is not None or ks.recovering is not None:
+            arrival = ks.arrival
+            if arrival is not None:
+                self.moves_in.pushed(arrival.mid, state.job, now)
+            if arrival is not None and arrival.copy_missing or ks.recovering is not None:
                 ks.held.append((rank, iteration, data, deferred, replay))
-                if ks.incoming is not None and ks.held_whole_at is None and \
+                if arrival is not None and arrival.copy_missing and arrival.whole_at is None and \
                         sum(1 for h in ks.held if h[1] == iteration) >= ks.world_size:
-                    ks.held_whole_at = now      # without the move, aggregation would start now
+                    arrival.whole_at = now      # without the move, aggregation would start now
             elif self._admit(state.job, iteration, now):
                 self._apply_push(ks, rank, data, deferred)
             else:
-                self.postponed[state.job][2].append((ks, rank, data, deferred))
+                self.cycles.postpone(state.job, (ks, rank, data, deferred))
         if answer_with_value:
             self._answer_pull(reply, msg.get("req"), [(ks, iteration) for ks, _, _, _, iteration in checked])
 
@@ -792,45 +575,6 @@ class Aggregator:
         ks.cpu += time.thread_time() - t0
         if done:
             self._published(ks)
-
-    # --- cyclic execution -------------------------------------------------------------
-    def _set_cycle(self, jobs: dict) -> None:
-        """pMaster's packing changed: the jobs here, their standalone D and CPU time e."""
-        try:
-            parsed = {str(j): (float(v[0]), float(v[1])) for j, v in jobs.items()}
-        except (TypeError, ValueError, IndexError):
-            log.warning("bad cycle message: %r", jobs)
-            return
-        if self.schedule is not None:
-            self.stats["late"] += self.schedule.late
-            self.stats["postponed"] += self.schedule.postponed
-        self.schedule = CyclicSchedule(parsed, time.monotonic()) if len(parsed) >= 2 else None
-        if self.schedule is None:
-            self._run_due(float("inf"))
-        log.info("execution cycle %s for %s", f"{self.schedule.cycle:.3f}s" if self.schedule else "off",
-                 sorted(parsed))
-
-    def _admit(self, job: str, iteration: int, now: float) -> bool:
-        """May this push be aggregated now? False: it joins its job's postponed iteration."""
-        pending = self.postponed.get(job)
-        if pending is not None and pending[1] == iteration:
-            return False
-        if self.schedule is None or job not in self.schedule.slots or iteration <= self.admitted.get(job, 0):
-            return True
-        self.admitted[job] = iteration
-        run_at = self.schedule.admit(job, now)
-        if run_at <= now:
-            return True
-        self.postponed[job] = (run_at, iteration, [])
-        heapq.heappush(self.timers, (run_at, job))
-        return False
-
-    def _run_due(self, now: float) -> None:
-        while self.timers and self.timers[0][0] <= now:
-            _, job = heapq.heappop(self.timers)
-            pending = self.postponed.pop(job, None)
-            for ks, rank, data, deferred in (pending[2] if pending else ()):
-                self._apply_push(ks, rank, data, deferred)
 
     def _requested(self, state: JobState, msg: wire.Message) -> Iterator[tuple[KeyState, int]]:
         """The ``PullItem`` items of a PULL or STATE_GET, validated."""
@@ -844,8 +588,9 @@ class Aggregator:
             raise StoreError(f"job {state.job!r}: rank {rank} outside world size {state.world_size}")
         items, redirects = [], []
         for ks, iteration in self._requested(state, msg):
-            if self._moved_past(ks, iteration):
-                redirects.append(self._move(ks).to_wire())
+            mv = ks.move
+            if mv is not None and mv.past(iteration):
+                redirects.append(mv.notice(ks.spec.key).to_wire())
             items.append((ks, iteration))
         if redirects:
             reply.send(wire.header(wire.REDIRECT, req=msg.get("req"), items=redirects))
@@ -888,36 +633,26 @@ class Aggregator:
                 self._reply_pull(pending)
         if keep:
             self.waiters[id(ks)] = keep
-        mv = ks.moving
-        if mv is not None and not mv["sent"] and ks.completed >= mv["cutover"]:
-            mv["sent"] = True
-            self.due_copies.setdefault(mv["mid"], []).append(ks)
-        if ks.awaiting_workers is not None and ks.incoming is None and ks.completed >= ks.awaiting_workers[1]:
-            mid, _, waited = ks.awaiting_workers
-            ks.awaiting_workers = None
-            self.worker_reports.add(mid, ks.job, [ks.spec.key], 1e3 * waited)
+        mv = ks.move
+        if mv is not None and not mv.sent and ks.completed >= mv.cutover:
+            self.moves_out.hand_over(ks)
+        arrival = ks.arrival
+        if arrival is not None and not arrival.copy_missing and ks.completed >= arrival.first:
+            self.moves_in.served(ks)
 
     def _flush_migration(self) -> None:
         """The hand-overs that came due in this turn of the loop, and the reports due."""
-        due, self.due_copies = self.due_copies, {}
-        for keys in due.values():
-            with self._handover_cpu():
-                self._send_copies(keys)
-            self.stats["handover_messages"] += 1
-        for report in self.worker_reports.due():
-            self._to_master(wire.encode(wire.WORKER_DONE, mid=report.mid, job=report.job, keys=report.keys,
-                                        agg=self.agg_id, wait_ms=round(report.wait_ms, 3),
-                                        **self._switch_times(report.mid)))
-        for report in self.copy_reports.due():
-            self._to_master(wire.encode(wire.TENSOR_COPY_DONE, mid=report.mid, job=report.job, keys=report.keys,
-                                        agg=self.agg_id))
+        self.moves_out.send_due()
+        self.moves_in.report()
+        self.moves_out.report()
 
     def _reply_pull(self, pending: PendingPull) -> None:
         items, payloads, small = [], [], []
         for ks, iteration in pending.items:
             value = ks.value(iteration)
             # every reply up to the cutover names the new owner: the agents prepare ahead
-            moved = self._move(ks) if ks.moving is not None and iteration <= ks.moving["cutover"] else None
+            mv = ks.move
+            moved = mv.notice(ks.spec.key) if mv is not None and not mv.past(iteration) else None
             self.stats["bytes_out"] += value.nbytes
             if ks.spec.small:
                 small.append((ks.spec.key, iteration, moved, value))
@@ -937,310 +672,14 @@ class Aggregator:
         self.stats["pulls"] += len(items)
         pending.reply.send(wire.header(wire.PULL_REPLY, req=pending.req, items=items), payloads)
 
-    def _assign(self, msg: wire.Message) -> None:
-        """Create a job's keys; large new buffers -- in server mode also the gradient
-        accumulators and the optimizer's state -- are allocated and populated by a helper
-        thread, at once (the job waits for them), while pMaster's later messages wait
-        (``held``), so this loop keeps serving and sending heartbeats (an allocation of a GiB
-        holds it for a second) and does not fault the state in at the job's first steps."""
-        try:
-            keys = [KeySpec.from_wire(k) for k in msg["keys"]]
-            state = self.store.jobs.get(msg["job"])
-            fresh = [k for k in keys if state is None or k.key not in state.keys]
-            sizes = Store.buffer_sizes(msg["mode"], fresh)
-            private = Store.private_sizes(msg["mode"], msg.get("optimizer"), msg.get("hp"), fresh)
-            nbytes = sum(numel * np.dtype(dtype).itemsize for numel, dtype in sizes + private)
-            self._learn_tenant(msg["job"], msg.get("tenant"))
-            if fresh:
-                self._check_room(msg["job"], nbytes)
-        except (KeyError, ValueError, TypeError, IndexError, StoreError) as exc:
-            self._to_master(wire.error(str(exc), req=msg.get("req"), agg=self.agg_id))
-            return
-        committed = nbytes if fresh else 0
-        self._pend(msg["job"], committed)
-        if not fresh or not self.memory.slow_to_allocate(nbytes):
-            self._finish_assign(msg, keys, committed=committed)
-            return
-        self.held.hold()
-        log.info("job %s: allocating %d bytes for %d keys off the loop", msg["job"], nbytes, len(fresh))
-        self.readier.ready_in_background(msg["job"], sizes, private, nbytes, 0,
-                                         lambda made, arrays: self._finish_assign(msg, keys, made, arrays, committed),
-                                         at_once=True)
-
-    def _finish_assign(self, msg: wire.Message, keys: list, made: tuple | None = None,
-                       private: list | None = None, committed: int = 0) -> None:
-        """Create ``keys`` (in ``made`` -- ``(buffers, allocation error)`` from a helper thread,
-        with ``private``: their server-mode arrays -- or in memory allocated now), answer
-        pMaster, then handle what it sent meanwhile."""
-        req = msg.get("req")
-        try:
-            buffers = None
-            if made is not None:
-                shared, error = made
-                if error is not None:
-                    raise StoreError(f"job {msg['job']!r}: cannot allocate memory for its keys: {error}")
-                buffers = [(buf.array, buf) for buf in shared]
-            self._prechecked = msg["job"]       # its bytes were checked and are pending (``_assign``)
-            try:
-                self.store.assign(msg["job"], msg["secret"], msg["world_size"], msg["mode"], keys,
-                                  average=bool(msg.get("average", True)), optimizer=msg.get("optimizer"),
-                                  hp=msg.get("hp") or {}, buffers=buffers, private=private)
-            finally:
-                self._prechecked = None
-            state = self.store.jobs[msg["job"]]
-            for key, info in (msg.get("replicas") or {}).items():
-                if key in state.keys:
-                    self.replication.set_replica(state.keys[key], info)
-            self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id))
-        except (StoreError, ValueError, TypeError) as exc:
-            self._to_master(wire.error(str(exc), req=req, agg=self.agg_id))
-        finally:
-            self._unpend(msg["job"], committed)      # the store holds them now, or nothing was made
-            if made is not None:
-                self.held.resume(self._on_master)
-
-    # --- live migration ---------------------------------------------------------------
-    def _migrate_prepare(self, msg: wire.Message) -> None:
-        """New side: create the keys in the incoming state (pushes held, pulls parked).
-
-        Buffers the job's keys left here when they moved away are used again; large new ones
-        are created and populated by a helper thread first, so neither the jobs this
-        aggregator already serves nor the migrating job wait for page faults. The keys are
-        committed as a declaration is (``_check_room``: room, ``--max-job-bytes``,
-        ``--max-tenant-bytes``); a move that does not fit is refused before anything is
-        allocated (pMaster fails the batch with that error; the old owner keeps the keys)."""
-        try:
-            keys = [KeySpec.from_wire(k) for k in msg["keys"]]
-            sizes = Store.buffer_sizes(msg["mode"], keys)
-            # server mode: the gradient accumulators and optimizer state, which the state copy
-            # ahead of the switch fills; made ready here too, or that copy pays their faults
-            private = Store.private_sizes(msg["mode"], msg.get("optimizer"), msg.get("hp"), keys)
-            nbytes = sum(numel * np.dtype(dtype).itemsize for numel, dtype in sizes + private)
-            self._learn_tenant(msg["job"], msg.get("tenant"))
-        except (KeyError, ValueError, TypeError, IndexError) as exc:
-            self._to_master(wire.error(str(exc), req=msg.get("req"), agg=self.agg_id))
-            return
-        reused = self.spare.take(msg["job"], sizes)
-        # the spares are committed to the job already: only the rest is new
-        need = nbytes - sum(buf.array.nbytes for buf in reused or ())
-        try:
-            self._check_room(msg["job"], need)
-        except StoreError as exc:
-            self.spare.keep(msg["job"], reused or ())
-            log.warning("refused keys moving here: %s", exc)
-            self._to_master(wire.error(f"cannot take the keys: {exc}", req=msg.get("req"), agg=self.agg_id))
-            return
-        self._pend(msg["job"], need)
-        if reused is not None:
-            self._finish_prepare(msg, keys, sizes, (reused, None), pended=need)
-            return
-        if not self.memory.slow_to_allocate(nbytes):
-            self._finish_prepare(msg, keys, sizes, pended=need)
-            return
-
-        # the workers' pushes of the new keys arrive in received-message buffers: warm the
-        # heap they come from, or the switch iteration pays its page faults (one worker's
-        # pushes: the keys' bytes once)
-        warm = min(sum(spec.nbytes for spec in keys), heap_kept() // 2)
-        self.readier.ready_in_background(msg["job"], sizes, private, nbytes, warm,
-                                         lambda made, arrays: self._finish_prepare(msg, keys, sizes, made, arrays,
-                                                                                   need))
-
-    def _migrate_drop(self, msg: wire.Message) -> None:
-        """Forget keys that moved away, or -- a new replica of a move that failed -- what was
-        readied for them and the backups the state sent ahead made (``backups``): all of it
-        goes to the job's spares."""
-        self.spare.keep(msg["job"], self.store.take_readied(msg["job"], list(msg["keys"])))
-        if msg.get("backups") is True:
-            self.spare.keep(msg["job"], [rks.param_ref for rks in self.store.drop_replicas(msg["job"],
-                                                                                         list(msg["keys"]))])
-        for ks in self.store.drop_keys(msg["job"], list(msg["keys"])):
-            self.spare.keep(ks.job, ks.buffer_refs if ks.mode == "sum" else [ks.param_ref])
-            for pending in self.waiters.pop(id(ks), []):
-                if not pending.finished:
-                    pending.finished = True
-                    self._send_error(pending.reply, pending.req, f"key {ks.spec.key!r} moved to another aggregator")
-
-    @contextlib.contextmanager
-    def _handover_cpu(self) -> Iterator[None]:
-        """Add this thread's CPU in the block to ``handover_cpu_s`` (the old owner's hand-overs)."""
-        started = time.thread_time()
-        try:
-            yield
-        finally:
-            self.stats["handover_cpu_s"] = round(self.stats["handover_cpu_s"] + time.thread_time() - started, 4)
-
-    def _finish_prepare(self, msg: wire.Message, keys: list, sizes: list, made: tuple | None = None,
-                        private: list | None = None, pended: int = 0) -> None:
-        """Create the incoming keys in ``made`` -- ``(buffers, allocation error)`` from a
-        helper thread, with ``private``: their server-mode arrays (``Store.private_sizes``) --
-        or in memory allocated now; ``pended``: the bytes committed for them meanwhile."""
-        try:
-            self._prepare_keys(msg, keys, sizes, made, private)
-        finally:
-            self._unpend(msg["job"], pended)         # the store holds them now, or nothing was made
-
-    def _prepare_keys(self, msg: wire.Message, keys: list, sizes: list, made: tuple | None,
-                      private: list | None) -> None:
-        """``_finish_prepare``'s work; answers pMaster."""
-        req = msg.get("req")
-        try:
-            state = self.store.jobs.get(msg["job"])
-            for spec in keys:
-                if state is not None and spec.key in state.keys:
-                    raise StoreError(f"key {spec.key!r} of job {msg['job']!r} is already here")
-            buffers, error = made or self.readier.allocate(sizes, msg["job"])
-            if error is not None:
-                raise StoreError(f"cannot allocate memory for the incoming keys: {error}")
-            self._prechecked = msg["job"]       # committed in ``_migrate_prepare``
-            try:
-                self.store.assign(msg["job"], msg["secret"], msg["world_size"], msg["mode"], keys,
-                                  average=bool(msg.get("average", True)), optimizer=msg.get("optimizer"),
-                                  hp=msg.get("hp") or {}, buffers=[(buf.array, buf) for buf in buffers],
-                                  private=private)
-            finally:
-                self._prechecked = None
-            state = self.store.jobs[msg["job"]]
-            replicas = msg.get("replicas") or {}
-            for spec in keys:
-                ks = state.keys[spec.key]
-                ks.incoming, ks.held_whole_at = msg["mid"], None
-                ks.awaiting_workers = (msg["mid"], 1 << 62, 0.0)
-                if ks.mode == "server" and replicas.get(spec.key):
-                    ks.replica = dict(replicas[spec.key])
-            self.worker_reports.expect(msg["mid"], msg["job"], len(keys))
-            # the new buffers are mapped and populated by now; agents can map them early
-            segments = self.memory.handles_of(buffers)
-            self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id, segments=segments))
-        except (StoreError, ValueError, TypeError) as exc:
-            self._to_master(wire.error(str(exc), req=req, agg=self.agg_id))
-
-    def _migrate_init(self, msg: wire.Message) -> None:
-        """Old side: hand the keys over after their open iteration plus ``lead`` (the
-        cutover); the new owner learns at once which workers' buffers to map. A key with
-        ``followers`` (server mode) first sends them its state (``precopy``); its cutover is
-        decided once they hold it (``MIGRATE_CUTOVER``)."""
-        req = msg.get("req")
-        try:
-            state = self.store.jobs.get(msg["job"])
-            if state is None:
-                raise StoreError(f"job {msg['job']!r} is not served here")
-            lead = msg.get("lead") or 0
-            if type(lead) is not int or lead < 0:
-                raise StoreError(f"bad lead {lead!r}")
-            followers = msg.get("followers") or {}
-            found = []
-            for key in msg["keys"]:
-                ks = state.keys.get(key)
-                if ks is None:
-                    raise StoreError(f"key {key!r} of job {msg['job']!r} is not here")
-                if ks.moving is not None or ks.incoming is not None or ks.handover is not None:
-                    raise StoreError(f"key {key!r} of job {msg['job']!r} is already migrating")
-                infos = followers.get(key) or []
-                if not isinstance(infos, list) or not all(isinstance(i, dict) and i.get("agg") for i in infos) \
-                        or (infos and ks.mode != "server"):
-                    raise StoreError(f"bad followers of key {key!r}: {infos!r}")
-                found.append((ks, infos))
-        except (StoreError, ValueError, TypeError, AttributeError) as exc:
-            self._to_master(wire.error(str(exc), req=req, agg=self.agg_id))
-            return
-        cutovers = {}
-        self.copy_reports.expect(msg["mid"], msg["job"], len(found))
-        for ks, infos in found:
-            ks.handover = {"mid": msg["mid"], "to": msg["to"], "info": msg["info"], "lead": lead}
-            if not infos:
-                cutovers[ks.spec.key] = self._start_handover(ks)
-                continue
-            ks.followers = {i["agg"]: Follower(dict(i), incoming=i["agg"] == msg["to"]) for i in infos}
-            self.precopies.start(ks, list(ks.followers.values()), self._state_bytes(ks))
-        self._to_master(wire.encode(wire.OK, req=req, agg=self.agg_id, cutovers=cutovers))
-        segments = self.transport.handles_for(msg["info"], state.job)
-        if segments:
-            # a copy without keys: the workers' buffers, mapped there before their first push
-            self._peer(msg["info"]).send(wire.header(wire.TENSOR_COPY, mid=msg["mid"], job=state.job,
-                                                     secret=state.secret, items=[], segments=segments,
-                                                     peer=self._ticket(state)))
-        self._pump_precopy()
-
-    @staticmethod
-    def _start_handover(ks: KeyState) -> int:
-        """The key's cutover: its open iteration plus the hand-over's lead; returns it."""
-        h, ks.handover = ks.handover, None
-        ks.moving = {"mid": h["mid"], "to": h["to"], "info": h["info"],
-                     "cutover": ks.open_iteration + h["lead"], "sent": False}
-        return ks.moving["cutover"]
-
-    def _followed(self, ks: KeyState) -> None:
-        """Every follower of ``ks`` holds its state (or gave up): decide its cutover, tell pMaster."""
-        if ks.handover is None:
-            return
-        mid = ks.handover["mid"]
-        cutover = self._start_handover(ks)
-        self._to_master(wire.encode(wire.MIGRATE_CUTOVER, mid=mid, job=ks.job,
-                                             cutovers={ks.spec.key: cutover}, agg=self.agg_id))
-
-    @staticmethod
-    def _state_bytes(ks: KeyState) -> int:
-        arrays = 1 + len(ks.optimizer.state_arrays()) if ks.optimizer is not None else 1
-        return arrays * ks.spec.numel * np.dtype(ks.spec.dtype).itemsize
-
-    def _pump_precopy(self) -> None:
-        """Send the followers' states whose turn it is (``Precopies`` bounds the bytes in flight)."""
-        for ks, follower in self.precopies.due():
-            state = self.store.jobs.get(ks.job)
-            if ks.followers.get(follower.agg) is not follower or state is None or state.keys.get(ks.spec.key) is not ks:
-                self.precopies.holds(ks.job, ks.spec.key, follower.agg)     # the key moved on: nothing to wait for
-                continue
-            follower.sent = ks.completed
-            with timed(self.stats, "state_snapshot"):
-                snapshot = self.replication.snapshot(ks)
-            self._send_follower(ks, follower, "state", *snapshot)
-
     def _step_taken(self, ks: KeyState, grad: np.ndarray) -> None:
         """Store hook, right after the optimizer step of iteration ``completed + 1``: send the
         replica (``Replication.step``) and the followers of a key whose state is copied ahead
-        (``precopy``) that step's averaged gradient (they apply the same deterministic update).
-        One that has not been sent the previous iteration gets nothing: it is sent the whole state."""
-        iteration = ks.completed + 1
+        (``MovesOut.followers_step``) that step's averaged gradient (they apply the same
+        deterministic update)."""
         items, copy = self.replication.step(ks, grad)
-        for follower in [f for f in ks.followers.values() if f.sent == ks.completed]:
-            follower.sent = iteration
-            copy = np.array(grad) if copy is None else copy
-            self._send_follower(ks, follower, "step", items, [copy])
-
-    def _send_follower(self, ks: KeyState, follower: Follower, kind: str, items: list, arrays: list) -> None:
-        req = self.replication.send(follower.info, ks, kind, items, arrays, incoming=follower.incoming)
-        if req is None:
-            self._drop_follower(ks, follower, "it cannot be reached")
-        else:
-            self.follow_waits[req] = (ks, follower, kind)
-
-    def _follower_acked(self, msg: wire.Message) -> None:
-        ks, follower, kind = self.follow_waits.pop(msg["req"])
-        if ks.followers.get(follower.agg) is not follower:
-            return              # an answer about a follower this key no longer has
-        if msg.op == wire.ERROR:
-            self._drop_follower(ks, follower, msg["message"])
-        elif kind == "state":
-            self.stats["states_sent_ahead"] += 1
-            if self.precopies.holds(ks.job, ks.spec.key, follower.agg):
-                self._followed(ks)
-            self._pump_precopy()
-
-    def _drop_follower(self, ks: KeyState, follower: Follower, why: str) -> None:
-        """Stop sending ``ks``'s steps to ``follower`` (its hand-over then carries the state)."""
-        log.warning("%s of job %s: %s no longer follows it: %s", ks.spec.key, ks.job, follower.agg, why)
-        ks.followers.pop(follower.agg, None)
-        if self.precopies.holds(ks.job, ks.spec.key, follower.agg):
-            self._followed(ks)
-        self._pump_precopy()
-
-    def _refollow(self, ks: KeyState) -> None:
-        """The state of ``ks`` changed outside a step (INIT): its followers get it again."""
-        for follower in ks.followers.values():
-            follower.sent = -1
-            self.precopies.requeue(ks, follower, self._state_bytes(ks))
-        self._pump_precopy()
+        if ks.followers:
+            self.moves_out.followers_step(ks, grad, items, copy)
 
     def _ticket(self, state: JobState) -> bytes:
         """What proves to another aggregator that this one holds the cluster key (``clusterauth``)."""
@@ -1254,149 +693,18 @@ class Aggregator:
                 self.poller.register(pollable, zmq.POLLIN)
         return channel
 
-    def _send_copies(self, keys: list[KeyState], full: bool = False) -> None:
-        """TENSOR_COPY (Fig. 4.5 step 4) of keys of one migration whose cutover iteration is
-        complete: each key's counter and, in server mode, its master copy, optimizer state and
-        step -- unless the new owner holds them already (a follower, or the key's replica) and
-        not ``full``. ``current`` names the aggregators that were sent the cutover iteration's
-        state: the new owner keeps such a replica without sending it the state again."""
-        mv = keys[0].moving
-        state = self.store.jobs[keys[0].job]
-        items, arrays, ahead = [], [], set()
-        # the workers' buffers this aggregator maps: the new owner maps them before the
-        # workers' first push reaches it, not on that push's path
-        segments = self.transport.handles_for(mv["info"], state.job)
-        for ks in keys:
-            current = [f.agg for f in ks.followers.values() if f.sent == ks.completed]
-            if ks.replica is not None and ks.replica_sent == ks.completed:
-                current.append(ks.replica.get("agg"))
-            ks.followers.clear()       # no step follows the cutover here
-            if ks.mode == "server" and mv["to"] in current and not full:
-                meta, key_arrays = {"completed": ks.completed, "ahead": True}, []
-                ahead.add(ks.spec.key)
-            else:
-                meta, key_arrays = self.store.export_key(ks)
-            meta.update(current=current, segments=segments)
-            items.append(wire.KeyCopy(ks.spec.key, meta, len(key_arrays)).to_wire())
-            arrays.extend(key_arrays)
-        req = next(self._copy_reqs)
-        self.copy_waits[req] = (mv["mid"], state.job, [ks.spec.key for ks in keys])
-        if ahead:
-            self.ahead_copies[req] = ahead
-        self._peer(mv["info"]).send(wire.header(wire.TENSOR_COPY, req=req, mid=mv["mid"], job=state.job,
-                                                secret=state.secret, items=items, peer=self._ticket(state)),
-                                    arrays)
-
     def _on_peer(self, inbound: Inbound) -> None:
+        """Another aggregator's answer: to the collaborator whose request it answers (``_answers``)."""
         try:
             msg = wire.parse(inbound.header, inbound.payloads, inbound.lent)
         except wire.ProtocolError as exc:
             log.warning("bad reply from a peer aggregator: %s", exc)
             return
-        if msg.get("req") in self.replication.waits:
-            self.replication.acked(msg)
-            return
-        if msg.get("req") in self.follow_waits:
-            self._follower_acked(msg)
-            return
-        waited = self.copy_waits.pop(msg.get("req"), None)
-        if waited is None:
-            return
-        with self._handover_cpu():
-            self._copy_answered(msg, waited)
-
-    def _copy_answered(self, msg: wire.Message, waited: tuple) -> None:
-        """The new owner's answer to a TENSOR_COPY: report the keys it took, send again the
-        state it lacked, give up on the keys it refused."""
-        mid, job, keys = waited
-        ahead = self.ahead_copies.pop(msg.get("req"), set())
-        if msg.op == wire.ERROR:
-            refused = {key: msg["message"] for key in keys}
-        else:
-            refused = {k: str(v) for k, v in (msg.get("refused") or {}).items() if k in keys}
-        # keys the new owner did not hold the state of, although they went ahead: send it
-        again = self._copy_again(job, [k for k in refused if k in ahead], refused)
-        failed = {k: why for k, why in refused.items() if k not in again}
-        done = [k for k in keys if k not in refused]
-        if done:
-            self.stats["migrated_out"] += len(done)
-            self.copy_reports.add(mid, job, done)
-        if failed:
-            log.error("copy of %s of job %s was refused: %s", sorted(failed), job, next(iter(failed.values())))
-            self.copy_reports.give_up(mid, job, len(failed))
-            self._to_master(wire.encode(wire.TENSOR_COPY_DONE, mid=mid, job=job, keys=sorted(failed),
-                                                 agg=self.agg_id, error=next(iter(failed.values()))))
-
-    def _copy_again(self, job: str, keys: list[str], why: dict[str, str]) -> set[str]:
-        """The new owner did not hold the state a hand-over relied on: send it; returns the
-        keys sent again."""
-        state = self.store.jobs.get(job)
-        again = [ks for ks in (state.keys.get(k) for k in keys) if ks is not None and ks.moving is not None] \
-            if state is not None else []
-        if again:
-            log.warning("%d keys of job %s, e.g. %s: %s; sending the whole state", len(again), job,
-                        again[0].spec.key, why[again[0].spec.key])
-            self._send_copies(again, full=True)
-        return {ks.spec.key for ks in again}
-
-    def _tensor_copy(self, reply: Sender, msg: wire.Message) -> None:
-        """New side: take the keys over -- from the copy, or from the state that came ahead
-        (``precopy``, or this aggregator's replica of the key) -- apply the held pushes, answer
-        parked pulls. The answer lists the keys ``refused`` (their state did not arrive
-        ahead after all: the old owner sends it). A copy without keys names the workers'
-        buffers to map ahead."""
-        state = self.store.job(msg["job"], msg["secret"])
-        self.memory.premap(msg.get("segments"))
-        if msg.get("items"):          # a hand-over (a copy without keys only names buffers to map)
-            self.switch_seen.setdefault(msg["mid"], {"job": state.job}).setdefault("handover", time.monotonic())
-        installed, refused = [], {}
-        for key, meta, views in wire.key_copies(msg):
-            self.memory.premap(meta.get("segments"))     # the workers' buffers, before their pushes come
-            try:
-                ks = self.store.key(state, key)
-                self._take_over(state, ks, meta, [np.frombuffer(view, dtype=ks.spec.dtype) for view in views],
-                                msg["mid"])
-            except StoreError as exc:
-                refused[key] = str(exc)
-                continue
-            installed.append(ks)
-        self.stats["migrated_in"] += len(installed)
-        reply.send(wire.header(wire.OK, req=msg.get("req"), **({"refused": refused} if refused else {})))
-        for ks in installed:
-            self._published(ks)
-
-    def _take_over(self, state: JobState, ks: KeyState, meta: dict, arrays: list, mid: int) -> None:
-        """One key of a TENSOR_COPY; StoreError (the key unchanged) when it cannot be taken."""
-        t0 = time.thread_time()
-        first = meta.get("completed", 0) + 1 if isinstance(meta.get("completed"), int) else 1
-        # how long its first iteration here, whole, waited for this hand-over (0: it came first)
-        waited = time.monotonic() - ks.held_whole_at if ks.held_whole_at is not None else 0.0
-        ks.held_whole_at = None
-        hp = ks.held_hp
-        if meta.get("ahead"):
-            with timed(self.stats, "state_takeover"):
-                self.store.take_ahead(ks, meta.get("completed"), state.replicas.get(ks.spec.key))
-            self.stats["taken_over_ahead"] += 1
-            if hp:
-                self.store.set_hp(ks, hp)
-        else:
-            if hp:
-                # hyper-parameters the workers sent with held pushes apply after the copy's own
-                meta = {**meta, "hp": {**(meta.get("hp") or {}), **hp}}
-            self.store.take_copy(ks, meta, arrays)
-        ks.held_hp = None
-        state.replicas.pop(ks.spec.key, None)       # owned here now: a replica of it here is of no use
-        replica_current = ks.replica is not None and ks.replica.get("agg") in (meta.get("current") or ())
-        if replica_current:
-            ks.replica_sent = ks.replicated = ks.completed      # it was sent this state already
-        _, problems = self.store.apply_held(ks)
-        ks.cpu += time.thread_time() - t0
-        ks.awaiting_workers = (mid, first, waited)
-        for problem in problems:
-            self.stats["errors"] += 1
-            log.error("held push of migrated key %s dropped: %s", ks.spec.key, problem)
-        if ks.replica is not None and not replica_current:
-            self.replication.replicate_state(ks)
+        req = msg.get("req")
+        for waits, answered in self._answers:
+            if req in waits:
+                answered(msg)
+                return
 
     def _state_get(self, reply: Sender, msg: wire.Message) -> None:
         """Server-side state of keys right after an iteration (a worker's checkpoint): master
@@ -1404,8 +712,9 @@ class Aggregator:
         state = self.store.job(msg["job"], msg["secret"])
         items, arrays, redirects = [], [], []
         for ks, iteration in self._requested(state, msg):
-            if self._moved_past(ks, iteration):
-                redirects.append(self._move(ks).to_wire())
+            mv = ks.move
+            if mv is not None and mv.past(iteration):
+                redirects.append(mv.notice(ks.spec.key).to_wire())
                 continue
             meta, key_arrays = self.store.export_state(ks, iteration)
             items.append(wire.KeyCopy(ks.spec.key, meta, len(key_arrays)).to_wire())
@@ -1422,21 +731,19 @@ class Aggregator:
         for pending in self.waiters.pop(id(ks), []):
             pending.finished = True
 
-    def _migrate_abort(self, msg: wire.Message) -> None:
-        """The new owner of a migration was lost: keep serving the keys (their state here is
-        whole up to the cutover; later pushes were redirected and are resent) and stop sending
-        their state ahead."""
-        state = self.store.jobs.get(msg["job"])
-        for key in msg["keys"]:
-            ks = state.keys.get(key) if state is not None else None
-            if ks is not None:
-                ks.followers.clear()
-                ks.handover = None
-            if ks is not None and ks.moving is not None:
-                ks.moving = None
-                log.info("migration of %s of job %s aborted: the new owner was lost", key, msg["job"])
-        self.precopies.forget(msg["job"], set(msg["keys"]))
-        self._to_master(wire.encode(wire.OK, req=msg.get("req"), agg=self.agg_id))
+    def _refuse_waiters(self, ks: KeyState, why: str) -> None:
+        """Parked pulls of a key that moved on, not answered yet: answered with the error ``why``."""
+        for pending in self.waiters.pop(id(ks), []):
+            if not pending.finished:
+                pending.finished = True
+                self._send_error(pending.reply, pending.req, why)
+
+    def _replicate(self, reply: Sender, msg: wire.Message) -> None:
+        """REPLICATE: to a key migrating here (``incoming``: its state sent ahead) or to a backup."""
+        if msg.get("incoming"):
+            self.moves_in.precopy(reply, msg)
+        else:
+            self.replication.receive(reply, msg)
 
     def _init(self, reply: Sender, msg: wire.Message) -> None:
         state = self.store.job(msg["job"], msg["secret"])
@@ -1452,7 +759,7 @@ class Aggregator:
             except ValueError as exc:
                 raise StoreError(f"INIT of {key!r}: {exc}") from None
             if state.keys[key].followers:
-                self._refollow(state.keys[key])      # a migration copying its state ahead
+                self.moves_out.refollow(state.keys[key])     # a migration copying its state ahead
         backed = [state.keys[key] for key, *_ in prepared if state.keys[key].replica is not None]
         if backed:
             # acknowledged once every replica holds the master copy: a worker that saw the

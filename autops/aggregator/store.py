@@ -35,6 +35,8 @@ import numpy as np
 
 from ..wire.optimizers import MODES
 from ..wire.partition import KeySpec
+from .moves_state import Arrival, Handover, Move
+from .precopy import Follower
 
 
 def _optim():
@@ -68,17 +70,16 @@ class KeyState:
     first: np.ndarray | None = None    # the open iteration's first socket push, added to the next one
     deferred: list = field(default_factory=list)   # shared-memory views of the open iteration
     optimizer: Any = None
-    # live migration (§4.3.2): old side hands over after ``moving["cutover"]``; new side holds
-    # pushes until the copy arrived and reports once the workers pushed to it
-    moving: dict | None = None         # old side: {"mid", "to", "info", "cutover", "copied"}
-    incoming: int | None = None        # new side: migration id while the copy is missing
-    held: list = field(default_factory=list)   # new side: (rank, iteration, data, deferred)
-    held_hp: dict | None = None                # new side: hyper-parameters pushed meanwhile
-    held_whole_at: float | None = None         # new side: when the held pushes first made an iteration whole
-    awaiting_workers: tuple | None = None      # new side: (mid, first iteration served here, hand-over wait s)
-    precopied: bool = False                    # new side: the server-side state arrived ahead
-    followers: dict = field(default_factory=dict)   # old side: agg -> precopy.Follower (server mode)
-    handover: dict | None = None               # old side: the hand-over waiting for the followers
+    # live migration (§4.3.2, ``moves_state``): one slot per phase, None outside it. The old
+    # side hands over after ``move.cutover``; the new side holds pushes until the copy arrived
+    # and reports once the workers' first iteration here is complete
+    handover: Handover | None = None   # old side: waiting for its followers to decide the cutover
+    move: Move | None = None           # old side: the cutover decided
+    followers: dict[str, Follower] = field(default_factory=dict)   # old side: by agg (server mode)
+    arrival: Arrival | None = None     # new side
+    # pushes held while the copy is missing (migrating here) or while recovering after a
+    # failure: (rank, iteration, data, deferred, replay)
+    held: list = field(default_factory=list)
     # failures: a sum-mode key taken over without state waits for every rank's last pulled
     # iteration (rank -> iteration) and holds pushes meanwhile; a server-mode key with a
     # replica publishes an iteration only once the replica acknowledged it
@@ -360,7 +361,8 @@ class Store:
 
     def pull_ready(self, ks: KeyState, iteration: int) -> bool:
         """True if ``iteration`` can be read now, False if the pull must wait; raises when stale."""
-        if ks.incoming is not None or ks.recovering is not None:
+        arrival = ks.arrival
+        if arrival is not None and arrival.copy_missing or ks.recovering is not None:
             return False          # migrating here (the copy is missing) or recovering after a failure
         published = ks.published
         if iteration == published:
@@ -394,53 +396,52 @@ class Store:
         (what a checkpoint taken after that iteration needs); StoreError otherwise."""
         if ks.mode != "server":
             raise StoreError(f"key {ks.spec.key!r} is in {ks.mode} mode: its optimizer state is on the workers")
-        if ks.incoming is not None or not ks.initialized:
+        if ks.arrival is not None and ks.arrival.copy_missing or not ks.initialized:
             raise StoreError(f"key {ks.spec.key!r} has no master copy here yet; retry after the next step")
         if ks.completed != iteration:
             raise StoreError(f"state of {ks.spec.key!r} after iteration {iteration} is not available: "
                              f"iteration {ks.completed} is the last completed one")
         return self.export_key(ks)
 
-    def install_key(self, ks: KeyState, meta: dict, arrays: list[np.ndarray]) -> tuple[int, list[str]]:
-        """Take over a migrated key from its copy, then apply the pushes held meanwhile.
-
-        Returns (iterations completed by the held pushes, problems with held pushes)."""
-        self.take_copy(ks, meta, arrays)
-        return self.apply_held(ks)
+    @staticmethod
+    def waiting_copy(ks: KeyState) -> Arrival:
+        """The arrival of ``ks``, a key migrating here whose copy is missing; StoreError otherwise
+        (not migrating here, or taken over already)."""
+        if ks.arrival is None or not ks.arrival.copy_missing:
+            raise StoreError(f"key {ks.spec.key!r} is not waiting for a copy")
+        return ks.arrival
 
     def take_copy(self, ks: KeyState, meta: dict, arrays: list[np.ndarray]) -> None:
         """Take over a migrated key from its copy; the pushes held meanwhile stay held."""
-        if ks.incoming is None:
-            raise StoreError(f"key {ks.spec.key!r} is not waiting for a copy")
+        arrival = self.waiting_copy(ks)
         self._load_copy(ks, meta, arrays)
-        ks.incoming = None
-        ks.precopied = False
+        arrival.copy_missing = False
+        arrival.precopied = False
 
     def precopy(self, ks: KeyState, meta: dict, arrays: list[np.ndarray]) -> None:
         """The old owner's state of a server-mode key still incoming here, sent ahead of the
         switch: loaded, pushes still held; the old owner's steps follow (``replica_step``)."""
-        if ks.incoming is None or ks.mode != "server":
+        if ks.arrival is None or not ks.arrival.copy_missing or ks.mode != "server":
             raise StoreError(f"key {ks.spec.key!r} is not a server-mode key migrating here")
         self._load_copy(ks, meta, arrays)
-        ks.precopied = True
+        ks.arrival.precopied = True
 
     def take_ahead(self, ks: KeyState, completed: int, replica: KeyState | None) -> None:
         """Take over a migrated key whose old owner completed ``completed`` and sent no
         state: in ``server`` mode the state is here already, copied ahead into ``ks`` and
         kept current by the old owner's steps, or in ``replica`` (this aggregator was the
         key's replica). StoreError when neither is at ``completed``; held pushes stay held."""
-        if ks.incoming is None:
-            raise StoreError(f"key {ks.spec.key!r} is not waiting for a copy")
+        arrival = self.waiting_copy(ks)
         if not isinstance(completed, int) or completed < 0:
             raise StoreError(f"copy of {ks.spec.key!r}: bad iteration counter {completed!r}")
-        if ks.mode == "server" and not (ks.precopied and ks.initialized and ks.completed == completed):
+        if ks.mode == "server" and not (arrival.precopied and ks.initialized and ks.completed == completed):
             if replica is None or not replica.initialized or replica.completed != completed:
                 raise StoreError(f"key {ks.spec.key!r}: no state of iteration {completed} arrived ahead "
-                                 f"(it has {ks.completed if ks.precopied else None}); send it")
+                                 f"(it has {ks.completed if arrival.precopied else None}); send it")
             self._load_copy(ks, *self.export_key(replica))
         ks.completed = completed
-        ks.incoming = None
-        ks.precopied = False
+        arrival.copy_missing = False
+        arrival.precopied = False
 
     def _load_copy(self, ks: KeyState, meta: dict, arrays: list[np.ndarray]) -> None:
         """Set a key's counter and, in server mode, its master copy, optimizer state and
@@ -546,8 +547,7 @@ class Store:
                 rks.optimizer.init_state(rks.param, slots)
             except ValueError:          # made ready for other settings: the optimizer's own
                 rks.optimizer.init_state(rks.param)
-        rks.incoming = -1
-        self.install_key(rks, meta, arrays)
+        self._load_copy(rks, meta, arrays)
         state.replicas[spec.key] = rks
         return rks
 
@@ -666,6 +666,24 @@ class Store:
         return total
 
     # --- reporting -----------------------------------------------------------------
+    def holding(self) -> dict:
+        """What this aggregator holds, per job (for a restarted pMaster): the secret, world
+        size and every key as ``[*spec, mode, average, optimizer, hp, role, completed]`` with
+        role ``owner`` (``moving`` while it hands the key over) or ``replica``."""
+        out = {}
+        for job, state in self.jobs.items():
+            keys = []
+            for role, table in (("owner", state.keys), ("replica", state.replicas)):
+                for ks in table.values():
+                    if ks.arrival is not None and ks.arrival.copy_missing or ks.recovering is not None:
+                        continue
+                    optimizer = ks.optimizer.name if ks.optimizer is not None else None
+                    hp = dict(ks.optimizer.hp) if ks.optimizer is not None else {}
+                    keys.append([*ks.spec.to_wire(), ks.mode, ks.average, optimizer, hp,
+                                 "moving" if ks.move is not None else role, ks.completed])
+            out[job] = {"secret": state.secret, "world_size": state.world_size, "keys": keys}
+        return out
+
     def bytes_held(self) -> int:
         total = 0
         for state in self.jobs.values():

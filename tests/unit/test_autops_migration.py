@@ -20,6 +20,7 @@ from autops.wire import protocol as wire
 from autops.master.migration import LEAD_ITERATIONS, Migrations
 from autops.wire.partition import KeySpec
 from autops.master.pool import AggInfo, JobInfo, PoolState
+from autops.aggregator.moves_state import Arrival, Move
 from autops.aggregator.precopy import Follower, Precopies
 from autops.aggregator.spare import SpareBuffers
 from autops.aggregator.store import Store, StoreError
@@ -45,7 +46,7 @@ def incoming() -> tuple[Store, object]:
     s = Store()
     s.assign("j", "secret", 2, "server", [SPEC], average=True, **ADAM)
     ks = s.jobs["j"].keys["w"]
-    ks.incoming = 7
+    ks.arrival = Arrival(7)
     return s, ks
 
 
@@ -82,7 +83,7 @@ def test_a_key_sent_ahead_and_kept_current_is_taken_over_with_its_counter_only()
     hold(new, 4)                                        # the workers pushed the next iteration early
     assert not dst.pull_ready(new, 4)
     dst.take_ahead(new, 3, None)
-    assert new.incoming is None and dst.apply_held(new) == (1, [])
+    assert not new.arrival.copy_missing and dst.apply_held(new) == (1, [])
     iterate(src, old, 4)
     same_state(new, old)                                # bit-identical to staying put
 
@@ -95,7 +96,7 @@ def test_a_state_behind_the_cutover_is_refused_and_the_key_stays_incoming():
     iterate(src, old, 2)                                # step 2 never reached the new owner
     with pytest.raises(StoreError, match="no state of iteration 2"):
         dst.take_ahead(new, 2, None)
-    assert new.incoming == 7 and new.completed == 1
+    assert new.arrival.copy_missing and new.arrival.mid == 7 and new.completed == 1
     dst.take_copy(new, *Store.export_key(old))          # the whole state, as the fallback sends it
     same_state(new, old)
 
@@ -118,20 +119,20 @@ def test_a_sum_key_is_taken_over_from_its_counter():
     s = Store()
     s.assign("j", "secret", 2, "sum", [SPEC])
     ks = s.jobs["j"].keys["w"]
-    ks.incoming = 3
+    ks.arrival = Arrival(3)
     s.take_ahead(ks, 5, None)
-    assert ks.completed == 5 and ks.incoming is None
+    assert ks.completed == 5 and not ks.arrival.copy_missing
 
 
 def test_only_a_server_key_migrating_here_takes_state_ahead():
     s = Store()
     s.assign("j", "secret", 2, "sum", [SPEC])
     ks = s.jobs["j"].keys["w"]
-    ks.incoming = 3
+    ks.arrival = Arrival(3)
     with pytest.raises(StoreError, match="not a server-mode key migrating here"):
         s.precopy(ks, {"completed": 1}, [])
     _, new = incoming()
-    new.incoming = None
+    new.arrival = None
     with pytest.raises(StoreError, match="not a server-mode key migrating here"):
         Store().precopy(new, {"completed": 1}, [])
 
@@ -612,7 +613,7 @@ def test_the_room_check_counts_the_memory_an_aggregator_holds_ready(monkeypatch)
     """A reserve takes memory from what the machine reports available in order to give it
     to jobs: a job it can hold is accepted, on a machine that now reports less than the job
     needs; one larger than the memory available plus what is held ready is refused."""
-    from autops.aggregator import service as aggregator_mod
+    from autops.aggregator import commitments as commitments_mod, service as aggregator_mod
     from autops.aggregator.store import StoreError
 
     from autops.aggregator import memroom
@@ -620,20 +621,21 @@ def test_the_room_check_counts_the_memory_an_aggregator_holds_ready(monkeypatch)
     available = 100 << 20
     monkeypatch.setattr(memroom, "mem_available", lambda: available)
     monkeypatch.setattr(memroom, "cgroup_room", lambda: None)          # no cgroup limit
-    monkeypatch.setattr(aggregator_mod, "heap_free", lambda: 24 << 20)
+    monkeypatch.setattr(commitments_mod, "heap_free", lambda: 24 << 20)
     agg = aggregator_mod.Aggregator("tcp://127.0.0.1:1", transport="shm", register_timeout=0.1)
     try:
-        agg.headroom, agg.max_job_bytes = 0, 1 << 50        # the room alone (memroom's own tests: the rest)
+        # the room alone (memroom's own tests: the rest)
+        agg.commitments.headroom, agg.commitments.max_job_bytes = 0, 1 << 50
         piece = agg.memory.reserve.piece
         agg.memory.reserve.fill(2 * piece)
         held = agg.memory.reserve.held
         assert held == 2 * piece
-        agg._check_room("fits", available + (24 << 20) + held)
+        agg.commitments.check_room("fits", available + (24 << 20) + held)
         with pytest.raises(StoreError, match=rf"'too-big'.* has {available + (24 << 20) + held} available"):
-            agg._check_room("too-big", available + (24 << 20) + held + 1)
+            agg.commitments.check_room("too-big", available + (24 << 20) + held + 1)
         agg.memory.reserve.take([(piece, "uint8")] * 2, "fits")     # handed to a job: ready no more
         with pytest.raises(StoreError):
-            agg._check_room("next", available + (24 << 20) + 1)
+            agg.commitments.check_room("next", available + (24 << 20) + 1)
     finally:
         agg.close()
 
@@ -681,9 +683,9 @@ def test_a_new_replicas_backup_goes_to_the_spares_when_its_move_is_abandoned(bac
     try:
         state = agg.store.ensure_job("j", "secret", 2, "server", True, "adam", {"lr": 0.1})
         agg.store.install_replica(state, SPEC, "server", True, "adam", {"lr": 0.1}, meta, [a.copy() for a in arrays])
-        agg._migrate_drop(message(wire.MIGRATE_DROP, job="j", keys=["w"], **({"backups": True} if backups else {})))
+        agg.moves_in.drop(message(wire.MIGRATE_DROP, job="j", keys=["w"], **({"backups": True} if backups else {})))
         assert ("w" in state.replicas) is not backups
-        assert (agg.spare.take("j", [(SPEC.numel, SPEC.dtype)]) is not None) is backups
+        assert (agg.moves_in.spare.take("j", [(SPEC.numel, SPEC.dtype)]) is not None) is backups
     finally:
         agg.close()
 
@@ -707,23 +709,23 @@ def test_the_reserve_makes_its_segments_again_only_once_the_moves_here_are_over(
             time.sleep(0.01)
         assert reserve.held == 32 << 20
         state = agg.store.ensure_job("j", "secret", 2, "server", True, "adam", {"lr": 0.1})
-        key = type("Key", (), {"incoming": None, "moving": None, "awaiting_workers": None})()
+        key = type("Key", (), {"arrival": None, "move": None})()
         state.keys["w"] = key
         if under_way == "key moving in":
-            key.incoming = 5
+            key.arrival = Arrival(5)
         elif under_way == "key moving out":
-            key.moving = {"mid": 1}
+            key.move = Move(1, "agg-2", {}, 12)
         elif under_way == "memory being readied":
             agg.readier.readying = 1
         else:
-            key.awaiting_workers = (5, 12, 0.0)
+            key.arrival = Arrival(5, copy_missing=False, first=12)
         reserve.take([(reserve.piece, "uint8")], "j")
         assert reserve.held == 16 << 20
         waited = time.monotonic() + 3 * reserve_mod.RESERVE_MOVE_POLL_S
         while time.monotonic() < waited:
             assert reserve.held == 16 << 20, "made again during the move"
             time.sleep(0.05)
-        key.incoming, key.moving, key.awaiting_workers, agg.readier.readying = None, None, None, 0   # the move is over
+        key.arrival, key.move, agg.readier.readying = None, None, 0   # the move is over
         deadline = time.monotonic() + 30
         while reserve.held < 32 << 20 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -748,10 +750,10 @@ def test_the_reserves_segments_being_made_again_stop_while_a_move_here_is_under_
             assert refill.quiet() and arrivals.quiet()
             assert refill.quiet_patience == reserve_mod.RESERVE_QUIET_PATIENCE_S
             state = agg.store.ensure_job("j", "secret", 2, "sum", True, None, {})
-            key = type("Key", (), {"incoming": None, "moving": {"mid": 1}, "awaiting_workers": None})()
+            key = type("Key", (), {"arrival": None, "move": Move(1, "agg-2", {}, 12)})()
             state.keys["w"] = key
             assert not refill.quiet() and arrivals.quiet()
-            key.moving = None
+            key.move = None
             assert refill.quiet()
     finally:
         agg.close()
@@ -834,14 +836,14 @@ def test_heartbeats_count_the_current_schedules_outliers_too():
     sent: list = []
     agg._to_master = sent.append
     try:
-        agg._set_cycle({"a": [1.0, 0.9], "b": [1.0, 0.9]})       # a 1 s cycle, one slot each
-        start = agg.schedule.start
+        agg.cycles.set({"a": [1.0, 0.9], "b": [1.0, 0.9]}, time.monotonic())   # a 1 s cycle, one slot each
+        start = agg.cycles.schedule.start
         assert agg._admit("a", 1, start + 0.1)                   # a's slot: at once
         assert not agg._admit("a", 2, start + 0.2)               # a second one in the cycle: b's
         agg._heartbeat()                                         # 0.9 s is reserved, so it waits
         beat = wire.decode(sent[-1])
         assert (beat["late"], beat["postponed"]) == (1, 1)
-        agg._set_cycle({})                                       # replaced: counted once, not twice
+        agg.cycles.set({}, time.monotonic())                     # replaced: counted once, not twice
         agg._heartbeat()
         beat = wire.decode(sent[-1])
         assert (beat["late"], beat["postponed"]) == (1, 1)

@@ -1,4 +1,4 @@
-"""What an aggregator commits and to whom (``autops.aggregator.quota``, ``Aggregator._check_room``): the
+"""What an aggregator commits and to whom (``autops.aggregator.quota``, ``commitments.Commitments``): the
 per-job cap and the per-tenant quota as plain data; keys arriving by migration, backups and
 take-overs committed as declared keys are, and released when they leave or the job ends;
 one connection cap shared by a process's stream listeners (``sockpoll.LinkBudget``)."""
@@ -12,6 +12,7 @@ import pytest
 from autops.aggregator import quota
 from autops.wire import protocol as wire
 from autops.wire.partition import KeySpec
+from autops.aggregator.moves_state import Arrival
 from autops.aggregator.quota import Limits, admit
 from autops.aggregator.store import SecretMismatch
 from autops.transport.sockpoll import LinkBudget, oldest_unvouched
@@ -82,7 +83,7 @@ def agg(monkeypatch):
                                   max_job_bytes=10 * M, max_tenant_bytes=12 * M)     # plain memory: at once
     a.answers = []
     monkeypatch.setattr(a, "_to_master", lambda frames: a.answers.append(wire.decode(frames)))
-    monkeypatch.setattr(a, "_room", lambda: 1 << 40)         # the machine's room is memroom's test
+    monkeypatch.setattr(a.commitments, "room", lambda: 1 << 40)         # the machine's room is memroom's test
     try:
         yield a
     finally:
@@ -94,8 +95,8 @@ HALF = M // 8      # float32s a sum-mode key commits 1 MiB for (two buffers)
 
 def assign(agg, job: str, numel: int, key: str = "w", tenant: str | None = None) -> wire.Message:
     fields = {"tenant": tenant} if tenant else {}
-    agg._assign(wire.decode(wire.encode(wire.ASSIGN, req=1, job=job, secret="s" * 16, world_size=1, mode="sum",
-                                        keys=[spec(key, numel)], **fields)))
+    agg.assignments.assign(wire.decode(wire.encode(wire.ASSIGN, req=1, job=job, secret="s" * 16, world_size=1,
+                                                   mode="sum", keys=[spec(key, numel)], **fields)))
     return agg.answers.pop()
 
 
@@ -104,14 +105,14 @@ def test_declarations_of_a_tenant_named_by_pmaster_are_held_to_its_quota(agg):
     assert assign(agg, "a1", 6 * HALF, key="v", tenant="alice").op == wire.OK   # ... + 6 MiB
     refused = assign(agg, "a2", 5 * HALF, tenant="alice")                       # 5 MiB more: past 12 MiB
     assert refused.op == wire.ERROR and "(--max-tenant-bytes)" in refused["message"], refused.fields
-    assert "a2" not in agg.store.jobs and agg.committed == {"a1": 8 * M}
+    assert "a2" not in agg.store.jobs and agg.commitments.committed == {"a1": 8 * M}
     assert assign(agg, "a2", 4 * HALF, tenant="alice").op == wire.OK            # 4 MiB: the quota exactly
     assert assign(agg, "b1", 8 * HALF, tenant="bob").op == wire.OK              # another tenant
     assert assign(agg, "m1", 10 * HALF, tenant=quota.MEMBER).op == wire.OK      # the services' key
     assert "(--max-job-bytes)" in assign(agg, "m1", 1, key="v", tenant=quota.MEMBER)["message"]
     assert agg.stats["memory_refusals"] == 2
     agg._release("a1")
-    assert "a1" not in agg.committed and "a1" not in agg.tenants
+    assert "a1" not in agg.commitments.committed and "a1" not in agg.commitments.tenants
     assert assign(agg, "a3", 8 * HALF, tenant="alice").op == wire.OK            # room again
 
 
@@ -133,26 +134,26 @@ def request(job: str, secret: str = "s" * 16) -> wire.Message:
 def test_a_jobs_tenant_learnt_from_its_first_request_past_the_quota_drops_the_job_here(agg):
     assert assign(agg, "a1", 8 * HALF).op == wire.OK                # 8 MiB, tenant not known yet
     agg._check_tenant(request("a1"), Frame("alice"), keyed=True)
-    assert agg.tenants == {"a1": "alice"}
+    assert agg.commitments.tenants == {"a1": "alice"}
     assert assign(agg, "a2", 6 * HALF).op == wire.OK                # 6 MiB: the per-job cap only, so far
     with pytest.raises(SecretMismatch):
         agg._check_tenant(request("a2", secret="t" * 16), Frame("alice"), keyed=True)
-    assert "a2" not in agg.tenants                                   # a wrong secret names no tenant
+    assert "a2" not in agg.commitments.tenants                                   # a wrong secret names no tenant
     from autops.aggregator.service import NoRoom
     with pytest.raises(NoRoom, match=r"job 'a2' of tenant 'alice'.*\(--max-tenant-bytes\)"):
         agg._check_tenant(request("a2"), Frame("alice"), keyed=True)
-    assert "a2" not in agg.store.jobs and agg.committed == {"a1": 8 * M}    # its memory is freed
+    assert "a2" not in agg.store.jobs and agg.commitments.committed == {"a1": 8 * M}    # its memory is freed
     with pytest.raises(NoRoom, match="--max-tenant-bytes"):          # and later requests are told why
         agg._check_tenant(request("a2"), Frame("alice"), keyed=False)
     assert assign(agg, "m1", 8 * HALF).op == wire.OK
     agg._check_tenant(request("m1"), Frame(quota.MEMBER), keyed=True)      # the services' key: no quota
-    assert agg.tenants["m1"] == quota.MEMBER and "m1" in agg.store.jobs
+    assert agg.commitments.tenants["m1"] == quota.MEMBER and "m1" in agg.store.jobs
     agg._check_tenant(request("a1"), Frame("bob"), keyed=True)
-    assert agg.tenants["a1"] == "alice"                              # the first key named it
+    assert agg.commitments.tenants["a1"] == "alice"                              # the first key named it
 
 
 def prepare(agg, job: str, numel: int, key: str = "w", mid: int = 1) -> wire.Message:
-    agg._migrate_prepare(wire.decode(wire.encode(
+    agg.moves_in.prepare(wire.decode(wire.encode(
         wire.MIGRATE_PREPARE, req=3, mid=mid, job=job, secret="s" * 16, world_size=1, mode="server",
         optimizer="sgd", hp={"lr": 0.1, "momentum": 0.9}, average=True, keys=[spec(key, numel)], replicas={})))
     return agg.answers.pop()
@@ -162,17 +163,17 @@ def test_keys_moving_in_are_committed_refused_past_the_limit_and_released_as_the
     quarter = M // 4             # server mode, SGD with momentum: master copy, accumulator, momentum
     refused = prepare(agg, "j", 4 * quarter)                        # 3 MiB ... x 4 = 12 MiB > 10 MiB
     assert refused.op == wire.ERROR and "limit of 10485760 bytes per job (--max-job-bytes)" in refused["message"]
-    assert "j" not in agg.store.jobs and agg.committed == {} and agg.pending == {}
+    assert "j" not in agg.store.jobs and agg.commitments.committed == {} and agg.commitments.pending == {}
     assert prepare(agg, "j", 3 * quarter).op == wire.OK             # 3 x 3 MiB = 9 MiB
-    assert agg.store.jobs["j"].keys["w"].incoming == 1 and agg.committed == {"j": 9 * M}
+    assert agg.store.jobs["j"].keys["w"].arrival == Arrival(1) and agg.commitments.committed == {"j": 9 * M}
     assert prepare(agg, "j", quarter, key="v", mid=2).op == wire.ERROR   # 3 MiB more: past 10 MiB
     # the key moves away again: its master copy stays as the job's spare, the rest is released
-    agg._migrate_drop(wire.decode(wire.encode(wire.MIGRATE_DROP, job="j", keys=["w"])))
-    assert agg.committed == {"j": 3 * M}
+    agg.moves_in.drop(wire.decode(wire.encode(wire.MIGRATE_DROP, job="j", keys=["w"])))
+    assert agg.commitments.committed == {"j": 3 * M}
     assert prepare(agg, "j", 3 * quarter, mid=3).op == wire.OK      # back: the spare reused, 6 MiB new
-    assert agg.committed == {"j": 9 * M}
+    assert agg.commitments.committed == {"j": 9 * M}
     agg._release("j")
-    assert agg.committed == {} and agg.pending == {}
+    assert agg.commitments.committed == {} and agg.commitments.pending == {}
 
 
 def test_a_new_backup_past_the_limit_is_refused_and_its_owner_goes_on_without_it(agg):
@@ -194,7 +195,7 @@ def test_a_new_backup_past_the_limit_is_refused_and_its_owner_goes_on_without_it
     assert assign(agg, "j", 2 * HALF, key="v").op == wire.OK        # 2 MiB held; the backup: 10 MiB more
     with pytest.raises(NoRoom, match="--max-job-bytes"):
         agg.replication.receive(None, msg)
-    assert "w" not in agg.store.jobs["j"].replicas and agg.committed == {"j": 2 * M}
+    assert "w" not in agg.store.jobs["j"].replicas and agg.commitments.committed == {"j": 2 * M}
     # the owner's side: told no_room, it stops replicating instead of sending the state again
     ks.replica = {"agg": "agg-9"}
     agg.replication.waits[7] = (ks, 0, "agg-9")
