@@ -126,47 +126,65 @@ class Master:
         self.security = security if security is not None else default_security()
         self._curve_refusals_before = refusal_counts()      # this pMaster counts its own from here
         self.ctx = make_context()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.security.server(self.sock, bind)
-        self.sock.bind(bind)
-        self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        warn_if_exposed("pMaster", self.address, self.security)
-        self.secrets = JobSecrets(state_dir)
-        self.tenants = JobTenants(state_dir)                # job -> its tenant, for as long as its secret
-        self.handshake = MasterHandshake(cluster_secret if cluster_secret is not None else ensure_cluster_secret())
-        self.operator_token = operator_token if operator_token is not None else ensure_operator_token()
-        self.sessions: dict[bytes, ControlSession] = {}     # aggregator identity -> sealed control channel
-        self.refusals: Counter = Counter()                  # refused requests by reason
-        self.state = PoolState(heartbeat_timeout, clock=time.monotonic)
-        self.clock = self.state.clock
-        self.started = self.clock()
-        self.outbox = TenantOutbox(self.state, self._reply, assign_timeout)
-        self._agg_ids = itertools.count()
-        self._acks = itertools.count(1)        # ASSIGN messages awaiting an answer (JobInfo.pending_acks)
-        self._stop = threading.Event()
-        if provider is None and make_provider is not None:
-            provider = make_provider(self.address.replace("0.0.0.0", "127.0.0.1"))
-        self.provider = provider or StandbyProvider()
-        self.config = elastic or ElasticConfig()
-        self.migrations = Migrations(self.state, self.outbox)
-        self.elastic = Elastic(self.state, self.outbox, self.config, self.provider, self.migrations)
-        self.failover = Failover(self.state, self.outbox, self.migrations, self._flush_parked, self.provider)
-        self.restorer = Restorer(self.state)     # after a restart: the pool's records from the aggregators' notes
-        self._next_reap = self.clock()
-        self.report_period = report_period
-        self._next_report = self.clock()
-        # after a restart, ids of jobs that did not come back within this long are free again
-        self.claim_grace = self.state.heartbeat_timeout + self.config.job_timeout
-        self._claims_pruned = False
-        self.publisher = None
-        self.exporter = None
-        if report_bind:
-            from .report import ReportPublisher
-            self.publisher = ReportPublisher(report_bind, context=self.ctx, security=self.security)
-        if metrics_port is not None:
-            from .report import PrometheusExporter
-            self.exporter = PrometheusExporter()
-            self.metrics_port = self.exporter.start(metrics_port)
+        self.sock: zmq.Socket | None = None
+        self.publisher = self.exporter = self.secrets = self.provider = None
+        try:   # whatever fails from here (an address taken, no Ray cluster), nothing stays open
+            self.sock = self.ctx.socket(zmq.ROUTER)
+            self.security.server(self.sock, bind)
+            self.sock.bind(bind)
+            self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            warn_if_exposed("pMaster", self.address, self.security)
+            self.secrets = JobSecrets(state_dir)
+            self.tenants = JobTenants(state_dir)                # job -> its tenant, for as long as its secret
+            self.handshake = MasterHandshake(cluster_secret if cluster_secret is not None else ensure_cluster_secret())
+            self.operator_token = operator_token if operator_token is not None else ensure_operator_token()
+            self.sessions: dict[bytes, ControlSession] = {}     # aggregator identity -> sealed control channel
+            self.refusals: Counter = Counter()                  # refused requests by reason
+            self.state = PoolState(heartbeat_timeout, clock=time.monotonic)
+            self.clock = self.state.clock
+            self.started = self.clock()
+            self.outbox = TenantOutbox(self.state, self._reply, assign_timeout)
+            self._agg_ids = itertools.count()
+            self._acks = itertools.count(1)        # ASSIGN messages awaiting an answer (JobInfo.pending_acks)
+            self._stop = threading.Event()
+            if provider is None and make_provider is not None:
+                provider = make_provider(self.address.replace("0.0.0.0", "127.0.0.1"))
+            self.provider = provider or StandbyProvider()
+            self.config = elastic or ElasticConfig()
+            self.migrations = Migrations(self.state, self.outbox)
+            self.elastic = Elastic(self.state, self.outbox, self.config, self.provider, self.migrations)
+            self.failover = Failover(self.state, self.outbox, self.migrations, self._flush_parked, self.provider)
+            self.restorer = Restorer(self.state)     # after a restart: the pool's records from the aggregators' notes
+            self._next_reap = self.clock()
+            self.report_period = report_period
+            self._next_report = self.clock()
+            # after a restart, ids of jobs that did not come back within this long are free again
+            self.claim_grace = self.state.heartbeat_timeout + self.config.job_timeout
+            self._claims_pruned = False
+            if report_bind:
+                from .report import ReportPublisher
+                self.publisher = ReportPublisher(report_bind, context=self.ctx, security=self.security)
+            if metrics_port is not None:
+                from .report import PrometheusExporter
+                self.exporter = PrometheusExporter()
+                self.metrics_port = self.exporter.start(metrics_port)
+        except BaseException:
+            self._release()
+            raise
+
+    def _release(self) -> None:
+        """Close what it opened (at its end, or when its construction failed half-way)."""
+        if self.publisher is not None:
+            self.publisher.close()
+        if self.exporter is not None:
+            self.exporter.stop()
+        if self.provider is not None:
+            self.provider.close()
+        if self.secrets is not None:
+            self.secrets.close()
+        if self.sock is not None:
+            self.sock.close(0)
+        self.ctx.term()
 
     # --- lifecycle ------------------------------------------------------------------
     def stop(self) -> None:
@@ -205,14 +223,7 @@ class Master:
                     self._next_report = now + self.report_period
                     self._publish()
         finally:
-            if self.publisher is not None:
-                self.publisher.close()
-            if self.exporter is not None:
-                self.exporter.stop()
-            self.provider.close()
-            self.secrets.close()
-            self.sock.close(0)
-            self.ctx.term()
+            self._release()
 
     def _prune_claims(self, now: float) -> None:
         """Once, ``claim_grace`` after the start: forget the recorded secrets of jobs that

@@ -282,3 +282,32 @@ def test_a_squatter_that_only_registers_again_and_sends_empty_profiles_loses_the
         if now[0] - 1000.0 <= timeout:
             assert "squatted" in master.state.jobs
     assert "squatted" not in master.state.jobs and "real" in master.state.jobs
+
+
+def test_a_pmaster_whose_start_fails_half_way_leaves_nothing_open(tmp_path):
+    """No Ray cluster at --ray-address, say: the error goes up, and pMaster's socket, state
+    and context are closed (its address free again), not left to the garbage collector."""
+    import socket
+
+    import zmq
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    closed = []
+
+    class Provider:
+        def close(self):
+            closed.append(True)
+
+    def no_provider(address: str):
+        raise RuntimeError(f"no Ray cluster for {address}")
+
+    kwargs = dict(security=Security(Keys(tmp_path, None, None, None, None)), state_dir=tmp_path / "state",
+                  cluster_secret=CLUSTER, operator_token=TOKEN)
+    with pytest.raises(RuntimeError, match=f"no Ray cluster for tcp://127.0.0.1:{port}"):
+        Master(f"tcp://127.0.0.1:{port}", make_provider=no_provider, **kwargs)
+    with pytest.raises((ValueError, zmq.ZMQError)):      # a bad report address, after the provider
+        Master(f"tcp://127.0.0.1:{port}", provider=Provider(), report_bind="nowhere", **kwargs)
+    assert closed == [True]
+    master = Master(f"tcp://127.0.0.1:{port}", **kwargs)     # the address is free again
+    master._release()
