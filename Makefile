@@ -62,7 +62,7 @@ demo-hosts: setup
 	$(PY) examples/autops_hosts_demo.py
 
 test: setup
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=15
 
 bench: setup
 	$(PY) bench/autops_pushpull.py --transport shm ipc tcp --json bench/results/autops_pushpull.json
