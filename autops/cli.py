@@ -48,7 +48,7 @@ def _cmd_master(args: argparse.Namespace) -> int:
                            period=args.period, threshold=args.threshold, spare=args.spare,
                            job_timeout=args.job_timeout, job_idle_timeout=args.job_idle_timeout)
     serve(MasterConfig(bind=args.bind, heartbeat_timeout=args.heartbeat_timeout, provider=args.provider,
-                       ray_address=args.ray_address,
+                       ray_address=args.ray_address, ray_resource=args.ray_resource,
                        max_aggregators=args.max_aggregators, aggregator_transport=args.aggregator_transport,
                        aggregator_orphan_timeout=args.aggregator_orphan_timeout, report_bind=args.report_bind,
                        metrics_port=args.metrics_port, report_period=args.report_period, state_dir=args.state_dir,
@@ -194,6 +194,10 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     p.add_argument("--ray-address", default=m.ray_address, metavar="HOST:PORT",
                    help="ray provider: the Ray cluster's address (what `ray start --head` printed; "
                         "default: the cluster this machine runs)")
+    p.add_argument("--ray-resource", default=m.ray_resource, metavar="NAME",
+                   help="ray provider: start aggregators only on nodes with this custom resource (`ray start "
+                        "--resources '{\"NAME\": N}'`: at most N aggregators there), each taking one unit and one "
+                        "CPU (default: any node with free CPUs)")
     p.add_argument("--max-aggregators", type=cli.positive(int), default=m.max_aggregators,
                    help="local provider: most aggregator processes it starts (default: CPU count)")
     p.add_argument("--aggregator-transport", choices=("auto", "tcp", "rdma", "cma"), default=m.aggregator_transport,

@@ -264,6 +264,7 @@ class MasterConfig:
     heartbeat_timeout: float = 5.0     # silence after which an aggregator counts as lost
     provider: str = "standby"          # standby: aggregators started by hand; local / ray: it starts them too
     ray_address: str | None = None     # the ray provider's Ray cluster, HOST:PORT (None: the one this machine runs)
+    ray_resource: str | None = None    # the ray provider's custom resource: nodes lending aggregators (None: CPUs)
     max_aggregators: int | None = None     # the local provider's most processes (None: the CPU count)
     aggregator_transport: str = "auto"     # the --transport of the aggregators the local provider starts
     aggregator_orphan_timeout: float = DEFAULT_ORPHAN_TIMEOUT     # and their --orphan-timeout

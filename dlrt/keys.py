@@ -29,6 +29,7 @@ where the directory holds the server's public key (``Keys.curve``), unless
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import secrets
@@ -42,7 +43,8 @@ import zmq
 import zmq.auth
 
 __all__ = ["KeysError", "Keys", "key_dir", "init_keys", "add_tenant", "revoke", "authorized_names",
-           "ensure_cluster_secret", "ensure_operator_token", "read_secret_file", "temporary_cluster"]
+           "ensure_cluster_secret", "ensure_operator_token", "read_secret_file", "temporary_cluster",
+           "fingerprint"]
 
 CLUSTER_SECRET = "cluster.secret"
 OPERATOR_TOKEN = "operator.token"
@@ -183,6 +185,22 @@ def _load_pair(public_file: Path, secret_file: Path) -> tuple[bytes | None, byte
         except (OSError, ValueError) as exc:
             raise KeysError(f"cannot read the public key {public_file}: {exc}") from None
     return None, None
+
+
+def fingerprint(path: str | os.PathLike | None = None) -> str | None:
+    """What tells two machines' key directories apart without showing a secret: 12 hex digits
+    of SHA-256 over the cluster key and the CURVE server's public key (None: no cluster key
+    there). Machines of one cluster must show the same one."""
+    directory = key_dir(path)
+    try:
+        secret = (directory / CLUSTER_SECRET).read_bytes().strip()
+    except OSError:
+        return None
+    try:
+        public = (directory / CURVE_DIR / "server.key").read_bytes()
+    except OSError:
+        public = b""
+    return hashlib.sha256(secret + b"\0" + public).hexdigest()[:12]
 
 
 def _new_pair(directory: Path, name: str) -> None:

@@ -1,9 +1,11 @@
-"""The ``dlrt`` command: the runtime's shared tools: ``dlrt testbed`` (emulated hosts) and
-``dlrt keys`` (the cluster's keys, ``dlrt.keys_cli``).
+"""The ``dlrt`` command: the runtime's shared tools: ``dlrt cluster`` (the three systems up as
+one, ``dlrt_cluster.cli``), ``dlrt testbed`` (emulated hosts) and ``dlrt keys`` (the
+cluster's keys, ``dlrt.keys_cli``).
 
-The testbed's commands live with the benchmarks (``dlrt_bench.testbed_cli``): this module
-imports them only when the command line names ``testbed`` (``dlrt --help`` lists the group
-without them), so the run-time packages load none of the benchmarks' code. DESIGN §6's conventions: ``--json FILE``, one-line errors,
+The cluster's commands live in ``dlrt_cluster``, above the three systems, and the testbed's
+with the benchmarks (``dlrt_bench.testbed_cli``): this module imports each only when the
+command line names its group (``dlrt --help`` lists the groups without them), so the shared
+core loads none of the systems' code and none of the benchmarks'. DESIGN §6's conventions: ``--json FILE``, one-line errors,
 exit 2 for usage errors and 1 for runtime errors.
 """
 from __future__ import annotations
@@ -18,12 +20,21 @@ from .keys_cli import add_keys_commands
 PROG = "dlrt"
 
 
-def _parser(testbed: bool) -> argparse.ArgumentParser:
-    """The ``dlrt`` parser; the ``testbed`` group gets its actions (and imports the testbed)
-    only with ``testbed``; without them the group is only listed (``dlrt --help``)."""
-    ap = cli.parser(PROG, "The runtime's shared tools: emulated multi-host testbeds, the cluster's keys.")
+def _parser(testbed: bool, cluster: bool = False) -> argparse.ArgumentParser:
+    """The ``dlrt`` parser; the ``testbed`` and ``cluster`` groups get their actions (and
+    import their packages) only when asked for; else they are only listed (``dlrt --help``)."""
+    ap = cli.parser(PROG, "The runtime's shared tools: the cluster up as one, emulated multi-host testbeds, "
+                          "the cluster's keys.")
     cli.add_log_level(ap)
     groups = cli.add_commands(ap)
+    group = groups.add_parser("cluster", help="bring AutoPS, Infiniswap and Tiresias up as one, here or on Ray",
+                              description="pMaster, Infiniswap daemons and the Tiresias master, wired "
+                                          "together: on this machine, or with --ray on an existing Ray "
+                                          "cluster (docs/cluster.md).", formatter_class=cli.HelpFormatter)
+    group.set_defaults(group=group)
+    if cluster:
+        from dlrt_cluster.cli import add_cluster_commands
+        add_cluster_commands(group)
     group = groups.add_parser("testbed", help="emulated hosts: namespaces on a bridge, shaped links",
                               description="Emulated hosts (network namespaces on one bridge, links "
                                           "shaped with tc); needs root.",
@@ -40,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # exec's command is everything after the first "--" (options may come before or after HOST)
     head, command = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, None)
-    ap = _parser(testbed="testbed" in head)
+    ap = _parser(testbed="testbed" in head, cluster="cluster" in head)
     args, rest = ap.parse_known_args(head)
     is_exec = getattr(args, "action", None) == "exec"
     if rest:

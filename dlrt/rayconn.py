@@ -5,8 +5,9 @@
 GCS port, as ``ray start --head`` printed it). Ray 2.60 resolves a loopback driver address to
 the machine's IP, which a cluster bound to 127.0.0.1 (as in tests) does not listen on;
 ``loopback_kept`` keeps loopback addresses as given while ``ray.init`` runs. Ray's errors
-run over many lines; ``error_line`` is the one a log or message shows. Used by Tiresias' Ray
-executor and AutoPS' Ray provider; imports Ray only inside ``loopback_kept``.
+run over many lines; ``error_line`` is the one a log or message shows. ``join`` does all of
+that and joins the cluster as a driver. Used by Tiresias' Ray executor, AutoPS' Ray provider
+and ``dlrt cluster``; imports Ray only inside ``loopback_kept`` and ``join``.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any, Iterator
 
 from .endpoints import host_port
 
-__all__ = ["LOOPBACK", "RayUnreachable", "check_address", "error_line", "loopback_kept"]
+__all__ = ["LOOPBACK", "RayUnreachable", "check_address", "error_line", "loopback_kept", "join"]
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -65,6 +66,26 @@ def loopback_kept(address: str | None) -> Iterator[dict[str, Any]]:
         yield {"_node_ip_address": "127.0.0.1"}
     finally:
         services.resolve_ip_for_localhost = resolve
+
+
+def join(address: str | None, namespace: str, needed_by: str, timeout: float = 5.0) -> Any:
+    """Join the Ray cluster at ``address`` (``HOST:PORT``; None or ``auto``: the one this
+    machine runs) as a driver in ``namespace``; returns the ``ray`` module. ``ValueError`` for
+    a bad address, ``RayUnreachable`` when nothing answers there, ``RuntimeError`` without Ray
+    installed (naming ``needed_by``): each one line."""
+    address = check_address(address, timeout)
+    try:
+        import ray
+    except ImportError:
+        raise RuntimeError(f"{needed_by} needs Ray on this machine and every node: pip install 'ray==2.60.0'") from None
+    import logging
+    with loopback_kept(address) as extra:
+        try:
+            ray.init(address=address or "auto", namespace=namespace, ignore_reinit_error=True,
+                     log_to_driver=False, logging_level=logging.WARNING, **extra)
+        except ConnectionError as exc:           # "auto" and no cluster on this machine, or it went away
+            raise RayUnreachable(f"no Ray cluster at {address or 'auto'}: {error_line(exc)}") from None
+    return ray
 
 
 def error_line(exc: BaseException) -> str:

@@ -851,6 +851,7 @@ def provider_maker(config: MasterConfig) -> Callable[[str], Provider]:
         from .rayprovider import ray_provider
         every = config.bind.replace("tcp://", "").rsplit(":", 1)[0] in ("0.0.0.0", "*")
         return lambda address: ray_provider(address, config.ray_address, every_interface=every,
+                                            resource=config.ray_resource,
                                             max_aggregators=config.max_aggregators, log_level=config.log_level,
                                             transport=config.aggregator_transport,
                                             orphan_timeout=config.aggregator_orphan_timeout)

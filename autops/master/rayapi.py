@@ -13,9 +13,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from dlrt.rayconn import RayUnreachable, check_address, error_line, loopback_kept
+from dlrt.rayconn import join
 
-from .rayactor import AggregatorActor
+from dlrt.rayprocess import NODE_IP, ProcessActor
+
+from .providers import aggregator_command
 
 log = logging.getLogger("autops.master.rayapi")
 
@@ -24,7 +26,7 @@ NAMESPACE = "autops"
 
 @dataclass(frozen=True)
 class RayNode:
-    """An alive Ray node: its id, IP and CPUs."""
+    """An alive Ray node: its id, IP and CPUs (or units of the provider's resource)."""
     node_id: str
     ip: str
     cpus: float
@@ -33,16 +35,19 @@ class RayNode:
 class RayAPI:
     """Ray as the provider sees it (this process is a driver connected to the cluster)."""
 
-    def __init__(self, ray: Any, namespace: str = NAMESPACE) -> None:
+    def __init__(self, ray: Any, namespace: str = NAMESPACE, resource: str | None = None) -> None:
+        """``resource``: a custom resource that marks the nodes lending aggregators: each takes
+        one unit of it as well as one CPU, and only it is counted (None: CPUs)."""
         self.ray = ray
         self.namespace = namespace
-        self._actor = ray.remote(AggregatorActor)
+        self.resource = resource or "CPU"
+        self._actor = ray.remote(ProcessActor)
         self._handles: dict[str, Any] = {}
         self._where: dict[str, Any] = {}           # name -> the pending ``where`` call
         self._placed: dict[str, dict[str, Any]] = {}
 
     def nodes(self) -> list[RayNode]:
-        return [RayNode(n["NodeID"], n["NodeManagerAddress"], float((n.get("Resources") or {}).get("CPU", 0)))
+        return [RayNode(n["NodeID"], n["NodeManagerAddress"], float((n.get("Resources") or {}).get(self.resource, 0)))
                 for n in self.ray.nodes() if n.get("Alive")]
 
     def node_ip(self) -> str:
@@ -50,18 +55,22 @@ class RayAPI:
         return self.ray.util.get_node_ip_address()
 
     def free_cpus(self) -> float:
-        return float(self.ray.available_resources().get("CPU", 0))
+        free = self.ray.available_resources()
+        return float(min(free.get("CPU", 0), free.get(self.resource, 0)))
 
     def live_actors(self, prefix: str) -> set[str]:
         """The names starting with ``prefix`` of the actors alive (or starting) in the namespace."""
         return {name for name in self.ray.util.list_named_actors() if name.startswith(prefix)}
 
     def start_actor(self, name: str, master: str, options: dict[str, Any], node_id: str | None = None) -> None:
-        """A detached actor ``name`` running one aggregator: SPREAD, or near ``node_id`` (soft)."""
+        """A detached actor ``name`` running one aggregator (``aggregator_command`` bound to its
+        node's IP): SPREAD, or near ``node_id`` (soft)."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
         strategy = "SPREAD" if node_id is None else NodeAffinitySchedulingStrategy(node_id, soft=True)
         handle = self._actor.options(name=name, namespace=self.namespace, lifetime="detached", num_cpus=1,
-                                     max_restarts=0, scheduling_strategy=strategy).remote(master, name, options)
+                                     resources={} if self.resource == "CPU" else {self.resource: 1},
+                                     max_restarts=0, scheduling_strategy=strategy).remote(
+            aggregator_command(master, name, NODE_IP, **options), name)
         self._handles[name] = handle
         self._where[name] = handle.where.remote()
 
@@ -120,20 +129,7 @@ class RayAPI:
         self.ray.shutdown()
 
 
-def connect(address: str | None, namespace: str = NAMESPACE, timeout: float = 5.0) -> RayAPI:
-    """Join the Ray cluster at ``address`` (``HOST:PORT``; None or ``auto``: the one this
-    machine runs). ``ValueError`` for a bad address, ``dlrt.rayconn.RayUnreachable`` when
-    nothing answers there, ``RuntimeError`` without Ray installed: each one line."""
-    address = check_address(address, timeout)
-    try:
-        import ray
-    except ImportError:
-        raise RuntimeError("the ray provider needs Ray on pMaster's machine and every node: "
-                           "pip install 'ray==2.60.0'") from None
-    with loopback_kept(address) as extra:
-        try:
-            ray.init(address=address or "auto", namespace=namespace, ignore_reinit_error=True,
-                     log_to_driver=False, logging_level=logging.WARNING, **extra)
-        except ConnectionError as exc:           # "auto" and no cluster on this machine, or it went away
-            raise RayUnreachable(f"no Ray cluster at {address or 'auto'}: {error_line(exc)}") from None
-    return RayAPI(ray, namespace)
+def connect(address: str | None, namespace: str = NAMESPACE, timeout: float = 5.0,
+            resource: str | None = None) -> RayAPI:
+    """Join the Ray cluster at ``address`` (``dlrt.rayconn.join``; its errors are one line)."""
+    return RayAPI(join(address, namespace, "the ray provider", timeout), namespace, resource)

@@ -1,7 +1,7 @@
 """pMaster's Ray provider: aggregators as detached Ray actors, one CPU each, where CPUs are free.
 
 ``RayProvider`` decides; ``rayapi.RayAPI`` (given to it, a fake in unit tests) carries out.
-Each aggregator is a detached actor (``rayactor.AggregatorActor``) asking one CPU, named
+Each aggregator is a detached actor (``dlrt.rayprocess.ProcessActor``) asking one CPU, named
 ``{prefix}-{8 hex digits of pMaster's address hash}-{n}`` in the ``autops`` namespace -- the
 aggregator registers under the same name -- placed SPREAD over the nodes, or with a soft
 affinity to a node when ``start(n, near=...)`` names one (a Ray node id or IP: near a job's
@@ -11,6 +11,9 @@ tied to pMaster's life: a pMaster killed leaves them serving its jobs, each aggr
 exiting after ``--orphan-timeout`` without a pMaster (and its actor with it), and a pMaster
 restarted at the same address finds its predecessor's actors by name and adopts them (it
 counts, stops and reaps them as its own), as the local provider adopts through poolfiles.
+
+With ``--ray-resource NAME`` only nodes with that custom resource count, each aggregator
+taking one unit of it besides its CPU ("CPUs" below then means units of NAME).
 
 * ``capacity`` -- the CPUs of the alive nodes (each node's whole CPUs), at most
   ``max_aggregators``, plus the aggregators registered on their own;
@@ -219,12 +222,14 @@ class RayProvider(Provider):
             self.ray.close()
 
 
-def ray_provider(master: str, address: str | None, every_interface: bool = False, **options: Any) -> RayProvider:
+def ray_provider(master: str, address: str | None, every_interface: bool = False, resource: str | None = None,
+                 **options: Any) -> RayProvider:
     """A ``RayProvider`` for a pMaster at ``master`` on the Ray cluster at ``address``
     (``rayapi.connect``; its errors are one line); ``every_interface``: pMaster listens on
     every interface (``master`` names loopback), so its aggregators are told the address Ray
-    knows this machine by; ``options``: ``RayProvider``'s."""
-    ray = connect(address)
+    knows this machine by; ``resource``: the custom resource that marks the nodes lending
+    aggregators (``RayAPI``); ``options``: ``RayProvider``'s."""
+    ray = connect(address, resource=resource)
     if every_interface:
         master = master.replace("127.0.0.1", ray.node_ip(), 1)
     return RayProvider(master, ray, **options)

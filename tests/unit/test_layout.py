@@ -10,7 +10,7 @@ import pathlib
 import re
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-PACKAGES = ("dlrt", "dlrt_bench", "autops", "infiniswap", "tiresias")
+PACKAGES = ("dlrt", "dlrt_bench", "dlrt_cluster", "autops", "infiniswap", "tiresias")
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -123,6 +123,17 @@ def test_tiresias_stands_alone_and_autops_simulation_reads_traces_as_data():
     for system in ("autops", "infiniswap"):
         assert [m for m in _importers(system) if m.startswith("tiresias")] == []
     assert [m for m in _importers("tiresias") if m.startswith("autops")] == []
+
+
+def test_the_cluster_package_sits_above_the_systems():
+    """``dlrt_cluster`` wires the three systems; none of them imports it, and the shared core
+    only from its command, lazily (``dlrt cluster`` named on the command line)."""
+    for module, hits in _importers("dlrt_cluster").items():
+        if module.startswith("dlrt_cluster"):
+            continue
+        assert module in COMMANDS and module.startswith("dlrt."), f"{module} imports dlrt_cluster"
+        assert not any(top for _, top in hits), f"{module} imports dlrt_cluster at module level"
+    assert [m for m in _importers("dlrt_bench") if m.startswith("dlrt_cluster")] == []
 
 
 def test_libraries_import_benchmarks_only_lazily_from_their_cli():
