@@ -16,27 +16,13 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 
+from cluster_testlib import dlrt, ours
 from ports import free_port
 from waiting import until
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def dlrt(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dlrt.main", *args], capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def ours(state: str) -> list[psutil.Process]:
-    """Every process whose command line names ``state`` (what the setup started)."""
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        if any(state in arg for arg in p.info["cmdline"] or []):
-            found.append(p)
-    return found
 
 
 @pytest.fixture
