@@ -69,7 +69,7 @@ ROOTS = [
     (["autops"], autops.cli.main, [], {("bench", name): m for name, (m, _) in autops.cli.BENCHMARKS.items()}),
     (["infiniswap"], infiniswap.cli.main, [], {(name,): m for name, (m, _) in infiniswap.cli.FORWARDED.items()}),
     (["tiresias"], tiresias.cli.main, [], {}),
-    (["dlrt"], dlrt.main.main, ["testbed"], {}),     # the testbed's commands are loaded only when named
+    (["dlrt"], dlrt.main.main, ["testbed", "cluster"], {}),   # these groups' commands load only when named
 ]
 SPECIAL = [(["infiniswap", "device", "stop"], infiniswap.cli.main, ["device", "stop"])]   # its own parser
 
@@ -325,3 +325,22 @@ def test_autops_master_with_the_ray_provider_and_no_ray_cluster_is_one_line_at_o
     line = assert_one_line_error(code, stderr, {1}, argv)
     assert f"no Ray cluster at 127.0.0.1:{port}: connection refused" in line
     assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parametrize("action", ["up", "status", "down"])
+def test_dlrt_cluster_with_no_ray_cluster_at_the_address_is_one_line_at_once(action):
+    from ports import free_port
+    port = free_port()                      # nothing listens there
+    argv = ["cluster", action, "--ray", f"127.0.0.1:{port}"]
+    t0 = time.monotonic()
+    code, stderr = run_in_process(dlrt.main.main, argv)
+    line = assert_one_line_error(code, stderr, {1}, argv)
+    assert f"no Ray cluster at 127.0.0.1:{port}: connection refused" in line
+    assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parametrize("address, says", [("nohost", "expected HOST:PORT"), ("ray://h:10001", "not a Ray Client")])
+def test_dlrt_cluster_with_a_bad_ray_address_is_a_usage_error(address, says):
+    argv = ["cluster", "up", "--ray", address]
+    code, stderr = run_in_process(dlrt.main.main, argv)
+    assert says in assert_one_line_error(code, stderr, {2}, argv)
