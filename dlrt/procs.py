@@ -18,7 +18,7 @@ from typing import Any, Iterable
 
 import psutil
 
-__all__ = ["stop_processes", "join_or_kill", "signal_group", "kill_tree", "die_with_parent", "exit_on_sigterm"]
+__all__ = ["stop_processes", "stop_found", "join_or_kill", "signal_group", "kill_tree", "die_with_parent", "exit_on_sigterm"]
 
 
 def stop_processes(procs: Iterable[subprocess.Popen], timeout: float = 5.0,
@@ -39,6 +39,25 @@ def stop_processes(procs: Iterable[subprocess.Popen], timeout: float = 5.0,
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def stop_found(procs: Iterable[psutil.Process], timeout: float = 5.0) -> None:
+    """``stop_processes`` for processes found rather than started (``psutil.Process``, e.g. from
+    a pid file): SIGTERM each, wait up to ``timeout`` for all together, SIGKILL the rest and
+    wait for them (reaping those that are this process's children)."""
+    procs = list(procs)
+    for proc in procs:
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=timeout)
 
 
 def join_or_kill(procs: Iterable[Any], timeout: float = 10.0) -> None:

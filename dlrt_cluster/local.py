@@ -27,6 +27,7 @@ import psutil
 
 from dlrt import statelock
 from dlrt.hostid import host_id
+from dlrt.procs import stop_found
 
 from . import plan
 from .config import ClusterConfig
@@ -81,30 +82,13 @@ def _log_tail(path: str, lines: int = 1) -> str:
 
 
 def _stop(proc: psutil.Process, grace: float) -> None:
-    """SIGTERM ``proc``; SIGKILL it after ``grace`` s; then the same to what it left behind."""
+    """Stop ``proc`` (SIGTERM, SIGKILL after ``grace`` s), then what it left behind."""
     try:
         left = proc.children(recursive=True)
-        proc.terminate()
-        try:
-            proc.wait(grace)
-        except psutil.TimeoutExpired:
-            log.warning("pid %d did not stop within %.0f s: killed", proc.pid, grace)
-            proc.kill()
-            proc.wait(5)
-    except psutil.NoSuchProcess:
+    except psutil.Error:
         left = []
-    alive = [p for p in left if p.is_running()]
-    for p in alive:
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, still = psutil.wait_procs(alive, timeout=grace)
-    for p in still:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
+    stop_found([proc], grace)
+    stop_found([p for p in left if p.is_running()], grace)
 
 
 class LocalCluster:

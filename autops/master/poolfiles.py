@@ -18,11 +18,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+from dlrt.procs import stop_found
 
 log = logging.getLogger("autops.master.poolfiles")
 
@@ -99,27 +100,10 @@ def running(state_dir: str | os.PathLike) -> dict[str, tuple[Record, psutil.Proc
     return out
 
 
-def stop(procs: list[psutil.Process], timeout: float = 5.0) -> None:
-    """SIGTERM every process, wait up to ``timeout`` for all together, SIGKILL the rest (reaping
-    the ones that are this process's children)."""
-    for proc in procs:
-        try:
-            proc.send_signal(signal.SIGTERM)
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=timeout)
-
-
 def stop_recorded(state_dir: str | os.PathLike, timeout: float = 5.0) -> list[int]:
     """Stop every recorded aggregator still running and remove the records; their pids."""
     found = running(state_dir)
-    stop([proc for _, proc in found.values()], timeout)
+    stop_found([proc for _, proc in found.values()], timeout)
     for name in found:
         forget(state_dir, name)
     if found:

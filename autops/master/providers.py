@@ -25,7 +25,7 @@ import sys
 
 import psutil
 
-from dlrt.procs import stop_processes
+from dlrt.procs import stop_found, stop_processes
 
 from . import poolfiles
 from ..config import DEFAULT_ORPHAN_TIMEOUT
@@ -200,7 +200,7 @@ class LocalProvider(Provider):
         """Stop every aggregator it started or adopted, and remove their records."""
         children = {**self.procs, **self.stopping}
         stop_processes(children.values(), timeout=5.0)
-        poolfiles.stop([*self.adopted.values(), *self.stopping_adopted], timeout=5.0)
+        stop_found([*self.adopted.values(), *self.stopping_adopted], timeout=5.0)
         for name in [*children, *self.adopted]:
             self._forget(name)
         self.procs.clear()
