@@ -113,6 +113,7 @@ class Driver:
         self._stall_ends: list[tuple[float, int]] = []   # heap: (end of a running job's stall, id)
         self._stall_end: dict[int, float] = {}           # running job -> its current stall end
         self._guards: list[tuple[float, int]] = []       # heap: (protected_until, id) of started jobs
+        self._shield: dict[int, float] = {}              # running job -> its protection's end (future)
         self._costs: dict[tuple, float] = {}             # (model, GPUs) -> the model's resume cost
         self._awaiting: dict[int, tuple[int, int]] = {}  # live: a round's targets not started yet
 
@@ -158,6 +159,7 @@ class Driver:
     def _untrack(self, job: JobState) -> None:
         settle(job, self.now)
         self._stall_end.pop(job.job_id, None)
+        self._shield.pop(job.job_id, None)      # a job that stopped keeps no GPUs
 
     def next_change(self) -> float:
         t = self.policy.next_change(self.running.values(), self.now)
@@ -185,14 +187,29 @@ class Driver:
     def _guard(self, job: JobState) -> None:
         if job.protected_until > self.now:
             heapq.heappush(self._guards, (job.protected_until, job.job_id))
+            self._shield[job.job_id] = job.protected_until
+        else:
+            self._shield.pop(job.job_id, None)
+
+    def _expire(self, limit: float) -> None:
+        """Protections that end by ``limit`` are over."""
+        heap, shield = self._guards, self._shield
+        while heap and heap[0][0] <= limit:
+            until, jid = heapq.heappop(heap)
+            if shield.get(jid) == until:
+                del shield[jid]
 
     def _protected(self, limit: float) -> frozenset[int]:
         """The running jobs protected past ``limit`` (the progress guarantee)."""
-        heap, running = self._guards, self.running
-        while heap and heap[0][0] <= limit:
-            heapq.heappop(heap)
-        return frozenset(jid for until, jid in heap
+        self._expire(limit)
+        running = self.running
+        return frozenset(jid for until, jid in self._guards
                          if jid in running and running[jid].protected_until == until)
+
+    def _shielded(self, limit: float) -> frozenset[int]:
+        """The same jobs as ``_protected`` (for a pass, where their order does not matter)."""
+        self._expire(limit)
+        return frozenset(self._shield)
 
     # --- lifecycle -------------------------------------------------------------------------
     def submit(self, job: JobState) -> None:
@@ -369,8 +386,10 @@ class Driver:
                     staying = {jid: j for jid, j in self.running.items() if jid not in stopping}
                 else:
                     staying = {}
-                to_start = nodes.place_all(to_start, staying, now)
-                to_stop = [job for job in to_stop if not nodes.retake(job, held[job.job_id])]
+                if to_start:
+                    to_start = nodes.place_all(to_start, staying, now)
+                if held:
+                    to_stop = [job for job in to_stop if not nodes.retake(job, held[job.job_id])]
         self._stop(to_stop)
         for job in to_start:
             self._start(job)
@@ -763,7 +782,7 @@ class Driver:
         if not spared:
             self.guard_wake = INF
             return to_start, to_stop
-        keep = self._protected(limit)
+        keep = self._shielded(limit)
         self.guard_wake = min(spared)
         return allocate(self.policy, capacity, running, now, fits, keep)
 
@@ -827,13 +846,17 @@ class Driver:
         its GPUs to a guest that goes on running. Returns the running jobs whose speed changed."""
         now = self.now
         jobs = list(jobs)
-        stopping = {job.job_id for job in jobs}
+        paired = bool(self._guest_of)
+        stopping = {job.job_id for job in jobs} if paired else ()
         changed = []
         for job in jobs:
-            host = self._guest_of.pop(job.job_id, None)
-            guest = self.guest_on(job.job_id)
-            if guest in stopping:
-                guest = None
+            if paired:
+                host = self._guest_of.pop(job.job_id, None)
+                guest = self.guest_on(job.job_id)
+                if guest in stopping:
+                    guest = None
+            else:
+                host = guest = None
             if host is not None:
                 self.used += job.num_gpus            # it held none of its own
             self._untrack(job)
@@ -886,7 +909,8 @@ class Driver:
                 self.overhead += cost
         self._protect(job, cost)
         job.settled = now
-        self._set_rate(job)
+        if job.rate is not None:
+            self._set_rate(job)
         self._track(job)
         self.running[job.job_id] = job
         self.used += job.num_gpus

@@ -11,7 +11,7 @@ from . import placement as plc
 from . import progress
 from .cluster import ClusterSpec
 from .driver_config import DriverConfig
-from .policies.base import JobState, settle
+from .policies.base import BY_ID, JobState, settle
 
 Eligibility = Callable[[JobState], "list[bool] | None"]
 
@@ -133,7 +133,7 @@ class Nodes:
             self._take(job, alloc)
             placed.append(job)
         if len(placed) > 1:
-            placed.sort(key=lambda j: j.job_id)
+            placed.sort(key=BY_ID)
         return placed
 
     def why_not(self, job: JobState, eligible: Eligibility | None, draining: bool) -> str:

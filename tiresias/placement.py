@@ -22,6 +22,7 @@ list of ``(node, gpus)`` pairs.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -48,21 +49,20 @@ def place(free: Sequence[int], gpus: int, consolidate: bool, gpus_per_node: int)
     is not changed."""
     if gpus <= 0:
         raise ValueError(f"a job needs at least one GPU, got {gpus}")
-    most = max(free, default=0)
-    if most >= gpus:                              # best fit on one node: the fewest free GPUs
-        for f in range(gpus, most + 1):           # that hold it, the first such node
-            if f in free:
-                return [(free.index(f), gpus)]
-    if sum(free) < gpus:
+    counts = sorted(free)
+    i = bisect_left(counts, gpus)
+    if i < len(counts):                           # best fit on one node: the fewest free GPUs
+        return [(free.index(counts[i]), gpus)]    # that hold it, the first such node
+    if sum(counts) < gpus:
         return None
     if consolidate:
         need = min_nodes(gpus, gpus_per_node)
-        by_free = sorted(range(len(free)), key=lambda n: (-free[n], n))[:need]
+        by_free = sorted(range(len(free)), key=free.__getitem__, reverse=True)[:need]   # ties: lowest index
         if sum(free[n] for n in by_free) < gpus:
             return None
         return _take(free, by_free, gpus)
-    holes = sorted([(f, n) for n, f in enumerate(free) if f > 0])      # fewest free first
-    return _take(free, [n for _, n in holes], gpus)
+    holes = sorted(range(len(free)), key=free.__getitem__)     # fewest free first (ties: lowest index)
+    return _take(free, holes[bisect_right(counts, 0):], gpus)  # ... of the nodes with any
 
 
 def place_most_free(free: Sequence[int], gpus: int) -> Allocation | None:

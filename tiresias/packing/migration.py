@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 from typing import Collection, Mapping, Sequence
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
 Plan = Sequence[Sequence[Collection[int]]]
 Frozen = list[list[frozenset[int]]]
@@ -119,6 +118,7 @@ def _assign(cost: np.ndarray) -> np.ndarray:
     """Column for each row of a square cost matrix, ties broken towards the diagonal."""
     if cost.shape[0] == 0:
         return np.zeros(0, dtype=int)
+    from scipy.optimize import linear_sum_assignment     # scipy is slow to import
     biased = cost - TIE_BIAS * np.eye(cost.shape[0])
     rows, cols = linear_sum_assignment(biased)
     out = np.empty(cost.shape[0], dtype=int)
@@ -212,6 +212,7 @@ def _common_match(old_node: Sequence[frozenset[int]], new_node: Sequence[frozens
         return sum(units[j] for s in n for j in s)
     key = (tuple(sorted(tuple(sorted(s)) for s in o)), tuple(sorted(tuple(sorted(s)) for s in n)))
     if key not in cache:
+        from scipy.optimize import linear_sum_assignment     # scipy is slow to import
         overlap = np.array([[sum(units[j] for j in b & a) for a in o] for b in n])
         rows, cols = linear_sum_assignment(overlap, maximize=True)
         cache[key] = float(overlap[rows, cols].sum())

@@ -30,7 +30,7 @@ import heapq
 import math
 from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Callable, Iterable, Iterator
 
 from sortedcontainers import SortedList
@@ -38,6 +38,7 @@ from sortedcontainers import SortedList
 from .order import RunningOrder
 
 INF = math.inf
+BY_ID = attrgetter("job_id")     # sort key: jobs by id
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,11 +230,13 @@ class Policy:
         if key is not None:
             size = job.num_gpus
             lst = self.waiting[size]
-            lst.remove(key)
-            if not lst:
+            if self.heads[size] != key:
+                lst.remove(key)
+            elif len(lst) == 1:
                 del self.waiting[size]
                 self._set_head(size, key, None)
-            elif self.heads[size] == key:
+            else:                               # the head (a pass starts heads): no search
+                lst.pop(0)
                 self._set_head(size, key, lst[0])
 
     def _set_head(self, size: int, old: tuple | None, new: tuple | None) -> None:
@@ -305,7 +308,7 @@ def allocate(policy: Policy, capacity: int, running: Iterable[JobState], now: fl
             to_preempt.append(job)
     while heads:
         free = _admit_head(policy, heads, free, to_start, fits, active)
-    to_start.sort(key=lambda j: j.job_id)
+    to_start.sort(key=BY_ID)
     return to_start, to_preempt
 
 
@@ -327,11 +330,8 @@ def _pass_ordered(policy: Policy, order: RunningOrder, capacity: int, keep: froz
     else:
         kept = [n]
     k = 0
-    heads = policy.head_list
-    if heads and max(policy.heads) > free:
-        heads = [h for h in heads if h[1] <= free]
-    else:
-        heads = list(heads)                     # sorted: a heap already
+    heads = list(policy.head_list)              # sorted: a heap already; sizes over free are
+                                                # dropped as the walk meets them
     to_start: list[JobState] = []
     to_preempt: list[JobState] = []
     waiting = policy.waiting
@@ -381,7 +381,7 @@ def _pass_ordered(policy: Policy, order: RunningOrder, capacity: int, keep: froz
         else:
             heappop(heads)
     if len(to_start) > 1:
-        to_start.sort(key=lambda j: j.job_id)
+        to_start.sort(key=BY_ID)
     return to_start, to_preempt
 
 
@@ -428,5 +428,5 @@ def _fill(policy: Policy, free: int, now: float, fits) -> list[JobState]:
         heapq.heapify(heads)
         while heads:
             free = _admit_head(policy, heads, free, to_start, fits, active)
-    to_start.sort(key=lambda j: j.job_id)
+    to_start.sort(key=BY_ID)
     return to_start

@@ -84,10 +84,11 @@ class DiscretizedLAS(Policy):
                 heapq.heapify(heap)
 
     def _valid_top(self, heap: list) -> tuple | None:
+        active, tokens = self.active, self.tokens
         while heap:
-            job_id, token = heap[0][2], heap[0][1]
-            if job_id in self.active and self.tokens.get(job_id) == token:
-                return heap[0]
+            top = heap[0]
+            if top[2] in active and tokens.get(top[2]) == top[1]:
+                return top
             heapq.heappop(heap)
         return None
 

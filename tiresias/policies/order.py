@@ -77,11 +77,12 @@ class RunningOrder:
         upto = n if upto is None else upto
         v = self.valid
         if v < upto:
-            prefix = self.sums
-            sums = accumulate(self.gpus[v:upto], initial=prefix[v])
-            next(sums)                  # the initial value, prefix[v], is there already
-            prefix[v + 1:upto + 1] = sums
+            sums = accumulate(self.gpus[v:upto], initial=self.sums[v])
+            if upto == n:
+                self.sums[v:] = sums        # and the sums of jobs gone since are dropped
+            else:
+                self.sums[v:upto + 1] = sums
             self.valid = upto
-        if upto == n and len(self.sums) > n + 1:
+        elif upto == n and len(self.sums) > n + 1:
             del self.sums[n + 1:]            # sums of jobs gone since
         return self.sums

@@ -24,7 +24,7 @@ from typing import Callable, Iterable, Iterator
 from ..cluster import ClusterSpec, skew_of
 from ..driver import EPS, PLACEMENTS, Driver, DriverConfig
 from ..packing.slots import Sharing
-from ..policies.base import INF, JobState, Policy
+from ..policies.base import BY_ID, INF, JobState, Policy
 from ..policies.gandiva import GandivaModel
 from ..progress import DEFAULT_STALL_LIMIT, check_limit, check_stall
 from .gandiva import simulate_gandiva
@@ -113,12 +113,13 @@ def simulate(trace: Iterable, cluster: ClusterSpec | int, policy: Policy | Gandi
                 raise RuntimeError(f"more than {max_events} events")
             # completions
             finished = []
-            while ends and ends[0][0] <= now + EPS * max(1.0, now):
+            due = now + EPS * max(1.0, now)
+            while ends and ends[0][0] <= due:
                 _, token, job_id = heapq.heappop(ends)
                 if tokens.get(job_id) == token:
                     finished.append(drv.running[job_id])
             if len(finished) > 1:
-                finished.sort(key=lambda j: j.job_id)
+                finished.sort(key=BY_ID)
             for job in finished:
                 tokens[job.job_id] += 1
                 alone = drv.finish(job)
