@@ -4,9 +4,14 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup pyverbs demo demo-hosts test bench check-pinned clean
+.PHONY: setup pyverbs bytecode demo demo-hosts test bench check-pinned clean
 
-setup: $(STAMP) pyverbs
+setup: $(STAMP) pyverbs bytecode
+
+# The packages' bytecode, as a non-editable install would have it: every command starts without
+# compiling the sources (PYTHONDONTWRITEBYTECODE=1 shells never cache it). Up-to-date files are skipped.
+bytecode: | $(STAMP)
+	@$(PY) -m compileall -q autops infiniswap tiresias dlrt dlrt_cluster dlrt_bench > /dev/null
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)

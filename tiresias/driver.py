@@ -179,11 +179,6 @@ class Driver:
             cost = self._costs[key] = ovh.preemption_cost(job.model, job.num_gpus)
         return cost
 
-    def _protect(self, job: JobState, cost: float) -> None:
-        job.protected_until = progress.protected_until(self.now, cost, self.config.min_run_factor,
-                                                       self.config.min_run)
-        self._guard(job)
-
     def _guard(self, job: JobState) -> None:
         if job.protected_until > self.now:
             heapq.heappush(self._guards, (job.protected_until, job.job_id))
@@ -889,25 +884,26 @@ class Driver:
         return changed
 
     def _start(self, job: JobState) -> None:
-        now = self.now
+        now, config = self.now, self.config
         job.running = True
         if now > job.wait_since:
             job.waited += now - job.wait_since
         cost = 0.0
         if job.first_start is None:
             job.first_start = now
-            if self.config.overheads and self.config.start_cost:
-                cost = self.config.start_cost
+            if config.overheads and config.start_cost:
+                cost = config.start_cost
                 job.stall += cost
                 job.overhead += cost
                 self.overhead += cost
         elif job.preemptions:
             cost = self.resume_cost(job)
-            if self.config.overheads:
+            if config.overheads:
                 job.stall += cost
                 job.overhead += cost
                 self.overhead += cost
-        self._protect(job, cost)
+        job.protected_until = progress.protected_until(now, cost, config.min_run_factor, config.min_run)
+        self._guard(job)
         job.settled = now
         if job.rate is not None:
             self._set_rate(job)

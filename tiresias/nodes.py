@@ -118,13 +118,13 @@ class Nodes:
         placed = []
         order = to_start if len(to_start) < 2 else \
             sorted(to_start, key=lambda j: (not self.consolidate(j), -j.num_gpus, j.job_id))
+        most_free = self.config.placement == "most-free"
         for job in order:
-            together = self.consolidate(job)
             free = self.free if eligible is None and not self.offline else self._free_for(job, eligible)
-            if self.config.placement == "most-free":
+            if most_free:
                 alloc = plc.place_most_free(free, job.num_gpus)
             else:
-                alloc = plc.place(free, job.num_gpus, together, self.per)
+                alloc = plc.place(free, job.num_gpus, self.consolidate(job), self.per)
             if alloc is None and self.config.migrate:
                 alloc = self._repack(job, running, now)
             if alloc is None:

@@ -103,7 +103,7 @@ class DiscretizedLAS(Policy):
         if top is not None and top[0] <= limit:
             heapq.heappop(self.crossings)
             return Change("demote", self.active[top[2]], top[3])
-        top = self._valid_top(self.promotions)
+        top = self._valid_top(self.promotions) if self.promotions else None
         if top is not None and top[0] <= limit:
             heapq.heappop(self.promotions)
             return Change("promote", self.active[top[2]], 0.0)
@@ -119,7 +119,8 @@ class DiscretizedLAS(Policy):
             self.rekey(job, now)
 
     def next_change(self, running: Iterable[JobState], now: float) -> float:
-        crossing, promotion = self._valid_top(self.crossings), self._valid_top(self.promotions)
+        crossing = self._valid_top(self.crossings)
+        promotion = self._valid_top(self.promotions) if self.promotions else None
         t = crossing[0] if crossing is not None else INF
         if promotion is not None and promotion[0] < t:
             t = promotion[0]

@@ -90,11 +90,13 @@ def simulate(trace: Iterable, cluster: ClusterSpec | int, policy: Policy | Gandi
     done = 0
     report = progress_reporter(progress, total)
     tick = config.decide_every
+    heappush, heappop = heapq.heappush, heapq.heappop
+    running = drv.running
     with _collector_paused():
         while nxt < total or policy.active:
             t_arrival = pending[nxt].submit_time if nxt < total else INF
             while ends and tokens.get(ends[0][2]) != ends[0][1]:
-                heapq.heappop(ends)                 # stale: that run was preempted
+                heappop(ends)                       # stale: that run was preempted
             t_done = ends[0][0] if ends else INF
             if tick is None:
                 t = min(t_arrival, t_done, drv.next_change())
@@ -115,9 +117,9 @@ def simulate(trace: Iterable, cluster: ClusterSpec | int, policy: Policy | Gandi
             finished = []
             due = now + EPS * max(1.0, now)
             while ends and ends[0][0] <= due:
-                _, token, job_id = heapq.heappop(ends)
+                _, token, job_id = heappop(ends)
                 if tokens.get(job_id) == token:
-                    finished.append(drv.running[job_id])
+                    finished.append(running[job_id])
             if len(finished) > 1:
                 finished.sort(key=BY_ID)
             for job in finished:
@@ -129,8 +131,7 @@ def simulate(trace: Iterable, cluster: ClusterSpec | int, policy: Policy | Gandi
                     timeline.append((now, job.job_id, "end"))
                 for other in alone:                 # its partner on shared GPUs: a new speed
                     tokens[other.job_id] = token = tokens[other.job_id] + 1
-                    heapq.heappush(ends, (now + other.stall + other.remaining() / other.speed, token,
-                                          other.job_id))
+                    heappush(ends, (now + other.stall + other.remaining() / other.speed, token, other.job_id))
             # arrivals
             while nxt < total and pending[nxt].submit_time <= now + EPS:
                 tj = pending[nxt]
@@ -162,8 +163,8 @@ def simulate(trace: Iterable, cluster: ClusterSpec | int, policy: Policy | Gandi
                 fresh = fresh + [j for j in decision.moved if j.job_id not in seen]
             for job in fresh:
                 tokens[job.job_id] = token = tokens.get(job.job_id, 0) + 1
-                heapq.heappush(ends, (now + job.stall + job.remaining() / job.speed, token, job.job_id))
-            if len(ends) > 2 * len(drv.running) + 1024:      # mostly ends of preempted runs: drop them
+                heappush(ends, (now + job.stall + job.remaining() / job.speed, token, job.job_id))
+            if len(ends) > 2 * len(running) + 1024:      # mostly ends of preempted runs: drop them
                 ends = [e for e in ends if tokens.get(e[2]) == e[1]]
                 heapq.heapify(ends)
             if report is not None:
