@@ -30,8 +30,9 @@ Accounting is lazy: a running job's attained service, execution and stall are se
 (``settle``) when it stops, when the policy changes it, when it is moved, and before a pass
 of a policy whose keys read them (``reads_running_progress``); between those, advancing the
 clock costs nothing per job. Whether any job executed (the stall detector's
-``last_progress``) comes from a heap of the running jobs' stall ends. The live master settles
-every running job at each ``advance`` (it shows them).
+``last_progress``) is noted when a job stops or its stall changes, and for the jobs still
+running only when asked (``progress``). The live master settles every running job at each
+``advance`` (it shows them).
 
 Costs (``tiresias.overheads``, simulator only): a resumed job stalls for its pause + resume
 time (``overheads``); a multi-GPU job placed on more nodes than it needs runs slower by its
@@ -108,9 +109,8 @@ class Driver:
         self.busy = 0.0
         self.preemptions = 0
         self.overhead = 0.0
-        self.last_progress = start          # the last time a job executed (or none was active)
+        self.last_progress = start          # a time a job executed or none was active (``progress``)
         self.guard_wake = INF               # when a job a pass spared loses its protection
-        self._stall_ends: list[tuple[float, int]] = []   # heap: (end of a running job's stall, id)
         self._stall_end: dict[int, float] = {}           # running job -> its current stall end
         self._guards: list[tuple[float, int]] = []       # heap: (protected_until, id) of started jobs
         self._shield: dict[int, float] = {}              # running job -> its protection's end (future)
@@ -119,15 +119,14 @@ class Driver:
 
     # --- time ----------------------------------------------------------------------------
     def advance(self, t: float) -> None:
-        """Move the clock to ``t``: GPU busy time and whether any job executed are accounted
-        now, each running job's service and execution when it is settled (``settle``)."""
+        """Move the clock to ``t``: GPU busy time is accounted now, each running job's service
+        and execution when it is settled (``settle``), whether it executed when it stops or
+        when asked (``progress``)."""
         dt = t - self.now
         if dt <= 0:
             return
-        heap = self._stall_ends
-        if (heap and heap[0][0] < t and self._stall_end.get(heap[0][1]) == heap[0][0]) \
-                or not self.policy.active or self._first_stall_end() < t:
-            self.last_progress = t          # a job executed (its stall ended before t)
+        if not self.policy.active:
+            self.last_progress = t          # nothing to run: not a stall
         self.busy += self.used * dt
         self.now = t
         if self.config.defer_release:
@@ -139,26 +138,27 @@ class Driver:
         for job in self.running.values():
             settle(job, now)
 
-    def _first_stall_end(self) -> float:
-        heap, ends = self._stall_ends, self._stall_end
-        while heap and ends.get(heap[0][1]) != heap[0][0]:
-            heapq.heappop(heap)                 # stale: the job stopped or its stall changed
-        return heap[0][0] if heap else INF
+    def progress(self) -> float:
+        """The last time a job executed, or none was active (the stall detector's measure):
+        ``now`` when a running job's stall ended before it. Costs the running jobs when the
+        last one noted is older than ``now``."""
+        now = self.now
+        if self.last_progress < now and any(end < now for end in self._stall_end.values()):
+            self.last_progress = now
+        return self.last_progress
 
     def _track(self, job: JobState) -> None:
         """``job`` runs with ``stall`` seconds left from ``settled``: when it executes again."""
-        end = job.settled + job.stall
-        ends = self._stall_end
-        ends[job.job_id] = end
-        heap = self._stall_ends
-        heapq.heappush(heap, (end, job.job_id))
-        if len(heap) > 2 * len(ends) + 1024:     # mostly entries of stopped runs: drop them
-            heap[:] = [e for e in heap if ends.get(e[1]) == e[0]]
-            heapq.heapify(heap)
+        end = self._stall_end.get(job.job_id)
+        if end is not None and end < self.now:
+            self.last_progress = self.now       # it executed until now (its stall changes)
+        self._stall_end[job.job_id] = job.settled + job.stall
 
     def _untrack(self, job: JobState) -> None:
         settle(job, self.now)
-        self._stall_end.pop(job.job_id, None)
+        end = self._stall_end.pop(job.job_id, None)
+        if end is not None and end < self.now:
+            self.last_progress = self.now       # it executed until it stopped
         self._shield.pop(job.job_id, None)      # a job that stopped keeps no GPUs
 
     def next_change(self) -> float:

@@ -69,3 +69,44 @@ def test_protected_set_of_a_pass_is_the_plain_one_along_whole_runs():
         result = simulate(_trace(300, seed), ClusterSpec(4, 8), DiscretizedLAS(), config=config, observe=observe)
         assert result.preemptions > 0
     assert checked > 100                          # the runs did protect jobs
+
+
+def test_progress_is_the_plain_measure_after_every_advance():
+    """The stall detector's measure, noted lazily (at stops, stall changes, on request), equals
+    the plain one kept at every clock step: the step's time when a running job's stall ended
+    before it, or no job was active."""
+    for seed, min_run in ((4, 0.0), (5, 120.0)):
+        plain = {"t": None, "checked": 0, "steps": 0}
+
+        def observe(drv):
+            if plain["t"] is None:                # from the first event on, step the clock through
+                plain["t"] = drv.progress()       # a wrapper that keeps the plain measure
+                step = drv.advance
+
+                def advance(t):
+                    if t > drv.now and (not drv.policy.active
+                                        or any(end < t for end in drv._stall_end.values())):
+                        plain["t"] = t
+                    step(t)
+                    plain["steps"] += 1
+                    if plain["steps"] % 5 == 0:        # asked now and then: what stopped between was noted
+                        assert drv.progress() == plain["t"]
+                        plain["checked"] += 1
+                drv.advance = advance
+
+        config = SimConfig("tiresias", overheads=True, slowdown=True, migrate=True, min_run=min_run)
+        simulate(_trace(300, seed), ClusterSpec(4, 8), DiscretizedLAS(), config=config, observe=observe)
+        assert plain["checked"] > 60
+
+
+def test_progress_remembers_a_job_that_executed_then_stopped():
+    from tiresias.driver import Driver, DriverConfig
+    from tiresias.policies.base import JobState
+    drv = Driver(DiscretizedLAS(), ClusterSpec(1, 2), DriverConfig("tiresias", overheads=True))
+    job = JobState(0, 1, 0.0, 1000.0)
+    drv.submit(job)
+    assert [j.job_id for j in drv.schedule().started] == [0]     # a first start: no stall
+    drv.advance(50.0)
+    drv.preempt(job)                              # it executed until 50, then stopped
+    drv.advance(80.0)
+    assert drv.progress() == 50.0                 # waiting since: no progress after 50

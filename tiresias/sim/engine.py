@@ -108,7 +108,7 @@ def simulate(trace: Iterable, cluster: ClusterSpec | int, policy: Policy | Gandi
                 raise RuntimeError(f"simulation stuck at t={drv.now}: jobs {stuck} can never run")
             drv.advance(t)
             now = drv.now
-            if now - drv.last_progress > stall_limit:
+            if now - drv.last_progress > stall_limit and now - drv.progress() > stall_limit:
                 check_stall(now, drv.last_progress, stall_limit, len(policy.active), len(drv.running))
             events += 1
             if max_events is not None and events > max_events:
