@@ -35,6 +35,7 @@ from dlrt.procs import signal_group
 from tiresias.service.client import Client
 from tiresias.service.launch import kill_runs
 from waiting import wait_for
+from ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -67,12 +68,6 @@ def shell_commands(block: str) -> list[str]:
         if code and not code.startswith("#"):
             commands.append(code)
     return commands
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def accepting(port: int) -> bool:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import time
 
 import msgpack
@@ -16,19 +15,12 @@ from infiniswap import Daemon, Device
 from infiniswap import protocol as p
 from infiniswap.channel import context
 from infiniswap_testlib import map_proof, wait_until
+from ports import free_port
 
 pytestmark = pytest.mark.timeout(60)
 
 MiB = 1 << 20
 PAGE = 4096
-
-
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

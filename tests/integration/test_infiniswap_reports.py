@@ -6,7 +6,6 @@ the command line (``infiniswap.local.DaemonProcess``) and always stopped by pid.
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -22,17 +21,12 @@ from infiniswap import protocol as p
 from infiniswap.channel import ask, context
 from infiniswap.local import DaemonProcess
 from infiniswap.report import TOPIC, parse_message
+from ports import free_port
 
 pytestmark = pytest.mark.timeout(90)
 
 MiB = 1 << 20
 HOST = "emulated-host-1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ReportingDaemon(DaemonProcess):

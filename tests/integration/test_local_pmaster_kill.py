@@ -26,6 +26,7 @@ from autops.master import poolfiles
 from autops.admin import query_status
 from dlrt.procs import stop_processes
 from waiting import until
+from ports import free_port
 
 HERE = pathlib.Path(__file__).parent
 RUN_TIMEOUT_S = 90
@@ -179,10 +180,3 @@ def test_a_job_that_trains_on_while_pmaster_is_killed_and_restarted_ends_right_a
 
 
 EXAMPLE = HERE.parents[1] / "examples" / "train_digits.py"
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -17,14 +17,9 @@ import pytest
 
 from dlrt import statelock
 from tiresias_live import BIN, MasterProcess, wait_for
+from ports import free_port
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def port_free(port: int) -> bool:

@@ -8,7 +8,6 @@ its daemon reports.
 """
 from __future__ import annotations
 
-import socket
 import sys
 
 import pytest
@@ -16,15 +15,10 @@ import pytest
 from autops.local import LocalPool
 from infiniswap.local import DaemonProcess
 from tiresias_live import JOBS, MasterProcess, wait_for
+from ports import free_port
 
 pytestmark = pytest.mark.timeout(240)
 MiB = 1 << 20
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_master_takes_skew_from_pmaster_and_memory_from_daemons(tmp_path):
