@@ -44,8 +44,9 @@ class ProcessActor:
     def __init__(self, argv: Sequence[str], name: str, env: dict[str, str] | None = None,
                  log_path: str | None = None, info: dict[str, str] | None = None) -> None:
         """``env``: added to the node's environment; ``log_path``: the process's stdout and
-        stderr (appended; None: the actor's own, in Ray's logs); ``info``: more entries for
-        ``where`` to return, such as the service's endpoint (placeholders filled in as in ``argv``)."""
+        stderr (appended; None: the actor's own, in Ray's logs); ``info``: more entries that
+        ``where()`` returns, such as the service's endpoint, with the same placeholders filled
+        in as in ``argv``."""
         import ray
         ctx = ray.get_runtime_context()
         ip = ray.util.get_node_ip_address()
